@@ -1,0 +1,259 @@
+//! A subscriber's limiter: token bucket, in-flight cap, Retry-After pause and breaker combined.
+//! [`LimiterState::plan`] grants a whole batch at once; [`LimiterState::record`] folds each
+//! attempt's outcome back in. The edge keeps this state in its Durable Object, the origin lane in
+//! SQLite; both call the same functions.
+
+use serde::{Deserialize, Serialize};
+
+use crate::breaker::{Admission, Breaker, BreakerConfig};
+use crate::bucket::{Bucket, Rate};
+use crate::retry::{classify, Attempt, Class};
+use crate::wire::{DeferReason, SubscriberStatus};
+
+/// A deferral for want of an in-flight slot is retried after this long at the earliest.
+pub const IN_FLIGHT_RETRY_MS: u64 = 250;
+/// A 429 without `Retry-After` pauses the subscriber this long.
+pub const DEFAULT_429_PAUSE_MS: u64 = 1_000;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub rate: Rate,
+    pub max_in_flight: u32,
+    pub breaker: BreakerConfig,
+}
+
+/// What survives eviction and restart.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct LimiterState {
+    pub bucket: Option<Bucket>,
+    pub paused_until_ms: Option<i64>,
+    pub breaker: Breaker,
+}
+
+/// The decision for a batch of `n`: the first `send` go now, the rest are deferred, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub send: usize,
+    pub deferred: Vec<(DeferReason, u64)>,
+}
+
+impl LimiterState {
+    /// Grant what the pause, the breaker, the in-flight cap and the bucket allow for `n`
+    /// deliveries, `in_flight` being already out. Each deferred delivery gets the exact wait
+    /// until its own token exists. Mutates the bucket (refill always stored) and the breaker.
+    pub fn plan(&mut self, limits: Limits, in_flight: u32, now_ms: i64, n: usize) -> Plan {
+        if let Some(until) = self.paused_until_ms {
+            if now_ms < until {
+                let wait = (until - now_ms) as u64;
+                return Plan {
+                    send: 0,
+                    deferred: vec![(DeferReason::Paused, wait); n],
+                };
+            }
+            self.paused_until_ms = None;
+        }
+        let probe = match self.breaker.admit(limits.breaker, now_ms) {
+            Admission::Open { retry_after_ms } => {
+                return Plan {
+                    send: 0,
+                    deferred: vec![(DeferReason::BreakerOpen, retry_after_ms); n],
+                }
+            }
+            Admission::Probe => true,
+            Admission::Closed => false,
+        };
+        let slots = limits.max_in_flight.saturating_sub(in_flight) as usize;
+        let cap = if probe { slots.min(1) } else { slots };
+        let want = n.min(cap).min(u32::MAX as usize) as u32;
+        let bucket = self
+            .bucket
+            .get_or_insert_with(|| Bucket::full(limits.rate, now_ms));
+        let granted = bucket.take(limits.rate, now_ms, want) as usize;
+        if probe && granted > 0 {
+            self.breaker.start_probe(now_ms);
+        }
+        let bucket = *bucket;
+        let deferred = (1..=(n - granted) as u32)
+            .map(|k| {
+                let rate_wait = bucket.wait_ms(limits.rate, k);
+                let over_cap = granted + k as usize > cap;
+                if probe && over_cap {
+                    (DeferReason::BreakerOpen, rate_wait.max(IN_FLIGHT_RETRY_MS))
+                } else if over_cap && rate_wait == 0 {
+                    (DeferReason::InFlight, IN_FLIGHT_RETRY_MS)
+                } else {
+                    (DeferReason::Rate, rate_wait)
+                }
+            })
+            .collect();
+        Plan {
+            send: granted,
+            deferred,
+        }
+    }
+
+    /// Fold one attempt's outcome in: the breaker counts it, and a 429 or 503 with `Retry-After`
+    /// (a 429 without one too) pauses the whole subscriber.
+    pub fn record(&mut self, limits: Limits, attempt: &Attempt, now_ms: i64) {
+        match classify(attempt) {
+            Class::Success => self.breaker.on_success(),
+            Class::Retryable { .. } | Class::Permanent { .. } => {
+                self.breaker.on_failure(limits.breaker, now_ms)
+            }
+        }
+        if let Some(pause) = pause_for(attempt) {
+            let until = now_ms + pause as i64;
+            self.paused_until_ms = Some(self.paused_until_ms.map_or(until, |p| p.max(until)));
+        }
+    }
+
+    /// The state as `GET /v1/subscribers/{id}` shows it, refilled to `now_ms` (not stored).
+    pub fn status(&self, id: &str, limits: Option<Limits>, in_flight: u32, now_ms: i64) -> SubscriberStatus {
+        let tokens = match (self.bucket, limits) {
+            (Some(mut b), Some(l)) => {
+                b.refill(l.rate, now_ms);
+                b.tokens
+            }
+            (Some(b), None) => b.tokens,
+            (None, Some(l)) => f64::from(l.rate.burst),
+            (None, None) => 0.0,
+        };
+        SubscriberStatus {
+            id: id.to_string(),
+            tokens,
+            rate_per_sec: limits.map(|l| l.rate.per_sec),
+            burst: limits.map(|l| l.rate.burst),
+            in_flight,
+            paused_until_ms: self.paused_until_ms.filter(|&p| p > now_ms),
+            breaker: self
+                .breaker
+                .view(limits.map_or_else(BreakerConfig::default, |l| l.breaker), now_ms),
+        }
+    }
+}
+
+/// How long an attempt pauses its subscriber, if at all.
+pub fn pause_for(attempt: &Attempt) -> Option<u64> {
+    match *attempt {
+        Attempt::Status {
+            status: 429 | 503,
+            retry_after_ms: Some(ms),
+        } => Some(ms),
+        Attempt::Status {
+            status: 429,
+            retry_after_ms: None,
+        } => Some(DEFAULT_429_PAUSE_MS),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use DeferReason::{BreakerOpen, InFlight, Paused};
+    const RATE: DeferReason = DeferReason::Rate;
+
+    const LIMITS: Limits = Limits {
+        rate: Rate {
+            per_sec: 10.0,
+            burst: 20,
+        },
+        max_in_flight: 8,
+        breaker: BreakerConfig {
+            threshold: 20,
+            cooldown_ms: 30_000,
+        },
+    };
+
+    fn st(status: u16, retry_after_ms: Option<u64>) -> Attempt {
+        Attempt::Status {
+            status,
+            retry_after_ms,
+        }
+    }
+
+    #[test]
+    fn fresh_subscriber_gets_its_burst_capped_by_in_flight() {
+        let mut s = LimiterState::default();
+        let p = s.plan(LIMITS, 0, 0, 10);
+        assert_eq!(p.send, 8);
+        assert_eq!(p.deferred, vec![(InFlight, IN_FLIGHT_RETRY_MS); 2]);
+        let wide = Limits { max_in_flight: 100, ..LIMITS };
+        let mut s = LimiterState::default();
+        let p = s.plan(wide, 0, 0, 25);
+        assert_eq!(p.send, 20);
+        assert_eq!(
+            p.deferred,
+            vec![(RATE, 100), (RATE, 200), (RATE, 300), (RATE, 400), (RATE, 500)]
+        );
+    }
+
+    #[test]
+    fn deferred_waits_are_exact_and_honoured() {
+        let wide = Limits { max_in_flight: 1000, ..LIMITS };
+        let mut s = LimiterState::default();
+        assert_eq!(s.plan(wide, 0, 0, 20).send, 20);
+        let p = s.plan(wide, 0, 0, 3);
+        assert_eq!(p.deferred, vec![(RATE, 100), (RATE, 200), (RATE, 300)]);
+        // Coming back at each advertised time yields exactly that one delivery.
+        for (_, wait) in p.deferred {
+            let again = s.plan(wide, 0, wait as i64, 1);
+            assert_eq!(again.send, 1, "at {wait} ms");
+        }
+    }
+
+    #[test]
+    fn pause_defers_everything_until_it_ends() {
+        let mut s = LimiterState::default();
+        s.record(LIMITS, &st(429, Some(2_000)), 1_000);
+        assert_eq!(s.paused_until_ms, Some(3_000));
+        let p = s.plan(LIMITS, 0, 1_500, 3);
+        assert_eq!(p, Plan { send: 0, deferred: vec![(Paused, 1_500); 3] });
+        assert_eq!(s.plan(LIMITS, 0, 3_000, 1).send, 1);
+        // 503 with Retry-After pauses too; a 500 does not; a 429 without Retry-After pauses briefly.
+        let cases: &[(Attempt, Option<u64>)] = &[
+            (st(503, Some(5_000)), Some(5_000)),
+            (st(500, Some(5_000)), None),
+            (st(429, None), Some(DEFAULT_429_PAUSE_MS)),
+            (st(200, None), None),
+        ];
+        for (attempt, expected) in cases {
+            assert_eq!(pause_for(attempt), *expected, "{attempt:?}");
+        }
+    }
+
+    #[test]
+    fn breaker_opens_after_twenty_failures_then_probes_once() {
+        let mut s = LimiterState::default();
+        for i in 0..20 {
+            s.record(LIMITS, &st(500, None), i);
+        }
+        let p = s.plan(LIMITS, 0, 100, 2);
+        assert_eq!(p.send, 0);
+        assert!(p.deferred.iter().all(|(r, _)| *r == BreakerOpen));
+        let p = s.plan(LIMITS, 0, 30_019, 3);
+        assert_eq!(p.send, 1, "one probe");
+        assert!(p.deferred.iter().all(|(r, _)| *r == BreakerOpen));
+        s.record(LIMITS, &st(200, None), 30_050);
+        assert_eq!(s.plan(LIMITS, 0, 30_060, 3).send, 3);
+    }
+
+    #[test]
+    fn in_flight_counts_against_the_cap() {
+        let mut s = LimiterState::default();
+        let p = s.plan(LIMITS, 8, 0, 2);
+        assert_eq!(p.send, 0);
+        assert_eq!(p.deferred, vec![(InFlight, IN_FLIGHT_RETRY_MS); 2]);
+        assert_eq!(s.plan(LIMITS, 6, 0, 5).send, 2);
+    }
+
+    #[test]
+    fn status_refills_without_storing() {
+        let mut s = LimiterState::default();
+        s.plan(Limits { max_in_flight: 100, ..LIMITS }, 0, 0, 20);
+        let view = s.status("sub", Some(LIMITS), 3, 500);
+        assert!((view.tokens - 5.0).abs() < 1e-9);
+        assert_eq!(view.in_flight, 3);
+        assert_eq!(s.bucket.map(|b| b.updated_ms), Some(0));
+    }
+}

@@ -1,0 +1,346 @@
+//! Wire types shared by the Worker and the origin daemon. Every JSON shape that crosses the
+//! origin ⇄ edge boundary derives serde here, and only here.
+
+use serde::{Deserialize, Serialize};
+
+/// Largest accepted `POST /v1/deliveries` request body.
+pub const MAX_REQUEST_BYTES: usize = 8 * 1024 * 1024;
+/// Most deliveries in one edge call.
+pub const MAX_BATCH: usize = 500;
+/// Largest single delivery body.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// How much of a subscriber's response body is kept in a result or an attempt record.
+pub const RESPONSE_BODY_LIMIT: usize = 4096;
+/// Bounds on a subscriber's configured request timeout.
+pub const MIN_TIMEOUT_MS: u64 = 100;
+pub const MAX_TIMEOUT_MS: u64 = 60_000;
+
+/// A subscriber as the edge needs to know it, carried in every edge call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriberSpec {
+    pub id: String,
+    pub url: String,
+    /// Active `whsec_` secrets, newest first. Each one signs; verifiers accept any.
+    pub secrets: Vec<String>,
+    pub rate_per_sec: f64,
+    pub burst: u32,
+    pub max_in_flight: u32,
+    pub timeout_ms: u64,
+    /// Also send `X-Fanout-Signature: sha256=<hex>` (the legacy header).
+    #[serde(default)]
+    pub legacy_signature: bool,
+}
+
+/// One delivery of one event to one subscriber.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Delivery {
+    pub id: String,
+    pub event_id: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub attempt: u32,
+    /// The exact bytes to send.
+    pub body: String,
+}
+
+/// The body of `POST /v1/deliveries`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveryBatch {
+    pub subscriber: SubscriberSpec,
+    pub deliveries: Vec<Delivery>,
+}
+
+/// Why the edge handed a delivery back without sending it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeferReason {
+    Rate,
+    InFlight,
+    Paused,
+    BreakerOpen,
+}
+
+impl DeferReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeferReason::Rate => "rate",
+            DeferReason::InFlight => "in_flight",
+            DeferReason::Paused => "paused",
+            DeferReason::BreakerOpen => "breaker_open",
+        }
+    }
+}
+
+/// Transport-level failure of one attempt (no HTTP status was received).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportError {
+    Timeout,
+    Connect,
+    /// The host name does not exist (NXDOMAIN): permanent.
+    Dns,
+    Tls,
+    /// The endpoint was refused by policy (scheme, private address): permanent.
+    RefusedUrl,
+    /// A 3xx answer: redirects are never followed.
+    Redirect,
+}
+
+impl TransportError {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportError::Timeout => "timeout",
+            TransportError::Connect => "connect",
+            TransportError::Dns => "dns",
+            TransportError::Tls => "tls",
+            TransportError::RefusedUrl => "refused_url",
+            TransportError::Redirect => "redirect",
+        }
+    }
+}
+
+/// The edge's answer for one delivery.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum DeliveryResult {
+    Delivered {
+        id: String,
+        status: u16,
+        latency_ms: u64,
+    },
+    Deferred {
+        id: String,
+        retry_after_ms: u64,
+        reason: DeferReason,
+    },
+    Failed {
+        id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u16>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_ms: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        response_body: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<TransportError>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        latency_ms: Option<u64>,
+    },
+    Rejected {
+        id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u16>,
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        response_body: Option<String>,
+    },
+}
+
+impl DeliveryResult {
+    pub fn id(&self) -> &str {
+        match self {
+            DeliveryResult::Delivered { id, .. }
+            | DeliveryResult::Deferred { id, .. }
+            | DeliveryResult::Failed { id, .. }
+            | DeliveryResult::Rejected { id, .. } => id,
+        }
+    }
+
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            DeliveryResult::Delivered { .. } => "delivered",
+            DeliveryResult::Deferred { .. } => "deferred",
+            DeliveryResult::Failed { .. } => "failed",
+            DeliveryResult::Rejected { .. } => "rejected",
+        }
+    }
+
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            DeliveryResult::Delivered { status, .. } => Some(*status),
+            DeliveryResult::Failed { status, .. } | DeliveryResult::Rejected { status, .. } => {
+                *status
+            }
+            DeliveryResult::Deferred { .. } => None,
+        }
+    }
+}
+
+/// The body of the edge's answer to `POST /v1/deliveries`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchResponse {
+    pub results: Vec<DeliveryResult>,
+}
+
+impl BatchResponse {
+    /// 202 when anything was deferred, 200 otherwise.
+    pub fn http_status(&self) -> u16 {
+        if self
+            .results
+            .iter()
+            .any(|r| matches!(r, DeliveryResult::Deferred { .. }))
+        {
+            202
+        } else {
+            200
+        }
+    }
+}
+
+/// `{"error":{"code":"…","message":"…"}}`, the error shape of both HTTP APIs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+}
+
+impl ErrorBody {
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        ErrorBody {
+            error: ErrorDetail {
+                code: code.into(),
+                message: message.into(),
+            },
+        }
+    }
+}
+
+/// Why a delivery batch was refused before anything was sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("endpoint refused: {0}")]
+    Endpoint(#[from] crate::endpoint::EndpointError),
+    #[error("{0}")]
+    TooLarge(String),
+}
+
+impl BatchError {
+    /// The machine-readable code of the JSON error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            BatchError::Invalid(_) => "invalid_request",
+            BatchError::Endpoint(_) => "endpoint_refused",
+            BatchError::TooLarge(_) => "too_large",
+        }
+    }
+}
+
+impl DeliveryBatch {
+    /// Parse and validate a request body; nothing is sent unless this succeeds.
+    pub fn parse(body: &[u8], allow_loopback: bool) -> Result<Self, BatchError> {
+        if body.len() > MAX_REQUEST_BYTES {
+            return Err(BatchError::TooLarge(format!(
+                "request body is {} bytes; the limit is {MAX_REQUEST_BYTES}",
+                body.len()
+            )));
+        }
+        let batch: DeliveryBatch = serde_json::from_slice(body)
+            .map_err(|e| BatchError::Invalid(format!("malformed request: {e}")))?;
+        batch.validate(allow_loopback)?;
+        Ok(batch)
+    }
+
+    pub fn validate(&self, allow_loopback: bool) -> Result<(), BatchError> {
+        self.subscriber.validate(allow_loopback)?;
+        if self.deliveries.is_empty() {
+            return Err(BatchError::Invalid("deliveries must not be empty".into()));
+        }
+        if self.deliveries.len() > MAX_BATCH {
+            return Err(BatchError::TooLarge(format!(
+                "{} deliveries in one call; the limit is {MAX_BATCH}",
+                self.deliveries.len()
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for d in &self.deliveries {
+            if d.id.is_empty() || d.event_id.is_empty() || d.event_type.is_empty() {
+                return Err(BatchError::Invalid(
+                    "every delivery needs a non-empty id, event_id and type".into(),
+                ));
+            }
+            if d.attempt == 0 {
+                return Err(BatchError::Invalid(format!(
+                    "delivery {}: attempt starts at 1",
+                    d.id
+                )));
+            }
+            if d.body.len() > MAX_BODY_BYTES {
+                return Err(BatchError::TooLarge(format!(
+                    "delivery {}: body is {} bytes; the limit is {MAX_BODY_BYTES}",
+                    d.id,
+                    d.body.len()
+                )));
+            }
+            if !seen.insert(d.id.as_str()) {
+                return Err(BatchError::Invalid(format!(
+                    "delivery id {} appears twice",
+                    d.id
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SubscriberSpec {
+    pub fn validate(&self, allow_loopback: bool) -> Result<(), BatchError> {
+        if self.id.is_empty() || self.id.len() > 128 {
+            return Err(BatchError::Invalid(
+                "subscriber.id must be 1 to 128 characters".into(),
+            ));
+        }
+        if !(self.rate_per_sec.is_finite() && self.rate_per_sec > 0.0) {
+            return Err(BatchError::Invalid(
+                "subscriber.rate_per_sec must be a positive number".into(),
+            ));
+        }
+        if self.burst == 0 {
+            return Err(BatchError::Invalid("subscriber.burst must be at least 1".into()));
+        }
+        if self.max_in_flight == 0 {
+            return Err(BatchError::Invalid(
+                "subscriber.max_in_flight must be at least 1".into(),
+            ));
+        }
+        if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&self.timeout_ms) {
+            return Err(BatchError::Invalid(format!(
+                "subscriber.timeout_ms must be between {MIN_TIMEOUT_MS} and {MAX_TIMEOUT_MS}"
+            )));
+        }
+        if self.secrets.is_empty() {
+            return Err(BatchError::Invalid(
+                "subscriber.secrets must hold at least one whsec_ secret".into(),
+            ));
+        }
+        for s in &self.secrets {
+            crate::sign::Secret::parse(s)
+                .map_err(|e| BatchError::Invalid(format!("subscriber.secrets: {e}")))?;
+        }
+        crate::endpoint::check_url(&self.url, allow_loopback)?;
+        Ok(())
+    }
+}
+
+/// A subscriber's limiter state as `GET /v1/subscribers/{id}` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubscriberStatus {
+    pub id: String,
+    /// Tokens available now (after refill).
+    pub tokens: f64,
+    pub rate_per_sec: Option<f64>,
+    pub burst: Option<u32>,
+    pub in_flight: u32,
+    /// Unix ms until which the subscriber is paused by its own Retry-After, if in the future.
+    pub paused_until_ms: Option<i64>,
+    pub breaker: crate::breaker::BreakerView,
+}

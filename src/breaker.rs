@@ -33,7 +33,9 @@ pub enum Admission {
     Closed,
     /// Half-open: exactly one request may go.
     Probe,
-    Open { retry_after_ms: u64 },
+    Open {
+        retry_after_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,29 +113,59 @@ mod tests {
             assert_eq!(b.admit(CFG, 0), Admission::Closed);
         }
         b.on_failure(CFG, 0);
-        assert_eq!(b.admit(CFG, 0), Admission::Open { retry_after_ms: 1000 });
+        assert_eq!(
+            b.admit(CFG, 0),
+            Admission::Open {
+                retry_after_ms: 1000
+            }
+        );
         assert_eq!(b.admit(CFG, 999), Admission::Open { retry_after_ms: 1 });
         assert_eq!(b.admit(CFG, 1000), Admission::Probe);
         b.start_probe(1000);
-        assert_eq!(b.admit(CFG, 1001), Admission::Open { retry_after_ms: 999 });
+        assert_eq!(
+            b.admit(CFG, 1001),
+            Admission::Open {
+                retry_after_ms: 999
+            }
+        );
         assert_eq!(b.view(CFG, 1001).state, "half_open");
     }
 
     #[test]
     fn probe_outcomes() {
         // (probe succeeds?) -> admission right after
-        for (ok, expected) in [(true, Admission::Closed), (false, Admission::Open { retry_after_ms: 1000 })] {
-            let mut b = Breaker { consecutive_failures: 3, open_until_ms: Some(0), probe_started_ms: None };
+        for (ok, expected) in [
+            (true, Admission::Closed),
+            (
+                false,
+                Admission::Open {
+                    retry_after_ms: 1000,
+                },
+            ),
+        ] {
+            let mut b = Breaker {
+                consecutive_failures: 3,
+                open_until_ms: Some(0),
+                probe_started_ms: None,
+            };
             assert_eq!(b.admit(CFG, 10), Admission::Probe);
             b.start_probe(10);
-            if ok { b.on_success() } else { b.on_failure(CFG, 10) }
+            if ok {
+                b.on_success()
+            } else {
+                b.on_failure(CFG, 10)
+            }
             assert_eq!(b.admit(CFG, 10), expected, "probe ok={ok}");
         }
     }
 
     #[test]
     fn lost_probe_is_replaced_after_a_cooldown() {
-        let mut b = Breaker { consecutive_failures: 3, open_until_ms: Some(0), probe_started_ms: None };
+        let mut b = Breaker {
+            consecutive_failures: 3,
+            open_until_ms: Some(0),
+            probe_started_ms: None,
+        };
         b.start_probe(0);
         assert!(matches!(b.admit(CFG, 500), Admission::Open { .. }));
         assert_eq!(b.admit(CFG, 1000), Admission::Probe);

@@ -75,16 +75,24 @@ mod tests {
         let cases: &[(f64, i64, i64, u32, u32, f64)] = &[
             (20.0, 0, 0, 5, 5, 15.0),
             (20.0, 0, 0, 25, 20, 0.0),
-            (0.0, 0, 100, 5, 1, 0.0),     // 100 ms at 10/s = 1 token
-            (0.0, 0, 99, 5, 0, 0.99),     // not quite one token: nothing, refill kept
+            (0.0, 0, 100, 5, 1, 0.0),      // 100 ms at 10/s = 1 token
+            (0.0, 0, 99, 5, 0, 0.99),      // not quite one token: nothing, refill kept
             (0.0, 0, 10_000, 50, 20, 0.0), // capped at burst
-            (5.0, 1000, 500, 3, 3, 2.0),  // clock went backwards: no refill
+            (5.0, 1000, 500, 3, 3, 2.0),   // clock went backwards: no refill
             (0.5, 0, 50, 1, 1, 0.0),
         ];
         for &(tokens, updated_ms, now, want, granted, after) in cases {
             let mut b = Bucket { tokens, updated_ms };
-            assert_eq!(b.take(R, now, want), granted, "case {tokens} {updated_ms} {now} {want}");
-            assert!((b.tokens - after).abs() < 1e-9, "tokens after: {} vs {after}", b.tokens);
+            assert_eq!(
+                b.take(R, now, want),
+                granted,
+                "case {tokens} {updated_ms} {now} {want}"
+            );
+            assert!(
+                (b.tokens - after).abs() < 1e-9,
+                "tokens after: {} vs {after}",
+                b.tokens
+            );
             assert_eq!(b.updated_ms, now.max(updated_ms));
         }
     }
@@ -92,7 +100,10 @@ mod tests {
     #[test]
     fn denied_request_still_stores_refill() {
         // The seed's bug: a denial that does not store the refill stalls a busy subscriber.
-        let mut b = Bucket { tokens: 0.0, updated_ms: 0 };
+        let mut b = Bucket {
+            tokens: 0.0,
+            updated_ms: 0,
+        };
         for now in (10..100).step_by(10) {
             assert_eq!(b.take(R, now, 1), 0);
         }
@@ -101,7 +112,10 @@ mod tests {
 
     #[test]
     fn wait_grows_with_position() {
-        let b = Bucket { tokens: 0.25, updated_ms: 0 };
+        let b = Bucket {
+            tokens: 0.25,
+            updated_ms: 0,
+        };
         let waits: Vec<u64> = (1..=5).map(|k| b.wait_ms(R, k)).collect();
         assert_eq!(waits, vec![75, 175, 275, 375, 475]);
         let full = Bucket::full(R, 0);
@@ -111,7 +125,10 @@ mod tests {
 
     #[test]
     fn waiting_the_advertised_time_yields_the_token() {
-        let mut b = Bucket { tokens: 0.0, updated_ms: 0 };
+        let mut b = Bucket {
+            tokens: 0.0,
+            updated_ms: 0,
+        };
         for k in 1..=30u32 {
             let w = b.wait_ms(R, 1);
             let now = b.updated_ms + w as i64;
@@ -127,7 +144,10 @@ mod tests {
             per_sec: 0.5,
             burst: 1,
         };
-        let mut b = Bucket { tokens: 0.0, updated_ms: 0 };
+        let mut b = Bucket {
+            tokens: 0.0,
+            updated_ms: 0,
+        };
         assert_eq!(b.wait_ms(slow, 1), 2000);
         assert_eq!(b.take(slow, 1999, 1), 0);
         assert_eq!(b.take(slow, 2000, 1), 1);

@@ -37,7 +37,10 @@ pub fn check_url(raw: &str, allow_loopback: bool) -> Result<Url, EndpointError> 
     };
     let loopback_allowed = allow_loopback
         && loopback
-        && matches!(&host, Host::Domain("localhost") | Host::Ipv4(_) | Host::Ipv6(_));
+        && matches!(
+            &host,
+            Host::Domain("localhost") | Host::Ipv4(_) | Host::Ipv6(_)
+        );
     match url.scheme() {
         "https" => {}
         "http" if loopback_allowed => {}
@@ -109,7 +112,11 @@ mod tests {
     use super::*;
 
     fn check(url: &str, allow_loopback: bool, expected: Result<(), EndpointError>) {
-        assert_eq!(check_url(url, allow_loopback).map(|_| ()), expected, "{url} loopback={allow_loopback}");
+        assert_eq!(
+            check_url(url, allow_loopback).map(|_| ()),
+            expected,
+            "{url} loopback={allow_loopback}"
+        );
     }
 
     #[test]
@@ -120,7 +127,11 @@ mod tests {
         check("http://partner.example/hooks", false, Err(Scheme));
         check("http://partner.example/hooks", true, Err(Scheme));
         check("ftp://partner.example/", false, Err(Scheme));
-        check("not a url", false, Err(Invalid("relative URL without a base".into())));
+        check(
+            "not a url",
+            false,
+            Err(Invalid("relative URL without a base".into())),
+        );
         check("https://user:pw@partner.example/", false, Err(Credentials));
         check("https://10.0.0.5/h", false, Err(PrivateAddress));
         check("https://10.0.0.5/h", true, Err(PrivateAddress));

@@ -108,7 +108,13 @@ impl LimiterState {
     }
 
     /// The state as `GET /v1/subscribers/{id}` shows it, refilled to `now_ms` (not stored).
-    pub fn status(&self, id: &str, limits: Option<Limits>, in_flight: u32, now_ms: i64) -> SubscriberStatus {
+    pub fn status(
+        &self,
+        id: &str,
+        limits: Option<Limits>,
+        in_flight: u32,
+        now_ms: i64,
+    ) -> SubscriberStatus {
         let tokens = match (self.bucket, limits) {
             (Some(mut b), Some(l)) => {
                 b.refill(l.rate, now_ms);
@@ -125,9 +131,10 @@ impl LimiterState {
             burst: limits.map(|l| l.rate.burst),
             in_flight,
             paused_until_ms: self.paused_until_ms.filter(|&p| p > now_ms),
-            breaker: self
-                .breaker
-                .view(limits.map_or_else(BreakerConfig::default, |l| l.breaker), now_ms),
+            breaker: self.breaker.view(
+                limits.map_or_else(BreakerConfig::default, |l| l.breaker),
+                now_ms,
+            ),
         }
     }
 }
@@ -178,19 +185,31 @@ mod tests {
         let p = s.plan(LIMITS, 0, 0, 10);
         assert_eq!(p.send, 8);
         assert_eq!(p.deferred, vec![(InFlight, IN_FLIGHT_RETRY_MS); 2]);
-        let wide = Limits { max_in_flight: 100, ..LIMITS };
+        let wide = Limits {
+            max_in_flight: 100,
+            ..LIMITS
+        };
         let mut s = LimiterState::default();
         let p = s.plan(wide, 0, 0, 25);
         assert_eq!(p.send, 20);
         assert_eq!(
             p.deferred,
-            vec![(RATE, 100), (RATE, 200), (RATE, 300), (RATE, 400), (RATE, 500)]
+            vec![
+                (RATE, 100),
+                (RATE, 200),
+                (RATE, 300),
+                (RATE, 400),
+                (RATE, 500)
+            ]
         );
     }
 
     #[test]
     fn deferred_waits_are_exact_and_honoured() {
-        let wide = Limits { max_in_flight: 1000, ..LIMITS };
+        let wide = Limits {
+            max_in_flight: 1000,
+            ..LIMITS
+        };
         let mut s = LimiterState::default();
         assert_eq!(s.plan(wide, 0, 0, 20).send, 20);
         let p = s.plan(wide, 0, 0, 3);
@@ -208,7 +227,13 @@ mod tests {
         s.record(LIMITS, &st(429, Some(2_000)), 1_000);
         assert_eq!(s.paused_until_ms, Some(3_000));
         let p = s.plan(LIMITS, 0, 1_500, 3);
-        assert_eq!(p, Plan { send: 0, deferred: vec![(Paused, 1_500); 3] });
+        assert_eq!(
+            p,
+            Plan {
+                send: 0,
+                deferred: vec![(Paused, 1_500); 3]
+            }
+        );
         assert_eq!(s.plan(LIMITS, 0, 3_000, 1).send, 1);
         // 503 with Retry-After pauses too; a 500 does not; a 429 without Retry-After pauses briefly.
         let cases: &[(Attempt, Option<u64>)] = &[
@@ -250,7 +275,15 @@ mod tests {
     #[test]
     fn status_refills_without_storing() {
         let mut s = LimiterState::default();
-        s.plan(Limits { max_in_flight: 100, ..LIMITS }, 0, 0, 20);
+        s.plan(
+            Limits {
+                max_in_flight: 100,
+                ..LIMITS
+            },
+            0,
+            0,
+            20,
+        );
         let view = s.status("sub", Some(LIMITS), 3, 500);
         assert!((view.tokens - 5.0).abs() < 1e-9);
         assert_eq!(view.in_flight, 3);

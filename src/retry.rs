@@ -52,7 +52,9 @@ pub enum Class {
 pub fn classify(attempt: &Attempt) -> Class {
     match *attempt {
         Attempt::Status { status, .. } if (200..300).contains(&status) => Class::Success,
-        Attempt::Status { status: 404, .. } => Class::Permanent { reason: "not_found" },
+        Attempt::Status { status: 404, .. } => Class::Permanent {
+            reason: "not_found",
+        },
         Attempt::Status { status: 410, .. } => Class::Permanent { reason: "gone" },
         Attempt::Status { retry_after_ms, .. } => Class::Retryable { retry_after_ms },
         Attempt::Transport(TransportError::Dns) => Class::Permanent { reason: "dns" },
@@ -141,7 +143,13 @@ pub fn result_for(
             reason: reason.to_string(),
             response_body: None,
         },
-        (_, Attempt::Status { status, retry_after_ms }) => DeliveryResult::Failed {
+        (
+            _,
+            Attempt::Status {
+                status,
+                retry_after_ms,
+            },
+        ) => DeliveryResult::Failed {
             id,
             status: Some(*status),
             retry_after_ms: *retry_after_ms,
@@ -194,19 +202,37 @@ mod tests {
     #[test]
     fn classification_table() {
         use TransportError::*;
-        let st = |status| Attempt::Status { status, retry_after_ms: None };
-        let retry = Class::Retryable { retry_after_ms: None };
+        let st = |status| Attempt::Status {
+            status,
+            retry_after_ms: None,
+        };
+        let retry = Class::Retryable {
+            retry_after_ms: None,
+        };
         let cases: Vec<(Attempt, Class)> = vec![
             (st(200), Class::Success),
             (st(204), Class::Success),
             (st(299), Class::Success),
             (st(302), retry.clone()),
             (st(400), retry.clone()),
-            (st(404), Class::Permanent { reason: "not_found" }),
+            (
+                st(404),
+                Class::Permanent {
+                    reason: "not_found",
+                },
+            ),
             (st(408), retry.clone()),
             (st(410), Class::Permanent { reason: "gone" }),
             (st(425), retry.clone()),
-            (Attempt::Status { status: 429, retry_after_ms: Some(120_000) }, Class::Retryable { retry_after_ms: Some(120_000) }),
+            (
+                Attempt::Status {
+                    status: 429,
+                    retry_after_ms: Some(120_000),
+                },
+                Class::Retryable {
+                    retry_after_ms: Some(120_000),
+                },
+            ),
             (st(500), retry.clone()),
             (st(503), retry.clone()),
             (Attempt::Transport(Timeout), retry.clone()),
@@ -214,7 +240,12 @@ mod tests {
             (Attempt::Transport(Redirect), retry.clone()),
             (Attempt::Transport(Dns), Class::Permanent { reason: "dns" }),
             (Attempt::Transport(Tls), Class::Permanent { reason: "tls" }),
-            (Attempt::Transport(RefusedUrl), Class::Permanent { reason: "refused_url" }),
+            (
+                Attempt::Transport(RefusedUrl),
+                Class::Permanent {
+                    reason: "refused_url",
+                },
+            ),
         ];
         for (attempt, expected) in cases {
             assert_eq!(classify(&attempt), expected, "{attempt:?}");
@@ -234,44 +265,143 @@ mod tests {
             (2, 7.0, 4_000), // jitter clamped
         ];
         for &(attempt, jitter, expected) in cases {
-            assert_eq!(backoff_ms(attempt, jitter), expected, "attempt {attempt} jitter {jitter}");
+            assert_eq!(
+                backoff_ms(attempt, jitter),
+                expected,
+                "attempt {attempt} jitter {jitter}"
+            );
         }
     }
 
     #[test]
     fn next_step_table() {
-        let retry = Class::Retryable { retry_after_ms: None };
-        let ra = Class::Retryable { retry_after_ms: Some(120_000) };
+        let retry = Class::Retryable {
+            retry_after_ms: None,
+        };
+        let ra = Class::Retryable {
+            retry_after_ms: Some(120_000),
+        };
         let cases: Vec<(Class, u32, Next)> = vec![
             (Class::Success, 1, Next::Sent),
-            (retry.clone(), 1, Next::RetryAt { at_ms: 1_000 + 1_000 }),
-            (retry.clone(), 7, Next::RetryAt { at_ms: 1_000 + 64_000 }),
-            (retry.clone(), 8, Next::Dead { reason: "gave up after 8 attempts".into() }),
-            (ra.clone(), 2, Next::RetryAt { at_ms: 1_000 + 120_000 }), // Retry-After wins
-            (Class::Permanent { reason: "gone" }, 1, Next::Dead { reason: "gone".into() }),
+            (
+                retry.clone(),
+                1,
+                Next::RetryAt {
+                    at_ms: 1_000 + 1_000,
+                },
+            ),
+            (
+                retry.clone(),
+                7,
+                Next::RetryAt {
+                    at_ms: 1_000 + 64_000,
+                },
+            ),
+            (
+                retry.clone(),
+                8,
+                Next::Dead {
+                    reason: "gave up after 8 attempts".into(),
+                },
+            ),
+            (
+                ra.clone(),
+                2,
+                Next::RetryAt {
+                    at_ms: 1_000 + 120_000,
+                },
+            ), // Retry-After wins
+            (
+                Class::Permanent { reason: "gone" },
+                1,
+                Next::Dead {
+                    reason: "gone".into(),
+                },
+            ),
         ];
         for (class, attempt, expected) in cases {
-            assert_eq!(next_step(&class, attempt, 8, 1_000, 0.0), expected, "{class:?} #{attempt}");
+            assert_eq!(
+                next_step(&class, attempt, 8, 1_000, 0.0),
+                expected,
+                "{class:?} #{attempt}"
+            );
         }
     }
 
     #[test]
     fn results_per_attempt() {
-        let ok = result_for("d", &Attempt::Status { status: 200, retry_after_ms: None }, 5, Some("hi"));
-        assert_eq!(ok, DeliveryResult::Delivered { id: "d".into(), status: 200, latency_ms: 5 });
-        let gone = result_for("d", &Attempt::Status { status: 410, retry_after_ms: None }, 5, None);
+        let ok = result_for(
+            "d",
+            &Attempt::Status {
+                status: 200,
+                retry_after_ms: None,
+            },
+            5,
+            Some("hi"),
+        );
+        assert_eq!(
+            ok,
+            DeliveryResult::Delivered {
+                id: "d".into(),
+                status: 200,
+                latency_ms: 5
+            }
+        );
+        let gone = result_for(
+            "d",
+            &Attempt::Status {
+                status: 410,
+                retry_after_ms: None,
+            },
+            5,
+            None,
+        );
         assert_eq!(gone.outcome(), "rejected");
-        let redirect = result_for("d", &Attempt::Status { status: 302, retry_after_ms: None }, 5, None);
-        assert!(matches!(redirect, DeliveryResult::Failed { status: Some(302), error: Some(TransportError::Redirect), .. }));
+        let redirect = result_for(
+            "d",
+            &Attempt::Status {
+                status: 302,
+                retry_after_ms: None,
+            },
+            5,
+            None,
+        );
+        assert!(matches!(
+            redirect,
+            DeliveryResult::Failed {
+                status: Some(302),
+                error: Some(TransportError::Redirect),
+                ..
+            }
+        ));
         let long = "é".repeat(3000);
-        let busy = result_for("d", &Attempt::Status { status: 429, retry_after_ms: Some(2000) }, 5, Some(&long));
+        let busy = result_for(
+            "d",
+            &Attempt::Status {
+                status: 429,
+                retry_after_ms: Some(2000),
+            },
+            5,
+            Some(&long),
+        );
         match busy {
-            DeliveryResult::Failed { retry_after_ms: Some(2000), response_body: Some(b), .. } => {
+            DeliveryResult::Failed {
+                retry_after_ms: Some(2000),
+                response_body: Some(b),
+                ..
+            } => {
                 assert!(b.len() <= RESPONSE_BODY_LIMIT && b.len() >= RESPONSE_BODY_LIMIT - 1)
             }
             other => panic!("unexpected {other:?}"),
         }
         let timeout = result_for("d", &Attempt::Transport(TransportError::Timeout), 100, None);
-        assert!(matches!(timeout, DeliveryResult::Failed { error: Some(TransportError::Timeout), status: None, .. }));
+        assert!(matches!(
+            timeout,
+            DeliveryResult::Failed {
+                error: Some(TransportError::Timeout),
+                status: None,
+                ..
+            }
+        ));
     }
 }

@@ -232,21 +232,122 @@ mod tests {
         let body = b"{\"a\":1}";
         let both = signature_header(&[new.clone(), old.clone()], "evt_1", 1000, body);
         assert_eq!(both.split(' ').count(), 2);
-        let cases: Vec<(&str, Vec<Secret>, Option<&str>, Option<&str>, &[u8], i64, Result<(), VerifyError>)> = vec![
-            ("rotation: old key verifies", vec![old.clone()], Some("1000"), Some(&both), body, 1000, Ok(())),
-            ("rotation: new key verifies", vec![new.clone()], Some("1000"), Some(&both), body, 1000, Ok(())),
-            ("unknown key", vec![other.clone()], Some("1000"), Some(&both), body, 1000, Err(VerifyError::NoMatch)),
-            ("tampered body", vec![old.clone()], Some("1000"), Some(&both), b"{\"a\":2}", 1000, Err(VerifyError::NoMatch)),
-            ("stale", vec![old.clone()], Some("1000"), Some(&both), body, 1301, Err(VerifyError::StaleTimestamp)),
-            ("future", vec![old.clone()], Some("1000"), Some(&both), body, 699, Err(VerifyError::StaleTimestamp)),
-            ("edge of tolerance", vec![old.clone()], Some("1000"), Some(&both), body, 1300, Ok(())),
-            ("no timestamp", vec![old.clone()], None, Some(&both), body, 1000, Err(VerifyError::MissingHeader(HEADER_TIMESTAMP))),
-            ("no signature", vec![old.clone()], Some("1000"), None, body, 1000, Err(VerifyError::MissingHeader(HEADER_SIGNATURE))),
-            ("bad timestamp", vec![old.clone()], Some("soon"), Some(&both), body, 1000, Err(VerifyError::BadTimestamp)),
-            ("garbage signature", vec![old.clone()], Some("1000"), Some("v1,!!! v2,abc"), body, 1000, Err(VerifyError::NoMatch)),
+        type Case<'a> = (
+            &'a str,
+            Vec<Secret>,
+            Option<&'a str>,
+            Option<&'a str>,
+            &'a [u8],
+            i64,
+            Result<(), VerifyError>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "rotation: old key verifies",
+                vec![old.clone()],
+                Some("1000"),
+                Some(&both),
+                body,
+                1000,
+                Ok(()),
+            ),
+            (
+                "rotation: new key verifies",
+                vec![new.clone()],
+                Some("1000"),
+                Some(&both),
+                body,
+                1000,
+                Ok(()),
+            ),
+            (
+                "unknown key",
+                vec![other.clone()],
+                Some("1000"),
+                Some(&both),
+                body,
+                1000,
+                Err(VerifyError::NoMatch),
+            ),
+            (
+                "tampered body",
+                vec![old.clone()],
+                Some("1000"),
+                Some(&both),
+                b"{\"a\":2}",
+                1000,
+                Err(VerifyError::NoMatch),
+            ),
+            (
+                "stale",
+                vec![old.clone()],
+                Some("1000"),
+                Some(&both),
+                body,
+                1301,
+                Err(VerifyError::StaleTimestamp),
+            ),
+            (
+                "future",
+                vec![old.clone()],
+                Some("1000"),
+                Some(&both),
+                body,
+                699,
+                Err(VerifyError::StaleTimestamp),
+            ),
+            (
+                "edge of tolerance",
+                vec![old.clone()],
+                Some("1000"),
+                Some(&both),
+                body,
+                1300,
+                Ok(()),
+            ),
+            (
+                "no timestamp",
+                vec![old.clone()],
+                None,
+                Some(&both),
+                body,
+                1000,
+                Err(VerifyError::MissingHeader(HEADER_TIMESTAMP)),
+            ),
+            (
+                "no signature",
+                vec![old.clone()],
+                Some("1000"),
+                None,
+                body,
+                1000,
+                Err(VerifyError::MissingHeader(HEADER_SIGNATURE)),
+            ),
+            (
+                "bad timestamp",
+                vec![old.clone()],
+                Some("soon"),
+                Some(&both),
+                body,
+                1000,
+                Err(VerifyError::BadTimestamp),
+            ),
+            (
+                "garbage signature",
+                vec![old.clone()],
+                Some("1000"),
+                Some("v1,!!! v2,abc"),
+                body,
+                1000,
+                Err(VerifyError::NoMatch),
+            ),
         ];
         for (name, secrets, ts, sig, body, now, expected) in cases {
-            assert_eq!(verify(&secrets, Some("evt_1"), ts, sig, body, now), expected, "{name}");
+            assert_eq!(
+                verify(&secrets, Some("evt_1"), ts, sig, body, now),
+                expected,
+                "{name}"
+            );
         }
         assert_eq!(
             verify(&[old], None, Some("1000"), Some(&both), body, 1000),

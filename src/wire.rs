@@ -305,7 +305,9 @@ impl SubscriberSpec {
             ));
         }
         if self.burst == 0 {
-            return Err(BatchError::Invalid("subscriber.burst must be at least 1".into()));
+            return Err(BatchError::Invalid(
+                "subscriber.burst must be at least 1".into(),
+            ));
         }
         if self.max_in_flight == 0 {
             return Err(BatchError::Invalid(

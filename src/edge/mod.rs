@@ -1,0 +1,142 @@
+//! The Cloudflare Worker: routing, the origin's signature, and the hand-off to the subscriber's
+//! Durable Object. The only module that touches `worker::*`; all decisions live in the pure core.
+
+mod error;
+mod send;
+mod subscriber;
+
+use worker::{event, Context, Env, Method, Request, RequestInit, Response};
+
+use crate::sign::{self, Secret};
+use crate::wire::{DeliveryBatch, MAX_REQUEST_BYTES};
+use error::EdgeError;
+
+/// The Durable Object namespace binding in `wrangler.toml`.
+const DO_BINDING: &str = "SUBSCRIBER";
+
+#[event(fetch)]
+async fn fetch(req: Request, env: Env, _ctx: Context) -> worker::Result<Response> {
+    match route(req, &env).await {
+        Ok(resp) => Ok(resp),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn route(mut req: Request, env: &Env) -> Result<Response, EdgeError> {
+    let path = req.path();
+    let method = req.method();
+    match (path.as_str(), method) {
+        ("/healthz", Method::Get | Method::Head) => Ok(Response::ok("ok")?),
+        ("/healthz", _) => Err(EdgeError::MethodNotAllowed("GET")),
+        ("/v1/deliveries", Method::Post) => deliveries(&mut req, env).await,
+        ("/v1/deliveries", _) => Err(EdgeError::MethodNotAllowed("POST")),
+        (p, m) if p.starts_with("/v1/subscribers/") => {
+            if m != Method::Get {
+                return Err(EdgeError::MethodNotAllowed("GET"));
+            }
+            let id = p.trim_start_matches("/v1/subscribers/");
+            if id.is_empty() || id.contains('/') {
+                return Err(EdgeError::NotFound);
+            }
+            let body = read_body(&mut req).await?;
+            authenticate(&req, env, &body)?;
+            let id = percent_decode(id);
+            let stub = env
+                .durable_object(DO_BINDING)?
+                .id_from_name(&id)?
+                .get_stub()?;
+            let url = format!(
+                "https://subscriber.internal/status?id={}",
+                encode_component(&id)
+            );
+            Ok(stub.fetch_with_str(&url).await?)
+        }
+        _ => Err(EdgeError::NotFound),
+    }
+}
+
+/// `POST /v1/deliveries`: size, signature, content type, then strict validation; one Durable
+/// Object round trip for the whole batch.
+async fn deliveries(req: &mut Request, env: &Env) -> Result<Response, EdgeError> {
+    let body = read_body(req).await?;
+    authenticate(req, env, &body)?;
+    let content_type = req.headers().get("content-type")?.unwrap_or_default();
+    let mime = content_type.split(';').next().unwrap_or("").trim();
+    if !mime.eq_ignore_ascii_case("application/json") {
+        return Err(EdgeError::UnsupportedMediaType);
+    }
+    let batch = DeliveryBatch::parse(&body, allow_loopback(env))?;
+    let stub = env
+        .durable_object(DO_BINDING)?
+        .id_from_name(&batch.subscriber.id)?
+        .get_stub()?;
+    let mut init = RequestInit::new();
+    init.with_method(Method::Post)
+        .with_body(Some(worker::wasm_bindgen::JsValue::from_str(
+            // Validated above and forwarded as received: the object parses the same bytes.
+            &String::from_utf8_lossy(&body),
+        )));
+    let inner = Request::new_with_init("https://subscriber.internal/deliver", &init)?;
+    Ok(stub.fetch_with_request(inner).await?)
+}
+
+async fn read_body(req: &mut Request) -> Result<Vec<u8>, EdgeError> {
+    let declared = req
+        .headers()
+        .get("content-length")?
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    if declared.is_some_and(|n| n > MAX_REQUEST_BYTES) {
+        return Err(EdgeError::TooLarge(format!(
+            "request body over {MAX_REQUEST_BYTES} bytes"
+        )));
+    }
+    let body = req.bytes().await.unwrap_or_default();
+    if body.len() > MAX_REQUEST_BYTES {
+        return Err(EdgeError::TooLarge(format!(
+            "request body over {MAX_REQUEST_BYTES} bytes"
+        )));
+    }
+    Ok(body)
+}
+
+/// Every call but `/healthz` is signed by the origin with `EDGE_SIGNING_KEY`.
+fn authenticate(req: &Request, env: &Env, body: &[u8]) -> Result<(), EdgeError> {
+    let key_text = env
+        .secret("EDGE_SIGNING_KEY")
+        .map(|s| s.to_string())
+        .or_else(|_| env.var("EDGE_SIGNING_KEY").map(|v| v.to_string()))
+        .map_err(|_| EdgeError::Misconfigured("EDGE_SIGNING_KEY is not set".into()))?;
+    let key = Secret::parse(key_text.trim())
+        .map_err(|e| EdgeError::Misconfigured(format!("EDGE_SIGNING_KEY: {e}")))?;
+    let h = req.headers();
+    let id = h.get(sign::HEADER_ID)?;
+    let ts = h.get(sign::HEADER_TIMESTAMP)?;
+    let sig = h.get(sign::HEADER_SIGNATURE)?;
+    let now_secs = (worker::Date::now().as_millis() / 1000) as i64;
+    sign::verify(
+        &[key],
+        id.as_deref(),
+        ts.as_deref(),
+        sig.as_deref(),
+        body,
+        now_secs,
+    )
+    .map_err(|e| EdgeError::Unauthorized(e.to_string()))
+}
+
+fn allow_loopback(env: &Env) -> bool {
+    env.var("ALLOW_LOOPBACK_HTTP")
+        .map(|v| v.to_string().trim().eq_ignore_ascii_case("true"))
+        .unwrap_or(false)
+}
+
+fn encode_component(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_else(|| s.to_string())
+}

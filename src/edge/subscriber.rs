@@ -164,9 +164,16 @@ impl SubscriberDO {
             .map(|(_, v)| v.into_owned())
             .unwrap_or_default();
         let stored = self.stored.borrow();
+        let Some(limits) = stored.limits() else {
+            let body = ErrorBody::new(
+                "unknown_subscriber",
+                "no deliveries have been seen for this subscriber",
+            );
+            return Ok(Response::from_json(&body)?.with_status(404));
+        };
         let view = stored
             .limiter
-            .status(&id, stored.limits(), self.in_flight.get(), now_ms());
+            .status(&id, Some(limits), self.in_flight.get(), now_ms());
         Response::from_json(&view)
     }
 }

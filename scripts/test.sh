@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs every check and test: formatting, clippy (native and wasm), the Rust unit and integration
+# tests, then the end-to-end tests against the built Worker (wrangler dev) and the origin daemon.
+# Stops at the first failure. CI runs exactly this (via .ci/run).
+#
+#   bash scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+current_step=""
+started=$SECONDS
+on_exit() {
+  local status=$?
+  if [ "$status" -ne 0 ] && [ -n "$current_step" ]; then
+    printf '\n==> FAILED (exit %s) at step: %s\n' "$status" "$current_step" >&2
+  fi
+}
+trap on_exit EXIT
+
+step() { # name command...
+  current_step="$1"
+  shift
+  printf '\n==> %s\n' "$current_step"
+  printf '    $ %s\n' "$*"
+  "$@"
+}
+
+step "setup (install missing tools)" bash scripts/setup.sh
+# shellcheck source=scripts/env.sh
+. scripts/env.sh
+
+step "format" cargo fmt --all --check
+step "clippy (native, all targets)" cargo clippy --workspace --all-targets -- -D warnings
+step "clippy (wasm32, fanout-core + Worker)" \
+  cargo clippy --target wasm32-unknown-unknown -p fanout-core -- -D warnings
+step "rust tests (unit + integration)" cargo test --workspace
+step "build origin binary for the e2e tests" cargo build -p fanout-origin
+step "build the Worker (worker-build --release)" bash scripts/build-worker.sh
+
+export FANOUT_BIN="$PWD/target/debug/fanout"
+export FANOUT_SKIP_BUILD=1
+step "end-to-end tests (node --test)" node --test --test-concurrency=1 tests/
+
+current_step=""
+printf '\n==> all checks and tests passed in %ss\n' "$((SECONDS - started))"

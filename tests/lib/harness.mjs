@@ -1,0 +1,383 @@
+// Helpers for Fanout's end-to-end tests (node:test). Everything listens on 127.0.0.1 only.
+//
+//   const edge = await startEdge();            // wrangler dev on a free port, fresh DO state
+//   const sub = await startSubscriber(() => ({ status: 200 }));
+//   const res = await signedFetch(`${edge.url}/v1/deliveries`, edge.key, JSON.stringify(payload));
+//   await waitFor(() => sub.requests.length === 3, 10_000);
+//   await edge.stop(); await sub.close();
+//
+// startEdge uses the Worker already built in build/ (scripts/build-worker.sh; scripts/test.sh
+// builds it once): it sets FANOUT_SKIP_BUILD=1 so wrangler's [build] command returns at once.
+
+import { spawn } from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import fsp from 'node:fs/promises';
+import http from 'node:http';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
+
+const WRANGLER_JS = path.join(ROOT, 'node_modules', 'wrangler', 'bin', 'wrangler.js');
+
+export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** A fresh Standard Webhooks secret: `whsec_` + base64 of `bytes` random bytes. */
+export function newSecret(bytes = 32) {
+  return `whsec_${crypto.randomBytes(bytes).toString('base64')}`;
+}
+
+/** The HMAC key bytes of a `whsec_` secret (base64 after the prefix). */
+export function secretBytes(secret) {
+  const b64 = secret.startsWith('whsec_') ? secret.slice('whsec_'.length) : secret;
+  return Buffer.from(b64, 'base64');
+}
+
+/** `v1,<base64 HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>` */
+export function sign(secret, id, timestamp, body) {
+  const mac = crypto
+    .createHmac('sha256', secretBytes(secret))
+    .update(`${id}.${timestamp}.`)
+    .update(typeof body === 'string' ? Buffer.from(body, 'utf8') : Buffer.from(body ?? ''))
+    .digest('base64');
+  return `v1,${mac}`;
+}
+
+/** The three Standard Webhooks headers for `body`, signed with `secret`. */
+export function signHeaders(secret, body, { id, timestamp } = {}) {
+  const msgId = id ?? `msg_${crypto.randomBytes(12).toString('hex')}`;
+  const ts = String(timestamp ?? Math.floor(Date.now() / 1000));
+  return {
+    'webhook-id': msgId,
+    'webhook-timestamp': ts,
+    'webhook-signature': sign(secret, msgId, ts, body),
+  };
+}
+
+/**
+ * fetch() signed the way the origin signs calls to the edge.
+ * `body` is a string (sent byte for byte) or an object (JSON-encoded). GET/HEAD send no body and
+ * sign the empty string. Options: method (default POST, GET when body is null/undefined),
+ * headers (merged over the defaults), id/timestamp (override the signed values).
+ */
+export async function signedFetch(url, key, body, { method, headers = {}, id, timestamp, signal } = {}) {
+  const m = (method ?? (body == null ? 'GET' : 'POST')).toUpperCase();
+  const hasBody = m !== 'GET' && m !== 'HEAD';
+  const text = body == null ? '' : typeof body === 'string' ? body : JSON.stringify(body);
+  const signedBody = hasBody ? text : '';
+  const h = {
+    ...(hasBody ? { 'content-type': 'application/json' } : {}),
+    ...signHeaders(key, signedBody, { id, timestamp }),
+    ...headers,
+  };
+  return fetch(url, { method: m, headers: h, body: hasBody ? signedBody : undefined, redirect: 'manual', signal });
+}
+
+/** Polls `pred` (sync or async) until it returns a truthy value, which is returned. */
+export async function waitFor(pred, timeoutMs = 10_000, { intervalMs = 25, message } = {}) {
+  const deadline = Date.now() + timeoutMs;
+  let lastError;
+  for (;;) {
+    try {
+      const v = await pred();
+      if (v) return v;
+    } catch (e) {
+      lastError = e;
+    }
+    if (Date.now() >= deadline) {
+      const why = message ?? `condition ${pred.toString().slice(0, 200)}`;
+      const err = new Error(`waitFor timed out after ${timeoutMs} ms: ${why}`);
+      if (lastError) err.cause = lastError;
+      throw err;
+    }
+    await sleep(intervalMs);
+  }
+}
+
+/** A TCP port that was free a moment ago on 127.0.0.1. */
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.unref();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+const ANSI = /\u001b\[[0-9;?]*[ -/]*[@-~]/g;
+
+/** Runs a long-lived child in its own process group, capturing its output as lines. */
+function spawnService(name, cmd, args, { env, cwd = ROOT } = {}) {
+  const logs = [];
+  const child = spawn(cmd, args, {
+    cwd,
+    env,
+    stdio: ['ignore', 'pipe', 'pipe'],
+    detached: true, // own process group: stop() also ends grandchildren (workerd)
+  });
+  const verbose = !!process.env.FANOUT_E2E_VERBOSE;
+  for (const stream of [child.stdout, child.stderr]) {
+    let buf = '';
+    stream.setEncoding('utf8');
+    stream.on('data', (chunk) => {
+      buf += chunk;
+      let i;
+      while ((i = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, i).replace(ANSI, '').replace(/\r$/, '');
+        buf = buf.slice(i + 1);
+        logs.push(line);
+        if (verbose) process.stderr.write(`[${name}] ${line}\n`);
+      }
+    });
+    stream.on('end', () => {
+      if (buf) logs.push(buf.replace(ANSI, ''));
+      buf = '';
+    });
+  }
+  let exited = null;
+  const exitPromise = new Promise((resolve) => {
+    child.on('exit', (code, signal) => {
+      exited = { code, signal };
+      resolve(exited);
+    });
+    child.on('error', (err) => {
+      logs.push(`spawn error: ${err.message}`);
+      exited = { code: -1, signal: null };
+      resolve(exited);
+    });
+  });
+
+  const killGroup = (sig) => {
+    try {
+      process.kill(-child.pid, sig);
+    } catch {
+      /* already gone */
+    }
+  };
+  // Never leave a service behind if the test process dies without calling stop().
+  const onExit = () => killGroup('SIGKILL');
+  process.on('exit', onExit);
+
+  async function stop({ graceMs = 5_000 } = {}) {
+    process.off('exit', onExit);
+    if (!exited) {
+      killGroup('SIGTERM');
+      const t = sleep(graceMs).then(() => 'timeout');
+      if ((await Promise.race([exitPromise, t])) === 'timeout') {
+        killGroup('SIGKILL');
+        await exitPromise;
+      }
+    }
+    // The group may still hold children after the leader exited.
+    killGroup('SIGKILL');
+  }
+
+  return { child, logs, stop, exitPromise, exited: () => exited };
+}
+
+/** Polls GET {url}/healthz until 200, failing early if the service exits. */
+async function waitHealthy(name, url, svc, timeoutMs) {
+  const deadline = Date.now() + timeoutMs;
+  let last = 'no answer yet';
+  while (Date.now() < deadline) {
+    const ex = svc.exited();
+    if (ex) {
+      throw new Error(
+        `${name} exited (code ${ex.code}, signal ${ex.signal}) before answering ${url}/healthz; ` +
+          `last output:\n${svc.logs.slice(-40).join('\n')}`,
+      );
+    }
+    try {
+      const res = await fetch(`${url}/healthz`, { signal: AbortSignal.timeout(2_000) });
+      await res.arrayBuffer();
+      if (res.status === 200) return;
+      last = `status ${res.status}`;
+    } catch (e) {
+      last = e.cause?.code ?? e.message;
+    }
+    await sleep(100);
+  }
+  throw new Error(
+    `${name} did not answer 200 on ${url}/healthz within ${timeoutMs} ms (${last}); ` +
+      `last output:\n${svc.logs.slice(-40).join('\n')}`,
+  );
+}
+
+/**
+ * Starts the Worker under `wrangler dev` on free ports with fresh Durable Object state.
+ * Options: vars ({NAME: value}, passed as --var, overriding the defaults), key (the
+ * EDGE_SIGNING_KEY, default a new secret), timeoutMs (startup deadline).
+ * Returns {url, port, key, logs, persistDir, stop()}. `logs` fills with wrangler's output lines
+ * (the Worker's console output included) for the whole life of the process.
+ */
+export async function startEdge({ vars = {}, key, timeoutMs = 90_000 } = {}) {
+  if (!fs.existsSync(path.join(ROOT, 'build', 'index.js'))) {
+    throw new Error('build/index.js is missing: run `bash scripts/build-worker.sh` (scripts/test.sh does) first');
+  }
+  if (!fs.existsSync(WRANGLER_JS)) {
+    throw new Error('wrangler is not installed: run `bash scripts/setup.sh` first');
+  }
+  const edgeKey = key ?? vars.EDGE_SIGNING_KEY ?? newSecret();
+  const allVars = { ALLOW_LOOPBACK_HTTP: 'true', ...vars, EDGE_SIGNING_KEY: edgeKey };
+  const port = await freePort();
+  const inspectorPort = await freePort();
+  const persistDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-edge-'));
+  const args = [
+    WRANGLER_JS,
+    'dev',
+    '--ip',
+    '127.0.0.1',
+    '--port',
+    String(port),
+    '--inspector-port',
+    String(inspectorPort),
+    '--persist-to',
+    persistDir,
+    '--show-interactive-dev-session=false',
+    '--log-level',
+    'log',
+  ];
+  for (const [k, v] of Object.entries(allVars)) args.push('--var', `${k}:${v}`);
+
+  const env = {
+    ...process.env,
+    FANOUT_SKIP_BUILD: '1',
+    WRANGLER_SEND_METRICS: 'false',
+    CLOUDFLARE_CF_FETCH_ENABLED: 'false',
+    NO_COLOR: '1',
+    FORCE_COLOR: '0',
+    // Keep wrangler's own debug log files out of $HOME.
+    WRANGLER_LOG_PATH: path.join(persistDir, 'wrangler-logs'),
+  };
+  const svc = spawnService('edge', process.execPath, args, { env });
+  const url = `http://127.0.0.1:${port}`;
+  const stop = async () => {
+    await svc.stop();
+    await fsp.rm(persistDir, { recursive: true, force: true });
+  };
+  try {
+    await waitHealthy('wrangler dev', url, svc, timeoutMs);
+  } catch (e) {
+    await stop();
+    throw e;
+  }
+  return { url, port, key: edgeKey, logs: svc.logs, persistDir, stop, process: svc.child };
+}
+
+/** Path of the origin binary: $FANOUT_BIN, else target/debug/fanout, else target/release/fanout. */
+export function originBinary() {
+  if (process.env.FANOUT_BIN) return process.env.FANOUT_BIN;
+  for (const p of ['target/debug/fanout', 'target/release/fanout']) {
+    const abs = path.join(ROOT, p);
+    if (fs.existsSync(abs)) return abs;
+  }
+  throw new Error('origin binary not found: run `cargo build -p fanout-origin` (scripts/test.sh does) or set FANOUT_BIN');
+}
+
+/**
+ * Starts `fanout serve` on a free port with a fresh ledger.
+ * Options: edge ({url, key} from startEdge, or null for origin lane only), apiToken,
+ * db (default a fresh temp file), args (extra CLI args), env (extra environment),
+ * timeoutMs. Returns {url, port, token, db, logs, stop({keepDb}), kill()}.
+ */
+export async function startOrigin({ edge = null, apiToken, db, args = [], env = {}, timeoutMs = 30_000 } = {}) {
+  const bin = originBinary();
+  const port = await freePort();
+  const dir = db ? null : await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-origin-'));
+  const dbPath = db ?? path.join(dir, 'fanout.db');
+  const token = apiToken ?? `tok_${crypto.randomBytes(16).toString('hex')}`;
+  const argv = ['serve', '--db', dbPath, '--listen', `127.0.0.1:${port}`, '--api-token', token, '--allow-loopback'];
+  if (edge) argv.push('--edge-url', edge.url, '--edge-key', edge.key);
+  argv.push(...args);
+  const svc = spawnService('origin', bin, argv, { env: { ...process.env, ...env } });
+  const url = `http://127.0.0.1:${port}`;
+  const stop = async ({ keepDb = false } = {}) => {
+    await svc.stop();
+    if (dir && !keepDb) await fsp.rm(dir, { recursive: true, force: true });
+  };
+  try {
+    await waitHealthy('fanout serve', url, svc, timeoutMs);
+  } catch (e) {
+    await stop();
+    throw e;
+  }
+  /** Authorized fetch against the origin API (JSON body when given an object). */
+  const api = (p, { method, body, headers = {} } = {}) =>
+    fetch(`${url}${p}`, {
+      method: method ?? (body === undefined ? 'GET' : 'POST'),
+      headers: {
+        authorization: `Bearer ${token}`,
+        ...(body !== undefined ? { 'content-type': 'application/json' } : {}),
+        ...headers,
+      },
+      body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
+    });
+  // kill(): SIGKILL with no grace, for crash-safety tests (the ledger is kept).
+  const kill = async () => {
+    try {
+      process.kill(-svc.child.pid, 'SIGKILL');
+    } catch {
+      /* gone */
+    }
+    await svc.exitPromise;
+  };
+  return { url, port, token, db: dbPath, logs: svc.logs, api, stop, kill, process: svc.child };
+}
+
+/**
+ * An HTTP subscriber on 127.0.0.1:<free port> that records every request as
+ * {method, path, headers, body, time} in `requests` (in arrival order) before answering.
+ * `handler(record, requests)` (optional, may be async) returns the answer: a status number, or
+ * {status = 200, headers = {}, body = ''}; undefined means 200 "ok". It may also await to
+ * simulate a slow endpoint. Returns {url, port, requests, close()}.
+ */
+export async function startSubscriber(handler) {
+  const requests = [];
+  const sockets = new Set();
+  const server = http.createServer((req, res) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', async () => {
+      const record = {
+        method: req.method,
+        path: req.url,
+        headers: req.headers,
+        body: Buffer.concat(chunks).toString('utf8'),
+        time: Date.now(),
+      };
+      requests.push(record);
+      let answer;
+      try {
+        answer = handler ? await handler(record, requests) : undefined;
+      } catch (e) {
+        answer = { status: 500, body: String(e?.message ?? e) };
+      }
+      if (typeof answer === 'number') answer = { status: answer };
+      const { status = 200, headers = {}, body = answer === undefined ? 'ok' : '' } = answer ?? {};
+      if (res.destroyed) return;
+      res.writeHead(status, headers);
+      res.end(body);
+    });
+  });
+  server.on('connection', (s) => {
+    sockets.add(s);
+    s.on('close', () => sockets.delete(s));
+  });
+  await new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', resolve);
+  });
+  const { port } = server.address();
+  const close = () =>
+    new Promise((resolve) => {
+      for (const s of sockets) s.destroy();
+      server.close(() => resolve());
+    });
+  return { url: `http://127.0.0.1:${port}`, port, requests, close, server };
+}

@@ -1,0 +1,84 @@
+//! The API's one error type and its one conversion to an HTTP response:
+//! `{"error":{"code","message"}}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use fanout_core::wire::ErrorBody;
+
+use crate::ledger::LedgerError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+    #[error("{0}")]
+    Malformed(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{0}")]
+    UnknownSubscriber(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    InvalidUrl(String),
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+impl ApiError {
+    /// A JSON body that failed to parse: syntax errors are `malformed_json`, well-formed JSON
+    /// of the wrong shape is `invalid_request`.
+    pub fn from_json(e: &serde_json::Error) -> ApiError {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Syntax | Category::Eof | Category::Io => {
+                ApiError::Malformed(format!("malformed JSON: {e}"))
+            }
+            Category::Data => ApiError::Invalid(format!("invalid request: {e}")),
+        }
+    }
+
+    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Malformed(_) => (StatusCode::BAD_REQUEST, "malformed_json"),
+            ApiError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+            ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            ApiError::UnknownSubscriber(_) => (StatusCode::NOT_FOUND, "unknown_subscriber"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ApiError::InvalidUrl(_) => (StatusCode::BAD_REQUEST, "invalid_url"),
+            ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            ApiError::Ledger(LedgerError::NotFound(_)) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::Ledger(LedgerError::Conflict(_)) => (StatusCode::CONFLICT, "conflict"),
+            ApiError::Ledger(LedgerError::Invalid(_)) => {
+                (StatusCode::BAD_REQUEST, "invalid_request")
+            }
+            ApiError::Ledger(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        let message = match &self {
+            ApiError::Ledger(
+                LedgerError::NotFound(m) | LedgerError::Conflict(m) | LedgerError::Invalid(m),
+            ) => m.clone(),
+            ApiError::Ledger(e) => {
+                tracing::error!(error = %e, "ledger failure while serving a request");
+                "internal error".to_string()
+            }
+            other => other.to_string(),
+        };
+        (status, Json(ErrorBody::new(code, message))).into_response()
+    }
+}

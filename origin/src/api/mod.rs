@@ -1,0 +1,974 @@
+//! The HTTP API: producers' `POST /v1/events`, subscriber administration, deliveries,
+//! replay, health and metrics. Handlers parse and validate (pure), then apply one ledger
+//! operation, then tell the dispatcher what changed.
+
+mod error;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use fanout_core::endpoint::check_url;
+use fanout_core::sign::Secret;
+use serde::Deserialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+use tokio::sync::mpsc::UnboundedSender;
+
+pub use error::ApiError;
+
+use crate::dispatch::Control;
+use crate::ledger::{self, DeliveryFilter, Ledger, NewEvent};
+use crate::metrics::Metrics;
+use crate::model::{
+    parse_delivery_id, validate_id, validate_pattern, Lane, Limits, Status, Subscriber,
+    SubscriberView, DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC, DEFAULT_TIMEOUT_MS, MAX_ID_LEN,
+};
+use crate::time::{now_ms, parse_time, random_bytes};
+
+/// Largest request body of any kind (a batch of events).
+pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+/// Most events in one `POST /v1/events`.
+pub const MAX_EVENTS_PER_REQUEST: usize = 10_000;
+const MAX_URL_LEN: usize = 2048;
+
+#[derive(Debug)]
+pub struct ApiConfig {
+    pub api_token: String,
+    pub allow_loopback: bool,
+    pub max_event_bytes: usize,
+    pub rotation_grace_ms: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct AppState {
+    ledger: Ledger,
+    control: UnboundedSender<Control>,
+    cfg: Arc<ApiConfig>,
+    metrics: Arc<Metrics>,
+}
+
+impl AppState {
+    pub fn new(
+        ledger: Ledger,
+        control: UnboundedSender<Control>,
+        cfg: ApiConfig,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        AppState {
+            ledger,
+            control,
+            cfg: Arc::new(cfg),
+            metrics,
+        }
+    }
+
+    fn tell(&self, c: Control) {
+        // The dispatcher is gone only during shutdown; its next start rescans the ledger.
+        let _ = self.control.send(c);
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/events", post(post_events))
+        .route(
+            "/v1/subscribers",
+            post(create_subscriber).get(list_subscribers),
+        )
+        .route(
+            "/v1/subscribers/{id}",
+            get(get_subscriber)
+                .patch(patch_subscriber)
+                .delete(delete_subscriber),
+        )
+        .route("/v1/subscribers/{id}/rotate-secret", post(rotate_secret))
+        .route("/v1/deliveries", get(list_deliveries))
+        .route("/v1/deliveries/{id}", get(get_delivery))
+        .route("/v1/deliveries/{id}/replay", post(replay_one))
+        .route("/v1/replay", post(replay_bulk))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .route("/", get(console))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .merge(v1)
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+/// Constant-time comparison of the bearer token.
+fn token_matches(given: &[u8], expected: &[u8]) -> bool {
+    if given.len() != expected.len() {
+        return false;
+    }
+    given
+        .iter()
+        .zip(expected)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+        == 0
+}
+
+async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let ok = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| token_matches(t.trim().as_bytes(), state.cfg.api_token.as_bytes()));
+    if ok {
+        next.run(req).await
+    } else {
+        ApiError::Unauthorized.into_response()
+    }
+}
+
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<bytes::Bytes, ApiError> {
+    let too_large = || ApiError::TooLarge(format!("the request body is over {limit} bytes"));
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_large())
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::from_json(&e))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events
+
+#[derive(Deserialize)]
+struct EventHead {
+    id: Option<serde_json::Value>,
+    #[serde(rename = "type")]
+    event_type: Option<serde_json::Value>,
+}
+
+/// Parse one event: an object with a string `id` and `type`, kept byte for byte.
+fn parse_event(
+    raw: &RawValue,
+    index: Option<usize>,
+    max_bytes: usize,
+) -> Result<NewEvent, ApiError> {
+    let at = index.map_or(String::new(), |i| format!("event {i}: "));
+    let text = raw.get();
+    if text.len() > max_bytes {
+        return Err(ApiError::TooLarge(format!(
+            "{at}the event is {} bytes; the limit is {max_bytes}",
+            text.len()
+        )));
+    }
+    let head: EventHead = serde_json::from_str(text)
+        .map_err(|_| ApiError::Invalid(format!("{at}an event must be a JSON object")))?;
+    let id = match head.id {
+        Some(serde_json::Value::String(s)) => s,
+        Some(_) => return Err(ApiError::Invalid(format!("{at}id must be a string"))),
+        None => return Err(ApiError::Invalid(format!("{at}id is missing"))),
+    };
+    validate_id("id", &id).map_err(|e| ApiError::Invalid(format!("{at}{e}")))?;
+    let event_type = match head.event_type {
+        Some(serde_json::Value::String(s)) => s,
+        Some(_) => return Err(ApiError::Invalid(format!("{at}type must be a string"))),
+        None => return Err(ApiError::Invalid(format!("{at}type is missing"))),
+    };
+    if event_type.is_empty()
+        || event_type.len() > MAX_ID_LEN
+        || event_type
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '*')
+    {
+        return Err(ApiError::Invalid(format!(
+            "{at}type must be 1 to {MAX_ID_LEN} characters without spaces or '*'"
+        )));
+    }
+    Ok(NewEvent {
+        id,
+        event_type,
+        body: text.to_string(),
+    })
+}
+
+/// Parse a `POST /v1/events` body: one event or an array of them. `true` when it was an array.
+pub fn parse_events(
+    body: &[u8],
+    max_event_bytes: usize,
+) -> Result<(Vec<NewEvent>, bool), ApiError> {
+    let raw: &RawValue = serde_json::from_slice(body).map_err(|e| ApiError::from_json(&e))?;
+    let text = raw.get();
+    if text.starts_with('[') {
+        let items: Vec<&RawValue> =
+            serde_json::from_str(text).map_err(|e| ApiError::from_json(&e))?;
+        if items.is_empty() {
+            return Err(ApiError::Invalid("the array holds no event".into()));
+        }
+        if items.len() > MAX_EVENTS_PER_REQUEST {
+            return Err(ApiError::TooLarge(format!(
+                "{} events in one request; the limit is {MAX_EVENTS_PER_REQUEST}",
+                items.len()
+            )));
+        }
+        let events = items
+            .iter()
+            .enumerate()
+            .map(|(i, r)| parse_event(r, Some(i), max_event_bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((events, true))
+    } else {
+        Ok((vec![parse_event(raw, None, max_event_bytes)?], false))
+    }
+}
+
+async fn post_events(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<impl IntoResponse, ApiError> {
+    let limit = MAX_REQUEST_BYTES.max(state.cfg.max_event_bytes);
+    let bytes = read_body(&headers, body, limit).await?;
+    let (events, is_array) = parse_events(&bytes, state.cfg.max_event_bytes)?;
+    let now = now_ms();
+    let (results, touched) = state
+        .ledger
+        .tx(move |c| ledger::ingest(c, &events, now))
+        .await?;
+    let dups = results.iter().filter(|r| r.duplicate).count() as u64;
+    state.metrics.events_ingested.fetch_add(
+        results.len() as u64 - dups,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    state
+        .metrics
+        .events_duplicate
+        .fetch_add(dups, std::sync::atomic::Ordering::Relaxed);
+    if !touched.is_empty() {
+        state.tell(Control::Due(touched));
+    }
+    let body = if is_array {
+        json!({ "events": results })
+    } else {
+        serde_json::to_value(&results[0]).unwrap_or_default()
+    };
+    Ok((StatusCode::ACCEPTED, Json(body)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Subscribers
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubscriberInput {
+    id: Option<String>,
+    url: Option<String>,
+    event_types: Option<Vec<String>>,
+    rate_per_sec: Option<f64>,
+    burst: Option<u32>,
+    max_in_flight: Option<u32>,
+    timeout_ms: Option<u64>,
+    lane: Option<Lane>,
+    legacy_signature: Option<bool>,
+    /// Optional on creation: a `whsec_` secret to use instead of a generated one.
+    secret: Option<String>,
+}
+
+fn new_secret() -> Result<String, ApiError> {
+    let bytes = random_bytes::<32>().map_err(|e| {
+        ApiError::Ledger(ledger::LedgerError::Invalid(format!("no randomness: {e}")))
+    })?;
+    Secret::from_bytes(&bytes)
+        .map(|s| s.encode())
+        .map_err(|e| ApiError::Invalid(e.to_string()))
+}
+
+fn validate_url(url: &str, allow_loopback: bool) -> Result<(), ApiError> {
+    if url.len() > MAX_URL_LEN {
+        return Err(ApiError::InvalidUrl(format!(
+            "url is longer than {MAX_URL_LEN} characters"
+        )));
+    }
+    check_url(url, allow_loopback)
+        .map(|_| ())
+        .map_err(|e| ApiError::InvalidUrl(format!("url refused: {e}")))
+}
+
+fn validate_types(types: &[String]) -> Result<(), ApiError> {
+    if types.is_empty() {
+        return Err(ApiError::Invalid(
+            "event_types must hold at least one pattern".into(),
+        ));
+    }
+    for t in types {
+        validate_pattern(t).map_err(ApiError::Invalid)?;
+    }
+    Ok(())
+}
+
+/// Build a subscriber from a creation request (pure).
+fn subscriber_from(
+    input: SubscriberInput,
+    allow_loopback: bool,
+    now: i64,
+) -> Result<(Subscriber, Option<String>), ApiError> {
+    let id = input
+        .id
+        .ok_or_else(|| ApiError::Invalid("id is missing".into()))?;
+    validate_id("id", &id).map_err(ApiError::Invalid)?;
+    let url = input
+        .url
+        .ok_or_else(|| ApiError::Invalid("url is missing".into()))?;
+    validate_url(&url, allow_loopback)?;
+    let event_types = input
+        .event_types
+        .ok_or_else(|| ApiError::Invalid("event_types is missing".into()))?;
+    validate_types(&event_types)?;
+    let rate_per_sec = input.rate_per_sec.unwrap_or(DEFAULT_RATE_PER_SEC);
+    let limits = Limits {
+        rate_per_sec,
+        burst: input
+            .burst
+            .unwrap_or_else(|| Limits::default_burst(rate_per_sec)),
+        max_in_flight: input.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT),
+        timeout_ms: input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+    };
+    limits.validate().map_err(ApiError::Invalid)?;
+    if let Some(s) = &input.secret {
+        Secret::parse(s).map_err(|e| ApiError::Invalid(format!("secret: {e}")))?;
+    }
+    Ok((
+        Subscriber {
+            id,
+            url,
+            event_types,
+            limits,
+            lane: input.lane.unwrap_or_default(),
+            legacy_signature: input.legacy_signature.unwrap_or(false),
+            secrets: Vec::new(),
+            created_ms: now,
+            updated_ms: now,
+        },
+        input.secret,
+    ))
+}
+
+/// Apply a PATCH to a subscriber (pure).
+fn patched(
+    mut s: Subscriber,
+    input: SubscriberInput,
+    allow_loopback: bool,
+    now: i64,
+) -> Result<Subscriber, ApiError> {
+    if input.id.as_ref().is_some_and(|id| *id != s.id) {
+        return Err(ApiError::Invalid("id cannot be changed".into()));
+    }
+    if input.secret.is_some() {
+        return Err(ApiError::Invalid(
+            "use rotate-secret to change the secret".into(),
+        ));
+    }
+    if let Some(url) = input.url {
+        validate_url(&url, allow_loopback)?;
+        s.url = url;
+    }
+    if let Some(types) = input.event_types {
+        validate_types(&types)?;
+        s.event_types = types;
+    }
+    if let Some(r) = input.rate_per_sec {
+        s.limits.rate_per_sec = r;
+    }
+    if let Some(b) = input.burst {
+        s.limits.burst = b;
+    }
+    if let Some(m) = input.max_in_flight {
+        s.limits.max_in_flight = m;
+    }
+    if let Some(t) = input.timeout_ms {
+        s.limits.timeout_ms = t;
+    }
+    s.limits.validate().map_err(ApiError::Invalid)?;
+    if let Some(l) = input.lane {
+        s.lane = l;
+    }
+    if let Some(l) = input.legacy_signature {
+        s.legacy_signature = l;
+    }
+    s.updated_ms = now;
+    Ok(s)
+}
+
+fn unknown_subscriber(e: ledger::LedgerError, id: &str) -> ApiError {
+    match e {
+        ledger::LedgerError::NotFound(_) => {
+            ApiError::UnknownSubscriber(format!("no subscriber {id}"))
+        }
+        other => ApiError::Ledger(other),
+    }
+}
+
+async fn create_subscriber(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<impl IntoResponse, ApiError> {
+    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let input: SubscriberInput = parse_json(&bytes)?;
+    let now = now_ms();
+    let (sub, given) = subscriber_from(input, state.cfg.allow_loopback, now)?;
+    let secret = match given {
+        Some(s) => s,
+        None => new_secret()?,
+    };
+    let stored = sub.clone();
+    let first = secret.clone();
+    let created = state
+        .ledger
+        .tx(move |c| {
+            ledger::create_subscriber(c, &stored, &first)?;
+            ledger::get_subscriber(c, &stored.id)
+        })
+        .await?;
+    state.tell(Control::Changed(created.id.clone()));
+    Ok((
+        StatusCode::CREATED,
+        Json(SubscriberView::of(&created, now, Some(secret))),
+    ))
+}
+
+async fn list_subscribers(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let subs = state.ledger.call(|c| ledger::list_subscribers(c)).await?;
+    let now = now_ms();
+    let views: Vec<SubscriberView> = subs
+        .iter()
+        .map(|s| SubscriberView::of(s, now, None))
+        .collect();
+    Ok(Json(json!({ "subscribers": views })))
+}
+
+async fn get_subscriber(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let lookup = id.clone();
+    let sub = state
+        .ledger
+        .call(move |c| ledger::get_subscriber(c, &lookup))
+        .await
+        .map_err(|e| unknown_subscriber(e, &id))?;
+    Ok(Json(SubscriberView::of(&sub, now_ms(), None)))
+}
+
+async fn patch_subscriber(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<impl IntoResponse, ApiError> {
+    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let input: SubscriberInput = parse_json(&bytes)?;
+    let allow_loopback = state.cfg.allow_loopback;
+    let now = now_ms();
+    let lookup = id.clone();
+    let result = state
+        .ledger
+        .tx(move |c| {
+            let current = ledger::get_subscriber(c, &lookup)?;
+            let next = match patched(current, input, allow_loopback, now) {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            ledger::update_subscriber(c, &next)?;
+            Ok(Ok(next))
+        })
+        .await
+        .map_err(|e| unknown_subscriber(e, &id))?;
+    let sub = result?;
+    state.tell(Control::Changed(id));
+    Ok(Json(SubscriberView::of(&sub, now, None)))
+}
+
+async fn delete_subscriber(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let now = now_ms();
+    let lookup = id.clone();
+    let dead = state
+        .ledger
+        .tx(move |c| ledger::delete_subscriber(c, &lookup, now))
+        .await
+        .map_err(|e| unknown_subscriber(e, &id))?;
+    state.tell(Control::Changed(id.clone()));
+    Ok(Json(
+        json!({ "id": id, "deleted": true, "deliveries_dead": dead }),
+    ))
+}
+
+async fn rotate_secret(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let now = now_ms();
+    let secret = new_secret()?;
+    let grace = state.cfg.rotation_grace_ms;
+    let lookup = id.clone();
+    let stored = secret.clone();
+    state
+        .ledger
+        .tx(move |c| ledger::rotate_secret(c, &lookup, &stored, now, grace))
+        .await
+        .map_err(|e| unknown_subscriber(e, &id))?;
+    state.tell(Control::Changed(id.clone()));
+    Ok(Json(json!({
+        "id": id,
+        "secret": secret,
+        "previous_secrets_expire_at_ms": now + grace,
+    })))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deliveries and replay
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeliveryQuery {
+    status: Option<String>,
+    subscriber: Option<String>,
+    event: Option<String>,
+    since: Option<serde_json::Value>,
+    until: Option<serde_json::Value>,
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+fn time_arg(name: &str, v: Option<serde_json::Value>) -> Result<Option<i64>, ApiError> {
+    let bad = || {
+        ApiError::Invalid(format!(
+            "{name} must be unix milliseconds or an RFC 3339 time"
+        ))
+    };
+    match v {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Number(n)) => n.as_i64().map(Some).ok_or_else(bad),
+        Some(serde_json::Value::String(s)) if s.is_empty() => Ok(None),
+        Some(serde_json::Value::String(s)) => parse_time(&s).map(Some).ok_or_else(bad),
+        Some(_) => Err(bad()),
+    }
+}
+
+/// Turn query or body arguments into a ledger filter (pure).
+fn filter_from(q: DeliveryQuery) -> Result<DeliveryFilter, ApiError> {
+    let status = match q.status.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(Status::parse(s).ok_or_else(|| {
+            ApiError::Invalid(format!(
+                "status must be pending, in_flight, sent or dead, not {s:?}"
+            ))
+        })?),
+    };
+    let after = match q.after.as_deref() {
+        None | Some("") => None,
+        Some(a) => Some(
+            parse_delivery_id(a)
+                .ok_or_else(|| ApiError::Invalid("after must be a delivery id".into()))?,
+        ),
+    };
+    Ok(DeliveryFilter {
+        status,
+        subscriber: q.subscriber.filter(|s| !s.is_empty()),
+        event: q.event.filter(|s| !s.is_empty()),
+        since_ms: time_arg("since", q.since)?,
+        until_ms: time_arg("until", q.until)?,
+        after,
+        limit: q.limit.unwrap_or(100).clamp(1, 1000),
+    })
+}
+
+async fn list_deliveries(
+    State(state): State<AppState>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Result<impl IntoResponse, ApiError> {
+    let mut query = DeliveryQuery::default();
+    for (k, v) in q {
+        match k.as_str() {
+            "status" => query.status = Some(v),
+            "subscriber" => query.subscriber = Some(v),
+            "event" => query.event = Some(v),
+            "since" => query.since = Some(serde_json::Value::String(v)),
+            "until" => query.until = Some(serde_json::Value::String(v)),
+            "after" => query.after = Some(v),
+            "limit" => {
+                query.limit = Some(
+                    v.parse()
+                        .map_err(|_| ApiError::Invalid("limit must be a number".into()))?,
+                )
+            }
+            other => {
+                return Err(ApiError::Invalid(format!(
+                    "unknown query parameter {other:?}"
+                )))
+            }
+        }
+    }
+    let filter = filter_from(query)?;
+    let limit = filter.limit;
+    let rows = state
+        .ledger
+        .call(move |c| ledger::list_deliveries(c, &filter))
+        .await?;
+    let next = (rows.len() == limit)
+        .then(|| rows.last().map(|d| d.id.clone()))
+        .flatten();
+    Ok(Json(json!({ "deliveries": rows, "next": next })))
+}
+
+fn delivery_id(id: &str) -> Result<i64, ApiError> {
+    parse_delivery_id(id).ok_or_else(|| ApiError::NotFound(format!("no delivery {id}")))
+}
+
+async fn get_delivery(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let rowid = delivery_id(&id)?;
+    let d = state
+        .ledger
+        .call(move |c| ledger::get_delivery(c, rowid))
+        .await?;
+    Ok(Json(d))
+}
+
+async fn replay_one(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let rowid = delivery_id(&id)?;
+    let now = now_ms();
+    let sub = state
+        .ledger
+        .tx(move |c| ledger::replay_one(c, rowid, now))
+        .await?;
+    state.tell(Control::Due(vec![sub]));
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "id": id, "status": "pending" })),
+    ))
+}
+
+async fn replay_bulk(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<impl IntoResponse, ApiError> {
+    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let q: DeliveryQuery = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        DeliveryQuery::default()
+    } else {
+        parse_json(&bytes)?
+    };
+    let filter = filter_from(q)?;
+    let now = now_ms();
+    let (n, subs) = state
+        .ledger
+        .tx(move |c| {
+            if let Some(s) = &filter.subscriber {
+                ledger::get_subscriber(c, s)?;
+            }
+            ledger::replay_bulk(c, &filter, now)
+        })
+        .await
+        .map_err(|e| match e {
+            ledger::LedgerError::NotFound(m) => ApiError::UnknownSubscriber(m),
+            other => ApiError::Ledger(other),
+        })?;
+    if !subs.is_empty() {
+        state.tell(Control::Due(subs));
+    }
+    Ok((StatusCode::ACCEPTED, Json(json!({ "replayed": n }))))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Health, metrics, console
+
+async fn healthz(State(state): State<AppState>) -> Response {
+    match state
+        .ledger
+        .call(|c| Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))?))
+        .await
+    {
+        Ok(_) => Json(json!({ "status": "ok" })).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(fanout_core::wire::ErrorBody::new(
+                "unavailable",
+                e.to_string(),
+            )),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let counts = state.ledger.call(|c| ledger::status_counts(c)).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(&counts),
+    )
+        .into_response())
+}
+
+async fn console() -> Html<&'static str> {
+    Html(include_str!("console.html"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(body: &str, expected: Result<Vec<(&str, &str)>, &str>) {
+        let got = parse_events(body.as_bytes(), 64)
+            .map(|(evs, _)| evs.into_iter().map(|e| (e.id, e.body)).collect::<Vec<_>>());
+        match (got, expected) {
+            (Ok(evs), Ok(exp)) => {
+                let exp: Vec<(String, String)> = exp
+                    .into_iter()
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .collect();
+                assert_eq!(evs, exp, "{body}");
+            }
+            (Err(e), Err(code)) => assert_eq!(e.status_and_code().1, code, "{body}: {e}"),
+            (got, exp) => panic!("{body}: got {got:?}, expected {exp:?}"),
+        }
+    }
+
+    #[test]
+    fn event_parsing_table() {
+        check(
+            r#"{"id":"e1","type":"a.b"}"#,
+            Ok(vec![("e1", r#"{"id":"e1","type":"a.b"}"#)]),
+        );
+        check(
+            " {\"type\":\"a\", \"id\":\"e1\"} \n",
+            Ok(vec![("e1", "{\"type\":\"a\", \"id\":\"e1\"}")]),
+        );
+        check(
+            r#"[{"id":"e1","type":"a"},{"id":"e2","type":"a","x":[1]}]"#,
+            Ok(vec![
+                ("e1", r#"{"id":"e1","type":"a"}"#),
+                ("e2", r#"{"id":"e2","type":"a","x":[1]}"#),
+            ]),
+        );
+        check(r#"{"id":"e1""#, Err("malformed_json"));
+        check("", Err("malformed_json"));
+        check(r#"{"type":"a"}"#, Err("invalid_request"));
+        check(r#"{"id":"e1"}"#, Err("invalid_request"));
+        check(r#"{"id":7,"type":"a"}"#, Err("invalid_request"));
+        check(r#"{"id":"","type":"a"}"#, Err("invalid_request"));
+        check(r#"{"id":"e1","type":"a*"}"#, Err("invalid_request"));
+        check(r#"[]"#, Err("invalid_request"));
+        check(r#"["x"]"#, Err("invalid_request"));
+        check(r#"42"#, Err("invalid_request"));
+        check(
+            &format!(r#"{{"id":"e1","type":"a","pad":"{}"}}"#, "x".repeat(64)),
+            Err("too_large"),
+        );
+        check(
+            &format!(
+                r#"[{{"id":"e1","type":"a"}},{{"id":"e2","type":"a","pad":"{}"}}]"#,
+                "x".repeat(64)
+            ),
+            Err("too_large"),
+        );
+    }
+
+    #[test]
+    fn token_comparison() {
+        assert!(token_matches(b"secret-token", b"secret-token"));
+        assert!(!token_matches(b"secret-tokem", b"secret-token"));
+        assert!(!token_matches(b"secret", b"secret-token"));
+        assert!(!token_matches(b"", b"secret-token"));
+    }
+
+    #[test]
+    fn subscriber_input_table() {
+        let base = || SubscriberInput {
+            id: Some("s".into()),
+            url: Some("https://example.com/h".into()),
+            event_types: Some(vec!["video.*".into()]),
+            rate_per_sec: Some(10.0),
+            burst: None,
+            max_in_flight: None,
+            timeout_ms: None,
+            lane: None,
+            legacy_signature: None,
+            secret: None,
+        };
+        let cases: Vec<(&str, SubscriberInput, Result<(), &str>)> = vec![
+            ("ok", base(), Ok(())),
+            (
+                "no id",
+                SubscriberInput { id: None, ..base() },
+                Err("invalid_request"),
+            ),
+            (
+                "no url",
+                SubscriberInput {
+                    url: None,
+                    ..base()
+                },
+                Err("invalid_request"),
+            ),
+            (
+                "http refused",
+                SubscriberInput {
+                    url: Some("http://example.com/h".into()),
+                    ..base()
+                },
+                Err("invalid_url"),
+            ),
+            (
+                "private ip",
+                SubscriberInput {
+                    url: Some("https://10.1.2.3/h".into()),
+                    ..base()
+                },
+                Err("invalid_url"),
+            ),
+            (
+                "not a url",
+                SubscriberInput {
+                    url: Some("nope".into()),
+                    ..base()
+                },
+                Err("invalid_url"),
+            ),
+            (
+                "zero rate",
+                SubscriberInput {
+                    rate_per_sec: Some(0.0),
+                    ..base()
+                },
+                Err("invalid_request"),
+            ),
+            (
+                "negative rate",
+                SubscriberInput {
+                    rate_per_sec: Some(-3.0),
+                    ..base()
+                },
+                Err("invalid_request"),
+            ),
+            (
+                "zero burst",
+                SubscriberInput {
+                    burst: Some(0),
+                    ..base()
+                },
+                Err("invalid_request"),
+            ),
+            (
+                "zero in flight",
+                SubscriberInput {
+                    max_in_flight: Some(0),
+                    ..base()
+                },
+                Err("invalid_request"),
+            ),
+            (
+                "no types",
+                SubscriberInput {
+                    event_types: Some(vec![]),
+                    ..base()
+                },
+                Err("invalid_request"),
+            ),
+            (
+                "bad pattern",
+                SubscriberInput {
+                    event_types: Some(vec!["vid*".into()]),
+                    ..base()
+                },
+                Err("invalid_request"),
+            ),
+            (
+                "bad secret",
+                SubscriberInput {
+                    secret: Some("hunter2".into()),
+                    ..base()
+                },
+                Err("invalid_request"),
+            ),
+        ];
+        for (name, input, expected) in cases {
+            let got = subscriber_from(input, false, 0)
+                .map(|_| ())
+                .map_err(|e| e.status_and_code().1);
+            assert_eq!(got, expected, "{name}");
+        }
+        let (s, _) = subscriber_from(base(), false, 0).unwrap();
+        assert_eq!(
+            (s.limits.burst, s.limits.max_in_flight, s.lane),
+            (10, DEFAULT_MAX_IN_FLIGHT, Lane::Auto)
+        );
+        let p = patched(
+            s.clone(),
+            SubscriberInput {
+                id: None,
+                url: None,
+                event_types: None,
+                rate_per_sec: Some(-1.0),
+                burst: None,
+                max_in_flight: None,
+                timeout_ms: None,
+                lane: None,
+                legacy_signature: None,
+                secret: None,
+            },
+            false,
+            1,
+        );
+        assert!(p.is_err());
+    }
+
+    #[test]
+    fn filter_table() {
+        let q = |status: Option<&str>, since: Option<&str>| DeliveryQuery {
+            status: status.map(Into::into),
+            since: since.map(|s| serde_json::Value::String(s.into())),
+            ..Default::default()
+        };
+        assert_eq!(
+            filter_from(q(Some("dead"), None)).unwrap().status,
+            Some(Status::Dead)
+        );
+        assert!(filter_from(q(Some("lost"), None)).is_err());
+        assert_eq!(
+            filter_from(q(None, Some("1970-01-01T00:00:01Z")))
+                .unwrap()
+                .since_ms,
+            Some(1000)
+        );
+        assert_eq!(
+            filter_from(q(None, Some("1500"))).unwrap().since_ms,
+            Some(1500)
+        );
+        assert!(filter_from(q(None, Some("soon"))).is_err());
+        assert_eq!(filter_from(q(None, None)).unwrap().limit, 100);
+    }
+}

@@ -1,0 +1,362 @@
+//! Configuration, layered: built-in defaults < config file < `FANOUT_*` environment < flags
+//! (clap merges the last two). Validated once, at start-up, with messages that say what to fix.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use fanout_core::sign::Secret;
+use serde::Deserialize;
+
+pub const DEFAULT_DB: &str = "./fanout.db";
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 64 * 1024;
+pub const DEFAULT_ROTATION_GRACE_SECS: u64 = 24 * 3600;
+pub const DEFAULT_EDGE_BATCH: usize = 100;
+pub const DEFAULT_MAX_TOTAL_IN_FLIGHT: usize = 4096;
+
+/// Every setting, each optional: one layer (file, or flags and environment).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// SQLite ledger file [default: ./fanout.db]
+    #[arg(long, env = "FANOUT_DB")]
+    pub db: Option<PathBuf>,
+    /// Address of the HTTP API [default: 127.0.0.1:8080]
+    #[arg(long, env = "FANOUT_LISTEN")]
+    pub listen: Option<String>,
+    /// Base URL of the edge Worker; without it everything goes by the origin lane
+    #[arg(long, env = "FANOUT_EDGE_URL")]
+    pub edge_url: Option<String>,
+    /// The edge's EDGE_SIGNING_KEY (a whsec_ secret) that signs every call to it
+    #[arg(long, env = "FANOUT_EDGE_KEY")]
+    pub edge_key: Option<String>,
+    /// Bearer token that producer and admin calls must carry
+    #[arg(long, env = "FANOUT_API_TOKEN")]
+    pub api_token: Option<String>,
+    /// Let subscribers use http://127.0.0.1 and http://localhost endpoints (development, tests)
+    #[arg(long, env = "FANOUT_ALLOW_LOOPBACK", num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub allow_loopback: Option<bool>,
+    /// Attempts before a delivery is dead [default: 8]
+    #[arg(long, env = "FANOUT_MAX_ATTEMPTS")]
+    pub max_attempts: Option<u32>,
+    /// Multiplies retry backoff delays (not Retry-After); below 1 for tests [default: 1]
+    #[arg(long, env = "FANOUT_BACKOFF_SCALE")]
+    pub backoff_scale: Option<f64>,
+    /// Largest event accepted, in bytes [default: 65536]
+    #[arg(long, env = "FANOUT_MAX_EVENT_BYTES")]
+    pub max_event_bytes: Option<usize>,
+    /// How long a rotated-out secret keeps signing, in seconds [default: 86400]
+    #[arg(long, env = "FANOUT_ROTATION_GRACE_SECS")]
+    pub rotation_grace_secs: Option<u64>,
+    /// Deliveries per edge call (at most 500) [default: 100]
+    #[arg(long, env = "FANOUT_EDGE_BATCH")]
+    pub edge_batch: Option<usize>,
+    /// Most deliveries in flight across all subscribers [default: 4096]
+    #[arg(long, env = "FANOUT_MAX_TOTAL_IN_FLIGHT")]
+    pub max_total_in_flight: Option<usize>,
+}
+
+impl Settings {
+    /// `self` over `lower`: each setting from `self` when present.
+    pub fn over(self, lower: Settings) -> Settings {
+        Settings {
+            db: self.db.or(lower.db),
+            listen: self.listen.or(lower.listen),
+            edge_url: self.edge_url.or(lower.edge_url),
+            edge_key: self.edge_key.or(lower.edge_key),
+            api_token: self.api_token.or(lower.api_token),
+            allow_loopback: self.allow_loopback.or(lower.allow_loopback),
+            max_attempts: self.max_attempts.or(lower.max_attempts),
+            backoff_scale: self.backoff_scale.or(lower.backoff_scale),
+            max_event_bytes: self.max_event_bytes.or(lower.max_event_bytes),
+            rotation_grace_secs: self.rotation_grace_secs.or(lower.rotation_grace_secs),
+            edge_batch: self.edge_batch.or(lower.edge_batch),
+            max_total_in_flight: self.max_total_in_flight.or(lower.max_total_in_flight),
+        }
+    }
+
+    /// Read a TOML config file with the same names as the flags (`edge_url = "…"`).
+    pub fn from_file(path: &Path) -> Result<Settings, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read config file {}: {e}", path.display())))?;
+        toml::from_str(&text)
+            .map_err(|e| ConfigError(format!("config file {}: {e}", path.display())))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("configuration: {0}")]
+pub struct ConfigError(pub String);
+
+/// The validated configuration of `fanout serve`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub db: PathBuf,
+    pub listen: SocketAddr,
+    pub edge: Option<(String, Secret)>,
+    pub api_token: String,
+    pub allow_loopback: bool,
+    pub max_attempts: u32,
+    pub backoff_scale: f64,
+    pub max_event_bytes: usize,
+    pub rotation_grace_secs: u64,
+    pub edge_batch: usize,
+    pub max_total_in_flight: usize,
+}
+
+impl Config {
+    /// Validate merged settings; also returns warnings about risky combinations.
+    pub fn from_settings(s: Settings) -> Result<(Config, Vec<String>), ConfigError> {
+        let err = |m: String| Err(ConfigError(m));
+        let mut warnings = Vec::new();
+        let listen_text = s.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let Ok(listen) = listen_text.parse::<SocketAddr>() else {
+            return err(format!(
+                "--listen {listen_text:?} is not an address like 127.0.0.1:8080"
+            ));
+        };
+        let Some(api_token) = s.api_token.filter(|t| !t.trim().is_empty()) else {
+            return err("an API token is required: set --api-token or FANOUT_API_TOKEN".into());
+        };
+        if api_token.len() < 16 && !listen.ip().is_loopback() {
+            warnings.push(
+                "the API token is shorter than 16 characters and the API listens beyond loopback"
+                    .into(),
+            );
+        }
+        let edge = match (
+            s.edge_url.filter(|u| !u.is_empty()),
+            s.edge_key.filter(|k| !k.is_empty()),
+        ) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                warnings.push("--edge-key is set without --edge-url: the edge lane is off".into());
+                None
+            }
+            (Some(_), None) => {
+                return err(
+                    "--edge-url needs --edge-key (the edge's EDGE_SIGNING_KEY, whsec_…)".into(),
+                )
+            }
+            (Some(url), Some(key)) => {
+                match url::Url::parse(&url) {
+                    Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {
+                        if u.scheme() == "http"
+                            && !matches!(u.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"))
+                        {
+                            warnings
+                                .push(format!("the edge URL {url} is plain http beyond loopback"));
+                        }
+                    }
+                    _ => return err(format!("--edge-url {url:?} is not an http(s) URL")),
+                }
+                let key =
+                    Secret::parse(&key).map_err(|e| ConfigError(format!("--edge-key: {e}")))?;
+                Some((url, key))
+            }
+        };
+        let allow_loopback = s.allow_loopback.unwrap_or(false);
+        if allow_loopback {
+            warnings.push("--allow-loopback is on: for development and tests only".into());
+        }
+        let max_attempts = s
+            .max_attempts
+            .unwrap_or(fanout_core::retry::DEFAULT_MAX_ATTEMPTS);
+        if !(1..=100).contains(&max_attempts) {
+            return err(format!(
+                "--max-attempts must be 1 to 100, not {max_attempts}"
+            ));
+        }
+        let backoff_scale = s.backoff_scale.unwrap_or(1.0);
+        if !(backoff_scale.is_finite() && backoff_scale > 0.0 && backoff_scale <= 100.0) {
+            return err(format!(
+                "--backoff-scale must be above 0 and at most 100, not {backoff_scale}"
+            ));
+        }
+        if backoff_scale < 1.0 {
+            warnings.push(format!(
+                "--backoff-scale {backoff_scale}: retries come faster than DESIGN.md's schedule"
+            ));
+        }
+        let max_event_bytes = s.max_event_bytes.unwrap_or(DEFAULT_MAX_EVENT_BYTES);
+        if !(1024..=fanout_core::wire::MAX_BODY_BYTES).contains(&max_event_bytes) {
+            return err(format!(
+                "--max-event-bytes must be 1024 to {} (the edge's limit), not {max_event_bytes}",
+                fanout_core::wire::MAX_BODY_BYTES
+            ));
+        }
+        let edge_batch = s.edge_batch.unwrap_or(DEFAULT_EDGE_BATCH);
+        if !(1..=fanout_core::wire::MAX_BATCH).contains(&edge_batch) {
+            return err(format!(
+                "--edge-batch must be 1 to {}, not {edge_batch}",
+                fanout_core::wire::MAX_BATCH
+            ));
+        }
+        let max_total_in_flight = s.max_total_in_flight.unwrap_or(DEFAULT_MAX_TOTAL_IN_FLIGHT);
+        if max_total_in_flight == 0 {
+            return err("--max-total-in-flight must be at least 1".into());
+        }
+        Ok((
+            Config {
+                db: s.db.unwrap_or_else(|| PathBuf::from(DEFAULT_DB)),
+                listen,
+                edge,
+                api_token,
+                allow_loopback,
+                max_attempts,
+                backoff_scale,
+                max_event_bytes,
+                rotation_grace_secs: s.rotation_grace_secs.unwrap_or(DEFAULT_ROTATION_GRACE_SECS),
+                edge_batch,
+                max_total_in_flight,
+            },
+            warnings,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Settings {
+        Settings {
+            api_token: Some("token-token-token".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn layering() {
+        let file = Settings {
+            db: Some("file.db".into()),
+            listen: Some("127.0.0.1:1".into()),
+            ..Default::default()
+        };
+        let flags = Settings {
+            listen: Some("127.0.0.1:2".into()),
+            ..Default::default()
+        };
+        let merged = flags.over(file);
+        assert_eq!(merged.db, Some(PathBuf::from("file.db")));
+        assert_eq!(merged.listen.as_deref(), Some("127.0.0.1:2"));
+        let parsed: Settings =
+            toml::from_str("db = \"x.db\"\nallow_loopback = true\nmax_attempts = 3\n").unwrap();
+        assert_eq!(
+            (parsed.allow_loopback, parsed.max_attempts),
+            (Some(true), Some(3))
+        );
+        assert!(toml::from_str::<Settings>("colour = \"blue\"").is_err());
+    }
+
+    #[test]
+    fn validation_table() {
+        let key = Secret::from_bytes(&[7u8; 32]).unwrap().encode();
+        let cases: Vec<(&str, Settings, Result<(), &str>)> = vec![
+            ("defaults", base(), Ok(())),
+            (
+                "no token",
+                Settings::default(),
+                Err("API token is required"),
+            ),
+            (
+                "bad listen",
+                Settings {
+                    listen: Some("nowhere".into()),
+                    ..base()
+                },
+                Err("is not an address"),
+            ),
+            (
+                "edge without key",
+                Settings {
+                    edge_url: Some("http://127.0.0.1:8787".into()),
+                    ..base()
+                },
+                Err("needs --edge-key"),
+            ),
+            (
+                "edge with bad key",
+                Settings {
+                    edge_url: Some("http://127.0.0.1:8787".into()),
+                    edge_key: Some("nope".into()),
+                    ..base()
+                },
+                Err("--edge-key"),
+            ),
+            (
+                "edge ok",
+                Settings {
+                    edge_url: Some("http://127.0.0.1:8787".into()),
+                    edge_key: Some(key.clone()),
+                    ..base()
+                },
+                Ok(()),
+            ),
+            (
+                "edge not a url",
+                Settings {
+                    edge_url: Some("edge".into()),
+                    edge_key: Some(key),
+                    ..base()
+                },
+                Err("not an http(s) URL"),
+            ),
+            (
+                "zero attempts",
+                Settings {
+                    max_attempts: Some(0),
+                    ..base()
+                },
+                Err("--max-attempts"),
+            ),
+            (
+                "zero scale",
+                Settings {
+                    backoff_scale: Some(0.0),
+                    ..base()
+                },
+                Err("--backoff-scale"),
+            ),
+            (
+                "tiny events",
+                Settings {
+                    max_event_bytes: Some(10),
+                    ..base()
+                },
+                Err("--max-event-bytes"),
+            ),
+            (
+                "huge batch",
+                Settings {
+                    edge_batch: Some(501),
+                    ..base()
+                },
+                Err("--edge-batch"),
+            ),
+        ];
+        for (name, s, expected) in cases {
+            match (Config::from_settings(s), expected) {
+                (Ok(_), Ok(())) => {}
+                (Err(ConfigError(m)), Err(part)) => assert!(m.contains(part), "{name}: {m}"),
+                (got, exp) => panic!("{name}: got {got:?}, expected {exp:?}"),
+            }
+        }
+        let (c, _) = Config::from_settings(base()).unwrap();
+        assert_eq!(
+            (
+                c.db,
+                c.listen.to_string(),
+                c.max_attempts,
+                c.max_event_bytes
+            ),
+            (
+                PathBuf::from(DEFAULT_DB),
+                DEFAULT_LISTEN.to_string(),
+                8,
+                65536
+            )
+        );
+    }
+}

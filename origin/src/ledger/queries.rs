@@ -1,0 +1,938 @@
+//! The ledger's operations, as plain functions over a connection (the caller chooses the
+//! transaction). All statements are prepared once and cached.
+
+use fanout_core::limiter::LimiterState;
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use serde::Serialize;
+
+use super::LedgerError;
+use crate::model::{
+    any_type_matches, delivery_public_id, Lane, Limits, Status, StoredSecret, Subscriber,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Subscribers
+
+const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
+     timeout_ms, lane, legacy_signature, created_ms, updated_ms";
+
+fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
+    let types: String = r.get(2)?;
+    let lane: String = r.get(7)?;
+    Ok(Subscriber {
+        id: r.get(0)?,
+        url: r.get(1)?,
+        event_types: serde_json::from_str(&types).unwrap_or_default(),
+        limits: Limits {
+            rate_per_sec: r.get(3)?,
+            burst: r.get(4)?,
+            max_in_flight: r.get(5)?,
+            timeout_ms: r.get::<_, i64>(6)?.max(0) as u64,
+        },
+        lane: Lane::parse(&lane).unwrap_or_default(),
+        legacy_signature: r.get(8)?,
+        secrets: Vec::new(),
+        created_ms: r.get(9)?,
+        updated_ms: r.get(10)?,
+    })
+}
+
+fn load_secrets(c: &Connection, id: &str) -> Result<Vec<StoredSecret>, LedgerError> {
+    let mut st = c.prepare_cached(
+        "SELECT secret, created_ms, expires_ms FROM subscriber_secrets
+         WHERE subscriber_id = ?1 ORDER BY created_ms DESC, rowid DESC",
+    )?;
+    let rows = st.query_map([id], |r| {
+        Ok(StoredSecret {
+            secret: r.get(0)?,
+            created_ms: r.get(1)?,
+            expires_ms: r.get(2)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn get_subscriber(c: &Connection, id: &str) -> Result<Subscriber, LedgerError> {
+    let sql = format!(
+        "SELECT {SUBSCRIBER_COLUMNS} FROM subscribers WHERE id = ?1 AND deleted_ms IS NULL"
+    );
+    let mut st = c.prepare_cached(&sql)?;
+    let mut sub = st
+        .query_row([id], subscriber_from_row)
+        .optional()?
+        .ok_or_else(|| LedgerError::NotFound(format!("subscriber {id}")))?;
+    sub.secrets = load_secrets(c, id)?;
+    Ok(sub)
+}
+
+pub fn list_subscribers(c: &Connection) -> Result<Vec<Subscriber>, LedgerError> {
+    let sql = format!(
+        "SELECT {SUBSCRIBER_COLUMNS} FROM subscribers WHERE deleted_ms IS NULL ORDER BY id"
+    );
+    let mut st = c.prepare_cached(&sql)?;
+    let mut subs = st
+        .query_map([], subscriber_from_row)?
+        .collect::<Result<Vec<_>, _>>()?;
+    for s in &mut subs {
+        s.secrets = load_secrets(c, &s.id)?;
+    }
+    Ok(subs)
+}
+
+/// Insert a new subscriber (or bring back a removed one under the same id) with its first
+/// secret.
+pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result<(), LedgerError> {
+    let existing: Option<Option<i64>> = c
+        .prepare_cached("SELECT deleted_ms FROM subscribers WHERE id = ?1")?
+        .query_row([&s.id], |r| r.get(0))
+        .optional()?;
+    match existing {
+        Some(None) => {
+            return Err(LedgerError::Conflict(format!(
+                "subscriber {} already exists",
+                s.id
+            )))
+        }
+        Some(Some(_)) => {
+            c.execute(
+                "DELETE FROM subscriber_secrets WHERE subscriber_id = ?1",
+                [&s.id],
+            )?;
+            c.execute("DELETE FROM subscribers WHERE id = ?1", [&s.id])?;
+        }
+        None => {}
+    }
+    c.prepare_cached(
+        "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
+             timeout_ms, lane, legacy_signature, created_ms, updated_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+    )?
+    .execute(params![
+        s.id,
+        s.url,
+        serde_json::to_string(&s.event_types).unwrap_or_else(|_| "[]".into()),
+        s.limits.rate_per_sec,
+        s.limits.burst,
+        s.limits.max_in_flight,
+        s.limits.timeout_ms as i64,
+        s.lane.as_str(),
+        s.legacy_signature,
+        s.created_ms,
+    ])?;
+    c.prepare_cached(
+        "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES (?1, ?2, ?3)",
+    )?
+    .execute(params![s.id, secret, s.created_ms])?;
+    Ok(())
+}
+
+/// Store a changed subscriber definition (not its secrets). The limiter state is reset, so new
+/// limits take effect at once.
+pub fn update_subscriber(c: &Connection, s: &Subscriber) -> Result<(), LedgerError> {
+    let n = c
+        .prepare_cached(
+            "UPDATE subscribers SET url = ?2, event_types = ?3, rate_per_sec = ?4, burst = ?5,
+                 max_in_flight = ?6, timeout_ms = ?7, lane = ?8, legacy_signature = ?9,
+                 updated_ms = ?10, limiter = NULL
+             WHERE id = ?1 AND deleted_ms IS NULL",
+        )?
+        .execute(params![
+            s.id,
+            s.url,
+            serde_json::to_string(&s.event_types).unwrap_or_else(|_| "[]".into()),
+            s.limits.rate_per_sec,
+            s.limits.burst,
+            s.limits.max_in_flight,
+            s.limits.timeout_ms as i64,
+            s.lane.as_str(),
+            s.legacy_signature,
+            s.updated_ms,
+        ])?;
+    if n == 0 {
+        return Err(LedgerError::NotFound(format!("subscriber {}", s.id)));
+    }
+    Ok(())
+}
+
+/// Remove a subscriber: it matches no new event, and its unfinished deliveries go dead
+/// (replayable if it comes back). Returns how many deliveries went dead.
+pub fn delete_subscriber(c: &Connection, id: &str, now_ms: i64) -> Result<usize, LedgerError> {
+    let n = c.execute(
+        "UPDATE subscribers SET deleted_ms = ?2, updated_ms = ?2 WHERE id = ?1 AND deleted_ms IS NULL",
+        params![id, now_ms],
+    )?;
+    if n == 0 {
+        return Err(LedgerError::NotFound(format!("subscriber {id}")));
+    }
+    Ok(c.execute(
+        "UPDATE deliveries SET status = 'dead', last_error = 'subscriber removed', updated_ms = ?2,
+             lease_expires_ms = NULL
+         WHERE subscriber_id = ?1 AND status IN ('pending', 'in_flight')",
+        params![id, now_ms],
+    )?)
+}
+
+/// Add `secret` as the current secret; every other active secret keeps signing until
+/// `now + grace_ms`, then drops.
+pub fn rotate_secret(
+    c: &Connection,
+    id: &str,
+    secret: &str,
+    now_ms: i64,
+    grace_ms: i64,
+) -> Result<(), LedgerError> {
+    get_subscriber(c, id)?;
+    c.execute(
+        "UPDATE subscriber_secrets SET expires_ms = ?2
+         WHERE subscriber_id = ?1 AND (expires_ms IS NULL OR expires_ms > ?2)",
+        params![id, now_ms + grace_ms],
+    )?;
+    // Secrets already past their end are of no further use.
+    c.execute(
+        "DELETE FROM subscriber_secrets WHERE subscriber_id = ?1 AND expires_ms <= ?2",
+        params![id, now_ms],
+    )?;
+    c.execute(
+        "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES (?1, ?2, ?3)",
+        params![id, secret, now_ms],
+    )?;
+    c.execute(
+        "UPDATE subscribers SET updated_ms = ?2 WHERE id = ?1",
+        params![id, now_ms],
+    )?;
+    Ok(())
+}
+
+pub fn load_limiter(c: &Connection, id: &str) -> Result<LimiterState, LedgerError> {
+    let raw: Option<Option<String>> = c
+        .prepare_cached("SELECT limiter FROM subscribers WHERE id = ?1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?;
+    Ok(raw
+        .flatten()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default())
+}
+
+pub fn store_limiters(
+    c: &Connection,
+    states: &[(String, LimiterState)],
+) -> Result<(), LedgerError> {
+    let mut st = c.prepare_cached("UPDATE subscribers SET limiter = ?2 WHERE id = ?1")?;
+    for (id, state) in states {
+        let json = serde_json::to_string(state).unwrap_or_default();
+        st.execute(params![id, json])?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events
+
+/// One event as received: its id, type and exact bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    pub id: String,
+    pub event_type: String,
+    pub body: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Ingested {
+    pub id: String,
+    /// Deliveries this call created for the event (0 for a duplicate).
+    pub deliveries: u32,
+    pub duplicate: bool,
+}
+
+/// Store events and fan each out to every live subscriber whose patterns match. Returns the
+/// per-event outcome and the subscribers that got new work.
+pub fn ingest(
+    c: &Connection,
+    events: &[NewEvent],
+    now_ms: i64,
+) -> Result<(Vec<Ingested>, Vec<String>), LedgerError> {
+    let subs: Vec<(String, Vec<String>)> = c
+        .prepare_cached("SELECT id, event_types FROM subscribers WHERE deleted_ms IS NULL")?
+        .query_map([], |r| {
+            let types: String = r.get(1)?;
+            Ok((r.get(0)?, serde_json::from_str(&types).unwrap_or_default()))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut insert_event = c.prepare_cached(
+        "INSERT INTO events (id, type, body, received_ms) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (id) DO NOTHING",
+    )?;
+    let mut insert_delivery = c.prepare_cached(
+        "INSERT INTO deliveries (subscriber_id, event_id, status, next_attempt_ms, created_ms, updated_ms)
+         VALUES (?1, ?2, 'pending', ?3, ?3, ?3)
+         ON CONFLICT (subscriber_id, event_id) DO NOTHING",
+    )?;
+    let mut touched = vec![false; subs.len()];
+    let mut out = Vec::with_capacity(events.len());
+    for e in events {
+        let fresh = insert_event.execute(params![e.id, e.event_type, e.body, now_ms])? == 1;
+        let mut created = 0u32;
+        if fresh {
+            for (i, (sub_id, patterns)) in subs.iter().enumerate() {
+                if any_type_matches(patterns, &e.event_type)
+                    && insert_delivery.execute(params![sub_id, e.id, now_ms])? == 1
+                {
+                    created += 1;
+                    touched[i] = true;
+                }
+            }
+        }
+        out.push(Ingested {
+            id: e.id.clone(),
+            deliveries: created,
+            duplicate: !fresh,
+        });
+    }
+    let touched = subs
+        .into_iter()
+        .zip(touched)
+        .filter_map(|((id, _), t)| t.then_some(id))
+        .collect();
+    Ok((out, touched))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatching: claims, results, leases
+
+/// A delivery leased to the dispatcher, with what it needs to send it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    pub rowid: i64,
+    pub event_id: String,
+    pub event_type: String,
+    pub body: String,
+    /// The number of the attempt about to be made (1-based).
+    pub attempt: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    pub subscriber_id: String,
+    pub claimed: Vec<Claimed>,
+    /// When the subscriber's earliest remaining pending delivery is due, if it has one.
+    pub next_due_ms: Option<i64>,
+}
+
+/// Lease up to `limit` due deliveries of each subscriber until `lease_until_ms`, oldest due
+/// first, and store the limiter states that granted them.
+pub fn claim(
+    c: &Connection,
+    wants: &[(String, usize)],
+    limiters: &[(String, LimiterState)],
+    now_ms: i64,
+    lease_until_ms: i64,
+) -> Result<Vec<Claim>, LedgerError> {
+    let mut select = c.prepare_cached(
+        "SELECT d.id, d.event_id, e.type, e.body, d.attempts
+         FROM deliveries d JOIN events e ON e.id = d.event_id
+         WHERE d.subscriber_id = ?1 AND d.status = 'pending' AND d.next_attempt_ms <= ?2
+         ORDER BY d.next_attempt_ms, d.id LIMIT ?3",
+    )?;
+    let mut lease = c.prepare_cached(
+        "UPDATE deliveries SET status = 'in_flight', lease_expires_ms = ?2, updated_ms = ?3 WHERE id = ?1",
+    )?;
+    let mut next = c.prepare_cached(
+        "SELECT MIN(next_attempt_ms) FROM deliveries WHERE subscriber_id = ?1 AND status = 'pending'",
+    )?;
+    let mut out = Vec::with_capacity(wants.len());
+    for (sub, limit) in wants {
+        let claimed: Vec<Claimed> = if *limit == 0 {
+            Vec::new()
+        } else {
+            select
+                .query_map(params![sub, now_ms, *limit as i64], |r| {
+                    Ok(Claimed {
+                        rowid: r.get(0)?,
+                        event_id: r.get(1)?,
+                        event_type: r.get(2)?,
+                        body: r.get(3)?,
+                        attempt: r.get::<_, u32>(4)?.saturating_add(1),
+                    })
+                })?
+                .collect::<Result<_, _>>()?
+        };
+        for d in &claimed {
+            lease.execute(params![d.rowid, lease_until_ms, now_ms])?;
+        }
+        let next_due_ms: Option<i64> = next.query_row([sub], |r| r.get(0))?;
+        out.push(Claim {
+            subscriber_id: sub.clone(),
+            claimed,
+            next_due_ms,
+        });
+    }
+    store_limiters(c, limiters)?;
+    Ok(out)
+}
+
+/// What happens to a leased delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Transition {
+    Sent,
+    /// Retry at `at_ms`; the attempt counts.
+    Retry {
+        at_ms: i64,
+        error: String,
+    },
+    Dead {
+        reason: String,
+    },
+    /// Back to pending at `at_ms` without spending an attempt (edge deferral, edge down).
+    Defer {
+        at_ms: i64,
+    },
+}
+
+/// One attempt as the ledger records it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AttemptRecord {
+    pub attempt: u32,
+    pub at_ms: i64,
+    pub lane: &'static str,
+    pub outcome: &'static str,
+    pub status: Option<u16>,
+    pub latency_ms: Option<u64>,
+    pub response_body: Option<String>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub rowid: i64,
+    pub transition: Transition,
+    pub attempt: Option<AttemptRecord>,
+}
+
+/// Record a batch of outcomes (and the limiter states they produced) in one go.
+pub fn apply(
+    c: &Connection,
+    outcomes: &[Outcome],
+    limiters: &[(String, LimiterState)],
+    now_ms: i64,
+) -> Result<(), LedgerError> {
+    let mut sent = c.prepare_cached(
+        "UPDATE deliveries SET status = 'sent', attempts = attempts + 1, lease_expires_ms = NULL,
+             last_error = NULL, updated_ms = ?2
+         WHERE id = ?1 AND status = 'in_flight'",
+    )?;
+    let mut retry = c.prepare_cached(
+        "UPDATE deliveries SET status = 'pending', attempts = attempts + 1, next_attempt_ms = ?2,
+             lease_expires_ms = NULL, last_error = ?3, updated_ms = ?4
+         WHERE id = ?1 AND status = 'in_flight'",
+    )?;
+    let mut dead = c.prepare_cached(
+        "UPDATE deliveries SET status = 'dead', attempts = attempts + ?4, lease_expires_ms = NULL,
+             last_error = ?2, updated_ms = ?3
+         WHERE id = ?1 AND status = 'in_flight'",
+    )?;
+    let mut defer = c.prepare_cached(
+        "UPDATE deliveries SET status = 'pending', next_attempt_ms = ?2, lease_expires_ms = NULL,
+             updated_ms = ?3
+         WHERE id = ?1 AND status = 'in_flight'",
+    )?;
+    let mut record = c.prepare_cached(
+        "INSERT INTO attempts (delivery_id, attempt, at_ms, lane, outcome, status, latency_ms,
+             response_body, error)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    )?;
+    for o in outcomes {
+        match &o.transition {
+            Transition::Sent => sent.execute(params![o.rowid, now_ms])?,
+            Transition::Retry { at_ms, error } => {
+                retry.execute(params![o.rowid, at_ms, error, now_ms])?
+            }
+            Transition::Dead { reason } => dead.execute(params![
+                o.rowid,
+                reason,
+                now_ms,
+                i64::from(o.attempt.is_some())
+            ])?,
+            Transition::Defer { at_ms } => defer.execute(params![o.rowid, at_ms, now_ms])?,
+        };
+        if let Some(a) = &o.attempt {
+            record.execute(params![
+                o.rowid,
+                a.attempt,
+                a.at_ms,
+                a.lane,
+                a.outcome,
+                a.status,
+                a.latency_ms.map(|l| l as i64),
+                a.response_body,
+                a.error,
+            ])?;
+        }
+    }
+    store_limiters(c, limiters)?;
+    Ok(())
+}
+
+/// At start-up every lease belongs to a previous process (one daemon owns a ledger): all of
+/// them return to the queue, due now. Returns how many.
+pub fn release_all_leases(c: &Connection, now_ms: i64) -> Result<usize, LedgerError> {
+    Ok(c.execute(
+        "UPDATE deliveries SET status = 'pending', lease_expires_ms = NULL, next_attempt_ms = ?1,
+             updated_ms = ?1
+         WHERE status = 'in_flight'",
+        [now_ms],
+    )?)
+}
+
+/// Leases that outlived their expiry go back to pending. Returns the subscribers concerned.
+pub fn release_expired_leases(c: &Connection, now_ms: i64) -> Result<Vec<String>, LedgerError> {
+    let subs: Vec<String> = c
+        .prepare_cached(
+            "SELECT DISTINCT subscriber_id FROM deliveries
+             WHERE status = 'in_flight' AND lease_expires_ms < ?1",
+        )?
+        .query_map([now_ms], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    if !subs.is_empty() {
+        c.execute(
+            "UPDATE deliveries SET status = 'pending', lease_expires_ms = NULL, next_attempt_ms = ?1,
+                 updated_ms = ?1
+             WHERE status = 'in_flight' AND lease_expires_ms < ?1",
+            [now_ms],
+        )?;
+    }
+    Ok(subs)
+}
+
+/// Every live subscriber with pending work and when its earliest delivery is due.
+pub fn due_summary(c: &Connection) -> Result<Vec<(String, i64)>, LedgerError> {
+    let mut st = c.prepare_cached(
+        "SELECT s.id, (SELECT MIN(d.next_attempt_ms) FROM deliveries d
+                       WHERE d.subscriber_id = s.id AND d.status = 'pending')
+         FROM subscribers s WHERE s.deleted_ms IS NULL",
+    )?;
+    let rows = st.query_map([], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        if let (id, Some(due)) = row? {
+            out.push((id, due));
+        }
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading and replaying deliveries
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeliveryFilter {
+    pub status: Option<Status>,
+    pub subscriber: Option<String>,
+    pub event: Option<String>,
+    pub since_ms: Option<i64>,
+    pub until_ms: Option<i64>,
+    /// Only deliveries with a larger rowid (pagination cursor).
+    pub after: Option<i64>,
+    pub limit: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeliveryView {
+    pub id: String,
+    pub subscriber_id: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub status: String,
+    pub attempt_count: u32,
+    pub next_attempt_at_ms: Option<i64>,
+    pub last_error: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<Vec<AttemptRecordView>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AttemptRecordView {
+    pub attempt: u32,
+    pub at_ms: i64,
+    pub lane: String,
+    pub outcome: String,
+    pub status: Option<u16>,
+    pub latency_ms: Option<i64>,
+    pub response_body: Option<String>,
+    pub error: Option<String>,
+}
+
+const DELIVERY_COLUMNS: &str =
+    "d.id, d.subscriber_id, d.event_id, COALESCE(e.type, ''), d.status, \
+     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms";
+
+fn delivery_from_row(r: &Row<'_>) -> rusqlite::Result<DeliveryView> {
+    let status: String = r.get(4)?;
+    let next: i64 = r.get(6)?;
+    Ok(DeliveryView {
+        id: delivery_public_id(r.get(0)?),
+        subscriber_id: r.get(1)?,
+        event_id: r.get(2)?,
+        event_type: r.get(3)?,
+        next_attempt_at_ms: (status == "pending").then_some(next),
+        status,
+        attempt_count: r.get(5)?,
+        last_error: r.get(7)?,
+        created_at_ms: r.get(8)?,
+        updated_at_ms: r.get(9)?,
+        attempts: None,
+    })
+}
+
+fn filter_sql(f: &DeliveryFilter) -> (String, Vec<rusqlite::types::Value>) {
+    use rusqlite::types::Value;
+    let mut clauses = Vec::new();
+    let mut args: Vec<Value> = Vec::new();
+    if let Some(s) = f.status {
+        args.push(Value::Text(s.as_str().into()));
+        clauses.push(format!("d.status = ?{}", args.len()));
+    }
+    if let Some(s) = &f.subscriber {
+        args.push(Value::Text(s.clone()));
+        clauses.push(format!("d.subscriber_id = ?{}", args.len()));
+    }
+    if let Some(e) = &f.event {
+        args.push(Value::Text(e.clone()));
+        clauses.push(format!("d.event_id = ?{}", args.len()));
+    }
+    if let Some(t) = f.since_ms {
+        args.push(Value::Integer(t));
+        clauses.push(format!("d.created_ms >= ?{}", args.len()));
+    }
+    if let Some(t) = f.until_ms {
+        args.push(Value::Integer(t));
+        clauses.push(format!("d.created_ms < ?{}", args.len()));
+    }
+    if let Some(a) = f.after {
+        args.push(Value::Integer(a));
+        clauses.push(format!("d.id > ?{}", args.len()));
+    }
+    let sql = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", clauses.join(" AND "))
+    };
+    (sql, args)
+}
+
+pub fn list_deliveries(
+    c: &Connection,
+    f: &DeliveryFilter,
+) -> Result<Vec<DeliveryView>, LedgerError> {
+    let (filter, args) = filter_sql(f);
+    let sql = format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
+         {filter} ORDER BY d.id LIMIT {}",
+        f.limit
+    );
+    let mut st = c.prepare_cached(&sql)?;
+    let rows = st.query_map(rusqlite::params_from_iter(args), delivery_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn get_delivery(c: &Connection, rowid: i64) -> Result<DeliveryView, LedgerError> {
+    let sql = format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
+         WHERE d.id = ?1"
+    );
+    let mut d = c
+        .prepare_cached(&sql)?
+        .query_row([rowid], delivery_from_row)
+        .optional()?
+        .ok_or_else(|| LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid))))?;
+    let mut st = c.prepare_cached(
+        "SELECT attempt, at_ms, lane, outcome, status, latency_ms, response_body, error
+         FROM attempts WHERE delivery_id = ?1 ORDER BY id",
+    )?;
+    let attempts = st
+        .query_map([rowid], |r| {
+            Ok(AttemptRecordView {
+                attempt: r.get(0)?,
+                at_ms: r.get(1)?,
+                lane: r.get(2)?,
+                outcome: r.get(3)?,
+                status: r.get(4)?,
+                latency_ms: r.get(5)?,
+                response_body: r.get(6)?,
+                error: r.get(7)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    d.attempts = Some(attempts);
+    Ok(d)
+}
+
+/// Put one delivery back in the queue, due now, with a fresh attempt budget. A delivery in
+/// flight cannot be replayed (it is being sent). Returns its subscriber.
+pub fn replay_one(c: &Connection, rowid: i64, now_ms: i64) -> Result<String, LedgerError> {
+    let row: Option<(String, String)> = c
+        .prepare_cached("SELECT subscriber_id, status FROM deliveries WHERE id = ?1")?
+        .query_row([rowid], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let (sub, status) = row
+        .ok_or_else(|| LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid))))?;
+    if status == "in_flight" {
+        return Err(LedgerError::Conflict(format!(
+            "delivery {} is in flight",
+            delivery_public_id(rowid)
+        )));
+    }
+    get_subscriber(c, &sub)
+        .map_err(|_| LedgerError::Conflict(format!("subscriber {sub} has been removed")))?;
+    c.execute(
+        "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?2,
+             last_error = NULL, updated_ms = ?2
+         WHERE id = ?1",
+        params![rowid, now_ms],
+    )?;
+    Ok(sub)
+}
+
+/// Replay every delivery matching the filter (its status defaults to dead; in-flight ones and
+/// removed subscribers' are skipped). Returns how many and the subscribers concerned.
+pub fn replay_bulk(
+    c: &Connection,
+    f: &DeliveryFilter,
+    now_ms: i64,
+) -> Result<(usize, Vec<String>), LedgerError> {
+    let mut f = f.clone();
+    if f.status.is_none() {
+        f.status = Some(Status::Dead);
+    }
+    if f.status == Some(Status::InFlight) {
+        return Err(LedgerError::Invalid(
+            "in-flight deliveries cannot be replayed".into(),
+        ));
+    }
+    let (filter, mut args) = filter_sql(&f);
+    args.push(rusqlite::types::Value::Integer(now_ms));
+    let now_arg = args.len();
+    let live = "d.subscriber_id IN (SELECT id FROM subscribers WHERE deleted_ms IS NULL)";
+    let filter = if filter.is_empty() {
+        format!("WHERE {live}")
+    } else {
+        format!("{filter} AND {live}")
+    };
+    let subs: Vec<String> = c
+        .prepare(&format!(
+            "SELECT DISTINCT d.subscriber_id FROM deliveries d {filter}"
+        ))?
+        .query_map(
+            rusqlite::params_from_iter(args[..args.len() - 1].iter()),
+            |r| r.get(0),
+        )?
+        .collect::<Result<_, _>>()?;
+    let n = c.execute(
+        &format!(
+            "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?{now_arg},
+                 last_error = NULL, updated_ms = ?{now_arg}
+             WHERE id IN (SELECT d.id FROM deliveries d {filter})"
+        ),
+        rusqlite::params_from_iter(args),
+    )?;
+    Ok((n, subs))
+}
+
+/// Deliveries per status, for `/metrics`.
+pub fn status_counts(c: &Connection) -> Result<Vec<(String, i64)>, LedgerError> {
+    let mut st = c.prepare_cached("SELECT status, COUNT(*) FROM deliveries GROUP BY status")?;
+    let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Lane, Limits, Subscriber};
+
+    fn db() -> Connection {
+        let mut c = Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&mut c).unwrap();
+        c
+    }
+
+    fn sub(id: &str, types: &[&str]) -> Subscriber {
+        Subscriber {
+            id: id.into(),
+            url: "https://example.com/h".into(),
+            event_types: types.iter().map(|s| s.to_string()).collect(),
+            limits: Limits {
+                rate_per_sec: 10.0,
+                burst: 20,
+                max_in_flight: 8,
+                timeout_ms: 1000,
+            },
+            lane: Lane::Origin,
+            legacy_signature: false,
+            secrets: vec![],
+            created_ms: 0,
+            updated_ms: 0,
+        }
+    }
+
+    fn ev(id: &str, ty: &str) -> NewEvent {
+        NewEvent {
+            id: id.into(),
+            event_type: ty.into(),
+            body: format!("{{\"id\":\"{id}\"}}"),
+        }
+    }
+
+    #[test]
+    fn ingest_fans_out_once_per_subscriber_and_event() {
+        let c = db();
+        create_subscriber(&c, &sub("a", &["video.*"]), "s").unwrap();
+        create_subscriber(&c, &sub("b", &["video.trending"]), "s").unwrap();
+        create_subscriber(&c, &sub("c", &["audio.*"]), "s").unwrap();
+        let (out, touched) = ingest(
+            &c,
+            &[
+                ev("e1", "video.trending"),
+                ev("e2", "video.new"),
+                ev("e1", "video.trending"),
+            ],
+            5,
+        )
+        .unwrap();
+        let got: Vec<(u32, bool)> = out.iter().map(|o| (o.deliveries, o.duplicate)).collect();
+        assert_eq!(got, vec![(2, false), (1, false), (0, true)]);
+        assert_eq!(touched, vec!["a".to_string(), "b".to_string()]);
+        let (again, _) = ingest(&c, &[ev("e2", "video.new")], 6).unwrap();
+        assert_eq!(
+            again[0],
+            Ingested {
+                id: "e2".into(),
+                deliveries: 0,
+                duplicate: true
+            }
+        );
+    }
+
+    #[test]
+    fn claim_apply_and_lease_release() {
+        let c = db();
+        create_subscriber(&c, &sub("a", &["*"]), "s").unwrap();
+        ingest(&c, &[ev("e1", "t"), ev("e2", "t"), ev("e3", "t")], 0).unwrap();
+        let claims = claim(&c, &[("a".into(), 2)], &[], 10, 1000).unwrap();
+        assert_eq!(claims[0].claimed.len(), 2);
+        assert_eq!(claims[0].next_due_ms, Some(0));
+        let ids: Vec<i64> = claims[0].claimed.iter().map(|d| d.rowid).collect();
+        let rec = |outcome| {
+            Some(AttemptRecord {
+                attempt: 1,
+                at_ms: 10,
+                lane: "origin",
+                outcome,
+                status: Some(500),
+                latency_ms: Some(3),
+                response_body: None,
+                error: None,
+            })
+        };
+        apply(
+            &c,
+            &[
+                Outcome {
+                    rowid: ids[0],
+                    transition: Transition::Sent,
+                    attempt: rec("delivered"),
+                },
+                Outcome {
+                    rowid: ids[1],
+                    transition: Transition::Retry {
+                        at_ms: 50,
+                        error: "status 500".into(),
+                    },
+                    attempt: rec("failed"),
+                },
+            ],
+            &[],
+            20,
+        )
+        .unwrap();
+        let d0 = get_delivery(&c, ids[0]).unwrap();
+        assert_eq!(
+            (
+                d0.status.as_str(),
+                d0.attempt_count,
+                d0.attempts.map(|a| a.len())
+            ),
+            ("sent", 1, Some(1))
+        );
+        let d1 = get_delivery(&c, ids[1]).unwrap();
+        assert_eq!(
+            (d1.status.as_str(), d1.next_attempt_at_ms),
+            ("pending", Some(50))
+        );
+        // The third is leased and then lost: it comes back once its lease expires.
+        let claims = claim(&c, &[("a".into(), 5)], &[], 20, 100).unwrap();
+        assert_eq!(claims[0].claimed.len(), 1);
+        assert_eq!(claims[0].next_due_ms, Some(50));
+        assert!(release_expired_leases(&c, 99).unwrap().is_empty());
+        assert_eq!(
+            release_expired_leases(&c, 101).unwrap(),
+            vec!["a".to_string()]
+        );
+        assert_eq!(release_all_leases(&c, 200).unwrap(), 0);
+        assert_eq!(due_summary(&c).unwrap(), vec![("a".to_string(), 50)]);
+    }
+
+    #[test]
+    fn replay_and_removal() {
+        let c = db();
+        create_subscriber(&c, &sub("a", &["*"]), "s").unwrap();
+        ingest(&c, &[ev("e1", "t"), ev("e2", "t")], 0).unwrap();
+        let claims = claim(&c, &[("a".into(), 2)], &[], 0, 100).unwrap();
+        let ids: Vec<i64> = claims[0].claimed.iter().map(|d| d.rowid).collect();
+        assert!(matches!(
+            replay_one(&c, ids[0], 1),
+            Err(LedgerError::Conflict(_))
+        ));
+        let dead = |id| Outcome {
+            rowid: id,
+            transition: Transition::Dead {
+                reason: "gone".into(),
+            },
+            attempt: None,
+        };
+        apply(&c, &[dead(ids[0]), dead(ids[1])], &[], 5).unwrap();
+        let f = DeliveryFilter {
+            status: Some(Status::Dead),
+            limit: 10,
+            ..Default::default()
+        };
+        assert_eq!(list_deliveries(&c, &f).unwrap().len(), 2);
+        assert_eq!(replay_one(&c, ids[0], 6).unwrap(), "a");
+        assert_eq!(
+            replay_bulk(
+                &c,
+                &DeliveryFilter {
+                    subscriber: Some("a".into()),
+                    ..Default::default()
+                },
+                7
+            )
+            .unwrap()
+            .0,
+            1
+        );
+        assert_eq!(list_deliveries(&c, &f).unwrap().len(), 0);
+        assert_eq!(delete_subscriber(&c, "a", 8).unwrap(), 2);
+        assert!(matches!(
+            replay_one(&c, ids[0], 9),
+            Err(LedgerError::Conflict(_))
+        ));
+        assert!(get_subscriber(&c, "a").is_err());
+        create_subscriber(&c, &sub("a", &["*"]), "s2").unwrap();
+        assert_eq!(get_subscriber(&c, "a").unwrap().secrets.len(), 1);
+    }
+}

@@ -1,0 +1,108 @@
+//! Versioned schema migrations. `PRAGMA user_version` holds how many have been applied; each
+//! runs in its own transaction, so a crash mid-migration leaves the previous version intact.
+
+use rusqlite::Connection;
+
+use super::LedgerError;
+
+/// Migration `i` takes the schema from version `i` to `i + 1`. Append only; never edit one
+/// that has shipped.
+const MIGRATIONS: &[&str] = &[
+    // 1: the ledger.
+    r#"
+    CREATE TABLE subscribers (
+        id               TEXT PRIMARY KEY,
+        url              TEXT NOT NULL,
+        event_types      TEXT NOT NULL,            -- JSON array of patterns
+        rate_per_sec     REAL NOT NULL CHECK (rate_per_sec > 0),
+        burst            INTEGER NOT NULL CHECK (burst >= 1),
+        max_in_flight    INTEGER NOT NULL CHECK (max_in_flight >= 1),
+        timeout_ms       INTEGER NOT NULL,
+        lane             TEXT NOT NULL CHECK (lane IN ('edge', 'origin', 'auto')),
+        legacy_signature INTEGER NOT NULL DEFAULT 0,
+        limiter          TEXT,                     -- JSON of fanout_core::limiter::LimiterState
+        created_ms       INTEGER NOT NULL,
+        updated_ms       INTEGER NOT NULL,
+        deleted_ms       INTEGER                   -- soft delete: history stays readable
+    );
+    CREATE TABLE subscriber_secrets (
+        subscriber_id TEXT NOT NULL REFERENCES subscribers(id),
+        secret        TEXT NOT NULL,
+        created_ms    INTEGER NOT NULL,
+        expires_ms    INTEGER                      -- NULL: the current secret
+    );
+    CREATE INDEX subscriber_secrets_by_subscriber ON subscriber_secrets(subscriber_id);
+    CREATE TABLE events (
+        id          TEXT NOT NULL UNIQUE,
+        type        TEXT NOT NULL,
+        body        TEXT NOT NULL,                 -- the exact bytes received
+        received_ms INTEGER NOT NULL
+    );
+    CREATE TABLE deliveries (
+        id               INTEGER PRIMARY KEY,      -- public id: dlv_<id>
+        subscriber_id    TEXT NOT NULL,
+        event_id         TEXT NOT NULL,
+        status           TEXT NOT NULL CHECK (status IN ('pending', 'in_flight', 'sent', 'dead')),
+        attempts         INTEGER NOT NULL DEFAULT 0,
+        next_attempt_ms  INTEGER NOT NULL,
+        lease_expires_ms INTEGER,
+        last_error       TEXT,
+        created_ms       INTEGER NOT NULL,
+        updated_ms       INTEGER NOT NULL,
+        UNIQUE (subscriber_id, event_id)
+    );
+    CREATE INDEX deliveries_due ON deliveries(subscriber_id, next_attempt_ms) WHERE status = 'pending';
+    CREATE INDEX deliveries_leased ON deliveries(lease_expires_ms) WHERE status = 'in_flight';
+    CREATE INDEX deliveries_by_status ON deliveries(status, created_ms);
+    CREATE TABLE attempts (
+        id            INTEGER PRIMARY KEY,
+        delivery_id   INTEGER NOT NULL,
+        attempt       INTEGER NOT NULL,
+        at_ms         INTEGER NOT NULL,
+        lane          TEXT NOT NULL,
+        outcome       TEXT NOT NULL,
+        status        INTEGER,
+        latency_ms    INTEGER,
+        response_body TEXT,                        -- at most RESPONSE_BODY_LIMIT bytes
+        error         TEXT
+    );
+    CREATE INDEX attempts_by_delivery ON attempts(delivery_id);
+    "#,
+];
+
+pub const VERSION: i64 = MIGRATIONS.len() as i64;
+
+pub fn migrate(conn: &mut Connection) -> Result<i64, LedgerError> {
+    let current: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if current > VERSION {
+        return Err(LedgerError::Schema(format!(
+            "the database has schema version {current}, newer than this fanout ({VERSION})"
+        )));
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        tx.commit()?;
+    }
+    Ok(VERSION)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrates_from_empty_and_is_idempotent() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        assert_eq!(migrate(&mut conn).unwrap(), VERSION);
+        assert_eq!(migrate(&mut conn).unwrap(), VERSION);
+        let v: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, VERSION);
+        conn.pragma_update(None, "user_version", VERSION + 1)
+            .unwrap();
+        assert!(matches!(migrate(&mut conn), Err(LedgerError::Schema(_))));
+    }
+}

@@ -1,0 +1,111 @@
+//! Fanout's origin daemon: the SQLite ledger that never loses an event, the fair dispatcher
+//! with its edge and origin lanes, and the HTTP API. [`run`] starts all of it on a listener the
+//! caller binds (tests bind port 0) and stops when `shutdown` resolves.
+//!
+//! Layout: [`model`] (domain types, pure), [`ledger`] (SQLite), [`dispatch`] (scheduling:
+//! `plan` is pure, the lanes do the I/O), [`api`] (axum), [`config`], [`cli`].
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod dispatch;
+pub mod ledger;
+pub mod metrics;
+pub mod model;
+pub mod time;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::dispatch::edge_lane::EdgeClient;
+use crate::dispatch::plan::RetryRules;
+use crate::dispatch::{DispatchConfig, Dispatcher};
+use crate::ledger::{Ledger, LedgerError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error("cannot build the HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Start the ledger, the dispatcher and the API on `listener`; return after `shutdown`
+/// resolves and in-flight work has been recorded (or left leased for the next start).
+pub async fn run(
+    cfg: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let ledger = Ledger::open(&cfg.db)?;
+    let now = time::now_ms();
+    let released = ledger
+        .tx(move |c| ledger::release_all_leases(c, now))
+        .await?;
+    if released > 0 {
+        tracing::warn!(
+            released,
+            "deliveries leased by a previous run returned to the queue"
+        );
+    }
+    let metrics = Arc::new(metrics::Metrics::default());
+    let edge = match &cfg.edge {
+        Some((url, key)) => Some(EdgeClient::new(url, key.clone())?),
+        None => None,
+    };
+    let dispatcher = Dispatcher::new(
+        ledger.clone(),
+        DispatchConfig {
+            rules: RetryRules {
+                max_attempts: cfg.max_attempts,
+                backoff_scale: cfg.backoff_scale,
+            },
+            allow_loopback: cfg.allow_loopback,
+            edge,
+            breaker: fanout_core::breaker::BreakerConfig::default(),
+            edge_batch: cfg.edge_batch,
+            max_total_in_flight: cfg.max_total_in_flight,
+        },
+        metrics.clone(),
+    )?;
+    let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let dispatcher_task = tokio::spawn(dispatcher.run(control_rx, async move {
+        let _ = stop_rx.wait_for(|stop| *stop).await;
+    }));
+    let state = api::AppState::new(
+        ledger.clone(),
+        control_tx,
+        api::ApiConfig {
+            api_token: cfg.api_token.clone(),
+            allow_loopback: cfg.allow_loopback,
+            max_event_bytes: cfg.max_event_bytes,
+            rotation_grace_ms: (cfg.rotation_grace_secs.min(i64::MAX as u64 / 1000) * 1000) as i64,
+        },
+        metrics,
+    );
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        db = %cfg.db.display(),
+        edge = cfg.edge.as_ref().map(|(u, _)| u.as_str()).unwrap_or("(none: origin lane only)"),
+        "fanout serving"
+    );
+    let served = axum::serve(listener, api::router(state))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        })
+        .await;
+    if let Err(e) = dispatcher_task.await {
+        tracing::error!(error = %e, "the dispatcher task failed");
+    }
+    // Wait for the ledger to finish everything queued before this point.
+    ledger.call(|_| Ok(())).await?;
+    served?;
+    Ok(())
+}

@@ -1,0 +1,452 @@
+//! Domain types of the ledger and their pure validation: subscribers, lanes, delivery states,
+//! event-type patterns. Nothing here touches SQLite or the network.
+
+use serde::{Deserialize, Serialize};
+
+/// Largest subscriber id, event id and event type accepted.
+pub const MAX_ID_LEN: usize = 255;
+pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_RATE_PER_SEC: f64 = 100.0;
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
+
+/// Which lane delivers a subscriber's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Lane {
+    Edge,
+    Origin,
+    /// The edge when an edge URL is configured, the origin otherwise.
+    #[default]
+    Auto,
+}
+
+impl Lane {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Edge => "edge",
+            Lane::Origin => "origin",
+            Lane::Auto => "auto",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Lane> {
+        match s {
+            "edge" => Some(Lane::Edge),
+            "origin" => Some(Lane::Origin),
+            "auto" => Some(Lane::Auto),
+            _ => None,
+        }
+    }
+
+    /// The lane actually used. `edge` without a configured edge falls back to the origin lane
+    /// (the daemon warns about it at start-up): an event is never stranded.
+    pub fn effective(self, edge_configured: bool) -> Lane {
+        match self {
+            Lane::Edge | Lane::Auto if edge_configured => Lane::Edge,
+            _ => Lane::Origin,
+        }
+    }
+}
+
+/// A delivery's state, mirrored by the ledger's `status` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Waiting for `next_attempt_ms`.
+    Pending,
+    /// Leased by the dispatcher until `lease_expires_ms`.
+    InFlight,
+    Sent,
+    Dead,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::InFlight => "in_flight",
+            Status::Sent => "sent",
+            Status::Dead => "dead",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Status> {
+        match s {
+            "pending" => Some(Status::Pending),
+            "in_flight" => Some(Status::InFlight),
+            "sent" => Some(Status::Sent),
+            "dead" => Some(Status::Dead),
+            _ => None,
+        }
+    }
+
+    pub const ALL: [Status; 4] = [
+        Status::Pending,
+        Status::InFlight,
+        Status::Sent,
+        Status::Dead,
+    ];
+}
+
+/// Does an event type match a subscriber's pattern? Exact, `prefix.*` (any type under the
+/// prefix, not the prefix itself), or `*` (everything).
+pub fn type_matches(pattern: &str, event_type: &str) -> bool {
+    if pattern == "*" {
+        return true;
+    }
+    match pattern.strip_suffix('*') {
+        Some(prefix) if prefix.ends_with('.') => {
+            event_type.len() > prefix.len() && event_type.starts_with(prefix)
+        }
+        _ => pattern == event_type,
+    }
+}
+
+pub fn any_type_matches(patterns: &[String], event_type: &str) -> bool {
+    patterns.iter().any(|p| type_matches(p, event_type))
+}
+
+/// Why a subscriber definition is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidSubscriber {
+    #[error("{0}")]
+    Field(String),
+    #[error("url refused: {0}")]
+    Url(#[from] fanout_core::endpoint::EndpointError),
+}
+
+pub fn validate_id(what: &str, id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err(format!("{what} must be 1 to {MAX_ID_LEN} characters"));
+    }
+    if id
+        .chars()
+        .any(|c| c.is_control() || c == '/' || c.is_whitespace())
+    {
+        return Err(format!(
+            "{what} must not contain '/', whitespace or control characters"
+        ));
+    }
+    Ok(())
+}
+
+pub fn validate_pattern(p: &str) -> Result<(), String> {
+    let valid = p == "*"
+        || (!p.is_empty()
+            && p.len() <= MAX_ID_LEN
+            && !p.chars().any(|c| c.is_control() || c.is_whitespace())
+            && match p.find('*') {
+                None => true,
+                Some(i) => i == p.len() - 1 && p.len() >= 3 && p[..i].ends_with('.'),
+            });
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "event type pattern {p:?} must be an exact type, a prefix like \"video.*\", or \"*\""
+        ))
+    }
+}
+
+/// A subscriber's limits, validated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub rate_per_sec: f64,
+    pub burst: u32,
+    pub max_in_flight: u32,
+    pub timeout_ms: u64,
+}
+
+impl Limits {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.rate_per_sec.is_finite() && self.rate_per_sec > 0.0) {
+            return Err("rate_per_sec must be a positive number".into());
+        }
+        if self.burst == 0 {
+            return Err("burst must be at least 1".into());
+        }
+        if self.max_in_flight == 0 {
+            return Err("max_in_flight must be at least 1".into());
+        }
+        let (lo, hi) = (
+            fanout_core::wire::MIN_TIMEOUT_MS,
+            fanout_core::wire::MAX_TIMEOUT_MS,
+        );
+        if !(lo..=hi).contains(&self.timeout_ms) {
+            return Err(format!("timeout_ms must be between {lo} and {hi}"));
+        }
+        Ok(())
+    }
+
+    /// The default burst for a rate: one second's worth, at least 1.
+    pub fn default_burst(rate_per_sec: f64) -> u32 {
+        if rate_per_sec.is_finite() && rate_per_sec > 1.0 {
+            rate_per_sec.ceil().min(f64::from(u32::MAX)) as u32
+        } else {
+            1
+        }
+    }
+
+    pub fn core(
+        &self,
+        breaker: fanout_core::breaker::BreakerConfig,
+    ) -> fanout_core::limiter::Limits {
+        fanout_core::limiter::Limits {
+            rate: fanout_core::bucket::Rate {
+                per_sec: self.rate_per_sec,
+                burst: self.burst,
+            },
+            max_in_flight: self.max_in_flight,
+            breaker,
+        }
+    }
+}
+
+/// A subscriber as the ledger stores it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Subscriber {
+    pub id: String,
+    pub url: String,
+    pub event_types: Vec<String>,
+    pub limits: Limits,
+    pub lane: Lane,
+    pub legacy_signature: bool,
+    pub secrets: Vec<StoredSecret>,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredSecret {
+    pub secret: String,
+    pub created_ms: i64,
+    /// When this (rotated-out) secret stops signing; `None` while it is the current one.
+    pub expires_ms: Option<i64>,
+}
+
+impl Subscriber {
+    /// The secrets that sign at `now_ms`, newest first.
+    pub fn active_secrets(&self, now_ms: i64) -> Vec<String> {
+        active_secrets(&self.secrets, now_ms)
+    }
+}
+
+pub fn active_secrets(secrets: &[StoredSecret], now_ms: i64) -> Vec<String> {
+    let mut live: Vec<&StoredSecret> = secrets
+        .iter()
+        .filter(|s| s.expires_ms.is_none_or(|e| e > now_ms))
+        .collect();
+    live.sort_by_key(|s| std::cmp::Reverse(s.created_ms));
+    live.into_iter().map(|s| s.secret.clone()).collect()
+}
+
+/// The API's view of a subscriber (secrets are shown only when created or rotated).
+#[derive(Debug, Clone, Serialize)]
+pub struct SubscriberView {
+    pub id: String,
+    pub url: String,
+    pub event_types: Vec<String>,
+    pub rate_per_sec: f64,
+    pub burst: u32,
+    pub max_in_flight: u32,
+    pub timeout_ms: u64,
+    pub lane: Lane,
+    pub legacy_signature: bool,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// How many secrets sign right now (2 during a rotation's grace period).
+    pub active_secrets: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+}
+
+impl SubscriberView {
+    pub fn of(s: &Subscriber, now_ms: i64, secret: Option<String>) -> Self {
+        SubscriberView {
+            id: s.id.clone(),
+            url: s.url.clone(),
+            event_types: s.event_types.clone(),
+            rate_per_sec: s.limits.rate_per_sec,
+            burst: s.limits.burst,
+            max_in_flight: s.limits.max_in_flight,
+            timeout_ms: s.limits.timeout_ms,
+            lane: s.lane,
+            legacy_signature: s.legacy_signature,
+            created_at_ms: s.created_ms,
+            updated_at_ms: s.updated_ms,
+            active_secrets: s.active_secrets(now_ms).len(),
+            secret,
+        }
+    }
+}
+
+/// A delivery's public id is `dlv_<rowid>`.
+pub fn delivery_public_id(rowid: i64) -> String {
+    format!("dlv_{rowid}")
+}
+
+pub fn parse_delivery_id(s: &str) -> Option<i64> {
+    s.strip_prefix("dlv_")?
+        .parse()
+        .ok()
+        .filter(|n: &i64| *n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_matching_table() {
+        let cases: &[(&str, &str, bool)] = &[
+            ("video.trending", "video.trending", true),
+            ("video.trending", "video.trending.eu", false),
+            ("video.*", "video.trending", true),
+            ("video.*", "video.trending.eu", true),
+            ("video.*", "video", false),
+            ("video.*", "video.", false),
+            ("video.*", "videos.new", false),
+            ("video.*", "audio.trending", false),
+            ("*", "anything.at.all", true),
+            ("video", "video.trending", false),
+            ("video*", "video.trending", false), // not a valid pattern; never a prefix
+        ];
+        for &(pattern, ty, expected) in cases {
+            assert_eq!(type_matches(pattern, ty), expected, "{pattern} vs {ty}");
+        }
+    }
+
+    #[test]
+    fn pattern_validation_table() {
+        let cases: &[(&str, bool)] = &[
+            ("video.trending", true),
+            ("video.*", true),
+            ("a.b.*", true),
+            ("*", true),
+            ("", false),
+            (".*", false),
+            ("video*", false),
+            ("video.*.x", false),
+            ("vid eo", false),
+            ("**", false),
+        ];
+        for &(p, ok) in cases {
+            assert_eq!(validate_pattern(p).is_ok(), ok, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn limits_validation_table() {
+        let ok = Limits {
+            rate_per_sec: 10.0,
+            burst: 20,
+            max_in_flight: 8,
+            timeout_ms: 10_000,
+        };
+        let cases: Vec<(Limits, bool)> = vec![
+            (ok, true),
+            (
+                Limits {
+                    rate_per_sec: 0.0,
+                    ..ok
+                },
+                false,
+            ),
+            (
+                Limits {
+                    rate_per_sec: -1.0,
+                    ..ok
+                },
+                false,
+            ),
+            (
+                Limits {
+                    rate_per_sec: f64::NAN,
+                    ..ok
+                },
+                false,
+            ),
+            (
+                Limits {
+                    rate_per_sec: f64::INFINITY,
+                    ..ok
+                },
+                false,
+            ),
+            (
+                Limits {
+                    rate_per_sec: 0.01,
+                    ..ok
+                },
+                true,
+            ),
+            (Limits { burst: 0, ..ok }, false),
+            (
+                Limits {
+                    max_in_flight: 0,
+                    ..ok
+                },
+                false,
+            ),
+            (
+                Limits {
+                    timeout_ms: 99,
+                    ..ok
+                },
+                false,
+            ),
+            (
+                Limits {
+                    timeout_ms: 60_001,
+                    ..ok
+                },
+                false,
+            ),
+        ];
+        for (limits, valid) in cases {
+            assert_eq!(limits.validate().is_ok(), valid, "{limits:?}");
+        }
+        assert_eq!(Limits::default_burst(10.0), 10);
+        assert_eq!(Limits::default_burst(0.5), 1);
+        assert_eq!(Limits::default_burst(2.5), 3);
+    }
+
+    #[test]
+    fn lanes_and_ids() {
+        assert_eq!(Lane::Auto.effective(true), Lane::Edge);
+        assert_eq!(Lane::Auto.effective(false), Lane::Origin);
+        assert_eq!(Lane::Edge.effective(false), Lane::Origin);
+        assert_eq!(Lane::Origin.effective(true), Lane::Origin);
+        assert_eq!(parse_delivery_id("dlv_42"), Some(42));
+        assert_eq!(parse_delivery_id("dlv_0"), None);
+        assert_eq!(parse_delivery_id("42"), None);
+        assert_eq!(parse_delivery_id("dlv_x"), None);
+        assert!(validate_id("id", "sub_partner").is_ok());
+        assert!(validate_id("id", "").is_err());
+        assert!(validate_id("id", "a/b").is_err());
+    }
+
+    #[test]
+    fn rotation_keeps_old_secret_until_it_expires() {
+        let secrets = vec![
+            StoredSecret {
+                secret: "old".into(),
+                created_ms: 1,
+                expires_ms: Some(100),
+            },
+            StoredSecret {
+                secret: "new".into(),
+                created_ms: 50,
+                expires_ms: None,
+            },
+        ];
+        let cases: &[(i64, &[&str])] = &[
+            (60, &["new", "old"]),
+            (99, &["new", "old"]),
+            (100, &["new"]),
+        ];
+        for &(now, expected) in cases {
+            assert_eq!(active_secrets(&secrets, now), expected, "at {now}");
+        }
+    }
+}

@@ -596,7 +596,7 @@ fn filter_from(q: DeliveryQuery) -> Result<DeliveryFilter, ApiError> {
         since_ms: time_arg("since", q.since)?,
         until_ms: time_arg("until", q.until)?,
         after,
-        limit: q.limit.unwrap_or(100).clamp(1, 1000),
+        limit: q.limit.unwrap_or(1000).clamp(1, 10_000),
     })
 }
 
@@ -969,6 +969,6 @@ mod tests {
             Some(1500)
         );
         assert!(filter_from(q(None, Some("soon"))).is_err());
-        assert_eq!(filter_from(q(None, None)).unwrap().limit, 100);
+        assert_eq!(filter_from(q(None, None)).unwrap().limit, 1000);
     }
 }

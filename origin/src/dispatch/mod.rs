@@ -90,6 +90,8 @@ struct Meta {
     event_id: String,
     event_type: String,
     attempt: u32,
+    /// Measured by the origin lane around the whole send.
+    latency_ms: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -417,7 +419,13 @@ impl Dispatcher {
                         }
                         outcomes.push(Outcome {
                             rowid: meta.rowid,
-                            attempt: attempt_record(&result, meta.attempt, lane, at_ms),
+                            attempt: attempt_record(
+                                &result,
+                                meta.attempt,
+                                lane,
+                                at_ms,
+                                meta.latency_ms,
+                            ),
                             transition,
                         });
                     }
@@ -665,8 +673,9 @@ fn launch(
                 let timeout_ms = st.limits.timeout_ms;
                 let allow_loopback = cfg.allow_loopback;
                 tokio::spawn(async move {
-                    let meta = meta_of(&d);
+                    let mut meta = meta_of(&d);
                     let id = delivery_public_id(d.rowid);
+                    let started = std::time::Instant::now();
                     let send = origin_lane::Outgoing {
                         delivery_id: &id,
                         event_id: &d.event_id,
@@ -676,6 +685,7 @@ fn launch(
                         timeout_ms,
                     };
                     let result = origin_lane::deliver(&http, &send, d.body, allow_loopback).await;
+                    meta.latency_ms = Some(started.elapsed().as_millis() as u64);
                     let _ = done.send(Done::Results {
                         sub,
                         lane: "origin",
@@ -694,6 +704,7 @@ fn meta_of(d: &Claimed) -> Meta {
         event_id: d.event_id.clone(),
         event_type: d.event_type.clone(),
         attempt: d.attempt,
+        latency_ms: None,
     }
 }
 

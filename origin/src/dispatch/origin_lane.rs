@@ -221,3 +221,28 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod resolver_tests {
+    use super::*;
+
+    /// The guard resolves for real: `localhost` comes back only when loopback is allowed.
+    #[tokio::test]
+    async fn resolver_refuses_loopback_names_unless_allowed() {
+        let name = || -> Name { "localhost".parse().unwrap() };
+        let refused = GuardedResolver {
+            allow_loopback: false,
+        }
+        .resolve(name())
+        .await;
+        let err = refused.err().expect("localhost must be refused");
+        assert!(err.downcast_ref::<RefusedAddress>().is_some(), "{err}");
+        let allowed = GuardedResolver {
+            allow_loopback: true,
+        }
+        .resolve(name())
+        .await
+        .unwrap();
+        assert!(allowed.into_iter().all(|a| a.ip().is_loopback()));
+    }
+}

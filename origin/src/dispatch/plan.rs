@@ -186,11 +186,13 @@ pub fn transition_for(
 }
 
 /// The attempt record of a result, `None` for a deferral (nothing was sent).
+/// `measured_latency_ms` stands in when the result carries none (a rejection by the origin lane).
 pub fn attempt_record(
     result: &DeliveryResult,
     attempt: u32,
     lane: &'static str,
     at_ms: i64,
+    measured_latency_ms: Option<u64>,
 ) -> Option<AttemptRecord> {
     let (status, latency_ms, body, error) = match result {
         DeliveryResult::Deferred { .. } => return None,
@@ -222,16 +224,16 @@ pub fn attempt_record(
         lane,
         outcome: result.outcome(),
         status,
-        latency_ms,
+        latency_ms: latency_ms.or(measured_latency_ms),
         response_body: body.map(|b| fanout_core::retry::truncate_body(&b)),
         error,
     })
 }
 
 /// How long a batch waits after the edge was unreachable or failing, by consecutive failures:
-/// 0.5 s doubling to 30 s.
+/// 0.5 s doubling to 10 s.
 pub fn edge_retry_ms(consecutive_failures: u32) -> u64 {
-    (500u64 << consecutive_failures.min(6)).min(30_000)
+    (500u64 << consecutive_failures.min(5)).min(10_000)
 }
 
 #[cfg(test)]
@@ -487,7 +489,7 @@ mod tests {
             retry_after_ms: 1,
             reason: DeferReason::Paused,
         };
-        assert_eq!(attempt_record(&deferred, 1, "edge", 5), None);
+        assert_eq!(attempt_record(&deferred, 1, "edge", 5, None), None);
         assert_eq!(attempt_of(&deferred), None);
         let long = "x".repeat(10_000);
         let busy = DeliveryResult::Failed {
@@ -498,7 +500,7 @@ mod tests {
             error: None,
             latency_ms: Some(7),
         };
-        let rec = attempt_record(&busy, 2, "origin", 5).unwrap();
+        let rec = attempt_record(&busy, 2, "origin", 5, Some(1)).unwrap();
         assert_eq!(
             (
                 rec.attempt,
@@ -522,7 +524,7 @@ mod tests {
         );
         let timeout = failed(None, None, Some(TransportError::Timeout));
         assert_eq!(
-            attempt_record(&timeout, 1, "origin", 5)
+            attempt_record(&timeout, 1, "origin", 5, None)
                 .unwrap()
                 .error
                 .as_deref(),
@@ -536,9 +538,9 @@ mod tests {
             (0, 500),
             (1, 1_000),
             (2, 2_000),
-            (5, 16_000),
-            (6, 30_000),
-            (60, 30_000),
+            (4, 8_000),
+            (5, 10_000),
+            (60, 10_000),
         ];
         for &(n, ms) in cases {
             assert_eq!(edge_retry_ms(n), ms, "{n}");

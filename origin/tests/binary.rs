@@ -72,6 +72,8 @@ async fn kill_9_mid_burst_loses_nothing_and_duplicates_are_counted() {
     }
 }
 
+// A test helper: a failed unwrap is a failed test.
+#[allow(clippy::unwrap_used)]
 fn cli(args: &[&str], api: &Api, stdin: Option<&str>) -> (bool, Value, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_fanout"))
         .args(args)

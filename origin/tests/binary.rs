@@ -216,7 +216,9 @@ fn serve_refuses_a_bad_configuration_with_a_clear_message() {
         "api_token = \"from-the-file-0123456789\"\nmax_attempts = 0\n",
     )
     .unwrap();
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    // (arguments, environment, what stderr says)
+    type Row<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Row> = vec![
         (vec!["serve"], vec![], "API token is required"),
         (
             vec!["serve", "--edge-url", "http://127.0.0.1:1"],

@@ -212,11 +212,13 @@ async function waitHealthy(name, url, svc, timeoutMs) {
 /**
  * Starts the Worker under `wrangler dev` on free ports with fresh Durable Object state.
  * Options: vars ({NAME: value}, passed as --var, overriding the defaults), key (the
- * EDGE_SIGNING_KEY, default a new secret), timeoutMs (startup deadline).
+ * EDGE_SIGNING_KEY, default a new secret), port (default a free one), timeoutMs (startup deadline),
+ * persistDir (an existing --persist-to directory to reuse, e.g. to restart with the same Durable
+ * Object state; the caller owns it and stop() leaves it in place).
  * Returns {url, port, key, logs, persistDir, stop()}. `logs` fills with wrangler's output lines
  * (the Worker's console output included) for the whole life of the process.
  */
-export async function startEdge({ vars = {}, key, timeoutMs = 90_000 } = {}) {
+export async function startEdge({ vars = {}, key, port: fixedPort, timeoutMs = 90_000, persistDir: reuseDir } = {}) {
   if (!fs.existsSync(path.join(ROOT, 'build', 'index.js'))) {
     throw new Error('build/index.js is missing: run `bash scripts/build-worker.sh` (scripts/test.sh does) first');
   }
@@ -225,9 +227,9 @@ export async function startEdge({ vars = {}, key, timeoutMs = 90_000 } = {}) {
   }
   const edgeKey = key ?? vars.EDGE_SIGNING_KEY ?? newSecret();
   const allVars = { ALLOW_LOOPBACK_HTTP: 'true', ...vars, EDGE_SIGNING_KEY: edgeKey };
-  const port = await freePort();
+  const port = fixedPort ?? (await freePort());
   const inspectorPort = await freePort();
-  const persistDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-edge-'));
+  const persistDir = reuseDir ?? (await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-edge-')));
   const args = [
     WRANGLER_JS,
     'dev',
@@ -259,7 +261,7 @@ export async function startEdge({ vars = {}, key, timeoutMs = 90_000 } = {}) {
   const url = `http://127.0.0.1:${port}`;
   const stop = async () => {
     await svc.stop();
-    await fsp.rm(persistDir, { recursive: true, force: true });
+    if (!reuseDir) await fsp.rm(persistDir, { recursive: true, force: true });
   };
   try {
     await waitHealthy('wrangler dev', url, svc, timeoutMs);

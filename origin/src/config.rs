@@ -248,6 +248,19 @@ mod tests {
             (Some(true), Some(3))
         );
         assert!(toml::from_str::<Settings>("colour = \"blue\"").is_err());
+        // The shipped example, uncommented, is a valid configuration.
+        let example: String = include_str!("../fanout.example.toml")
+            .lines()
+            .map(|l| {
+                l.strip_prefix("# ")
+                    .filter(|l| l.contains(" = "))
+                    .unwrap_or("")
+            })
+            .map(|l| l.split("  #").next().unwrap_or(l).trim().to_string() + "\n")
+            .collect();
+        let parsed: Settings = toml::from_str(&example).unwrap();
+        assert_eq!(parsed.max_attempts, Some(8));
+        assert_eq!(parsed.edge_url.as_deref(), Some("http://127.0.0.1:8787"));
     }
 
     #[test]

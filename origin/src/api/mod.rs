@@ -452,7 +452,7 @@ async fn create_subscriber(
 }
 
 async fn list_subscribers(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    let subs = state.ledger.call(|c| ledger::list_subscribers(c)).await?;
+    let subs = state.ledger.read(|c| ledger::list_subscribers(c)).await?;
     let now = now_ms();
     let views: Vec<SubscriberView> = subs
         .iter()
@@ -468,7 +468,7 @@ async fn get_subscriber(
     let lookup = id.clone();
     let sub = state
         .ledger
-        .call(move |c| ledger::get_subscriber(c, &lookup))
+        .read(move |c| ledger::get_subscriber(c, &lookup))
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     Ok(Json(SubscriberView::of(&sub, now_ms(), None)))
@@ -630,7 +630,7 @@ async fn list_deliveries(
     let limit = filter.limit;
     let rows = state
         .ledger
-        .call(move |c| ledger::list_deliveries(c, &filter))
+        .read(move |c| ledger::list_deliveries(c, &filter))
         .await?;
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|d| d.id.clone()))
@@ -649,7 +649,7 @@ async fn get_delivery(
     let rowid = delivery_id(&id)?;
     let d = state
         .ledger
-        .call(move |c| ledger::get_delivery(c, rowid))
+        .read(move |c| ledger::get_delivery(c, rowid))
         .await?;
     Ok(Json(d))
 }
@@ -725,7 +725,7 @@ async fn healthz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let counts = state.ledger.call(|c| ledger::status_counts(c)).await?;
+    let counts = state.ledger.read(|c| ledger::status_counts(c)).await?;
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(&counts),

@@ -34,10 +34,47 @@ pub enum LedgerError {
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
-/// A handle to the ledger's writer thread. Cheap to clone.
+/// A handle to the ledger's threads: one writer, and one reader (WAL lets it read a consistent
+/// snapshot while the writer commits) for the API's queries. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Ledger {
     tx: mpsc::Sender<Job>,
+    reader: mpsc::Sender<Job>,
+}
+
+fn spawn_worker(
+    name: &str,
+    mut conn: Connection,
+    checkpoint: bool,
+) -> Result<mpsc::Sender<Job>, LedgerError> {
+    let (tx, rx) = mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            while let Ok(job) = rx.recv() {
+                job(&mut conn);
+            }
+            if checkpoint {
+                // Fold the WAL back into the main file on a clean exit.
+                let _ = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);");
+            }
+        })
+        .map_err(|e| LedgerError::Schema(format!("cannot start the {name} thread: {e}")))?;
+    Ok(tx)
+}
+
+async fn run_on<T, F>(worker: &mpsc::Sender<Job>, f: F) -> Result<T, LedgerError>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut Connection) -> Result<T, LedgerError> + Send + 'static,
+{
+    let (otx, orx) = tokio::sync::oneshot::channel();
+    worker
+        .send(Box::new(move |conn| {
+            let _ = otx.send(f(conn));
+        }))
+        .map_err(|_| LedgerError::Closed)?;
+    orx.await.map_err(|_| LedgerError::Closed)?
 }
 
 /// Open (creating if needed) and migrate the database, with the pragmas the daemon relies on.
@@ -70,19 +107,13 @@ impl Ledger {
     /// Open the ledger and start its writer thread. The thread ends when the last handle is
     /// dropped.
     pub fn open(path: &Path) -> Result<Ledger, LedgerError> {
-        let mut conn = open_connection(path)?;
-        let (tx, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("fanout-ledger".into())
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    job(&mut conn);
-                }
-                // Fold the WAL back into the main file on a clean exit.
-                let _ = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);");
-            })
-            .map_err(|e| LedgerError::Schema(format!("cannot start the ledger thread: {e}")))?;
-        Ok(Ledger { tx })
+        let writer = open_connection(path)?;
+        let reader = open_connection(path)?;
+        reader.execute_batch("PRAGMA query_only = ON;")?;
+        Ok(Ledger {
+            tx: spawn_worker("fanout-ledger", writer, true)?,
+            reader: spawn_worker("fanout-reader", reader, false)?,
+        })
     }
 
     /// Run `f` on the writer thread.
@@ -91,13 +122,17 @@ impl Ledger {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, LedgerError> + Send + 'static,
     {
-        let (otx, orx) = tokio::sync::oneshot::channel();
-        self.tx
-            .send(Box::new(move |conn| {
-                let _ = otx.send(f(conn));
-            }))
-            .map_err(|_| LedgerError::Closed)?;
-        orx.await.map_err(|_| LedgerError::Closed)?
+        run_on(&self.tx, f).await
+    }
+
+    /// Run a read-only `f` on the reader thread: it sees every transaction committed before it
+    /// starts, and never waits for the writer.
+    pub async fn read<T, F>(&self, f: F) -> Result<T, LedgerError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, LedgerError> + Send + 'static,
+    {
+        run_on(&self.reader, f).await
     }
 
     /// Run `f` in one transaction on the writer thread.

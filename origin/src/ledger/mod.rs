@@ -7,6 +7,7 @@
 
 mod queries;
 mod schema;
+pub mod status;
 
 use std::path::Path;
 use std::sync::mpsc;
@@ -52,7 +53,11 @@ fn spawn_worker(
         .name(name.into())
         .spawn(move || {
             while let Ok(job) = rx.recv() {
-                job(&mut conn);
+                // A panicking job fails its own caller (its reply channel drops), not the ledger.
+                let run = std::panic::AssertUnwindSafe(|| job(&mut conn));
+                if std::panic::catch_unwind(run).is_err() {
+                    tracing::error!("a ledger operation panicked; its transaction was rolled back");
+                }
             }
             if checkpoint {
                 // Fold the WAL back into the main file on a clean exit.

@@ -126,14 +126,14 @@ pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result
     Ok(())
 }
 
-/// Store a changed subscriber definition (not its secrets). The limiter state is reset, so new
-/// limits take effect at once.
+/// Store a changed subscriber definition (not its secrets). The limiter state is kept: a
+/// change never grants a fresh burst, and a pause still holds.
 pub fn update_subscriber(c: &Connection, s: &Subscriber) -> Result<(), LedgerError> {
     let n = c
         .prepare_cached(
             "UPDATE subscribers SET url = ?2, event_types = ?3, rate_per_sec = ?4, burst = ?5,
                  max_in_flight = ?6, timeout_ms = ?7, lane = ?8, legacy_signature = ?9,
-                 updated_ms = ?10, limiter = NULL
+                 updated_ms = ?10
              WHERE id = ?1 AND deleted_ms IS NULL",
         )?
         .execute(params![

@@ -1,0 +1,208 @@
+//! Read-only per-subscriber figures for operators: `GET /v1/status`, `fanout status` and the
+//! gauges of `/metrics`. Computed from the ledger when asked, so they can never drift from it.
+
+use std::collections::HashMap;
+
+use fanout_core::breaker::BreakerConfig;
+use rusqlite::Connection;
+use serde::Serialize;
+
+use super::{list_subscribers, load_limiter, LedgerError};
+use crate::model::Lane;
+
+/// One live subscriber as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SubscriberStats {
+    pub id: String,
+    /// The configured lane (`auto` follows whether an edge is configured).
+    pub lane: Lane,
+    pub rate_per_sec: f64,
+    pub burst: u32,
+    pub max_in_flight: u32,
+    pub pending: i64,
+    pub in_flight: i64,
+    pub sent: i64,
+    pub dead: i64,
+    /// When the oldest delivery not yet sent or dead (pending or in flight) was created.
+    pub oldest_pending_at_ms: Option<i64>,
+    /// The origin's limiter: paused (by a 429 or 503 with `Retry-After`) until then.
+    pub paused_until_ms: Option<i64>,
+    /// `closed`, `open` or `half_open`.
+    pub breaker: String,
+    pub consecutive_failures: u32,
+    /// The newest error recorded on one of its deliveries still carrying one (retrying or
+    /// dead), and when.
+    pub last_error: Option<String>,
+    pub last_error_at_ms: Option<i64>,
+}
+
+/// Every live subscriber's figures, ordered by id. One scan of the deliveries.
+pub fn subscriber_stats(
+    c: &Connection,
+    breaker: BreakerConfig,
+    now_ms: i64,
+) -> Result<Vec<SubscriberStats>, LedgerError> {
+    #[derive(Default)]
+    struct Counts {
+        by_status: HashMap<String, i64>,
+        oldest_open: Option<i64>,
+        last_error: Option<(String, i64)>,
+    }
+    let mut counts: HashMap<String, Counts> = HashMap::new();
+    let mut st = c.prepare_cached(
+        "SELECT subscriber_id, status, COUNT(*), MIN(created_ms) FROM deliveries
+         GROUP BY subscriber_id, status",
+    )?;
+    let rows = st.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, i64>(2)?,
+            r.get::<_, i64>(3)?,
+        ))
+    })?;
+    for row in rows {
+        let (sub, status, n, oldest) = row?;
+        let e = counts.entry(sub).or_default();
+        if status == "pending" || status == "in_flight" {
+            e.oldest_open = Some(e.oldest_open.map_or(oldest, |o| o.min(oldest)));
+        }
+        e.by_status.insert(status, n);
+    }
+    // SQLite takes the bare column `last_error` from the row holding MAX(updated_ms).
+    let mut st = c.prepare_cached(
+        "SELECT subscriber_id, MAX(updated_ms), last_error FROM deliveries
+         WHERE last_error IS NOT NULL GROUP BY subscriber_id",
+    )?;
+    let rows = st.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, String>(2)?,
+        ))
+    })?;
+    for row in rows {
+        let (sub, at, error) = row?;
+        counts.entry(sub).or_default().last_error = Some((error, at));
+    }
+    let mut out = Vec::new();
+    for s in list_subscribers(c)? {
+        let limiter = load_limiter(c, &s.id)?;
+        let c = counts.remove(&s.id).unwrap_or_default();
+        let n = |status: &str| c.by_status.get(status).copied().unwrap_or(0);
+        let view = limiter.breaker.view(breaker, now_ms);
+        out.push(SubscriberStats {
+            lane: s.lane,
+            rate_per_sec: s.limits.rate_per_sec,
+            burst: s.limits.burst,
+            max_in_flight: s.limits.max_in_flight,
+            pending: n("pending"),
+            in_flight: n("in_flight"),
+            sent: n("sent"),
+            dead: n("dead"),
+            oldest_pending_at_ms: c.oldest_open,
+            paused_until_ms: limiter.paused_until_ms.filter(|&p| p > now_ms),
+            breaker: view.state,
+            consecutive_failures: view.consecutive_failures,
+            last_error_at_ms: c.last_error.as_ref().map(|(_, at)| *at),
+            last_error: c.last_error.map(|(e, _)| e),
+            id: s.id,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{apply, claim, create_subscriber, ingest, NewEvent, Outcome, Transition};
+    use crate::model::{Limits, Subscriber};
+
+    fn sub(id: &str) -> Subscriber {
+        Subscriber {
+            id: id.into(),
+            url: "https://example.com/h".into(),
+            event_types: vec!["*".into()],
+            limits: Limits {
+                rate_per_sec: 10.0,
+                burst: 20,
+                max_in_flight: 8,
+                timeout_ms: 1000,
+            },
+            lane: Lane::Origin,
+            legacy_signature: false,
+            secrets: vec![],
+            created_ms: 0,
+            updated_ms: 0,
+        }
+    }
+
+    #[test]
+    fn counts_oldest_and_last_error_per_subscriber() {
+        let mut c = Connection::open_in_memory().unwrap();
+        crate::ledger::schema::migrate(&mut c).unwrap();
+        create_subscriber(&c, &sub("a"), "s").unwrap();
+        create_subscriber(&c, &sub("b"), "s").unwrap();
+        let events: Vec<NewEvent> = (0..4)
+            .map(|i| NewEvent {
+                id: format!("e{i}"),
+                event_type: "t".into(),
+                body: "{}".into(),
+            })
+            .collect();
+        ingest(&c, &events[..2], 100).unwrap();
+        ingest(&c, &events[2..], 200).unwrap();
+        // a: lease 3 of its 4; one sent, one retrying with an error, one dead; one pending.
+        let claims = claim(&c, &[("a".into(), 3)], &[], 1_000, 9_000).unwrap();
+        let ids: Vec<i64> = claims[0].claimed.iter().map(|d| d.rowid).collect();
+        let outcomes = vec![
+            Outcome {
+                rowid: ids[0],
+                transition: Transition::Sent,
+                attempt: None,
+            },
+            Outcome {
+                rowid: ids[1],
+                transition: Transition::Retry {
+                    at_ms: 5_000,
+                    error: "status 503".into(),
+                },
+                attempt: None,
+            },
+        ];
+        apply(&c, &outcomes, &[], 2_000).unwrap();
+        let dead = vec![Outcome {
+            rowid: ids[2],
+            transition: Transition::Dead {
+                reason: "status 410".into(),
+            },
+            attempt: None,
+        }];
+        apply(&c, &dead, &[], 3_000).unwrap();
+        let stats = subscriber_stats(&c, BreakerConfig::default(), 4_000).unwrap();
+        let got: Vec<_> = stats
+            .iter()
+            .map(|s| {
+                (
+                    s.id.as_str(),
+                    s.pending,
+                    s.in_flight,
+                    s.sent,
+                    s.dead,
+                    s.oldest_pending_at_ms,
+                    s.last_error.as_deref(),
+                    s.last_error_at_ms,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a", 2, 0, 1, 1, Some(100), Some("status 410"), Some(3_000)),
+                ("b", 4, 0, 0, 0, Some(100), None, None),
+            ]
+        );
+        assert_eq!(stats[0].breaker, "closed");
+        assert_eq!(stats[0].paused_until_ms, None);
+    }
+}

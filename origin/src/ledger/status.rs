@@ -1,0 +1,160 @@
+//! Read-only per-subscriber figures for the console and `?stats=true`: deliveries by status,
+//! the stored limiter state and the most recent error. Nothing here writes.
+
+use std::collections::BTreeMap;
+
+use fanout_core::limiter::LimiterState;
+use rusqlite::{Connection, OptionalExtension};
+
+use super::{load_limiter, LedgerError};
+
+/// One subscriber's figures as the ledger holds them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SubscriberCounts {
+    pub pending: i64,
+    pub in_flight: i64,
+    pub sent: i64,
+    pub dead: i64,
+    /// The most recent failed or rejected attempt: when, and what went wrong.
+    pub last_error: Option<(i64, String)>,
+    /// The limiter state as last stored by the dispatcher.
+    pub limiter: LimiterState,
+}
+
+/// Figures for each of `ids` (zeros for an id without deliveries), keyed by subscriber id.
+pub fn subscriber_counts(
+    c: &Connection,
+    ids: &[String],
+) -> Result<BTreeMap<String, SubscriberCounts>, LedgerError> {
+    let mut out = BTreeMap::new();
+    let mut counts = c.prepare_cached(
+        "SELECT status, COUNT(*) FROM deliveries WHERE subscriber_id = ?1 GROUP BY status",
+    )?;
+    let mut last = c.prepare_cached(
+        "SELECT a.at_ms, a.status, a.error FROM deliveries d JOIN attempts a ON a.delivery_id = d.id
+         WHERE d.subscriber_id = ?1 AND a.outcome IN ('failed', 'rejected')
+         ORDER BY a.at_ms DESC, a.id DESC LIMIT 1",
+    )?;
+    for id in ids {
+        let mut s = SubscriberCounts::default();
+        let rows = counts.query_map([id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        for row in rows {
+            let (status, n) = row?;
+            match status.as_str() {
+                "pending" => s.pending = n,
+                "in_flight" => s.in_flight = n,
+                "sent" => s.sent = n,
+                "dead" => s.dead = n,
+                _ => {}
+            }
+        }
+        s.last_error = last
+            .query_row([id], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, Option<u16>>(1)?,
+                    r.get::<_, Option<String>>(2)?,
+                ))
+            })
+            .optional()?
+            .map(|(at, status, error)| (at, describe(status, error)));
+        s.limiter = load_limiter(c, id)?;
+        out.insert(id.clone(), s);
+    }
+    Ok(out)
+}
+
+/// A failed attempt in a few words: its error, else its HTTP status.
+fn describe(status: Option<u16>, error: Option<String>) -> String {
+    match (error, status) {
+        (Some(e), Some(s)) => format!("{s}: {e}"),
+        (Some(e), None) => e,
+        (None, Some(s)) => format!("HTTP {s}"),
+        (None, None) => "failed".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{apply, claim, create_subscriber, ingest, AttemptRecord, NewEvent};
+    use crate::ledger::{Outcome, Transition};
+    use crate::model::{Lane, Limits, Subscriber};
+
+    #[test]
+    fn counts_and_last_error() {
+        let mut c = Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&mut c).unwrap();
+        let sub = Subscriber {
+            id: "a".into(),
+            url: "https://example.com/h".into(),
+            event_types: vec!["*".into()],
+            limits: Limits {
+                rate_per_sec: 10.0,
+                burst: 20,
+                max_in_flight: 8,
+                timeout_ms: 1000,
+            },
+            lane: Lane::Origin,
+            legacy_signature: false,
+            secrets: vec![],
+            created_ms: 0,
+            updated_ms: 0,
+        };
+        create_subscriber(&c, &sub, "s").unwrap();
+        let evs: Vec<NewEvent> = (0..3)
+            .map(|i| NewEvent {
+                id: format!("e{i}"),
+                event_type: "t".into(),
+                body: "{}".into(),
+            })
+            .collect();
+        ingest(&c, &evs, 0).unwrap();
+        let ids: Vec<i64> = claim(&c, &[("a".into(), 2)], &[], 0, 100).unwrap()[0]
+            .claimed
+            .iter()
+            .map(|d| d.rowid)
+            .collect();
+        let attempt = |at_ms, outcome, status, error: Option<&str>| AttemptRecord {
+            attempt: 1,
+            at_ms,
+            lane: "origin",
+            outcome,
+            status,
+            latency_ms: Some(1),
+            response_body: None,
+            error: error.map(Into::into),
+        };
+        apply(
+            &c,
+            &[
+                Outcome {
+                    rowid: ids[0],
+                    transition: Transition::Sent,
+                    attempt: Some(attempt(5, "delivered", Some(200), None)),
+                },
+                Outcome {
+                    rowid: ids[1],
+                    transition: Transition::Dead {
+                        reason: "gone".into(),
+                    },
+                    attempt: Some(attempt(6, "rejected", Some(410), None)),
+                },
+            ],
+            &[],
+            7,
+        )
+        .unwrap();
+        let got = subscriber_counts(&c, &["a".into(), "nobody".into()]).unwrap();
+        let a = &got["a"];
+        assert_eq!(
+            (a.pending, a.in_flight, a.sent, a.dead),
+            (1, 0, 1, 1),
+            "{a:?}"
+        );
+        assert_eq!(a.last_error, Some((6, "HTTP 410".into())));
+        assert_eq!(got["nobody"], SubscriberCounts::default());
+        assert_eq!(describe(Some(503), Some("x".into())), "503: x");
+        assert_eq!(describe(None, Some("timeout".into())), "timeout");
+    }
+}

@@ -222,7 +222,10 @@ impl Dispatcher {
         self.rescan().await
     }
 
+    /// Re-read when each subscriber's work is due (recording unrecorded results first, so
+    /// their retries are seen).
     async fn rescan(&mut self) -> Result<(), LedgerError> {
+        self.flush().await?;
         let due = self.ledger.call(|c| ledger::due_summary(c)).await?;
         for st in self.subs.values_mut() {
             st.next_due = None;
@@ -477,6 +480,9 @@ impl Dispatcher {
     async fn flush(&mut self) -> Result<(), LedgerError> {
         let outcomes = std::mem::take(&mut self.unrecorded);
         let limiters = self.dirty_limiters();
+        if outcomes.is_empty() && limiters.is_empty() {
+            return Ok(());
+        }
         let now = now_ms();
         self.ledger
             .tx(move |c| ledger::apply(c, &outcomes, &limiters, now))
@@ -486,6 +492,10 @@ impl Dispatcher {
     /// When the loop must next look at the queue on its own.
     fn next_wake(&self, now: i64) -> i64 {
         let mut wake = now + RESCAN_EVERY_MS;
+        if self.total_in_flight >= self.cfg.max_total_in_flight {
+            // Only a result can free a slot, and a result wakes the loop.
+            return wake;
+        }
         for st in self.subs.values() {
             if st.in_flight >= st.limits.max_in_flight {
                 continue;

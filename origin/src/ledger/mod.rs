@@ -7,6 +7,7 @@
 
 mod queries;
 mod schema;
+mod stats;
 pub mod status;
 
 use std::path::Path;
@@ -16,6 +17,7 @@ use rusqlite::{Connection, OpenFlags};
 
 pub use queries::*;
 pub use schema::VERSION as SCHEMA_VERSION;
+pub use stats::{subscriber_stats, SubscriberStats};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {

@@ -1,5 +1,5 @@
-//! Read-only per-subscriber figures for operators: `GET /v1/status`, `fanout status` and the
-//! gauges of `/metrics`. Computed from the ledger when asked, so they can never drift from it.
+//! The per-subscriber gauges of `/metrics`, computed from the ledger at scrape time (so they
+//! can never drift from it) in two aggregate scans. The console's figures are in `status`.
 
 use std::collections::HashMap;
 
@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::{list_subscribers, load_limiter, LedgerError};
 use crate::model::Lane;
 
-/// One live subscriber as an operator sees it.
+/// One live subscriber's gauges.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SubscriberStats {
     pub id: String,
@@ -30,13 +30,9 @@ pub struct SubscriberStats {
     /// `closed`, `open` or `half_open`.
     pub breaker: String,
     pub consecutive_failures: u32,
-    /// The newest error recorded on one of its deliveries still carrying one (retrying or
-    /// dead), and when.
-    pub last_error: Option<String>,
-    pub last_error_at_ms: Option<i64>,
 }
 
-/// Every live subscriber's figures, ordered by id. One scan of the deliveries.
+/// Every live subscriber's gauges, ordered by id: one scan of the deliveries.
 pub fn subscriber_stats(
     c: &Connection,
     breaker: BreakerConfig,
@@ -46,7 +42,6 @@ pub fn subscriber_stats(
     struct Counts {
         by_status: HashMap<String, i64>,
         oldest_open: Option<i64>,
-        last_error: Option<(String, i64)>,
     }
     let mut counts: HashMap<String, Counts> = HashMap::new();
     let mut st = c.prepare_cached(
@@ -69,22 +64,6 @@ pub fn subscriber_stats(
         }
         e.by_status.insert(status, n);
     }
-    // SQLite takes the bare column `last_error` from the row holding MAX(updated_ms).
-    let mut st = c.prepare_cached(
-        "SELECT subscriber_id, MAX(updated_ms), last_error FROM deliveries
-         WHERE last_error IS NOT NULL GROUP BY subscriber_id",
-    )?;
-    let rows = st.query_map([], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, i64>(1)?,
-            r.get::<_, String>(2)?,
-        ))
-    })?;
-    for row in rows {
-        let (sub, at, error) = row?;
-        counts.entry(sub).or_default().last_error = Some((error, at));
-    }
     let mut out = Vec::new();
     for s in list_subscribers(c)? {
         let limiter = load_limiter(c, &s.id)?;
@@ -104,8 +83,6 @@ pub fn subscriber_stats(
             paused_until_ms: limiter.paused_until_ms.filter(|&p| p > now_ms),
             breaker: view.state,
             consecutive_failures: view.consecutive_failures,
-            last_error_at_ms: c.last_error.as_ref().map(|(_, at)| *at),
-            last_error: c.last_error.map(|(e, _)| e),
             id: s.id,
         });
     }
@@ -138,7 +115,7 @@ mod tests {
     }
 
     #[test]
-    fn counts_oldest_and_last_error_per_subscriber() {
+    fn counts_and_oldest_open_per_subscriber() {
         let mut c = Connection::open_in_memory().unwrap();
         crate::ledger::schema::migrate(&mut c).unwrap();
         create_subscriber(&c, &sub("a"), "s").unwrap();
@@ -190,17 +167,12 @@ mod tests {
                     s.sent,
                     s.dead,
                     s.oldest_pending_at_ms,
-                    s.last_error.as_deref(),
-                    s.last_error_at_ms,
                 )
             })
             .collect();
         assert_eq!(
             got,
-            vec![
-                ("a", 2, 0, 1, 1, Some(100), Some("status 410"), Some(3_000)),
-                ("b", 4, 0, 0, 0, Some(100), None, None),
-            ]
+            vec![("a", 2, 0, 1, 1, Some(100)), ("b", 4, 0, 0, 0, Some(100)),]
         );
         assert_eq!(stats[0].breaker, "closed");
         assert_eq!(stats[0].paused_until_ms, None);

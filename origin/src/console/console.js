@@ -1,0 +1,554 @@
+// Fanout admin console. Plain JavaScript, no build step, served by `fanout serve`.
+//
+// Rules this file keeps: every value that comes from the API reaches the page through
+// textContent / text nodes (never innerHTML), links are built only from "#/" plus an encoded
+// id, and the API token lives in sessionStorage (this tab only) and goes out as a bearer token.
+'use strict';
+
+(() => {
+  const TOKEN_KEY = 'fanout.token';
+  const PAGE = 200;
+
+  const $ = (sel) => document.querySelector(sel);
+
+  /** Build an element. Strings and numbers become text nodes; props set attributes or handlers. */
+  function h(tag, props, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(props ?? {})) {
+      if (v == null || v === false) continue;
+      if (k === 'class') el.className = v;
+      else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+      else el.setAttribute(k, v === true ? '' : String(v));
+    }
+    for (const c of children.flat()) {
+      if (c == null || c === false) continue;
+      el.append(c instanceof Node ? c : String(c));
+    }
+    return el;
+  }
+
+  const fmtTime = (ms) => {
+    if (ms == null) return '';
+    const d = new Date(ms);
+    return Number.isNaN(d.getTime()) ? String(ms) : d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
+  };
+  const fmtNum = (n, digits = 0) => (n == null ? '' : Number(n).toLocaleString('en-US', { maximumFractionDigits: digits }));
+  const badge = (status) => h('span', { class: `badge ${status}`, 'data-status': status }, status.replace('_', ' '));
+  const deliveryLink = (id) => h('a', { href: `#/deliveries/${encodeURIComponent(id)}` }, id);
+
+  // ------------------------------------------------------------------------------------------
+  // Token and API calls
+
+  const token = () => sessionStorage.getItem(TOKEN_KEY);
+
+  class ApiError extends Error {
+    constructor(status, code, message) {
+      super(message);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  /** One API call; the JSON answer, or an ApiError carrying the API's `{error:{code,message}}`. */
+  async function call(method, path, body, bearer = token()) {
+    const headers = { authorization: `Bearer ${bearer ?? ''}`, accept: 'application/json' };
+    if (body !== undefined) headers['content-type'] = 'application/json';
+    let res;
+    try {
+      res = await fetch(path, {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        cache: 'no-store',
+        credentials: 'omit',
+      });
+    } catch (e) {
+      throw new ApiError(0, 'network', `The daemon did not answer (${e.message}).`);
+    }
+    const text = await res.text();
+    let data = null;
+    try {
+      data = text ? JSON.parse(text) : null;
+    } catch {
+      /* not JSON: reported below */
+    }
+    if (!res.ok) {
+      const err = data?.error;
+      throw new ApiError(res.status, err?.code ?? 'http', err?.message ?? `HTTP ${res.status}`);
+    }
+    return data;
+  }
+
+  /** An API call from a signed-in view: a refused token sends the operator back to sign in. */
+  async function api(method, path, body) {
+    try {
+      return await call(method, path, body);
+    } catch (e) {
+      if (e.status === 401) {
+        signOut('The API token was refused. Sign in again.');
+      }
+      throw e;
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Messages
+
+  let flashTimer;
+  function flash(message, kind = 'info') {
+    const el = $('#flash');
+    el.textContent = message;
+    el.className = kind;
+    el.hidden = false;
+    clearTimeout(flashTimer);
+    flashTimer = setTimeout(() => {
+      el.hidden = true;
+    }, kind === 'error' ? 10_000 : 5_000);
+  }
+
+  function showError(el, message) {
+    el.textContent = message;
+    el.hidden = !message;
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Sign in / out and routing
+
+  const VIEWS = ['signin', 'subscribers', 'deliveries', 'delivery'];
+  let pollTimer = null;
+
+  function show(view) {
+    clearTimeout(pollTimer);
+    pollTimer = null;
+    for (const v of VIEWS) $(`#${v}-view`).hidden = v !== view;
+    const signedIn = view !== 'signin';
+    $('#nav').hidden = !signedIn;
+    $('#sign-out').hidden = !signedIn;
+    for (const a of document.querySelectorAll('#nav a')) {
+      const current = a.dataset.view === view || (view === 'delivery' && a.dataset.view === 'deliveries');
+      if (current) a.setAttribute('aria-current', 'page');
+      else a.removeAttribute('aria-current');
+    }
+  }
+
+  function signOut(message) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    $('#signin-token').value = '';
+    showError($('#signin-error'), message ?? '');
+    show('signin');
+    $('#signin-token').focus();
+  }
+
+  async function onSignIn(ev) {
+    ev.preventDefault();
+    const candidate = $('#signin-token').value.trim();
+    const button = $('#signin-submit');
+    button.disabled = true;
+    try {
+      await call('GET', '/v1/subscribers', undefined, candidate);
+      sessionStorage.setItem(TOKEN_KEY, candidate);
+      $('#signin-token').value = '';
+      showError($('#signin-error'), '');
+      if (!location.hash || location.hash === '#/') location.hash = '#/subscribers';
+      else route();
+    } catch (e) {
+      showError(
+        $('#signin-error'),
+        e.status === 401 ? 'That token was refused: check it and try again.' : `Cannot sign in: ${e.message}`,
+      );
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  function route() {
+    if (!token()) {
+      signOut();
+      return;
+    }
+    const hash = location.hash.replace(/^#/, '') || '/subscribers';
+    const [path, query = ''] = hash.split('?');
+    const params = new URLSearchParams(query);
+    const m = path.match(/^\/deliveries\/([^/]+)$/);
+    const run = m
+      ? openDelivery(decodeURIComponent(m[1]))
+      : path.startsWith('/deliveries')
+        ? openDeliveries(params)
+        : openSubscribers();
+    run.catch((e) => {
+      if (e.status !== 401) flash(e.message, 'error');
+    });
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Subscribers: status table, add, edit, rotate
+
+  let subscribers = [];
+  let editing = null; // the subscriber being edited, or null when adding
+
+  async function openSubscribers() {
+    show('subscribers');
+    await loadSubscribers();
+  }
+
+  async function loadSubscribers() {
+    const data = await api('GET', '/v1/subscribers?stats=true');
+    subscribers = data.subscribers ?? [];
+    const body = $('#sub-table tbody');
+    body.replaceChildren(...subscribers.map(subscriberRow));
+    $('#sub-empty').hidden = subscribers.length > 0;
+    $('#sub-table').hidden = subscribers.length === 0;
+  }
+
+  function breakerCell(b) {
+    if (!b) return '';
+    const label = b.state.replace('_', '-');
+    const detail = b.state === 'closed' ? `${b.consecutive_failures} failures in a row` : `until ${fmtTime(b.open_until_ms)}`;
+    return h('span', { class: `breaker ${b.state}`, title: detail }, label);
+  }
+
+  function subscriberRow(s) {
+    const st = s.stats ?? {};
+    const dead = st.dead
+      ? h('a', { href: `#/deliveries?${new URLSearchParams({ subscriber: s.id, status: 'dead' })}` }, fmtNum(st.dead))
+      : fmtNum(st.dead ?? 0);
+    return h(
+      'tr',
+      { 'data-subscriber': s.id },
+      h('td', null, h('div', { class: 'id' }, s.id), h('div', { class: 'muted small url' }, s.url),
+        h('div', { class: 'muted small' }, s.event_types.join(', '))),
+      h('td', null, s.lane),
+      h('td', { class: 'num' }, fmtNum(s.rate_per_sec, 3)),
+      h('td', { class: 'num' }, fmtNum(s.burst)),
+      h('td', { class: 'num' }, fmtNum(st.tokens, 1)),
+      h('td', null, st.paused_until_ms ? h('span', { class: 'warn' }, fmtTime(st.paused_until_ms)) : ''),
+      h('td', null, breakerCell(st.breaker)),
+      h('td', { class: 'num', 'data-field': 'pending' }, fmtNum(st.pending ?? 0)),
+      h('td', { class: 'num', 'data-field': 'in_flight' }, fmtNum(st.in_flight ?? 0)),
+      h('td', { class: 'num', 'data-field': 'sent' }, fmtNum(st.sent ?? 0)),
+      h('td', { class: `num ${st.dead ? 'bad' : ''}`, 'data-field': 'dead' }, dead),
+      h('td', { class: 'small' }, st.last_error
+        ? [h('div', { class: 'error-text' }, st.last_error), h('div', { class: 'muted' }, fmtTime(st.last_error_at_ms))]
+        : ''),
+      h('td', { class: 'row-actions' },
+        h('button', { type: 'button', class: 'quiet', onclick: () => editSubscriber(s) }, 'Edit'),
+        h('button', { type: 'button', class: 'quiet', onclick: () => rotateSecret(s) }, 'Rotate secret')),
+    );
+  }
+
+  function openForm(sub) {
+    editing = sub;
+    const form = $('#sub-form');
+    form.reset();
+    showError($('#sub-form-error'), '');
+    $('#sub-form-title').textContent = sub ? `Edit ${sub.id}` : 'Add subscriber';
+    form.elements.id.disabled = !!sub;
+    if (sub) {
+      form.elements.id.value = sub.id;
+      form.elements.url.value = sub.url;
+      form.elements.event_types.value = sub.event_types.join(', ');
+      form.elements.rate_per_sec.value = sub.rate_per_sec;
+      form.elements.burst.value = sub.burst;
+      form.elements.max_in_flight.value = sub.max_in_flight;
+      form.elements.timeout_ms.value = sub.timeout_ms;
+      form.elements.lane.value = sub.lane;
+      form.elements.legacy_signature.checked = sub.legacy_signature;
+    }
+    form.hidden = false;
+    (sub ? form.elements.url : form.elements.id).focus();
+  }
+
+  const editSubscriber = (s) => openForm(s);
+
+  function formBody(form) {
+    const f = form.elements;
+    const body = {
+      url: f.url.value.trim(),
+      event_types: f.event_types.value.split(/[\s,]+/).filter(Boolean),
+      lane: f.lane.value,
+      legacy_signature: f.legacy_signature.checked,
+    };
+    if (!editing) body.id = f.id.value.trim();
+    for (const name of ['rate_per_sec', 'burst', 'max_in_flight', 'timeout_ms']) {
+      const v = f[name].value.trim();
+      if (v !== '') body[name] = Number(v);
+    }
+    return body;
+  }
+
+  async function onSaveSubscriber(ev) {
+    ev.preventDefault();
+    const form = $('#sub-form');
+    const body = formBody(form);
+    const save = $('#sub-save');
+    save.disabled = true;
+    try {
+      if (editing) {
+        await api('PATCH', `/v1/subscribers/${encodeURIComponent(editing.id)}`, body);
+        flash(`Saved ${editing.id}.`);
+      } else {
+        const created = await api('POST', '/v1/subscribers', body);
+        showSecret(created.id, created.secret, '');
+      }
+      form.hidden = true;
+      editing = null;
+      await loadSubscribers();
+    } catch (e) {
+      showError($('#sub-form-error'), e.message);
+    } finally {
+      save.disabled = false;
+    }
+  }
+
+  function showSecret(id, secret, note) {
+    $('#secret-for').textContent = id;
+    $('#secret-value').textContent = secret;
+    $('#secret-note').textContent = note;
+    $('#secret-box').hidden = false;
+  }
+
+  async function rotateSecret(s) {
+    const ok = confirm(
+      `Rotate the signing secret of ${s.id}? The current secret keeps signing alongside the new one for the grace period.`,
+    );
+    if (!ok) return;
+    try {
+      const r = await api('POST', `/v1/subscribers/${encodeURIComponent(s.id)}/rotate-secret`);
+      showSecret(r.id, r.secret, `Previous secrets stop signing at ${fmtTime(r.previous_secrets_expire_at_ms)}.`);
+      await loadSubscribers();
+    } catch (e) {
+      if (e.status !== 401) flash(e.message, 'error');
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Dead letters: filtered list, replay one, bulk replay
+
+  let listQuery = null;
+  let listNext = null;
+  let listHash = '#/deliveries';
+
+  /** datetime-local value (local time) -> RFC 3339, or '' */
+  const toRfc3339 = (v) => (v ? new Date(v).toISOString() : '');
+  /** RFC 3339 or unix ms -> datetime-local value in local time, or '' */
+  function toLocalInput(v) {
+    if (!v) return '';
+    const d = new Date(/^\d+$/.test(v) ? Number(v) : v);
+    if (Number.isNaN(d.getTime())) return '';
+    const pad = (n) => String(n).padStart(2, '0');
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  }
+
+  async function fillSubscriberOptions(selected) {
+    const data = await api('GET', '/v1/subscribers');
+    const select = $('#dl-filter').elements.subscriber;
+    const ids = (data.subscribers ?? []).map((s) => s.id);
+    if (selected && !ids.includes(selected)) ids.push(selected);
+    select.replaceChildren(h('option', { value: '' }, 'any'), ...ids.map((id) => h('option', { value: id }, id)));
+    select.value = selected ?? '';
+  }
+
+  async function openDeliveries(params) {
+    show('deliveries');
+    listHash = location.hash || '#/deliveries';
+    const f = $('#dl-filter').elements;
+    const status = params.has('status') ? params.get('status') : 'dead';
+    await fillSubscriberOptions(params.get('subscriber') ?? '');
+    f.status.value = status;
+    f.since.value = toLocalInput(params.get('since'));
+    f.until.value = toLocalInput(params.get('until'));
+    listQuery = {
+      status,
+      subscriber: params.get('subscriber') ?? '',
+      since: params.get('since') ?? '',
+      until: params.get('until') ?? '',
+    };
+    $('#dl-bulk').textContent = status === 'dead' || status === '' ? 'Replay all matching' : `Replay all matching (${status.replace('_', ' ')})`;
+    $('#dl-bulk').disabled = status === 'in_flight';
+    await loadDeliveries(false);
+  }
+
+  function filterQuery(q) {
+    const out = new URLSearchParams();
+    for (const [k, v] of Object.entries(q)) if (v) out.set(k, v);
+    return out;
+  }
+
+  async function loadDeliveries(more) {
+    const q = filterQuery(listQuery);
+    q.set('limit', String(PAGE));
+    if (more && listNext) q.set('after', listNext);
+    const data = await api('GET', `/v1/deliveries?${q}`);
+    const rows = (data.deliveries ?? []).map(deliveryRow);
+    const body = $('#dl-table tbody');
+    if (more) body.append(...rows);
+    else body.replaceChildren(...rows);
+    listNext = data.next ?? null;
+    $('#dl-more').hidden = !listNext;
+    $('#dl-empty').hidden = body.children.length > 0;
+  }
+
+  function deliveryRow(d) {
+    const replay = h('button', { type: 'button', class: 'quiet' }, 'Replay');
+    replay.disabled = d.status === 'in_flight';
+    const row = h(
+      'tr',
+      { 'data-delivery': d.id },
+      h('td', null, deliveryLink(d.id)),
+      h('td', null, d.subscriber_id),
+      h('td', { class: 'small' }, d.event_id),
+      h('td', { class: 'small' }, d.event_type),
+      h('td', { 'data-field': 'status' }, badge(d.status)),
+      h('td', { class: 'num' }, fmtNum(d.attempt_count)),
+      h('td', { class: 'small error-text' }, d.last_error ?? ''),
+      h('td', { class: 'small' }, fmtTime(d.updated_at_ms)),
+      h('td', { class: 'row-actions' }, replay),
+    );
+    replay.addEventListener('click', async () => {
+      replay.disabled = true;
+      try {
+        await api('POST', `/v1/deliveries/${encodeURIComponent(d.id)}/replay`);
+        flash(`${d.id} is queued again.`);
+        row.querySelector('[data-field=status]').replaceChildren(badge('pending'));
+      } catch (e) {
+        replay.disabled = false;
+        if (e.status !== 401) flash(e.message, 'error');
+      }
+    });
+    return row;
+  }
+
+  function onFilter(ev) {
+    ev.preventDefault();
+    const f = $('#dl-filter').elements;
+    const q = new URLSearchParams({ status: f.status.value });
+    if (f.subscriber.value) q.set('subscriber', f.subscriber.value);
+    if (f.since.value) q.set('since', toRfc3339(f.since.value));
+    if (f.until.value) q.set('until', toRfc3339(f.until.value));
+    const target = `#/deliveries?${q}`;
+    if (location.hash === target) route();
+    else location.hash = target;
+  }
+
+  async function onBulkReplay() {
+    const f = $('#dl-filter').elements;
+    const body = { status: f.status.value || 'dead' };
+    if (f.subscriber.value) body.subscriber = f.subscriber.value;
+    if (f.since.value) body.since = toRfc3339(f.since.value);
+    if (f.until.value) body.until = toRfc3339(f.until.value);
+    const scope = [
+      `every ${body.status.replace('_', ' ')} delivery`,
+      body.subscriber ? `of ${body.subscriber}` : 'of every subscriber',
+      body.since ? `created since ${body.since}` : '',
+      body.until ? `created before ${body.until}` : '',
+    ].filter(Boolean).join(' ');
+    if (!confirm(`Replay ${scope}?`)) return;
+    try {
+      const r = await api('POST', '/v1/replay', body);
+      flash(`${r.replayed} ${r.replayed === 1 ? 'delivery' : 'deliveries'} queued again.`);
+      await loadDeliveries(false);
+    } catch (e) {
+      if (e.status !== 401) flash(e.message, 'error');
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // One delivery: fields, every attempt with its response body, replay
+
+  let current = null;
+
+  async function openDelivery(id) {
+    show('delivery');
+    current = id;
+    $('#dv-id').textContent = id;
+    await loadDelivery(id);
+  }
+
+  async function loadDelivery(id) {
+    const d = await api('GET', `/v1/deliveries/${encodeURIComponent(id)}`);
+    if (current !== id || $('#delivery-view').hidden) return;
+    const field = (label, value, name) => [h('dt', null, label), h('dd', name ? { 'data-field': name } : null, value)];
+    $('#dv-fields').replaceChildren(
+      ...field('Status', badge(d.status), 'status'),
+      ...field('Subscriber', d.subscriber_id),
+      ...field('Event', `${d.event_id} (${d.event_type})`),
+      ...field('Attempts', fmtNum(d.attempt_count), 'attempt_count'),
+      ...field('Next attempt', d.next_attempt_at_ms != null ? fmtTime(d.next_attempt_at_ms) : '—'),
+      ...field('Last error', d.last_error ?? '—'),
+      ...field('Created', fmtTime(d.created_at_ms)),
+      ...field('Updated', fmtTime(d.updated_at_ms)),
+    );
+    $('#dv-replay').disabled = d.status === 'in_flight';
+    const attempts = d.attempts ?? [];
+    $('#dv-attempts').replaceChildren(
+      ...(attempts.length ? attempts.map(attemptCard) : [h('p', { class: 'muted' }, 'No attempt yet.')]),
+    );
+    // Follow the delivery while it is on its way.
+    if (d.status === 'pending' || d.status === 'in_flight') {
+      clearTimeout(pollTimer);
+      pollTimer = setTimeout(() => loadDelivery(id).catch(() => {}), 1000);
+    }
+  }
+
+  function attemptCard(a) {
+    const ok = a.outcome === 'delivered';
+    return h(
+      'article',
+      { class: `card attempt ${ok ? 'ok' : 'failed'}`, 'data-attempt': a.attempt },
+      h('header', null,
+        h('strong', null, `#${a.attempt}`),
+        h('span', { class: `badge ${ok ? 'sent' : 'dead'}` }, a.outcome),
+        h('span', null, fmtTime(a.at_ms)),
+        h('span', { class: 'muted' }, `${a.lane} lane`),
+        a.status != null ? h('span', null, `HTTP ${a.status}`) : null,
+        a.latency_ms != null ? h('span', { class: 'muted' }, `${fmtNum(a.latency_ms)} ms`) : null),
+      a.error ? h('p', { class: 'error-text' }, a.error) : null,
+      a.response_body != null
+        ? h('details', { open: true }, h('summary', null, 'Response body (first 4 KiB)'), h('pre', null, a.response_body))
+        : h('p', { class: 'muted small' }, 'No response body.'),
+    );
+  }
+
+  async function onReplayCurrent() {
+    const id = current;
+    const button = $('#dv-replay');
+    button.disabled = true;
+    try {
+      await api('POST', `/v1/deliveries/${encodeURIComponent(id)}/replay`);
+      flash(`${id} is queued again.`);
+      await loadDelivery(id);
+    } catch (e) {
+      button.disabled = false;
+      if (e.status !== 401) flash(e.message, 'error');
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+
+  function start() {
+    $('#signin-form').addEventListener('submit', onSignIn);
+    $('#sign-out').addEventListener('click', () => signOut());
+    $('#sub-add').addEventListener('click', () => openForm(null));
+    $('#sub-refresh').addEventListener('click', () => loadSubscribers().catch((e) => flash(e.message, 'error')));
+    $('#sub-form').addEventListener('submit', onSaveSubscriber);
+    $('#sub-cancel').addEventListener('click', () => {
+      $('#sub-form').hidden = true;
+      editing = null;
+    });
+    $('#secret-dismiss').addEventListener('click', () => {
+      $('#secret-value').textContent = '';
+      $('#secret-box').hidden = true;
+    });
+    $('#dl-filter').addEventListener('submit', onFilter);
+    $('#dl-bulk').addEventListener('click', onBulkReplay);
+    $('#dl-more').addEventListener('click', () => loadDeliveries(true).catch((e) => flash(e.message, 'error')));
+    $('#dv-replay').addEventListener('click', onReplayCurrent);
+    $('#dv-back').addEventListener('click', () => {
+      location.hash = listHash;
+    });
+    window.addEventListener('hashchange', route);
+    route();
+  }
+
+  start();
+})();

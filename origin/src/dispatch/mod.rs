@@ -398,7 +398,7 @@ impl Dispatcher {
                 } => {
                     let mut st = self.subs.get_mut(&sub);
                     for (meta, result) in items {
-                        self.metrics.result(lane, result.outcome());
+                        self.metrics.record(&sub, lane, &result, meta.latency_ms);
                         log_outcome(&sub, &meta, &result);
                         self.total_in_flight = self.total_in_flight.saturating_sub(1);
                         let transition =
@@ -421,6 +421,9 @@ impl Dispatcher {
                             {
                                 st.not_before = st.not_before.max(now + *retry_after_ms as i64);
                             }
+                            // A `rate` deferral keeps the token our pacing took for it: the
+                            // origin stays a token behind the edge instead of ahead of it, so
+                            // it never churns calls the edge can only defer.
                             if let Transition::Retry { at_ms, .. } | Transition::Defer { at_ms } =
                                 &transition
                             {

@@ -53,7 +53,7 @@ pub async fn run(
             "deliveries leased by a previous run returned to the queue"
         );
     }
-    let metrics = Arc::new(metrics::Metrics::default());
+    let metrics = Arc::new(metrics::Metrics::new(cfg.edge.is_some()));
     let edge = match &cfg.edge {
         Some((url, key)) => Some(EdgeClient::new(url, key.clone())?),
         None => None,

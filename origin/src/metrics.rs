@@ -1,67 +1,213 @@
-//! In-process counters for `/metrics` (the ledger supplies the gauges).
+//! `/metrics` in the Prometheus text format (version 0.0.4).
+//!
+//! Counters and the latency histogram live here, in memory, and are bumped where results are
+//! recorded (one call per result from the dispatcher, [`Metrics::record`]); they restart at zero
+//! with the process, as Prometheus counters may. Gauges (backlog per subscriber, oldest pending,
+//! paused, breaker) are read from the ledger at scrape time ([`crate::ledger::subscriber_stats`]).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use fanout_core::wire::{DeferReason, DeliveryResult};
+
+use crate::ledger::{self, Ledger, LedgerError, SubscriberStats};
 
 const LANES: [&str; 2] = ["origin", "edge"];
-const OUTCOMES: [&str; 4] = ["delivered", "deferred", "failed", "rejected"];
+const REASONS: [DeferReason; 4] = [
+    DeferReason::Rate,
+    DeferReason::InFlight,
+    DeferReason::Paused,
+    DeferReason::BreakerOpen,
+];
+/// Upper bounds of the attempt latency buckets, in milliseconds (`+Inf` is implied).
+pub const LATENCY_BUCKETS_MS: [u64; 13] = [
+    5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000,
+];
 
+/// Attempt latencies of one lane: per-bucket counts (not cumulative), their sum and count.
+#[derive(Debug, Default)]
+struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS_MS.len()],
+    sum_ms: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, ms: u64) {
+        if let Some(i) = LATENCY_BUCKETS_MS.iter().position(|&b| ms <= b) {
+            self.buckets[i].fetch_add(1, Relaxed);
+        }
+        self.sum_ms.fetch_add(ms, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+}
+
+/// (subscriber, lane, outcome).
+type ResultKey = (Arc<str>, &'static str, &'static str);
+
+/// The daemon's counters, shared (behind an `Arc`) by the dispatcher and the API.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    results: [[AtomicU64; 4]; 2],
+    /// Results by (subscriber, lane, outcome).
+    results: Mutex<BTreeMap<ResultKey, u64>>,
+    latency: [Histogram; 2],
+    edge_deferrals: [AtomicU64; 4],
+    edge_configured: bool,
     pub events_ingested: AtomicU64,
     pub events_duplicate: AtomicU64,
-    pub edge_calls: AtomicU64,
     pub edge_call_failures: AtomicU64,
 }
 
+/// What the ledger says at scrape time.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Deliveries per status, all subscribers (removed ones included).
+    pub status_counts: Vec<(String, i64)>,
+    pub subscribers: Vec<SubscriberStats>,
+    pub now_ms: i64,
+}
+
+/// Read the gauges from one consistent snapshot of the ledger (its reader connection, so a
+/// scrape never holds up the dispatcher's writes) and render everything.
+pub async fn scrape(ledger: &Ledger, metrics: &Metrics) -> Result<String, LedgerError> {
+    let now_ms = crate::time::now_ms();
+    let snap = ledger
+        .read(move |c| {
+            let snapshot = c.transaction()?;
+            Ok(Snapshot {
+                status_counts: ledger::status_counts(&snapshot)?,
+                subscribers: ledger::subscriber_stats(
+                    &snapshot,
+                    fanout_core::breaker::BreakerConfig::default(),
+                    now_ms,
+                )?,
+                now_ms,
+            })
+        })
+        .await?;
+    Ok(metrics.render(&snap))
+}
+
 impl Metrics {
-    pub fn result(&self, lane: &str, outcome: &str) {
-        let l = LANES.iter().position(|x| *x == lane);
-        let o = OUTCOMES.iter().position(|x| *x == outcome);
-        if let (Some(l), Some(o)) = (l, o) {
-            self.results[l][o].fetch_add(1, Relaxed);
+    pub fn new(edge_configured: bool) -> Metrics {
+        Metrics {
+            edge_configured,
+            ..Metrics::default()
         }
     }
 
-    /// Prometheus text exposition, with the ledger's per-status counts.
-    pub fn render(&self, status_counts: &[(String, i64)]) -> String {
-        let mut out = String::new();
-        out.push_str("# HELP fanout_deliveries Deliveries in the ledger by status.\n");
-        out.push_str("# TYPE fanout_deliveries gauge\n");
-        for status in crate::model::Status::ALL {
-            let n = status_counts
-                .iter()
-                .find(|(s, _)| s == status.as_str())
-                .map_or(0, |(_, n)| *n);
-            let _ = writeln!(
-                out,
-                "fanout_deliveries{{status=\"{}\"}} {n}",
-                status.as_str()
+    /// Whether the daemon has an edge (so `auto` subscribers use it).
+    pub fn edge_configured(&self) -> bool {
+        self.edge_configured
+    }
+
+    /// Count one delivery result of `subscriber` by `lane`. `measured_latency_ms` stands in
+    /// when the result carries none (the origin lane measures around the whole send).
+    pub fn record(
+        &self,
+        subscriber: &Arc<str>,
+        lane: &'static str,
+        result: &DeliveryResult,
+        measured_latency_ms: Option<u64>,
+    ) {
+        let lane = LANES
+            .iter()
+            .copied()
+            .find(|l| *l == lane)
+            .unwrap_or("origin");
+        if let Ok(mut r) = self.results.lock() {
+            *r.entry((subscriber.clone(), lane, result.outcome()))
+                .or_default() += 1;
+        }
+        let latency = match result {
+            DeliveryResult::Deferred { reason, .. } => {
+                if lane == "edge" {
+                    if let Some(i) = REASONS.iter().position(|r| r == reason) {
+                        self.edge_deferrals[i].fetch_add(1, Relaxed);
+                    }
+                }
+                None
+            }
+            DeliveryResult::Delivered { latency_ms, .. } => Some(*latency_ms),
+            DeliveryResult::Failed { latency_ms, .. } => *latency_ms,
+            DeliveryResult::Rejected { .. } => None,
+        };
+        if let Some(ms) = latency.or(measured_latency_ms) {
+            let i = usize::from(lane == "edge");
+            self.latency[i].observe(ms);
+        }
+    }
+
+    /// The whole exposition.
+    pub fn render(&self, snap: &Snapshot) -> String {
+        let mut out = Exposition::default();
+        self.render_counters(&mut out);
+        render_gauges(&mut out, snap);
+        out.text
+    }
+
+    fn render_counters(&self, out: &mut Exposition) {
+        out.family(
+            "fanout_delivery_results_total",
+            "counter",
+            "Delivery results (attempts and edge deferrals) by subscriber, lane and outcome \
+             (delivered, deferred, failed, rejected).",
+        );
+        let results = self.results.lock().map(|r| r.clone()).unwrap_or_default();
+        for ((sub, lane, outcome), n) in &results {
+            out.sample(
+                "fanout_delivery_results_total",
+                &[("subscriber", sub), ("lane", lane), ("outcome", outcome)],
+                *n as f64,
             );
         }
-        let pending = status_counts
-            .iter()
-            .filter(|(s, _)| s == "pending" || s == "in_flight")
-            .map(|(_, n)| *n)
-            .sum::<i64>();
-        out.push_str(
-            "# HELP fanout_pending Deliveries not yet sent or dead (pending or in flight).\n",
+        out.family(
+            "fanout_edge_deferrals_total",
+            "counter",
+            "Deliveries the edge handed back unsent, by reason (no attempt spent).",
         );
-        out.push_str("# TYPE fanout_pending gauge\n");
-        let _ = writeln!(out, "fanout_pending {pending}");
-        out.push_str(
-            "# HELP fanout_delivery_results_total Delivery results by lane and outcome.\n",
+        for (i, r) in REASONS.iter().enumerate() {
+            out.sample(
+                "fanout_edge_deferrals_total",
+                &[("reason", r.as_str())],
+                self.edge_deferrals[i].load(Relaxed) as f64,
+            );
+        }
+        out.family(
+            "fanout_attempt_latency_seconds",
+            "histogram",
+            "Latency of delivery attempts, by lane (the edge's measure for the edge lane).",
         );
-        out.push_str("# TYPE fanout_delivery_results_total counter\n");
-        for (l, lane) in LANES.iter().enumerate() {
-            for (o, outcome) in OUTCOMES.iter().enumerate() {
-                let n = self.results[l][o].load(Relaxed);
-                let _ = writeln!(
-                    out,
-                    "fanout_delivery_results_total{{lane=\"{lane}\",outcome=\"{outcome}\"}} {n}"
+        for (i, lane) in LANES.iter().enumerate() {
+            let h = &self.latency[i];
+            let mut cumulative = 0u64;
+            for (b, le) in LATENCY_BUCKETS_MS.iter().enumerate() {
+                cumulative += h.buckets[b].load(Relaxed);
+                let le = format!("{}", *le as f64 / 1000.0);
+                out.sample(
+                    "fanout_attempt_latency_seconds_bucket",
+                    &[("lane", lane), ("le", &le)],
+                    cumulative as f64,
                 );
             }
+            let count = h.count.load(Relaxed);
+            out.sample(
+                "fanout_attempt_latency_seconds_bucket",
+                &[("lane", lane), ("le", "+Inf")],
+                count as f64,
+            );
+            out.sample(
+                "fanout_attempt_latency_seconds_sum",
+                &[("lane", lane)],
+                h.sum_ms.load(Relaxed) as f64 / 1000.0,
+            );
+            out.sample(
+                "fanout_attempt_latency_seconds_count",
+                &[("lane", lane)],
+                count as f64,
+            );
         }
         for (name, help, v) in [
             (
@@ -75,22 +221,237 @@ impl Metrics {
                 &self.events_duplicate,
             ),
             (
-                "fanout_edge_calls_total",
-                "Calls to the edge.",
-                &self.edge_calls,
-            ),
-            (
                 "fanout_edge_call_failures_total",
-                "Edge calls that failed as a whole (batch kept pending).",
+                "Edge calls that failed as a whole (the batch stays pending).",
                 &self.edge_call_failures,
             ),
         ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                v.load(Relaxed)
-            );
+            out.family(name, "counter", help);
+            out.sample(name, &[], v.load(Relaxed) as f64);
         }
-        out
+    }
+}
+
+fn render_gauges(out: &mut Exposition, snap: &Snapshot) {
+    out.family(
+        "fanout_deliveries",
+        "gauge",
+        "Deliveries in the ledger by status.",
+    );
+    for status in crate::model::Status::ALL {
+        let n = snap
+            .status_counts
+            .iter()
+            .find(|(s, _)| s == status.as_str())
+            .map_or(0, |(_, n)| *n);
+        out.sample(
+            "fanout_deliveries",
+            &[("status", status.as_str())],
+            n as f64,
+        );
+    }
+    let pending = snap
+        .status_counts
+        .iter()
+        .filter(|(s, _)| s == "pending" || s == "in_flight")
+        .map(|(_, n)| *n)
+        .sum::<i64>();
+    out.family(
+        "fanout_pending",
+        "gauge",
+        "Deliveries not yet sent or dead (pending or in flight).",
+    );
+    out.sample("fanout_pending", &[], pending as f64);
+    type Gauge = fn(&SubscriberStats, i64) -> f64;
+    let per_subscriber: [(&str, &str, Gauge); 7] = [
+        (
+            "fanout_subscriber_pending",
+            "Deliveries waiting to be sent, by subscriber.",
+            |s, _| s.pending as f64,
+        ),
+        (
+            "fanout_subscriber_in_flight",
+            "Deliveries being sent right now, by subscriber.",
+            |s, _| s.in_flight as f64,
+        ),
+        (
+            "fanout_subscriber_sent",
+            "Deliveries sent, by subscriber.",
+            |s, _| s.sent as f64,
+        ),
+        (
+            "fanout_subscriber_dead",
+            "Dead deliveries (awaiting replay), by subscriber.",
+            |s, _| s.dead as f64,
+        ),
+        (
+            "fanout_oldest_pending_age_seconds",
+            "Age of the oldest delivery not yet sent or dead, by subscriber (0 when none).",
+            |s, now| {
+                s.oldest_pending_at_ms
+                    .map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0)
+            },
+        ),
+        (
+            "fanout_subscriber_paused",
+            "1 while a 429 or 503 with Retry-After pauses the subscriber (origin's limiter).",
+            |s, _| f64::from(u8::from(s.paused_until_ms.is_some())),
+        ),
+        (
+            "fanout_subscriber_breaker_open",
+            "1 while the subscriber's breaker is open or half-open (origin's limiter).",
+            |s, _| f64::from(u8::from(s.breaker != "closed")),
+        ),
+    ];
+    for (name, help, value) in per_subscriber {
+        out.family(name, "gauge", help);
+        for s in &snap.subscribers {
+            out.sample(name, &[("subscriber", &s.id)], value(s, snap.now_ms));
+        }
+    }
+}
+
+/// Writes the text format: `# HELP`/`# TYPE` once per family, then its samples.
+#[derive(Debug, Default)]
+struct Exposition {
+    text: String,
+}
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.text.push_str(name);
+        if !labels.is_empty() {
+            self.text.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.text.push(',');
+                }
+                let _ = write!(self.text, "{k}=\"{}\"", escape_label(v));
+            }
+            self.text.push('}');
+        }
+        let _ = writeln!(self.text, " {value}");
+    }
+}
+
+/// A label value with `\`, `"` and newlines escaped, as the text format requires.
+pub fn escape_label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivered(ms: u64) -> DeliveryResult {
+        DeliveryResult::Delivered {
+            id: "d".into(),
+            status: 200,
+            latency_ms: ms,
+        }
+    }
+
+    #[test]
+    fn counts_results_deferrals_and_latency() {
+        let m = Metrics::new(true);
+        let a: Arc<str> = Arc::from("a\"b");
+        m.record(&a, "edge", &delivered(3), None);
+        m.record(&a, "edge", &delivered(700), None);
+        m.record(
+            &a,
+            "edge",
+            &DeliveryResult::Deferred {
+                id: "d".into(),
+                retry_after_ms: 100,
+                reason: DeferReason::Rate,
+            },
+            None,
+        );
+        m.record(
+            &a,
+            "origin",
+            &DeliveryResult::Rejected {
+                id: "d".into(),
+                status: Some(410),
+                reason: "gone".into(),
+                response_body: None,
+            },
+            Some(12),
+        );
+        let text = m.render(&Snapshot::default());
+        for line in [
+            r#"fanout_delivery_results_total{subscriber="a\"b",lane="edge",outcome="delivered"} 2"#,
+            r#"fanout_delivery_results_total{subscriber="a\"b",lane="edge",outcome="deferred"} 1"#,
+            r#"fanout_delivery_results_total{subscriber="a\"b",lane="origin",outcome="rejected"} 1"#,
+            r#"fanout_edge_deferrals_total{reason="rate"} 1"#,
+            r#"fanout_edge_deferrals_total{reason="paused"} 0"#,
+            r#"fanout_attempt_latency_seconds_bucket{lane="edge",le="0.005"} 1"#,
+            r#"fanout_attempt_latency_seconds_bucket{lane="edge",le="0.5"} 1"#,
+            r#"fanout_attempt_latency_seconds_bucket{lane="edge",le="1"} 2"#,
+            r#"fanout_attempt_latency_seconds_bucket{lane="edge",le="+Inf"} 2"#,
+            r#"fanout_attempt_latency_seconds_sum{lane="edge"} 0.703"#,
+            r#"fanout_attempt_latency_seconds_count{lane="origin"} 1"#,
+            r#"fanout_attempt_latency_seconds_bucket{lane="origin",le="0.01"} 0"#,
+            r#"fanout_attempt_latency_seconds_bucket{lane="origin",le="0.025"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
+    }
+
+    #[test]
+    fn gauges_come_from_the_snapshot() {
+        let sub = SubscriberStats {
+            id: "p".into(),
+            lane: crate::model::Lane::Edge,
+            rate_per_sec: 10.0,
+            burst: 20,
+            max_in_flight: 8,
+            pending: 5,
+            in_flight: 2,
+            sent: 40,
+            dead: 1,
+            oldest_pending_at_ms: Some(1_000),
+            paused_until_ms: Some(9_000),
+            breaker: "open".into(),
+            consecutive_failures: 20,
+        };
+        let snap = Snapshot {
+            status_counts: vec![("pending".into(), 5), ("in_flight".into(), 2)],
+            subscribers: vec![sub],
+            now_ms: 4_500,
+        };
+        let text = Metrics::new(false).render(&snap);
+        for line in [
+            r#"fanout_deliveries{status="pending"} 5"#,
+            r#"fanout_deliveries{status="sent"} 0"#,
+            "fanout_pending 7",
+            r#"fanout_subscriber_pending{subscriber="p"} 5"#,
+            r#"fanout_subscriber_in_flight{subscriber="p"} 2"#,
+            r#"fanout_subscriber_dead{subscriber="p"} 1"#,
+            r#"fanout_oldest_pending_age_seconds{subscriber="p"} 3.5"#,
+            r#"fanout_subscriber_paused{subscriber="p"} 1"#,
+            r#"fanout_subscriber_breaker_open{subscriber="p"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
+    }
+
+    #[test]
+    fn label_escaping() {
+        assert_eq!(escape_label("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
     }
 }

@@ -813,7 +813,9 @@ async fn subscriber_crud_health_and_metrics() {
     );
     assert!(text.contains("fanout_pending 0"), "{text}");
     assert!(
-        text.contains("fanout_delivery_results_total{lane=\"origin\",outcome=\"delivered\"} 1"),
+        text.contains(
+            "fanout_delivery_results_total{subscriber=\"crud\",lane=\"origin\",outcome=\"delivered\"} 1"
+        ),
         "{text}"
     );
     let (status, _) = d

@@ -725,12 +725,8 @@ async fn healthz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let counts = state.ledger.read(|c| ledger::status_counts(c)).await?;
-    Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(&counts),
-    )
-        .into_response())
+    let text = crate::metrics::scrape(&state.ledger, &state.metrics).await?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
 async fn console() -> Html<&'static str> {

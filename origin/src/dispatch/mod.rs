@@ -398,7 +398,7 @@ impl Dispatcher {
                 } => {
                     let mut st = self.subs.get_mut(&sub);
                     for (meta, result) in items {
-                        self.metrics.result(lane, result.outcome());
+                        self.metrics.record(&sub, lane, &result, meta.latency_ms);
                         log_outcome(&sub, &meta, &result);
                         self.total_in_flight = self.total_in_flight.saturating_sub(1);
                         let transition =

@@ -1,5 +1,7 @@
-//! The `fanout` command line: `serve`, and client commands that talk to a running daemon's API
-//! (`subscriber add|list|remove`, `send`, `deliveries`, `replay`).
+//! The `fanout` command line: `serve`, client commands that talk to a running daemon's API
+//! (`status`, `subscriber add|list|remove`, `send`, `deliveries`, `replay`), and `load`.
+//! Listings print a table for people and JSON with `--json`; progress bars go to stderr only
+//! when it is a terminal.
 
 use std::io::Read as _;
 use std::path::PathBuf;
@@ -35,6 +37,11 @@ pub enum Command {
     Deliveries(DeliveriesArgs),
     /// Replay one delivery by id, or every delivery matching the filters (dead by default)
     Replay(ReplayArgs),
+    /// Per-subscriber status: lane, rate, backlog, sent, dead, pause and breaker, last error
+    Status(StatusArgs),
+    /// Flood a URL, or the edge for one subscriber, for a bounded time; report accepted,
+    /// throttled and the achieved rate
+    Load(LoadArgs),
 }
 
 #[derive(Debug, Args)]
@@ -76,6 +83,9 @@ pub enum SubscriberCommand {
     Add(SubscriberAdd),
     /// List subscribers
     List {
+        /// Print the daemon's JSON instead of a table
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -138,8 +148,68 @@ pub struct DeliveriesArgs {
     /// Show one delivery with its attempts
     #[arg(long)]
     pub id: Option<String>,
+    /// Print the daemon's JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print the daemon's JSON (subscribers with their stats) instead of a table
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["url", "edge_url"])))]
+pub struct LoadArgs {
+    /// Flood this URL: 2xx counts as accepted, 429 as throttled
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Flood the edge's POST /v1/deliveries for one subscriber (needs --edge-key)
+    #[arg(long, requires = "edge_key")]
+    pub edge_url: Option<String>,
+    /// The edge's EDGE_SIGNING_KEY (whsec_…)
+    #[arg(long, env = "FANOUT_EDGE_KEY", hide_env_values = true)]
+    pub edge_key: Option<String>,
+    /// Where the edge delivers; without it a local sink is started on 127.0.0.1 (which only
+    /// a local edge can reach)
+    #[arg(long)]
+    pub sink: Option<String>,
+    /// The load subscriber's id [default: a fresh load_<hex>, so its bucket starts full]
+    #[arg(long)]
+    pub subscriber: Option<String>,
+    /// The subscriber's rate, per second
+    #[arg(long, default_value_t = 10.0)]
+    pub rate: f64,
+    /// The subscriber's burst
+    #[arg(long, default_value_t = 20)]
+    pub burst: u32,
+    /// The subscriber's in-flight cap
+    #[arg(long, default_value_t = 64)]
+    pub max_in_flight: u32,
+    /// Deliveries per edge call
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Concurrent workers, each making one call at a time
+    #[arg(long, default_value_t = 8)]
+    pub workers: usize,
+    /// How long to flood: 10s, 500ms, 2m (at most 1h)
+    #[arg(long, default_value = "10s", value_parser = crate::term::parse_duration)]
+    pub duration: std::time::Duration,
+    /// HTTP method for --url
+    #[arg(long, default_value = "POST")]
+    pub method: String,
+    /// Request body for --url (sent as application/json)
+    #[arg(long, default_value = "{}")]
+    pub body: String,
+    /// Print the report as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -313,11 +383,15 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
                 print(&v);
                 Ok(())
             }
-            SubscriberCommand::List { client } => {
+            SubscriberCommand::List { json, client } => {
                 let v = Client::new(&client)?
                     .call(reqwest::Method::GET, "/v1/subscribers", None)
                     .await?;
-                print(&v);
+                if json {
+                    print(&v);
+                } else {
+                    print!("{}", subscribers_table(&v));
+                }
                 Ok(())
             }
             SubscriberCommand::Remove { id, client } => {
@@ -347,6 +421,7 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
                 return Err(ClientError::Input("no events to send".into()));
             }
             let (mut new, mut dup, mut deliveries) = (0u64, 0u64, 0u64);
+            let progress = crate::term::bar(events.len() as u64, "events");
             for chunk in events.chunks(1000) {
                 let body =
                     serde_json::to_vec(chunk).map_err(|e| ClientError::Input(e.to_string()))?;
@@ -366,7 +441,9 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
                     }
                     deliveries += e.get("deliveries").and_then(Value::as_u64).unwrap_or(0);
                 }
+                progress.inc(chunk.len() as u64);
             }
+            progress.finish_and_clear();
             print(&json!({ "events": new, "duplicates": dup, "deliveries": deliveries }));
             Ok(())
         }
@@ -397,7 +474,13 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
                         .await?
                 }
             };
-            print(&v);
+            if a.json {
+                print(&v);
+            } else if a.id.is_some() {
+                print!("{}", delivery_detail(&v));
+            } else {
+                print!("{}", deliveries_table(&v));
+            }
             Ok(())
         }
         Command::Replay(a) => {
@@ -414,19 +497,334 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
                 }
                 None => {
                     let body = json!({ "subscriber": a.subscriber, "status": a.status, "since": a.since, "until": a.until });
-                    client
+                    let progress = crate::term::spinner("replaying…");
+                    let v = client
                         .call(
                             reqwest::Method::POST,
                             "/v1/replay",
                             Some(body.to_string().into_bytes()),
                         )
-                        .await?
+                        .await;
+                    progress.finish_and_clear();
+                    v?
                 }
             };
             print(&v);
             Ok(())
         }
+        Command::Status(a) => {
+            let v = Client::new(&a.client)?
+                .call(reqwest::Method::GET, "/v1/subscribers?stats=true", None)
+                .await?;
+            if a.json {
+                print(&v);
+            } else {
+                print!("{}", status_table(&v, crate::time::now_ms()));
+            }
+            Ok(())
+        }
+        Command::Load(a) => load(a).await,
     }
+}
+
+async fn load(a: LoadArgs) -> Result<(), ClientError> {
+    use crate::load::{self, LoadPlan, Target};
+    let input = ClientError::Input;
+    let mut sink_count = None;
+    let target = match (&a.url, &a.edge_url) {
+        (Some(url), _) => {
+            url::Url::parse(url).map_err(|e| input(format!("--url {url:?}: {e}")))?;
+            Target::Url {
+                url: url.clone(),
+                method: reqwest::Method::from_bytes(a.method.to_uppercase().as_bytes())
+                    .map_err(|_| input(format!("--method {:?} is not an HTTP method", a.method)))?,
+                body: a.body.clone(),
+            }
+        }
+        (None, Some(edge)) => {
+            let parsed =
+                url::Url::parse(edge).map_err(|e| input(format!("--edge-url {edge:?}: {e}")))?;
+            let key = a.edge_key.as_deref().unwrap_or_default();
+            let key = fanout_core::sign::Secret::parse(key)
+                .map_err(|e| input(format!("--edge-key: {e}")))?;
+            let sink = match &a.sink {
+                Some(s) => s.clone(),
+                None => {
+                    let local =
+                        matches!(parsed.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
+                    if !local {
+                        return Err(input(
+                            "a deployed edge cannot reach a local sink: pass --sink https://…"
+                                .into(),
+                        ));
+                    }
+                    let (url, count) = load::start_sink().await.map_err(input)?;
+                    sink_count = Some(count);
+                    url
+                }
+            };
+            Target::Edge {
+                base_url: edge.clone(),
+                key,
+                subscriber: fanout_core::wire::SubscriberSpec {
+                    id: a.subscriber.clone().unwrap_or_else(|| load::run_id("load")),
+                    url: sink,
+                    secrets: vec![load::new_secret().map_err(input)?],
+                    rate_per_sec: a.rate,
+                    burst: a.burst,
+                    max_in_flight: a.max_in_flight,
+                    timeout_ms: 10_000,
+                    legacy_signature: false,
+                },
+                batch: a.batch,
+            }
+        }
+        (None, None) => return Err(input("give --url or --edge-url".into())),
+    };
+    let plan = LoadPlan {
+        target,
+        workers: a.workers,
+        duration: a.duration,
+    };
+    plan.validate().map_err(input)?;
+    let total_ms = a.duration.as_millis() as u64;
+    let progress = crate::term::bar(total_ms, "ms");
+    let bar = progress.clone();
+    let report = load::run(plan, sink_count, move |elapsed, accepted, throttled| {
+        bar.set_position((elapsed.as_millis() as u64).min(total_ms));
+        bar.set_message(format!("accepted {accepted}, throttled {throttled}"));
+    })
+    .await
+    .map_err(input)?;
+    progress.finish_and_clear();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", load::human(&report));
+    }
+    if report.requests > 0 && report.errors == report.requests {
+        return Err(input(format!(
+            "every call failed: {}",
+            report.first_error.as_deref().unwrap_or("unknown error")
+        )));
+    }
+    Ok(())
+}
+
+fn text(v: &Value, key: &str) -> String {
+    match v.get(key) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n
+            .as_f64()
+            .map(crate::term::human_number)
+            .unwrap_or_else(|| n.to_string()),
+        Some(Value::Bool(b)) => b.to_string(),
+        Some(Value::Null) | None => "-".into(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn list<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// `fanout status`: one row per subscriber from `GET /v1/subscribers?stats=true` (pure).
+pub fn status_table(v: &Value, now_ms: i64) -> String {
+    use crate::term::{clip, human_duration};
+    let subs = list(v, "subscribers");
+    if subs.is_empty() {
+        return "no subscribers\n".into();
+    }
+    let rows: Vec<Vec<String>> = subs
+        .iter()
+        .map(|s| {
+            let st = s.get("stats").unwrap_or(&Value::Null);
+            let mut state = Vec::new();
+            if let Some(until) = st.get("paused_until_ms").and_then(Value::as_i64) {
+                state.push(format!("paused {}", human_duration(until - now_ms)));
+            }
+            match st.pointer("/breaker/state").and_then(Value::as_str) {
+                Some("open") => state.push("breaker open".into()),
+                Some("half_open") => state.push("breaker half-open".into()),
+                _ => {}
+            }
+            if state.is_empty() {
+                state.push(if st.is_null() { "-" } else { "ok" }.into());
+            }
+            let last_error = match (
+                st.get("last_error").and_then(Value::as_str),
+                st.get("last_error_at_ms").and_then(Value::as_i64),
+            ) {
+                (Some(e), Some(at)) => {
+                    format!("{} ago: {}", human_duration(now_ms - at), clip(e, 48))
+                }
+                (Some(e), None) => clip(e, 48),
+                _ => String::new(),
+            };
+            vec![
+                text(s, "id"),
+                text(s, "lane"),
+                text(s, "rate_per_sec"),
+                text(s, "burst"),
+                text(st, "pending"),
+                text(st, "in_flight"),
+                text(st, "sent"),
+                text(st, "dead"),
+                state.join(", "),
+                last_error,
+            ]
+        })
+        .collect();
+    crate::term::table(
+        &[
+            "SUBSCRIBER",
+            "LANE",
+            "RATE/S",
+            "BURST",
+            "PENDING",
+            "IN FLIGHT",
+            "SENT",
+            "DEAD",
+            "STATE",
+            "LAST ERROR",
+        ],
+        &rows,
+    )
+}
+
+/// `fanout subscriber list` as a table (pure).
+pub fn subscribers_table(v: &Value) -> String {
+    let subs = list(v, "subscribers");
+    if subs.is_empty() {
+        return "no subscribers\n".into();
+    }
+    let rows: Vec<Vec<String>> = subs
+        .iter()
+        .map(|s| {
+            let types: Vec<&str> = list(s, "event_types")
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            vec![
+                text(s, "id"),
+                text(s, "lane"),
+                text(s, "rate_per_sec"),
+                text(s, "burst"),
+                text(s, "max_in_flight"),
+                types.join(","),
+                text(s, "url"),
+            ]
+        })
+        .collect();
+    crate::term::table(
+        &[
+            "ID",
+            "LANE",
+            "RATE/S",
+            "BURST",
+            "MAX IN FLIGHT",
+            "EVENT TYPES",
+            "URL",
+        ],
+        &rows,
+    )
+}
+
+/// `fanout deliveries` as a table (pure); says how to get the next page.
+pub fn deliveries_table(v: &Value) -> String {
+    let ds = list(v, "deliveries");
+    if ds.is_empty() {
+        return "no deliveries\n".into();
+    }
+    let rows: Vec<Vec<String>> = ds
+        .iter()
+        .map(|d| {
+            vec![
+                text(d, "id"),
+                text(d, "subscriber_id"),
+                text(d, "event_id"),
+                text(d, "event_type"),
+                text(d, "status"),
+                text(d, "attempt_count"),
+                d.get("last_error")
+                    .and_then(Value::as_str)
+                    .map(|e| crate::term::clip(e, 60))
+                    .unwrap_or_default(),
+            ]
+        })
+        .collect();
+    let mut out = crate::term::table(
+        &[
+            "ID",
+            "SUBSCRIBER",
+            "EVENT",
+            "TYPE",
+            "STATUS",
+            "ATTEMPTS",
+            "LAST ERROR",
+        ],
+        &rows,
+    );
+    if let Some(next) = v.get("next").and_then(Value::as_str) {
+        out.push_str(&format!(
+            "({} shown; more after {next}: use --limit, or --json for the `next` cursor)\n",
+            ds.len()
+        ));
+    }
+    out
+}
+
+/// One delivery with its attempts (pure).
+pub fn delivery_detail(d: &Value) -> String {
+    let mut out = String::new();
+    for key in [
+        "id",
+        "subscriber_id",
+        "event_id",
+        "event_type",
+        "status",
+        "attempt_count",
+        "next_attempt_at_ms",
+        "last_error",
+    ] {
+        out.push_str(&format!("{key:<20}{}\n", text(d, key)));
+    }
+    let rows: Vec<Vec<String>> = list(d, "attempts")
+        .iter()
+        .map(|a| {
+            vec![
+                text(a, "attempt"),
+                text(a, "at_ms"),
+                text(a, "lane"),
+                text(a, "outcome"),
+                text(a, "status"),
+                text(a, "latency_ms"),
+                a.get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                a.get("response_body")
+                    .and_then(Value::as_str)
+                    .map(|b| crate::term::clip(b, 60))
+                    .unwrap_or_default(),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        out.push('\n');
+        out.push_str(&crate::term::table(
+            &[
+                "ATTEMPT", "AT (MS)", "LANE", "OUTCOME", "STATUS", "LATENCY", "ERROR", "BODY",
+            ],
+            &rows,
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -451,6 +849,140 @@ mod tests {
                 "{text:?}"
             );
         }
+    }
+
+    #[test]
+    fn status_table_shows_backlog_pause_breaker_and_last_error() {
+        let v = json!({ "subscribers": [
+            { "id": "partner", "lane": "edge", "rate_per_sec": 10.0, "burst": 20,
+              "stats": { "pending": 120, "in_flight": 8, "sent": 4000, "dead": 2,
+                         "paused_until_ms": 61_000, "breaker": { "state": "closed" },
+                         "last_error": "429: rate limited", "last_error_at_ms": 55_000 } },
+            { "id": "crm", "lane": "auto", "rate_per_sec": 2.5, "burst": 5,
+              "stats": { "pending": 0, "in_flight": 0, "sent": 7, "dead": 0,
+                         "paused_until_ms": null, "breaker": { "state": "open" },
+                         "last_error": null, "last_error_at_ms": null } },
+            { "id": "new", "lane": "origin", "rate_per_sec": 100, "burst": 100,
+              "stats": { "pending": 0, "in_flight": 0, "sent": 0, "dead": 0,
+                         "breaker": { "state": "closed" } } }
+        ]});
+        let t = status_table(&v, 60_000);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        assert!(
+            lines[0].starts_with("SUBSCRIBER  LANE    RATE/S  BURST  PENDING"),
+            "{t}"
+        );
+        for (line, cells) in lines[1..].iter().zip([
+            &[
+                "partner",
+                "edge",
+                "10",
+                "20",
+                "120",
+                "8",
+                "4000",
+                "2",
+                "paused 1s",
+                "5s ago: 429: rate limited",
+            ][..],
+            &[
+                "crm",
+                "auto",
+                "2.5",
+                "5",
+                "0",
+                "0",
+                "7",
+                "0",
+                "breaker open",
+            ][..],
+            &["new", "origin", "100", "100", "0", "0", "0", "0", "ok"][..],
+        ]) {
+            let mut rest = *line;
+            for cell in cells {
+                let at = rest
+                    .find(cell)
+                    .unwrap_or_else(|| panic!("{cell} in {line}"));
+                rest = &rest[at + cell.len()..];
+            }
+        }
+        assert_eq!(
+            status_table(&json!({ "subscribers": [] }), 0),
+            "no subscribers\n"
+        );
+    }
+
+    #[test]
+    fn deliveries_table_and_detail() {
+        let v = json!({ "deliveries": [
+            { "id": "dlv_1", "subscriber_id": "s", "event_id": "e1", "event_type": "video.x",
+              "status": "dead", "attempt_count": 3, "last_error": "gone" }
+        ], "next": "dlv_1" });
+        let t = deliveries_table(&v);
+        assert!(
+            t.starts_with("ID     SUBSCRIBER  EVENT  TYPE     STATUS  ATTEMPTS  LAST ERROR\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("dlv_1  s           e1     video.x  dead    3         gone\n"),
+            "{t}"
+        );
+        assert!(t.contains("more after dlv_1"), "{t}");
+        let d = json!({ "id": "dlv_1", "status": "sent", "attempts": [
+            { "attempt": 1, "at_ms": 5, "lane": "edge", "outcome": "failed", "status": 503,
+              "latency_ms": 40, "error": null, "response_body": "busy" }
+        ]});
+        let t = delivery_detail(&d);
+        assert!(t.contains("status              sent\n"), "{t}");
+        assert!(
+            t.contains("1        5        edge  failed   503     40"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn load_arguments() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("fanout").chain(args.iter().copied()))
+                .map(|c| match c.command {
+                    Command::Load(l) => (l.workers, l.duration.as_millis(), l.rate, l.burst),
+                    other => panic!("{other:?}"),
+                })
+                .map_err(|e| e.kind())
+        };
+        assert_eq!(
+            parse(&[
+                "load",
+                "--url",
+                "http://127.0.0.1:1/",
+                "--duration",
+                "1500ms"
+            ]),
+            Ok((8, 1500, 10.0, 20))
+        );
+        assert_eq!(
+            parse(&[
+                "load",
+                "--edge-url",
+                "http://127.0.0.1:8787",
+                "--edge-key",
+                "whsec_x",
+                "--rate",
+                "5",
+                "--burst",
+                "7",
+                "--workers",
+                "2"
+            ]),
+            Ok((2, 10_000, 5.0, 7))
+        );
+        assert!(parse(&["load"]).is_err(), "a target is required");
+        assert!(
+            parse(&["load", "--edge-url", "http://127.0.0.1:8787"]).is_err()
+                || std::env::var("FANOUT_EDGE_KEY").is_ok()
+        );
+        assert!(parse(&["load", "--url", "http://x/", "--duration", "soon"]).is_err());
     }
 
     #[test]

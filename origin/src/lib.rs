@@ -10,8 +10,10 @@ pub mod cli;
 pub mod config;
 pub mod dispatch;
 pub mod ledger;
+pub mod load;
 pub mod metrics;
 pub mod model;
+pub mod term;
 pub mod time;
 
 use std::future::Future;

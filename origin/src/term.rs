@@ -1,0 +1,184 @@
+//! What the CLI shows a person: plain-text tables (pure, on stdout) and progress bars, which
+//! are drawn on stderr only when stderr is a terminal, so scripts and tests see clean output.
+
+use std::io::IsTerminal as _;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// A left-aligned table with a header row, columns two spaces apart, no trailing spaces.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            line.push_str(cell);
+            let width = widths.get(i).copied().unwrap_or(0);
+            line.extend(std::iter::repeat_n(
+                ' ',
+                width.saturating_sub(cell.chars().count()),
+            ));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `text` cut to `max` characters, with an ellipsis when cut; newlines become spaces.
+pub fn clip(text: &str, max: usize) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.chars().count() <= max {
+        return flat;
+    }
+    let mut out: String = flat.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// A short human duration: `850ms`, `12s`, `4m10s`, `3h05m`, `2d04h`.
+pub fn human_duration(ms: i64) -> String {
+    let ms = ms.max(0);
+    let s = ms / 1000;
+    match s {
+        _ if ms < 1000 => format!("{ms}ms"),
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+/// A rate without noise: `10`, `2.5`, `0.33`.
+pub fn human_number(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{}", x as i64)
+    } else {
+        let s = format!("{x:.2}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// Parse a duration like `10s`, `500ms`, `2m`, `1h`, `1.5s` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 10s, 500ms or 2m"))?;
+    let secs = match unit.trim() {
+        "" | "s" | "sec" | "secs" => n,
+        "ms" => n / 1000.0,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        other => return Err(format!("unknown duration unit {other:?} in {text:?}")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{text:?} is not a duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn draw_target() -> ProgressDrawTarget {
+    if std::io::stderr().is_terminal() {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    }
+}
+
+/// A bar over `len` units of work, e.g. events sent; hidden unless stderr is a terminal.
+pub fn bar(len: u64, what: &str) -> ProgressBar {
+    let style = ProgressStyle::with_template(&format!(
+        "{{spinner}} {{elapsed_precise}} [{{wide_bar}}] {{pos}}/{{len}} {what} {{msg}}"
+    ))
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    ProgressBar::with_draw_target(Some(len), draw_target()).with_style(style)
+}
+
+/// A spinner for work of unknown length; hidden unless stderr is a terminal.
+pub fn spinner(message: &str) -> ProgressBar {
+    let style = ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_spinner());
+    let pb = ProgressBar::with_draw_target(None, draw_target())
+        .with_style(style)
+        .with_message(message.to_string());
+    pb.enable_steady_tick(Duration::from_millis(120));
+    pb
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_and_trim() {
+        let t = table(
+            &["ID", "RATE", "LAST ERROR"],
+            &[
+                vec!["partner".into(), "10".into(), "timeout".into()],
+                vec!["x".into(), "2.5".into(), String::new()],
+            ],
+        );
+        assert_eq!(
+            t,
+            "ID       RATE  LAST ERROR\npartner  10    timeout\nx        2.5\n"
+        );
+    }
+
+    #[test]
+    fn durations_table() {
+        let cases: &[(&str, Option<u64>)] = &[
+            ("10s", Some(10_000)),
+            ("10", Some(10_000)),
+            ("500ms", Some(500)),
+            ("1.5s", Some(1_500)),
+            ("2m", Some(120_000)),
+            ("1h", Some(3_600_000)),
+            ("ten", None),
+            ("5 parsecs", None),
+            ("", None),
+        ];
+        for &(text, ms) in cases {
+            assert_eq!(
+                parse_duration(text).ok().map(|d| d.as_millis() as u64),
+                ms,
+                "{text}"
+            );
+        }
+        assert_eq!(human_duration(850), "850ms");
+        assert_eq!(human_duration(12_300), "12s");
+        assert_eq!(human_duration(250_000), "4m10s");
+        assert_eq!(human_duration(3 * 3_600_000 + 300_000), "3h05m");
+        assert_eq!(human_duration(2 * 86_400_000 + 4 * 3_600_000), "2d04h");
+    }
+
+    #[test]
+    fn numbers_and_clipping() {
+        assert_eq!(human_number(10.0), "10");
+        assert_eq!(human_number(2.5), "2.5");
+        assert_eq!(human_number(1.0 / 3.0), "0.33");
+        assert_eq!(clip("short", 10), "short");
+        assert_eq!(clip("a\nb", 10), "a b");
+        assert_eq!(clip("abcdefghijkl", 5), "abcd…");
+    }
+}

@@ -151,7 +151,7 @@ async fn cli_commands_drive_the_daemon() {
         None,
     );
     assert!(ok, "{err}");
-    let (ok, list, _) = cli(&["subscriber", "list"], &api, None);
+    let (ok, list, _) = cli(&["subscriber", "list", "--json"], &api, None);
     assert!(ok);
     assert_eq!(list["subscribers"].as_array().unwrap().len(), 2);
 
@@ -181,7 +181,7 @@ async fn cli_commands_drive_the_daemon() {
         api.count("status=sent").await == 3 && api.count("status=dead").await == 3
     })
     .await;
-    let (ok, dead, _) = cli(&["deliveries", "--status", "dead"], &api, None);
+    let (ok, dead, _) = cli(&["deliveries", "--status", "dead", "--json"], &api, None);
     assert!(ok);
     let dead = dead["deliveries"].as_array().unwrap().clone();
     assert_eq!(dead.len(), 3);

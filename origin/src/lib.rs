@@ -8,6 +8,7 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod dispatch;
 pub mod ledger;
 pub mod load;

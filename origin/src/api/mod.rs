@@ -3,14 +3,17 @@
 //! operation, then tell the dispatcher what changed.
 
 mod error;
+mod extract;
+mod openapi;
+mod stats;
 
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use fanout_core::endpoint::check_url;
@@ -21,6 +24,8 @@ use serde_json::value::RawValue;
 use tokio::sync::mpsc::UnboundedSender;
 
 pub use error::ApiError;
+
+use extract::PathId;
 
 use crate::dispatch::Control;
 use crate::ledger::{self, DeliveryFilter, Ledger, NewEvent};
@@ -94,9 +99,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/replay", post(replay_bulk))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
-        .route("/", get(console))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi::document))
+        .merge(crate::console::routes())
         .merge(v1)
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
@@ -451,32 +457,58 @@ async fn create_subscriber(
     ))
 }
 
-async fn list_subscribers(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    let subs = state.ledger.read(|c| ledger::list_subscribers(c)).await?;
-    let now = now_ms();
-    let views: Vec<SubscriberView> = subs
-        .iter()
-        .map(|s| SubscriberView::of(s, now, None))
-        .collect();
+/// Subscribers (one, or every live one), with their figures when `with_stats`.
+async fn subscribers_with_stats(
+    state: &AppState,
+    only: Option<String>,
+    with_stats: bool,
+) -> Result<Vec<stats::ViewWithStats>, ledger::LedgerError> {
+    let (subs, counts) = state
+        .ledger
+        .read(move |c| {
+            let snapshot = c.transaction()?;
+            let subs = match &only {
+                Some(id) => vec![ledger::get_subscriber(&snapshot, id)?],
+                None => ledger::list_subscribers(&snapshot)?,
+            };
+            let counts = if with_stats {
+                let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
+                Some(ledger::status::subscriber_counts(&snapshot, &ids)?)
+            } else {
+                None
+            };
+            Ok((subs, counts))
+        })
+        .await?;
+    Ok(stats::views(&subs, counts.as_ref(), now_ms()))
+}
+
+async fn list_subscribers(
+    State(state): State<AppState>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Result<impl IntoResponse, ApiError> {
+    let views = subscribers_with_stats(&state, None, stats::wants_stats(&q)?).await?;
     Ok(Json(json!({ "subscribers": views })))
 }
 
 async fn get_subscriber(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
+    Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let lookup = id.clone();
-    let sub = state
-        .ledger
-        .read(move |c| ledger::get_subscriber(c, &lookup))
+    let with_stats = stats::wants_stats(&q)?;
+    let mut views = subscribers_with_stats(&state, Some(id.clone()), with_stats)
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
-    Ok(Json(SubscriberView::of(&sub, now_ms(), None)))
+    views
+        .pop()
+        .map(Json)
+        .ok_or_else(|| ApiError::UnknownSubscriber(format!("no subscriber {id}")))
 }
 
 async fn patch_subscriber(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -505,7 +537,7 @@ async fn patch_subscriber(
 
 async fn delete_subscriber(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let now = now_ms();
     let lookup = id.clone();
@@ -522,7 +554,7 @@ async fn delete_subscriber(
 
 async fn rotate_secret(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let now = now_ms();
     let secret = new_secret()?;
@@ -644,7 +676,7 @@ fn delivery_id(id: &str) -> Result<i64, ApiError> {
 
 async fn get_delivery(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let rowid = delivery_id(&id)?;
     let d = state
@@ -656,7 +688,7 @@ async fn get_delivery(
 
 async fn replay_one(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let rowid = delivery_id(&id)?;
     let now = now_ms();
@@ -704,7 +736,7 @@ async fn replay_bulk(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Health, metrics, console
+// Health and metrics
 
 async fn healthz(State(state): State<AppState>) -> Response {
     match state
@@ -727,10 +759,6 @@ async fn healthz(State(state): State<AppState>) -> Response {
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let text = crate::metrics::scrape(&state.ledger, &state.metrics).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
-}
-
-async fn console() -> Html<&'static str> {
-    Html(include_str!("console.html"))
 }
 
 #[cfg(test)]

@@ -481,7 +481,9 @@
     $('#dv-replay').disabled = d.status === 'in_flight';
     const attempts = d.attempts ?? [];
     $('#dv-attempts').replaceChildren(
-      ...(attempts.length ? attempts.map(attemptCard) : [h('p', { class: 'muted' }, 'No attempt yet.')]),
+      ...(attempts.length
+        ? attempts.map((a, i) => attemptCard(a, i, i > 0 && a.attempt <= attempts[i - 1].attempt))
+        : [h('p', { class: 'muted' }, 'No attempt yet.')]),
     );
     // Follow the delivery while it is on its way.
     if (d.status === 'pending' || d.status === 'in_flight') {
@@ -490,13 +492,15 @@
     }
   }
 
-  function attemptCard(a) {
+  /** One attempt; `replayed` when a replay restarted the count just before it. */
+  function attemptCard(a, index, replayed) {
     const ok = a.outcome === 'delivered';
     return h(
       'article',
-      { class: `card attempt ${ok ? 'ok' : 'failed'}`, 'data-attempt': a.attempt },
+      { class: `card attempt ${ok ? 'ok' : 'failed'}`, 'data-index': index, 'data-outcome': a.outcome },
       h('header', null,
         h('strong', null, `#${a.attempt}`),
+        replayed ? h('span', { class: 'muted' }, 'after a replay') : null,
         h('span', { class: `badge ${ok ? 'sent' : 'dead'}` }, a.outcome),
         h('span', null, fmtTime(a.at_ms)),
         h('span', { class: 'muted' }, `${a.lane} lane`),
@@ -505,7 +509,7 @@
       a.error ? h('p', { class: 'error-text' }, a.error) : null,
       a.response_body != null
         ? h('details', { open: true }, h('summary', null, 'Response body (first 4 KiB)'), h('pre', null, a.response_body))
-        : h('p', { class: 'muted small' }, 'No response body.'),
+        : h('p', { class: 'muted small' }, 'No response body recorded.'),
     );
   }
 

@@ -20,7 +20,10 @@ pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; 
 /// `/`, `/console.js` and `/console.css`, for any router state.
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
-        .route("/", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
+        .route(
+            "/",
+            get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }),
+        )
         .route(
             "/console.js",
             get(|| async { asset("text/javascript; charset=utf-8", CONSOLE_JS) }),

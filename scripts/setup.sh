@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Fanout needs to build, run and test, skipping whatever is already in place.
-# Safe to run any number of times; needs only crates.io and the npm registry.
+# Safe to run any number of times; needs crates.io, the npm registry, PyPI (schemathesis) and,
+# only when Chromium is missing, Debian's apt.
 #
 #   bash scripts/setup.sh
 set -euo pipefail
@@ -89,6 +90,30 @@ else
     want_stamp="$(cat package.json package-lock.json | cksum)"
   fi
   printf '%s\n' "$want_stamp" > "$npm_stamp_file"
+fi
+
+# --- Chromium for the console's browser test (tests/console.test.mjs, via playwright-core) ---
+CHROMIUM_BIN="/usr/bin/chromium"
+if [ -x "$CHROMIUM_BIN" ]; then
+  say "skip: chromium already installed ($CHROMIUM_BIN)"
+else
+  command -v apt-get >/dev/null 2>&1 || die "$CHROMIUM_BIN is missing and there is no apt-get: install Debian's chromium package"
+  say "installing chromium (apt-get)"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update
+  $sudo_cmd apt-get install -y chromium
+fi
+
+# --- schemathesis for the OpenAPI check (tests/openapi.test.mjs) -----------------------------
+SCHEMATHESIS_VERSION="4.32.5"
+have_st="$( (schemathesis --version || python3 -m schemathesis --version) 2>/dev/null | awk '{print $NF}' | tail -n 1 || true)"
+if [ "$have_st" = "$SCHEMATHESIS_VERSION" ]; then
+  say "skip: schemathesis $SCHEMATHESIS_VERSION already installed"
+else
+  command -v python3 >/dev/null 2>&1 || die "python3 is not on PATH; it is needed for schemathesis"
+  say "installing schemathesis $SCHEMATHESIS_VERSION (found: ${have_st:-none})"
+  python3 -m pip install --quiet "schemathesis==$SCHEMATHESIS_VERSION"
 fi
 
 say "ready: worker-build $(worker-build --version), $("$WASM_BINDGEN_BIN" --version), wrangler $(node_modules/.bin/wrangler --version 2>/dev/null | tail -n 1), node $(node --version)"

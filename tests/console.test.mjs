@@ -1,0 +1,262 @@
+// The admin console in headless Chromium (Debian's /usr/bin/chromium driven by playwright-core)
+// against the real daemon (`fanout serve`, fresh SQLite file) and a real recording subscriber:
+// sign in, read the status table, open a dead delivery, replay it and watch it become `sent`;
+// add, edit and rotate a subscriber through the forms; bulk replay from the filtered list; a
+// wrong token is refused. Screenshots go to $FANOUT_SCREENSHOT_DIR (default /tmp).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+
+import { chromium } from 'playwright-core';
+
+import { startOrigin, startSubscriber, waitFor } from './lib/harness.mjs';
+
+const CHROMIUM = process.env.FANOUT_CHROMIUM ?? '/usr/bin/chromium';
+const SHOTS = process.env.FANOUT_SCREENSHOT_DIR ?? '/tmp';
+
+/** A payload that would run script if the console ever rendered data as HTML. */
+const HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>';
+
+async function launch() {
+  assert.ok(fs.existsSync(CHROMIUM), `${CHROMIUM} is missing: run bash scripts/setup.sh`);
+  return chromium.launch({
+    executablePath: CHROMIUM,
+    args: [
+      '--headless',
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-quic',
+      '--no-first-run',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+    ],
+  });
+}
+
+/** A page that records script errors and CSP violations, accepting every confirm(). */
+async function openPage(browser) {
+  const context = await browser.newContext({ viewport: { width: 1400, height: 900 } });
+  const page = await context.newPage();
+  const problems = [];
+  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+  page.on('console', (m) => {
+    // Failed API calls (a refused token, a refused URL) are expected and shown by the page itself.
+    if (m.type() === 'error' && !/^Failed to load resource/.test(m.text())) problems.push(`console error: ${m.text()}`);
+  });
+  page.on('dialog', (d) => d.accept());
+  return { page, problems };
+}
+
+async function signIn(page, origin, token = origin.token) {
+  await page.goto(`${origin.url}/`);
+  await page.locator('#signin-view').waitFor();
+  await page.fill('#signin-token', token);
+  await page.click('#signin-submit');
+}
+
+async function deliveriesOf(origin, query) {
+  const res = await origin.api(`/v1/deliveries?${new URLSearchParams(query)}`);
+  assert.equal(res.status, 200);
+  return (await res.json()).deliveries;
+}
+
+async function shot(page, name) {
+  const file = path.join(SHOTS, `fanout-console-${name}.png`);
+  await page.screenshot({ path: file, fullPage: true });
+  return file;
+}
+
+test('console: sign in, find the dead delivery, replay it, see it sent', async (t) => {
+  let failing = true;
+  const sub = await startSubscriber(() =>
+    failing ? { status: 500, body: `upstream exploded ${HOSTILE}` } : { status: 200, body: 'thanks' },
+  );
+  const origin = await startOrigin({ args: ['--max-attempts', '1'] });
+  const browser = await launch();
+  t.after(async () => {
+    await browser.close();
+    await origin.stop();
+    await sub.close();
+  });
+
+  const created = await origin.api('/v1/subscribers', {
+    body: { id: 'sub_partner', url: `${sub.url}/hooks`, event_types: ['video.*'], rate_per_sec: 10, burst: 20, lane: 'origin' },
+  });
+  assert.equal(created.status, 201, await created.text());
+  const ingest = await origin.api('/v1/events', {
+    body: { id: 'evt_console_1', type: 'video.trending', title: HOSTILE },
+  });
+  assert.equal(ingest.status, 202, await ingest.text());
+  const [dead] = await waitFor(async () => {
+    const d = await deliveriesOf(origin, { status: 'dead' });
+    return d.length ? d : null;
+  }, 15_000);
+  assert.equal(sub.requests.length, 1);
+  failing = false;
+
+  const { page, problems } = await openPage(browser);
+  await signIn(page, origin);
+
+  // The status table: the subscriber with one dead delivery and its last error.
+  const row = page.locator('#sub-table tr[data-subscriber="sub_partner"]');
+  await row.waitFor();
+  assert.equal((await row.locator('[data-field=dead]').textContent()).trim(), '1');
+  assert.equal((await row.locator('[data-field=sent]').textContent()).trim(), '0');
+  assert.match(await row.textContent(), /HTTP 500/);
+  console.log(`screenshot: ${await shot(page, 'subscribers')}`);
+
+  // The dead-letter list, then the delivery's detail with the failed attempt's response body.
+  await page.click('#nav a[data-view=deliveries]');
+  const line = page.locator(`#dl-table tr[data-delivery="${dead.id}"]`);
+  await line.waitFor();
+  assert.match(await line.textContent(), /evt_console_1/);
+  await line.locator(`a[href="#/deliveries/${dead.id}"]`).click();
+  await page.locator('#delivery-view [data-field=status] [data-status=dead]').waitFor();
+  const body = page.locator('#dv-attempts [data-index="0"][data-outcome=failed] pre');
+  assert.equal(await body.textContent(), `upstream exploded ${HOSTILE}`);
+
+  // Replay: the page follows the delivery until it is sent.
+  await page.click('#dv-replay');
+  await page.locator('#delivery-view [data-field=status] [data-status=sent]').waitFor({ timeout: 15_000 });
+  await page.locator('#dv-attempts [data-index="1"][data-outcome=delivered]').waitFor();
+  assert.equal(await page.locator('#dv-attempts article').count(), 2);
+  console.log(`screenshot: ${await shot(page, 'delivery')}`);
+
+  // The subscriber really received it again, as the same webhook.
+  await waitFor(() => sub.requests.length === 2, 5_000);
+  assert.equal(sub.requests[1].headers['webhook-id'], 'evt_console_1');
+  assert.equal(sub.requests[1].body, sub.requests[0].body);
+  const [after] = await deliveriesOf(origin, { event: 'evt_console_1' });
+  assert.equal(after.status, 'sent');
+
+  // Nothing from the ledger was ever interpreted as markup.
+  assert.equal(await page.evaluate(() => window.__pwned), undefined);
+  assert.equal(await page.locator('main img, main script').count(), 0);
+  assert.deepEqual(problems, []);
+});
+
+test('console: add, edit and rotate a subscriber; bulk replay a time range', async (t) => {
+  let failing = true;
+  const sub = await startSubscriber(() => (failing ? 503 : 200));
+  const origin = await startOrigin({ args: ['--max-attempts', '1'] });
+  const browser = await launch();
+  t.after(async () => {
+    await browser.close();
+    await origin.stop();
+    await sub.close();
+  });
+  const { page, problems } = await openPage(browser);
+  await signIn(page, origin);
+  await page.locator('#sub-empty').waitFor();
+
+  // Add: the secret is shown once, then gone from the page.
+  await page.click('#sub-add');
+  const form = page.locator('#sub-form');
+  await form.locator('[name=id]').fill('sub_chat');
+  await form.locator('[name=url]').fill(`${sub.url}/relay`);
+  await form.locator('[name=event_types]').fill('chat.*, video.trending');
+  await form.locator('[name=rate_per_sec]').fill('5');
+  await form.locator('[name=lane]').selectOption('origin');
+  await page.click('#sub-save');
+  await page.locator('#secret-box:not([hidden])').waitFor();
+  const secret = (await page.locator('#secret-value').textContent()).trim();
+  assert.match(secret, /^whsec_/);
+  await page.click('#secret-dismiss');
+  assert.equal((await page.locator('#secret-value').textContent()).trim(), '');
+  const row = page.locator('#sub-table tr[data-subscriber="sub_chat"]');
+  await row.waitFor();
+  let view = await (await origin.api('/v1/subscribers/sub_chat')).json();
+  assert.deepEqual(
+    [view.event_types, view.rate_per_sec, view.burst, view.lane],
+    [['chat.*', 'video.trending'], 5, 5, 'origin'],
+  );
+
+  // A refused URL is reported in the form, not swallowed.
+  await row.getByRole('button', { name: 'Edit' }).click();
+  await form.locator('[name=url]').fill('https://10.0.0.1/private');
+  await page.click('#sub-save');
+  await page.locator('#sub-form-error:not([hidden])').waitFor();
+  assert.match(await page.locator('#sub-form-error').textContent(), /url refused/);
+
+  // Edit the limits.
+  await form.locator('[name=url]').fill(`${sub.url}/relay`);
+  await form.locator('[name=burst]').fill('12');
+  await page.click('#sub-save');
+  await form.waitFor({ state: 'hidden' });
+  view = await (await origin.api('/v1/subscribers/sub_chat')).json();
+  assert.equal(view.burst, 12);
+
+  // Rotate: a new secret, shown once, and two secrets sign during the grace period.
+  await row.getByRole('button', { name: 'Rotate secret' }).click();
+  await page.locator('#secret-box:not([hidden])').waitFor();
+  const rotated = (await page.locator('#secret-value').textContent()).trim();
+  assert.match(rotated, /^whsec_/);
+  assert.notEqual(rotated, secret);
+  view = await (await origin.api('/v1/subscribers/sub_chat')).json();
+  assert.equal(view.active_secrets, 2);
+  console.log(`screenshot: ${await shot(page, 'rotated')}`);
+  await page.click('#secret-dismiss');
+
+  // Three events die; bulk replay from the filtered list sends them all.
+  const res = await origin.api('/v1/events', {
+    body: ['a', 'b', 'c'].map((x) => ({ id: `evt_chat_${x}`, type: 'chat.message' })),
+  });
+  assert.equal(res.status, 202);
+  await waitFor(async () => (await deliveriesOf(origin, { status: 'dead' })).length === 3, 15_000);
+  failing = false;
+  await page.click('#nav a[data-view=deliveries]');
+  await page.locator('#dl-table tbody tr').nth(2).waitFor();
+  const filter = page.locator('#dl-filter');
+  await filter.locator('[name=subscriber]').selectOption('sub_chat');
+  await filter.locator('[name=since]').fill(localInput(Date.now() - 3_600_000));
+  await filter.locator('[name=until]').fill(localInput(Date.now() + 3_600_000));
+  await page.click('#dl-apply');
+  await page.waitForFunction(() => location.hash.includes('since='));
+  await page.locator('#dl-table tbody tr').nth(2).waitFor();
+  await page.click('#dl-bulk');
+  await page.locator('#flash:not([hidden])').waitFor();
+  assert.match(await page.locator('#flash').textContent(), /^3 deliveries queued again/);
+  await waitFor(async () => (await deliveriesOf(origin, { status: 'sent' })).length === 3, 15_000);
+  await page.click('#nav a[data-view=subscribers]');
+  await page.locator('#sub-table tr[data-subscriber="sub_chat"] [data-field=sent]:text-is("3")').waitFor();
+  assert.deepEqual(problems, []);
+});
+
+test('console: a wrong token is refused and nothing is stored', async (t) => {
+  const origin = await startOrigin();
+  const browser = await launch();
+  t.after(async () => {
+    await browser.close();
+    await origin.stop();
+  });
+  const { page } = await openPage(browser);
+  const res = await page.goto(`${origin.url}/`);
+  const headers = res.headers();
+  assert.match(headers['content-security-policy'], /script-src 'self'/);
+  assert.doesNotMatch(headers['content-security-policy'], /unsafe-inline/);
+  assert.equal(headers['x-frame-options'], 'DENY');
+  await signIn(page, origin, 'not-the-token');
+  await page.locator('#signin-error:not([hidden])').waitFor();
+  assert.match(await page.locator('#signin-error').textContent(), /refused/);
+  assert.equal(await page.evaluate(() => sessionStorage.getItem('fanout.token')), null);
+  assert.ok(await page.locator('#subscribers-view').isHidden());
+  console.log(`screenshot: ${await shot(page, 'wrong-token')}`);
+
+  // The right token signs in; signing out forgets it.
+  await page.fill('#signin-token', origin.token);
+  await page.click('#signin-submit');
+  await page.locator('#subscribers-view:not([hidden])').waitFor();
+  assert.equal(await page.evaluate(() => sessionStorage.getItem('fanout.token')), origin.token);
+  await page.click('#sign-out');
+  await page.locator('#signin-view:not([hidden])').waitFor();
+  assert.equal(await page.evaluate(() => sessionStorage.getItem('fanout.token')), null);
+});
+
+/** A datetime-local input value (local time, seconds) for unix ms. */
+function localInput(ms) {
+  const d = new Date(ms);
+  const pad = (n) => String(n).padStart(2, '0');
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}

@@ -112,6 +112,7 @@ test('console: sign in, find the dead delivery, replay it, see it sent', async (
   const line = page.locator(`#dl-table tr[data-delivery="${dead.id}"]`);
   await line.waitFor();
   assert.match(await line.textContent(), /evt_console_1/);
+  console.log(`screenshot: ${await shot(page, 'dead-letters')}`);
   await line.locator(`a[href="#/deliveries/${dead.id}"]`).click();
   await page.locator('#delivery-view [data-field=status] [data-status=dead]').waitFor();
   const body = page.locator('#dv-attempts [data-index="0"][data-outcome=failed] pre');

@@ -363,6 +363,7 @@
       since: params.get('since') ?? '',
       until: params.get('until') ?? '',
     };
+    $('#deliveries-view h1').textContent = status === 'dead' ? 'Dead letters' : 'Deliveries';
     $('#dl-bulk').textContent = status === 'dead' || status === '' ? 'Replay all matching' : `Replay all matching (${status.replace('_', ' ')})`;
     $('#dl-bulk').disabled = status === 'in_flight';
     await loadDeliveries(false);

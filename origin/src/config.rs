@@ -7,6 +7,10 @@ use std::path::{Path, PathBuf};
 use fanout_core::sign::Secret;
 use serde::Deserialize;
 
+use crate::alert::rules::{DEFAULT_DEAD_THRESHOLD, DEFAULT_DISABLE_AFTER_MS};
+use crate::alert::{AlertRules, AlertTarget};
+use crate::time::parse_duration;
+
 pub const DEFAULT_DB: &str = "./fanout.db";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 64 * 1024;
@@ -55,6 +59,20 @@ pub struct Settings {
     /// Most deliveries in flight across all subscribers [default: 4096]
     #[arg(long, env = "FANOUT_MAX_TOTAL_IN_FLIGHT")]
     pub max_total_in_flight: Option<usize>,
+    /// Operator endpoint for alerts (breaker opened, dead threshold crossed, subscriber
+    /// disabled), sent signed; without it alerts are only logged
+    #[arg(long, env = "FANOUT_ALERT_URL")]
+    pub alert_url: Option<String>,
+    /// The whsec_ secret that signs alerts (Standard Webhooks headers); required with --alert-url
+    #[arg(long, env = "FANOUT_ALERT_SECRET")]
+    pub alert_secret: Option<String>,
+    /// Alert when this many of a subscriber's deliveries are dead [default: 100]
+    #[arg(long, env = "FANOUT_DEAD_ALERT_THRESHOLD")]
+    pub dead_alert_threshold: Option<u64>,
+    /// Disable a subscriber whose attempts have all failed for this long: 5d, 12h, 30s, or
+    /// "never" [default: 5d]
+    #[arg(long, env = "FANOUT_DISABLE_AFTER")]
+    pub disable_after: Option<String>,
 }
 
 impl Settings {
@@ -73,6 +91,10 @@ impl Settings {
             rotation_grace_secs: self.rotation_grace_secs.or(lower.rotation_grace_secs),
             edge_batch: self.edge_batch.or(lower.edge_batch),
             max_total_in_flight: self.max_total_in_flight.or(lower.max_total_in_flight),
+            alert_url: self.alert_url.or(lower.alert_url),
+            alert_secret: self.alert_secret.or(lower.alert_secret),
+            dead_alert_threshold: self.dead_alert_threshold.or(lower.dead_alert_threshold),
+            disable_after: self.disable_after.or(lower.disable_after),
         }
     }
 
@@ -103,6 +125,9 @@ pub struct Config {
     pub rotation_grace_secs: u64,
     pub edge_batch: usize,
     pub max_total_in_flight: usize,
+    /// Where alerts are sent, if anywhere.
+    pub alert: Option<AlertTarget>,
+    pub alert_rules: AlertRules,
 }
 
 impl Config {
@@ -197,6 +222,50 @@ impl Config {
         if max_total_in_flight == 0 {
             return err("--max-total-in-flight must be at least 1".into());
         }
+        let alert =
+            match (
+                s.alert_url.filter(|u| !u.is_empty()),
+                s.alert_secret.filter(|k| !k.is_empty()),
+            ) {
+                (None, None) => None,
+                (None, Some(_)) => {
+                    warnings.push(
+                        "--alert-secret is set without --alert-url: alerts are only logged".into(),
+                    );
+                    None
+                }
+                (Some(_), None) => return err(
+                    "--alert-url needs --alert-secret (a whsec_ secret the operator's endpoint \
+                     verifies)"
+                        .into(),
+                ),
+                (Some(url), Some(secret)) => {
+                    match url::Url::parse(&url) {
+                        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+                        _ => return err(format!("--alert-url {url:?} is not an http(s) URL")),
+                    }
+                    let secret = Secret::parse(&secret)
+                        .map_err(|e| ConfigError(format!("--alert-secret: {e}")))?;
+                    Some(AlertTarget { url, secret })
+                }
+            };
+        let dead_threshold = s.dead_alert_threshold.unwrap_or(DEFAULT_DEAD_THRESHOLD);
+        if dead_threshold == 0 {
+            return err("--dead-alert-threshold must be at least 1".into());
+        }
+        let disable_after_ms = match s.disable_after.as_deref().map(str::trim) {
+            None => Some(DEFAULT_DISABLE_AFTER_MS),
+            Some("never" | "off") => None,
+            Some(text) => match parse_duration(text) {
+                Some(ms) if ms >= 1000 => Some(ms),
+                _ => {
+                    return err(format!(
+                        "--disable-after {text:?} is not a duration of at least 1s like 5d, \
+                         12h, 30s (or \"never\")"
+                    ))
+                }
+            },
+        };
         Ok((
             Config {
                 db: s.db.unwrap_or_else(|| PathBuf::from(DEFAULT_DB)),
@@ -210,6 +279,11 @@ impl Config {
                 rotation_grace_secs: s.rotation_grace_secs.unwrap_or(DEFAULT_ROTATION_GRACE_SECS),
                 edge_batch,
                 max_total_in_flight,
+                alert,
+                alert_rules: AlertRules {
+                    dead_threshold,
+                    disable_after_ms,
+                },
             },
             warnings,
         ))
@@ -266,6 +340,7 @@ mod tests {
     #[test]
     fn validation_table() {
         let key = Secret::from_bytes(&[7u8; 32]).unwrap().encode();
+        let alert_key = Secret::from_bytes(&[9u8; 32]).unwrap().encode();
         let cases: Vec<(&str, Settings, Result<(), &str>)> = vec![
             ("defaults", base(), Ok(())),
             (
@@ -348,6 +423,75 @@ mod tests {
                 },
                 Err("--edge-batch"),
             ),
+            (
+                "alerts ok",
+                Settings {
+                    alert_url: Some("https://ops.example/fanout".into()),
+                    alert_secret: Some(alert_key.clone()),
+                    dead_alert_threshold: Some(5),
+                    disable_after: Some("30s".into()),
+                    ..base()
+                },
+                Ok(()),
+            ),
+            (
+                "alert url without a secret",
+                Settings {
+                    alert_url: Some("https://ops.example/fanout".into()),
+                    ..base()
+                },
+                Err("--alert-url needs --alert-secret"),
+            ),
+            (
+                "alert secret not whsec_",
+                Settings {
+                    alert_url: Some("https://ops.example/fanout".into()),
+                    alert_secret: Some("hunter2".into()),
+                    ..base()
+                },
+                Err("--alert-secret"),
+            ),
+            (
+                "alert url not a url",
+                Settings {
+                    alert_url: Some("ops".into()),
+                    alert_secret: Some(alert_key),
+                    ..base()
+                },
+                Err("--alert-url"),
+            ),
+            (
+                "zero dead threshold",
+                Settings {
+                    dead_alert_threshold: Some(0),
+                    ..base()
+                },
+                Err("--dead-alert-threshold"),
+            ),
+            (
+                "disable after nonsense",
+                Settings {
+                    disable_after: Some("soon".into()),
+                    ..base()
+                },
+                Err("--disable-after"),
+            ),
+            (
+                "disable after too short",
+                Settings {
+                    disable_after: Some("10ms".into()),
+                    ..base()
+                },
+                Err("--disable-after"),
+            ),
+            (
+                "never disable",
+                Settings {
+                    disable_after: Some("never".into()),
+                    ..base()
+                },
+                Ok(()),
+            ),
         ];
         for (name, s, expected) in cases {
             match (Config::from_settings(s), expected) {
@@ -371,5 +515,14 @@ mod tests {
                 65536
             )
         );
+        assert!(c.alert.is_none());
+        assert_eq!(c.alert_rules, AlertRules::default());
+        assert_eq!(c.alert_rules.disable_after_ms, Some(5 * 86_400_000));
+        let (c, _) = Config::from_settings(Settings {
+            disable_after: Some("2s".into()),
+            ..base()
+        })
+        .unwrap();
+        assert_eq!(c.alert_rules.disable_after_ms, Some(2000));
     }
 }

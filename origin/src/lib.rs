@@ -5,6 +5,7 @@
 //! Layout: [`model`] (domain types, pure), [`ledger`] (SQLite), [`dispatch`] (scheduling:
 //! `plan` is pure, the lanes do the I/O), [`api`] (axum), [`config`], [`cli`].
 
+pub mod alert;
 pub mod api;
 pub mod cli;
 pub mod config;
@@ -73,6 +74,8 @@ pub async fn run(
             breaker: fanout_core::breaker::BreakerConfig::default(),
             edge_batch: cfg.edge_batch,
             max_total_in_flight: cfg.max_total_in_flight,
+            alert_rules: cfg.alert_rules,
+            alerter: alert::Alerter::start(cfg.alert.clone())?,
         },
         metrics.clone(),
     )?;

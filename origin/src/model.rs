@@ -214,6 +214,23 @@ pub struct Subscriber {
     pub secrets: Vec<StoredSecret>,
     pub created_ms: i64,
     pub updated_ms: i64,
+    pub health: Health,
+}
+
+/// Why and since when a subscriber gets nothing sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disabled {
+    pub at_ms: i64,
+    pub reason: String,
+}
+
+/// What the alert rules (`crate::alert::rules`) keep about a subscriber, in the ledger.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Health {
+    /// The first failed attempt of the current unbroken run of failures; `None` after a success.
+    pub failing_since_ms: Option<i64>,
+    /// `Some` while disabled: no dispatch; its deliveries wait, pending, for a re-enable.
+    pub disabled: Option<Disabled>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -256,6 +273,13 @@ pub struct SubscriberView {
     pub updated_at_ms: i64,
     /// How many secrets sign right now (2 during a rotation's grace period).
     pub active_secrets: usize,
+    /// Disabled subscribers are sent nothing; their deliveries stay pending until a
+    /// `PATCH {"disabled": false}`.
+    pub disabled: bool,
+    pub disabled_reason: Option<String>,
+    pub disabled_at_ms: Option<i64>,
+    /// Start of the current unbroken run of failed attempts, if the last attempt failed.
+    pub failing_since_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
@@ -275,6 +299,10 @@ impl SubscriberView {
             created_at_ms: s.created_ms,
             updated_at_ms: s.updated_ms,
             active_secrets: s.active_secrets(now_ms).len(),
+            disabled: s.health.disabled.is_some(),
+            disabled_reason: s.health.disabled.as_ref().map(|d| d.reason.clone()),
+            disabled_at_ms: s.health.disabled.as_ref().map(|d| d.at_ms),
+            failing_since_ms: s.health.failing_since_ms,
             secret,
         }
     }

@@ -107,9 +107,10 @@ fn cli(args: &[&str], api: &Api, stdin: Option<&str>) -> (bool, Value, String) {
 async fn cli_commands_drive_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("fanout.db");
+    // 404, not 410: a 410 would disable the subscriber (crate::alert) and keep the rest pending.
     let sink = Subscriber::start(|r, _| {
         if r.path == "/fails" {
-            Answer::status(410)
+            Answer::status(404)
         } else {
             Answer::status(200)
         }

@@ -31,7 +31,7 @@ use crate::dispatch::Control;
 use crate::ledger::{self, DeliveryFilter, Ledger, NewEvent};
 use crate::metrics::Metrics;
 use crate::model::{
-    parse_delivery_id, validate_id, validate_pattern, Lane, Limits, Status, Subscriber,
+    parse_delivery_id, validate_id, validate_pattern, Disabled, Lane, Limits, Status, Subscriber,
     SubscriberView, DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC, DEFAULT_TIMEOUT_MS, MAX_ID_LEN,
 };
 use crate::time::{now_ms, parse_time, random_bytes};
@@ -292,6 +292,8 @@ struct SubscriberInput {
     legacy_signature: Option<bool>,
     /// Optional on creation: a `whsec_` secret to use instead of a generated one.
     secret: Option<String>,
+    /// PATCH only: `false` re-enables a disabled subscriber, `true` disables it.
+    disabled: Option<bool>,
 }
 
 fn new_secret() -> Result<String, ApiError> {
@@ -357,6 +359,11 @@ fn subscriber_from(
     if let Some(s) = &input.secret {
         Secret::parse(s).map_err(|e| ApiError::Invalid(format!("secret: {e}")))?;
     }
+    if input.disabled == Some(true) {
+        return Err(ApiError::Invalid(
+            "a subscriber is created enabled; PATCH {\"disabled\": true} disables it".into(),
+        ));
+    }
     Ok((
         Subscriber {
             id,
@@ -368,6 +375,7 @@ fn subscriber_from(
             secrets: Vec::new(),
             created_ms: now,
             updated_ms: now,
+            health: Default::default(),
         },
         input.secret,
     ))
@@ -414,6 +422,17 @@ fn patched(
     }
     if let Some(l) = input.legacy_signature {
         s.legacy_signature = l;
+    }
+    match input.disabled {
+        // Re-enabled: a fresh start (no run of failures; the dispatcher closes the breaker).
+        Some(false) if s.health.disabled.is_some() => s.health = Default::default(),
+        Some(true) if s.health.disabled.is_none() => {
+            s.health.disabled = Some(Disabled {
+                at_ms: now,
+                reason: "disabled by an operator".into(),
+            })
+        }
+        _ => {}
     }
     s.updated_ms = now;
     Ok(s)
@@ -521,11 +540,15 @@ async fn patch_subscriber(
         .ledger
         .tx(move |c| {
             let current = ledger::get_subscriber(c, &lookup)?;
+            let toggled = input.disabled.is_some();
             let next = match patched(current, input, allow_loopback, now) {
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
             };
             ledger::update_subscriber(c, &next)?;
+            if toggled {
+                ledger::set_disabled(c, &next.id, next.health.disabled.as_ref())?;
+            }
             Ok(Ok(next))
         })
         .await
@@ -696,7 +719,7 @@ async fn replay_one(
         .ledger
         .tx(move |c| ledger::replay_one(c, rowid, now))
         .await?;
-    state.tell(Control::Due(vec![sub]));
+    state.tell(Control::Replayed(vec![sub]));
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "id": id, "status": "pending" })),
@@ -730,7 +753,7 @@ async fn replay_bulk(
             other => ApiError::Ledger(other),
         })?;
     if !subs.is_empty() {
-        state.tell(Control::Due(subs));
+        state.tell(Control::Replayed(subs));
     }
     Ok((StatusCode::ACCEPTED, Json(json!({ "replayed": n }))))
 }
@@ -842,6 +865,7 @@ mod tests {
             lane: None,
             legacy_signature: None,
             secret: None,
+            disabled: None,
         };
         let cases: Vec<(&str, SubscriberInput, Result<(), &str>)> = vec![
             ("ok", base(), Ok(())),
@@ -938,6 +962,22 @@ mod tests {
                 },
                 Err("invalid_request"),
             ),
+            (
+                "created disabled",
+                SubscriberInput {
+                    disabled: Some(true),
+                    ..base()
+                },
+                Err("invalid_request"),
+            ),
+            (
+                "created enabled, said so",
+                SubscriberInput {
+                    disabled: Some(false),
+                    ..base()
+                },
+                Ok(()),
+            ),
         ];
         for (name, input, expected) in cases {
             let got = subscriber_from(input, false, 0)
@@ -963,11 +1003,34 @@ mod tests {
                 lane: None,
                 legacy_signature: None,
                 secret: None,
+                disabled: None,
             },
             false,
             1,
         );
         assert!(p.is_err());
+        // Disable, then re-enable: a fresh start.
+        let toggle = |d: bool| SubscriberInput {
+            id: None,
+            url: None,
+            event_types: None,
+            rate_per_sec: None,
+            disabled: Some(d),
+            ..base()
+        };
+        let off = patched(s.clone(), toggle(true), false, 5).unwrap();
+        let d = off.health.disabled.clone().unwrap();
+        assert_eq!((d.at_ms, d.reason.as_str()), (5, "disabled by an operator"));
+        let again = patched(off.clone(), toggle(true), false, 9).unwrap();
+        assert_eq!(again.health.disabled.map(|d| d.at_ms), Some(5));
+        let mut failing = off;
+        failing.health.failing_since_ms = Some(2);
+        let on = patched(failing, toggle(false), false, 6).unwrap();
+        assert_eq!(on.health, Default::default());
+        let mut enabled_failing = s;
+        enabled_failing.health.failing_since_ms = Some(2);
+        let still = patched(enabled_failing, toggle(false), false, 6).unwrap();
+        assert_eq!(still.health.failing_since_ms, Some(2));
     }
 
     #[test]

@@ -9,7 +9,7 @@ pub mod edge_lane;
 pub mod origin_lane;
 pub mod plan;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,9 +20,11 @@ use fanout_core::sign::Secret;
 use fanout_core::wire::{DeferReason, Delivery, DeliveryBatch, DeliveryResult, SubscriberSpec};
 use tokio::sync::mpsc;
 
-use crate::ledger::{self, Claimed, Ledger, LedgerError, Outcome, Transition};
+use crate::alert::rules::{after_attempt, Seen};
+use crate::alert::{AlertRules, Alerter, Notice};
+use crate::ledger::{self, Claimed, HealthWrite, Ledger, LedgerError, Outcome, Transition};
 use crate::metrics::Metrics;
-use crate::model::{active_secrets, delivery_public_id, Lane, StoredSecret, Subscriber};
+use crate::model::{active_secrets, delivery_public_id, Health, Lane, StoredSecret, Subscriber};
 use crate::time::{jitter, now_ms};
 use edge_lane::{EdgeClient, EdgeError};
 use plan::{
@@ -46,6 +48,9 @@ const EDGE_BATCH_BYTES: usize = 4 * 1024 * 1024;
 pub enum Control {
     /// These subscribers have new work due now.
     Due(Vec<String>),
+    /// Dead deliveries of these subscribers were replayed: their work is due now, and a dead
+    /// count back under the alert threshold re-arms its alert.
+    Replayed(Vec<String>),
     /// A subscriber was created, changed, rotated or removed.
     Changed(String),
     /// Re-read the whole queue (after a bulk replay).
@@ -62,6 +67,9 @@ pub struct DispatchConfig {
     pub edge_batch: usize,
     /// Most deliveries in flight across all subscribers.
     pub max_total_in_flight: usize,
+    /// When to alert and when to disable a subscriber.
+    pub alert_rules: AlertRules,
+    pub alerter: Alerter,
 }
 
 /// What the dispatcher keeps about one subscriber.
@@ -81,6 +89,51 @@ struct SubState {
     /// Nothing is sent before this (rate, pause, breaker, edge trouble).
     not_before: i64,
     edge_failures: u32,
+    /// Failing since, and disabled (nothing is claimed for a disabled subscriber).
+    health: Health,
+}
+
+/// Health changes and alerts decided from results, recorded with the next tick's transaction;
+/// the alerts are raised once that has committed.
+#[derive(Debug, Default)]
+struct HealthBatch {
+    writes: Vec<HealthWrite>,
+    /// Subscribers with deliveries newly dead: their dead count is checked.
+    dead: BTreeSet<String>,
+    notices: Vec<Notice>,
+}
+
+impl HealthBatch {
+    fn is_empty(&self) -> bool {
+        self.writes.is_empty() && self.dead.is_empty() && self.notices.is_empty()
+    }
+
+    /// Put back what a failed transaction did not record, ahead of anything newer.
+    fn restore(&mut self, mut older: HealthBatch) {
+        older.writes.append(&mut self.writes);
+        older.dead.append(&mut self.dead);
+        older.notices.append(&mut self.notices);
+        *self = older;
+    }
+}
+
+/// Record a batch's health changes and check the dead counts, in the caller's transaction;
+/// returns every alert to raise once it commits.
+fn record_health(
+    c: &rusqlite::Connection,
+    batch: &HealthBatch,
+    dead_threshold: u64,
+    now: i64,
+) -> Result<Vec<Notice>, LedgerError> {
+    let mut notices = batch.notices.clone();
+    if !batch.writes.is_empty() {
+        ledger::apply_health(c, &batch.writes)?;
+    }
+    if !batch.dead.is_empty() {
+        let dead: Vec<String> = batch.dead.iter().cloned().collect();
+        notices.extend(ledger::check_dead_counts(c, &dead, dead_threshold, now)?);
+    }
+    Ok(notices)
 }
 
 /// A leased delivery, minus its body.
@@ -121,6 +174,8 @@ pub struct Dispatcher {
     /// Results processed but not yet written: they go in the next tick's transaction, with its
     /// claims (one commit per loop turn).
     unrecorded: Vec<Outcome>,
+    /// Health changes and alerts not yet written, likewise.
+    health: HealthBatch,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -160,6 +215,7 @@ impl Dispatcher {
             rr: 0,
             total_in_flight: 0,
             unrecorded: Vec::new(),
+            health: HealthBatch::default(),
         })
     }
 
@@ -174,6 +230,12 @@ impl Dispatcher {
                 st.legacy_signature = s.legacy_signature;
                 st.secrets = s.secrets;
                 st.limiter = limiter;
+                if st.health.disabled.is_some() && s.health.disabled.is_none() {
+                    // Re-enabled: start afresh, whatever limiter state this task last wrote.
+                    st.limiter.breaker = Default::default();
+                    st.limiter_dirty = true;
+                }
+                st.health = s.health;
                 st.not_before = 0;
                 st.next_due = Some(st.next_due.map_or(0, |d| d.min(now_ms())));
             }
@@ -193,6 +255,7 @@ impl Dispatcher {
                         next_due: Some(0),
                         not_before: 0,
                         edge_failures: 0,
+                        health: s.health,
                     },
                 );
                 self.order.push(id);
@@ -226,7 +289,15 @@ impl Dispatcher {
     /// their retries are seen).
     async fn rescan(&mut self) -> Result<(), LedgerError> {
         self.flush().await?;
-        let due = self.ledger.call(|c| ledger::due_summary(c)).await?;
+        let threshold = self.cfg.alert_rules.dead_threshold;
+        let due = self
+            .ledger
+            .call(move |c| {
+                // A replay may have brought a dead count back under the alert threshold.
+                ledger::rearm_dead_alerts(c, threshold)?;
+                ledger::due_summary(c)
+            })
+            .await?;
         for st in self.subs.values_mut() {
             st.next_due = None;
         }
@@ -238,16 +309,25 @@ impl Dispatcher {
         Ok(())
     }
 
+    fn mark_due(&mut self, ids: Vec<String>) {
+        let now = now_ms();
+        for id in ids {
+            if let Some(st) = self.subs.get_mut(id.as_str()) {
+                st.next_due = Some(st.next_due.map_or(now, |d| d.min(now)));
+            }
+        }
+    }
+
     async fn on_control(&mut self, c: Control) -> Result<(), LedgerError> {
         match c {
-            Control::Due(ids) => {
-                let now = now_ms();
-                for id in ids {
-                    if let Some(st) = self.subs.get_mut(id.as_str()) {
-                        st.next_due = Some(st.next_due.map_or(now, |d| d.min(now)));
-                    }
-                }
+            Control::Replayed(ids) => {
+                let threshold = self.cfg.alert_rules.dead_threshold;
+                self.ledger
+                    .call(move |c| ledger::rearm_dead_alerts(c, threshold))
+                    .await?;
+                self.mark_due(ids);
             }
+            Control::Due(ids) => self.mark_due(ids),
             Control::Changed(id) => {
                 let lookup = id.clone();
                 let found = self
@@ -300,7 +380,10 @@ impl Dispatcher {
             let Some(st) = self.subs.get_mut(id) else {
                 continue;
             };
-            if st.next_due.is_none_or(|d| d > now) || st.not_before > now {
+            if st.next_due.is_none_or(|d| d > now)
+                || st.not_before > now
+                || st.health.disabled.is_some()
+            {
                 continue;
             }
             let most = match st.lane {
@@ -337,20 +420,36 @@ impl Dispatcher {
             }
         }
         let outcomes = std::mem::take(&mut self.unrecorded);
-        if asks.is_empty() && outcomes.is_empty() {
+        if asks.is_empty() && outcomes.is_empty() && self.health.is_empty() {
             return Ok(());
         }
         let limiters = self.dirty_limiters();
         let wanted: HashMap<String, usize> = asks.iter().cloned().collect();
-        let claims = self
+        let health = Arc::new(std::mem::take(&mut self.health));
+        let recording = health.clone();
+        let threshold = self.cfg.alert_rules.dead_threshold;
+        let written = self
             .ledger
             .tx(move |c| {
                 if !outcomes.is_empty() {
                     ledger::apply(c, &outcomes, &[], now)?;
                 }
-                ledger::claim(c, &asks, &limiters, now, now + LEASE_MS)
+                let notices = record_health(c, &recording, threshold, now)?;
+                let claims = ledger::claim(c, &asks, &limiters, now, now + LEASE_MS)?;
+                Ok((claims, notices))
             })
-            .await?;
+            .await;
+        let claims = match written {
+            Ok((claims, notices)) => {
+                self.raise(notices);
+                claims
+            }
+            Err(e) => {
+                self.health
+                    .restore(Arc::try_unwrap(health).unwrap_or_default());
+                return Err(e);
+            }
+        };
         for claim in claims {
             let Some(st) = self.subs.get_mut(claim.subscriber_id.as_str()) else {
                 continue;
@@ -387,6 +486,7 @@ impl Dispatcher {
     fn on_done(&mut self, batch: Vec<Done>) {
         let now = now_ms();
         let rules = self.cfg.rules;
+        let rules_alert = self.cfg.alert_rules;
         let mut outcomes: Vec<Outcome> = std::mem::take(&mut self.unrecorded);
         for d in batch {
             match d {
@@ -409,9 +509,23 @@ impl Dispatcher {
                                 st.edge_failures = 0;
                             }
                             if let Some(a) = attempt_of(&result) {
+                                let before = st.limiter.breaker;
                                 st.limiter
                                     .record(st.limits.core(self.cfg.breaker), &a, at_ms);
                                 st.limiter_dirty = true;
+                                let seen = Seen {
+                                    at_ms,
+                                    attempt: &a,
+                                    breaker_before: &before,
+                                    breaker_after: &st.limiter.breaker,
+                                    error: match &transition {
+                                        Transition::Retry { error, .. } => Some(error.as_str()),
+                                        Transition::Dead { reason } => Some(reason.as_str()),
+                                        _ => None,
+                                    },
+                                };
+                                let after = after_attempt(&st.health, &seen, &rules_alert);
+                                note_health(&mut self.health, st, after, at_ms);
                             }
                             if let DeliveryResult::Deferred {
                                 retry_after_ms,
@@ -429,6 +543,9 @@ impl Dispatcher {
                             {
                                 st.next_due = Some(st.next_due.map_or(*at_ms, |d| d.min(*at_ms)));
                             }
+                        }
+                        if matches!(transition, Transition::Dead { .. }) {
+                            self.health.dead.insert(sub.to_string());
                         }
                         outcomes.push(Outcome {
                             rowid: meta.rowid,
@@ -458,6 +575,9 @@ impl Dispatcher {
                         st.not_before = st.not_before.max(now + wait as i64);
                         st.next_due = Some(st.next_due.map_or(now, |d| d.min(now)));
                     }
+                    if permanent.is_some() && !items.is_empty() {
+                        self.health.dead.insert(sub.to_string());
+                    }
                     for meta in items {
                         let transition = match &permanent {
                             Some(reason) => Transition::Dead {
@@ -483,13 +603,38 @@ impl Dispatcher {
     async fn flush(&mut self) -> Result<(), LedgerError> {
         let outcomes = std::mem::take(&mut self.unrecorded);
         let limiters = self.dirty_limiters();
-        if outcomes.is_empty() && limiters.is_empty() {
+        if outcomes.is_empty() && limiters.is_empty() && self.health.is_empty() {
             return Ok(());
         }
         let now = now_ms();
-        self.ledger
-            .tx(move |c| ledger::apply(c, &outcomes, &limiters, now))
-            .await
+        let health = Arc::new(std::mem::take(&mut self.health));
+        let recording = health.clone();
+        let threshold = self.cfg.alert_rules.dead_threshold;
+        let written = self
+            .ledger
+            .tx(move |c| {
+                ledger::apply(c, &outcomes, &limiters, now)?;
+                record_health(c, &recording, threshold, now)
+            })
+            .await;
+        match written {
+            Ok(notices) => {
+                self.raise(notices);
+                Ok(())
+            }
+            Err(e) => {
+                self.health
+                    .restore(Arc::try_unwrap(health).unwrap_or_default());
+                Err(e)
+            }
+        }
+    }
+
+    /// Tell the operator (log, and the alert endpoint when configured). Never waits.
+    fn raise(&self, notices: Vec<Notice>) {
+        for n in notices {
+            self.cfg.alerter.raise(n);
+        }
     }
 
     /// When the loop must next look at the queue on its own.
@@ -500,7 +645,7 @@ impl Dispatcher {
             return wake;
         }
         for st in self.subs.values() {
-            if st.in_flight >= st.limits.max_in_flight {
+            if st.in_flight >= st.limits.max_in_flight || st.health.disabled.is_some() {
                 continue;
             }
             if let Some(due) = st.next_due {
@@ -597,6 +742,35 @@ impl Dispatcher {
             tracing::error!(error = %e, "could not record results at shutdown");
         }
     }
+}
+
+/// Take in what one attempt did to a subscriber's health: queue the ledger writes and alerts.
+fn note_health(
+    batch: &mut HealthBatch,
+    st: &mut SubState,
+    after: crate::alert::rules::AfterAttempt,
+    at_ms: i64,
+) {
+    if after.health.failing_since_ms != st.health.failing_since_ms {
+        batch.writes.push(HealthWrite::FailingSince {
+            subscriber: st.id.to_string(),
+            since_ms: after.health.failing_since_ms,
+        });
+    }
+    if let (None, Some(d)) = (&st.health.disabled, &after.health.disabled) {
+        batch.writes.push(HealthWrite::Disable {
+            subscriber: st.id.to_string(),
+            disabled: d.clone(),
+        });
+    }
+    batch
+        .notices
+        .extend(after.alerts.into_iter().map(|alert| Notice {
+            subscriber: st.id.to_string(),
+            at_ms,
+            alert,
+        }));
+    st.health = after.health;
 }
 
 fn log_outcome(sub: &str, meta: &Meta, result: &DeliveryResult) {

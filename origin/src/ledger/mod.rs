@@ -5,6 +5,7 @@
 //! Invariants: a delivery exists at most once per `(subscriber_id, event_id)`; a delivery is
 //! `in_flight` only while leased by the dispatcher; nothing is ever deleted.
 
+mod health;
 mod queries;
 mod schema;
 mod stats;
@@ -15,6 +16,7 @@ use std::sync::mpsc;
 
 use rusqlite::{Connection, OpenFlags};
 
+pub use health::*;
 pub use queries::*;
 pub use schema::VERSION as SCHEMA_VERSION;
 pub use stats::{subscriber_stats, SubscriberStats};

@@ -7,14 +7,16 @@ use serde::Serialize;
 
 use super::LedgerError;
 use crate::model::{
-    any_type_matches, delivery_public_id, Lane, Limits, Status, StoredSecret, Subscriber,
+    any_type_matches, delivery_public_id, Disabled, Health, Lane, Limits, Status, StoredSecret,
+    Subscriber,
 };
 
 // ---------------------------------------------------------------------------------------------
 // Subscribers
 
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
-     timeout_ms, lane, legacy_signature, created_ms, updated_ms";
+     timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
+     failing_since_ms";
 
 fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
     let types: String = r.get(2)?;
@@ -34,6 +36,19 @@ fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
         secrets: Vec::new(),
         created_ms: r.get(9)?,
         updated_ms: r.get(10)?,
+        health: Health {
+            disabled: match (
+                r.get::<_, Option<i64>>(11)?,
+                r.get::<_, Option<String>>(12)?,
+            ) {
+                (Some(at_ms), reason) => Some(Disabled {
+                    at_ms,
+                    reason: reason.unwrap_or_default(),
+                }),
+                (None, _) => None,
+            },
+            failing_since_ms: r.get(13)?,
+        },
     })
 }
 
@@ -776,6 +791,7 @@ mod tests {
             secrets: vec![],
             created_ms: 0,
             updated_ms: 0,
+            health: Default::default(),
         }
     }
 

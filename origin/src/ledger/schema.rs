@@ -68,6 +68,16 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX attempts_by_delivery ON attempts(delivery_id);
     "#,
+    // 2: subscriber health for alerts (crate::alert): disabled subscribers, the start of the
+    // current run of failures, and whether the dead-count crossing was reported; an index to
+    // count a subscriber's dead deliveries (up to the threshold) without reading the others.
+    r#"
+    ALTER TABLE subscribers ADD COLUMN disabled_ms INTEGER;        -- NULL: enabled
+    ALTER TABLE subscribers ADD COLUMN disabled_reason TEXT;
+    ALTER TABLE subscribers ADD COLUMN failing_since_ms INTEGER;   -- NULL: the last attempt succeeded
+    ALTER TABLE subscribers ADD COLUMN dead_alerted_ms INTEGER;    -- NULL: armed
+    CREATE INDEX deliveries_dead ON deliveries(subscriber_id) WHERE status = 'dead';
+    "#,
 ];
 
 pub const VERSION: i64 = MIGRATIONS.len() as i64;

@@ -111,6 +111,7 @@ mod tests {
             secrets: vec![],
             created_ms: 0,
             updated_ms: 0,
+            health: Default::default(),
         }
     }
 

@@ -100,6 +100,7 @@ mod tests {
             secrets: vec![],
             created_ms: 0,
             updated_ms: 0,
+            health: Default::default(),
         };
         create_subscriber(&c, &sub, "s").unwrap();
         let evs: Vec<NewEvent> = (0..3)

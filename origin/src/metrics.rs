@@ -3,7 +3,8 @@
 //! Counters and the latency histogram live here, in memory, and are bumped where results are
 //! recorded (one call per result from the dispatcher, [`Metrics::record`]); they restart at zero
 //! with the process, as Prometheus counters may. Gauges (backlog per subscriber, oldest pending,
-//! paused, breaker) are read from the ledger at scrape time ([`crate::ledger::subscriber_stats`]).
+//! paused, breaker, disabled) are read from the ledger at scrape time
+//! ([`crate::ledger::subscriber_stats`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -263,7 +264,7 @@ fn render_gauges(out: &mut Exposition, snap: &Snapshot) {
     );
     out.sample("fanout_pending", &[], pending as f64);
     type Gauge = fn(&SubscriberStats, i64) -> f64;
-    let per_subscriber: [(&str, &str, Gauge); 7] = [
+    let per_subscriber: [(&str, &str, Gauge); 8] = [
         (
             "fanout_subscriber_pending",
             "Deliveries waiting to be sent, by subscriber.",
@@ -301,6 +302,11 @@ fn render_gauges(out: &mut Exposition, snap: &Snapshot) {
             "fanout_subscriber_breaker_open",
             "1 while the subscriber's breaker is open or half-open (origin's limiter).",
             |s, _| f64::from(u8::from(s.breaker != "closed")),
+        ),
+        (
+            "fanout_subscriber_disabled",
+            "1 while the subscriber is disabled (a 410, --disable-after or by hand): its deliveries wait.",
+            |s, _| f64::from(u8::from(s.disabled)),
         ),
     ];
     for (name, help, value) in per_subscriber {
@@ -428,6 +434,7 @@ mod tests {
             paused_until_ms: Some(9_000),
             breaker: "open".into(),
             consecutive_failures: 20,
+            disabled: true,
         };
         let snap = Snapshot {
             status_counts: vec![("pending".into(), 5), ("in_flight".into(), 2)],
@@ -445,6 +452,7 @@ mod tests {
             r#"fanout_oldest_pending_age_seconds{subscriber="p"} 3.5"#,
             r#"fanout_subscriber_paused{subscriber="p"} 1"#,
             r#"fanout_subscriber_breaker_open{subscriber="p"} 1"#,
+            r#"fanout_subscriber_disabled{subscriber="p"} 1"#,
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
         }

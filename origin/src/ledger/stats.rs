@@ -30,6 +30,8 @@ pub struct SubscriberStats {
     /// `closed`, `open` or `half_open`.
     pub breaker: String,
     pub consecutive_failures: u32,
+    /// Disabled (a 410, `--disable-after` of failures, or by hand): nothing is claimed for it.
+    pub disabled: bool,
 }
 
 /// Every live subscriber's gauges, ordered by id: one scan of the deliveries.
@@ -83,6 +85,7 @@ pub fn subscriber_stats(
             paused_until_ms: limiter.paused_until_ms.filter(|&p| p > now_ms),
             breaker: view.state,
             consecutive_failures: view.consecutive_failures,
+            disabled: s.health.disabled.is_some(),
             id: s.id,
         });
     }
@@ -93,7 +96,7 @@ pub fn subscriber_stats(
 mod tests {
     use super::*;
     use crate::ledger::{apply, claim, create_subscriber, ingest, NewEvent, Outcome, Transition};
-    use crate::model::{Limits, Subscriber};
+    use crate::model::{Disabled, Limits, Subscriber};
 
     fn sub(id: &str) -> Subscriber {
         Subscriber {
@@ -157,6 +160,11 @@ mod tests {
             attempt: None,
         }];
         apply(&c, &dead, &[], 3_000).unwrap();
+        let off = Disabled {
+            at_ms: 3_500,
+            reason: "by hand".into(),
+        };
+        crate::ledger::set_disabled(&c, "b", Some(&off)).unwrap();
         let stats = subscriber_stats(&c, BreakerConfig::default(), 4_000).unwrap();
         let got: Vec<_> = stats
             .iter()
@@ -174,6 +182,10 @@ mod tests {
         assert_eq!(
             got,
             vec![("a", 2, 0, 1, 1, Some(100)), ("b", 4, 0, 0, 0, Some(100)),]
+        );
+        assert_eq!(
+            stats.iter().map(|s| s.disabled).collect::<Vec<_>>(),
+            [false, true]
         );
         assert_eq!(stats[0].breaker, "closed");
         assert_eq!(stats[0].paused_until_ms, None);

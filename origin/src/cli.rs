@@ -37,7 +37,8 @@ pub enum Command {
     Deliveries(DeliveriesArgs),
     /// Replay one delivery by id, or every delivery matching the filters (dead by default)
     Replay(ReplayArgs),
-    /// Per-subscriber status: lane, rate, backlog, sent, dead, pause and breaker, last error
+    /// Per-subscriber status: lane, rate, backlog, sent, dead, disabled, pause and breaker,
+    /// last error
     Status(StatusArgs),
     /// Flood a URL, or the edge for one subscriber, for a bounded time; report accepted,
     /// throttled and the achieved rate
@@ -645,6 +646,12 @@ pub fn status_table(v: &Value, now_ms: i64) -> String {
         .map(|s| {
             let st = s.get("stats").unwrap_or(&Value::Null);
             let mut state = Vec::new();
+            if s.get("disabled").and_then(Value::as_bool) == Some(true) {
+                state.push(match s.get("disabled_reason").and_then(Value::as_str) {
+                    Some(reason) => format!("disabled: {}", clip(reason, 40)),
+                    None => "disabled".into(),
+                });
+            }
             if let Some(until) = st.get("paused_until_ms").and_then(Value::as_i64) {
                 state.push(format!("paused {}", human_duration(until - now_ms)));
             }
@@ -864,11 +871,15 @@ mod tests {
                          "last_error": null, "last_error_at_ms": null } },
             { "id": "new", "lane": "origin", "rate_per_sec": 100, "burst": 100,
               "stats": { "pending": 0, "in_flight": 0, "sent": 0, "dead": 0,
-                         "breaker": { "state": "closed" } } }
+                         "breaker": { "state": "closed" } } },
+            { "id": "gone", "lane": "origin", "rate_per_sec": 1, "burst": 1,
+              "disabled": true, "disabled_reason": "the endpoint answered 410 Gone",
+              "stats": { "pending": 3, "in_flight": 0, "sent": 0, "dead": 1,
+                         "breaker": { "state": "open" } } }
         ]});
         let t = status_table(&v, 60_000);
         let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 4, "{t}");
+        assert_eq!(lines.len(), 5, "{t}");
         assert!(
             lines[0].starts_with("SUBSCRIBER  LANE    RATE/S  BURST  PENDING"),
             "{t}"
@@ -898,6 +909,17 @@ mod tests {
                 "breaker open",
             ][..],
             &["new", "origin", "100", "100", "0", "0", "0", "0", "ok"][..],
+            &[
+                "gone",
+                "origin",
+                "1",
+                "1",
+                "3",
+                "0",
+                "0",
+                "1",
+                "disabled: the endpoint answered 410 Gone, breaker open",
+            ][..],
         ]) {
             let mut rest = *line;
             for cell in cells {

@@ -280,21 +280,37 @@ fn the_exposition_checker_refuses_what_prometheus_would() {
 async fn metrics_exposition_is_valid_and_true_after_real_deliveries() {
     let d = Daemon::start().await;
     let ok = Subscriber::ok().await;
-    let gone = Subscriber::start(|_, _| Answer::status(410)).await;
+    // A 404 is dead at once without disabling the subscriber (a 410 would disable it too, and
+    // then how many of its deliveries went dead would depend on what was claimed meanwhile).
+    let missing = Subscriber::start(|_, _| Answer::status(404)).await;
+    let off = Subscriber::ok().await;
     let busy = Subscriber::start(|_, _| Answer::status(503)).await;
     let partner = Subscriber::start(|_, _| Answer::status(429).header("retry-after", "120")).await;
     for (id, s) in [
         ("m_ok", &ok),
-        ("m_gone", &gone),
+        ("m_missing", &missing),
         ("m_busy", &busy),
         ("m_partner", &partner),
+        ("m_off", &off),
     ] {
         d.api.subscriber(sub_spec(id, &s.url, &["video.*"])).await;
     }
+    // Disabled by hand before any event: its deliveries wait, pending, and nothing is sent.
+    let (status, body) = d
+        .api
+        .raw(
+            "PATCH",
+            "/v1/subscribers/m_off",
+            Some(json!({ "disabled": true }).to_string()),
+            true,
+        )
+        .await;
+    assert_eq!((status, &body["disabled"]), (200, &json!(true)), "{body}");
     d.api.events(events("evt_m", 5, "video.trending")).await;
     wait_for("every delivery settled", LONG, || async {
         d.api.count("subscriber=m_ok&status=sent").await == 5
-            && d.api.count("subscriber=m_gone&status=dead").await == 5
+            && d.api.count("subscriber=m_missing&status=dead").await == 5
+            && d.api.count("subscriber=m_off&status=pending").await == 5
             && d.api.count("subscriber=m_busy&status=dead").await == 5
             && d.api.count("subscriber=m_partner&status=pending").await == 5
     })
@@ -314,7 +330,7 @@ async fn metrics_exposition_is_valid_and_true_after_real_deliveries() {
     };
     // Three attempts each (the tests' max_attempts) for the 503s.
     assert_eq!(results("m_ok", "delivered"), 5.0);
-    assert_eq!(results("m_gone", "rejected"), 5.0);
+    assert_eq!(results("m_missing", "rejected"), 5.0);
     assert_eq!(results("m_busy", "failed"), 15.0);
     let partner_attempts = results("m_partner", "failed");
     assert!(
@@ -336,11 +352,12 @@ async fn metrics_exposition_is_valid_and_true_after_real_deliveries() {
     );
     assert_eq!(get("fanout_edge_deferrals_total{reason=\"rate\"}"), 0.0);
     assert_eq!(get("fanout_events_ingested_total"), 5.0);
-    for (sub, pending, sent, dead, paused) in [
-        ("m_ok", 0.0, 5.0, 0.0, 0.0),
-        ("m_gone", 0.0, 0.0, 5.0, 0.0),
-        ("m_busy", 0.0, 0.0, 5.0, 0.0),
-        ("m_partner", 5.0, 0.0, 0.0, 1.0),
+    for (sub, pending, sent, dead, paused, disabled) in [
+        ("m_ok", 0.0, 5.0, 0.0, 0.0, 0.0),
+        ("m_missing", 0.0, 0.0, 5.0, 0.0, 0.0),
+        ("m_busy", 0.0, 0.0, 5.0, 0.0, 0.0),
+        ("m_partner", 5.0, 0.0, 0.0, 1.0, 0.0),
+        ("m_off", 5.0, 0.0, 0.0, 0.0, 1.0),
     ] {
         let g = |name: &str| get(&format!("{name}{{subscriber=\"{sub}\"}}"));
         assert_eq!(
@@ -351,12 +368,18 @@ async fn metrics_exposition_is_valid_and_true_after_real_deliveries() {
                 g("fanout_subscriber_dead"),
                 g("fanout_subscriber_paused"),
                 g("fanout_subscriber_breaker_open"),
+                g("fanout_subscriber_disabled"),
             ),
-            (pending, 0.0, sent, dead, paused, 0.0),
+            (pending, 0.0, sent, dead, paused, 0.0, disabled),
             "{sub}"
         );
     }
-    assert_eq!(get("fanout_pending"), 5.0);
+    assert_eq!(off.count(), 0, "nothing is sent to a disabled subscriber");
+    assert!(
+        !m.keys().any(|k| k.contains("subscriber=\"m_off\",lane")),
+        "no attempt for m_off"
+    );
+    assert_eq!(get("fanout_pending"), 10.0);
     assert_eq!(get("fanout_deliveries{status=\"dead\"}"), 10.0);
     assert_eq!(
         get("fanout_oldest_pending_age_seconds{subscriber=\"m_ok\"}"),
@@ -380,12 +403,11 @@ async fn metrics_exposition_is_valid_and_true_after_real_deliveries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_table_json_outputs_and_clean_stderr() {
     let dir = tempfile::tempdir().unwrap();
-    let sink = Subscriber::start(|r, _| {
-        if r.path == "/gone" {
-            Answer::status(410)
-        } else {
-            Answer::status(200)
-        }
+    // A 404 is dead at once and leaves the subscriber enabled; a 410 disables it too.
+    let sink = Subscriber::start(|r, _| match r.path.as_str() {
+        "/missing" => Answer::status(404),
+        "/off" => Answer::status(410),
+        _ => Answer::status(200),
     })
     .await;
     let daemon = Binary::start(&dir.path().join("fanout.db"), &[]).await;
@@ -394,17 +416,23 @@ async fn status_table_json_outputs_and_clean_stderr() {
         .await;
     // Fewer failures than the breaker's threshold (20), so its state stays `ok`.
     api.subscriber(sub_spec(
-        "st_gone",
-        &format!("{}/gone", sink.url),
+        "st_missing",
+        &format!("{}/missing", sink.url),
         &["audio.*"],
+    ))
+    .await;
+    api.subscriber(sub_spec(
+        "st_off",
+        &format!("{}/off", sink.url),
+        &["text.*"],
     ))
     .await;
 
     // More than one request's worth of events from a file: the progress bar advances per
     // chunk but, stderr not being a terminal, nothing is drawn.
-    let (n, gone) = (1200, 5);
+    let (n, missing) = (1200, 5);
     let file = dir.path().join("events.ndjson");
-    let lines: Vec<String> = (0..n + gone)
+    let lines: Vec<String> = (0..n + missing)
         .map(|i| {
             let ty = if i < n { "video.x" } else { "audio.x" };
             json!({ "id": format!("st_{i}"), "type": ty }).to_string()
@@ -414,12 +442,19 @@ async fn status_table_json_outputs_and_clean_stderr() {
     let (out, err) = client(&api, &["send", file.to_str().unwrap()]).await;
     assert_eq!(
         parse_json(&out),
-        json!({ "events": n + gone, "duplicates": 0, "deliveries": n + gone })
+        json!({ "events": n + missing, "duplicates": 0, "deliveries": n + missing })
     );
     assert_eq!(err, "", "nothing on stderr when it is not a terminal");
 
     wait_for("all sent or dead", LONG, || async {
-        api.count("status=sent").await == n && api.count("status=dead").await == gone
+        api.count("status=sent").await == n && api.count("status=dead").await == missing
+    })
+    .await;
+    // One event for st_off: its 410 disables it.
+    api.events(events("st_text", 1, "text.x")).await;
+    wait_for("st_off disabled by its 410", LONG, || async {
+        let (_, v) = api.get("/v1/subscribers/st_off").await;
+        v["disabled"] == true
     })
     .await;
 
@@ -427,33 +462,77 @@ async fn status_table_json_outputs_and_clean_stderr() {
     let status = parse_json(&out);
     let subs = status["subscribers"].as_array().unwrap();
     let by_id = |id: &str| subs.iter().find(|s| s["id"] == id).unwrap().clone();
-    let (okv, gonev) = (by_id("st_ok"), by_id("st_gone"));
+    let (okv, missingv, offv) = (by_id("st_ok"), by_id("st_missing"), by_id("st_off"));
+    assert_eq!(
+        (&okv["disabled"], &missingv["disabled"]),
+        (&json!(false), &json!(false))
+    );
+    assert_eq!(
+        (&offv["disabled"], &offv["disabled_reason"]),
+        (&json!(true), &json!("the endpoint answered 410 Gone")),
+        "{offv}"
+    );
+    assert!(offv["disabled_at_ms"].is_i64(), "{offv}");
+    assert_eq!(offv["stats"]["dead"].as_i64(), Some(1), "{offv}");
     assert_eq!(
         (okv["stats"]["sent"].as_i64(), okv["stats"]["dead"].as_i64()),
         (Some(n as i64), Some(0))
     );
-    assert_eq!(gonev["stats"]["dead"].as_i64(), Some(gone as i64));
-    assert!(gonev["stats"]["last_error"].is_string(), "{gonev}");
+    assert_eq!(missingv["stats"]["dead"].as_i64(), Some(missing as i64));
+    assert!(missingv["stats"]["last_error"].is_string(), "{missingv}");
 
     let (table, err) = client(&api, &["status"]).await;
     assert_eq!(err, "");
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].starts_with("SUBSCRIBER"), "{table}");
-    let gone_row = lines.iter().find(|l| l.starts_with("st_gone")).unwrap();
-    let cells: Vec<&str> = gone_row.split_whitespace().collect();
+    let missing_row = lines.iter().find(|l| l.starts_with("st_missing")).unwrap();
+    let cells: Vec<&str> = missing_row.split_whitespace().collect();
     // id, lane, rate, burst, pending, in flight, sent, dead, state …
     assert_eq!(
         &cells[..9],
-        &["st_gone", "origin", "1000", "1000", "0", "0", "0", "5", "ok"],
+        &[
+            "st_missing",
+            "origin",
+            "1000",
+            "1000",
+            "0",
+            "0",
+            "0",
+            "5",
+            "ok"
+        ],
         "{table}"
     );
-    assert!(gone_row.contains("410"), "the last error: {table}");
+    assert!(missing_row.contains("404"), "the last error: {table}");
+    let off_row = lines.iter().find(|l| l.starts_with("st_off")).unwrap();
+    let cells: Vec<&str> = off_row.split_whitespace().collect();
+    assert_eq!(
+        &cells[..11],
+        &[
+            "st_off",
+            "origin",
+            "1000",
+            "1000",
+            "0",
+            "0",
+            "0",
+            "1",
+            "disabled:",
+            "the",
+            "endpoint"
+        ],
+        "{table}"
+    );
+    assert!(
+        off_row.contains("disabled: the endpoint answered 410 Gone"),
+        "{table}"
+    );
 
     let (out, _) = client(&api, &["subscriber", "list", "--json"]).await;
-    assert_eq!(parse_json(&out)["subscribers"].as_array().unwrap().len(), 2);
+    assert_eq!(parse_json(&out)["subscribers"].as_array().unwrap().len(), 3);
     let (table, _) = client(&api, &["subscriber", "list"]).await;
     assert!(table.starts_with("ID "), "{table}");
-    assert_eq!(table.lines().count(), 3, "{table}");
+    assert_eq!(table.lines().count(), 4, "{table}");
 
     let (out, _) = client(
         &api,
@@ -476,8 +555,8 @@ async fn status_table_json_outputs_and_clean_stderr() {
     let (out, _) = client(&api, &["deliveries", "--id", first, "--json"]).await;
     assert_eq!(parse_json(&out)["attempts"].as_array().unwrap().len(), 1);
 
-    let (out, err) = client(&api, &["replay", "--subscriber", "st_gone"]).await;
-    assert_eq!(parse_json(&out)["replayed"], gone);
+    let (out, err) = client(&api, &["replay", "--subscriber", "st_missing"]).await;
+    assert_eq!(parse_json(&out)["replayed"], missing);
     assert_eq!(err, "", "the spinner is not drawn either");
 }
 

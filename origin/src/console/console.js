@@ -181,7 +181,7 @@
   }
 
   // ------------------------------------------------------------------------------------------
-  // Subscribers: status table, add, edit, rotate
+  // Subscribers: status table, add, edit, rotate, disable / re-enable, delete
 
   let subscribers = [];
   let editing = null; // the subscriber being edited, or null when adding
@@ -193,11 +193,17 @@
 
   async function loadSubscribers() {
     const data = await api('GET', '/v1/subscribers?stats=true');
+    if ($('#subscribers-view').hidden) return;
     subscribers = data.subscribers ?? [];
     const body = $('#sub-table tbody');
     body.replaceChildren(...subscribers.map(subscriberRow));
     $('#sub-empty').hidden = subscribers.length > 0;
     $('#sub-table').hidden = subscribers.length === 0;
+    // Follow the table while an enabled subscriber has work on its way.
+    clearTimeout(pollTimer);
+    pollTimer = null;
+    const moving = subscribers.some((s) => !s.disabled && ((s.stats?.pending ?? 0) > 0 || (s.stats?.in_flight ?? 0) > 0));
+    if (moving) pollTimer = setTimeout(() => loadSubscribers().catch(() => {}), 2000);
   }
 
   function breakerCell(b) {
@@ -207,6 +213,22 @@
     return h('span', { class: `breaker ${b.state}`, title: detail }, label);
   }
 
+  /** Disabled (badge, reason, since when) or failing (since when), under the subscriber's id. */
+  function healthLines(s) {
+    if (s.disabled) {
+      return [
+        h('div', { class: 'health' },
+          h('span', { class: 'badge disabled', 'data-field': 'disabled' }, 'disabled'),
+          s.disabled_at_ms != null ? h('span', { class: 'muted small nowrap' }, `since ${fmtTime(s.disabled_at_ms)}`) : null),
+        h('div', { class: 'small error-text', 'data-field': 'disabled_reason' }, s.disabled_reason ?? ''),
+      ];
+    }
+    if (s.failing_since_ms != null) {
+      return h('div', { class: 'small warn', 'data-field': 'failing_since' }, `failing since ${fmtTime(s.failing_since_ms)}`);
+    }
+    return null;
+  }
+
   function subscriberRow(s) {
     const st = s.stats ?? {};
     const dead = st.dead
@@ -214,8 +236,8 @@
       : fmtNum(st.dead ?? 0);
     return h(
       'tr',
-      { 'data-subscriber': s.id },
-      h('td', null, h('div', { class: 'id' }, s.id), h('div', { class: 'muted small url' }, s.url),
+      { 'data-subscriber': s.id, class: s.disabled ? 'disabled' : null },
+      h('td', null, h('div', { class: 'id' }, s.id), healthLines(s), h('div', { class: 'muted small url' }, s.url),
         h('div', { class: 'muted small' }, s.event_types.join(', '))),
       h('td', null, s.lane),
       h('td', { class: 'num' }, fmtNum(s.rate_per_sec, 3)),
@@ -230,10 +252,57 @@
       h('td', { class: 'small' }, st.last_error
         ? [h('div', { class: 'error-text' }, st.last_error), h('div', { class: 'muted' }, fmtTime(st.last_error_at_ms))]
         : ''),
-      h('td', { class: 'row-actions' },
+      h('td', null, h('div', { class: 'sub-actions' },
         h('button', { type: 'button', class: 'quiet', onclick: () => editSubscriber(s) }, 'Edit'),
-        h('button', { type: 'button', class: 'quiet', onclick: () => rotateSecret(s) }, 'Rotate secret')),
+        h('button', { type: 'button', class: 'quiet', onclick: () => rotateSecret(s) }, 'Rotate secret'),
+        s.disabled
+          ? h('button', { type: 'button', 'data-action': 'enable', onclick: (ev) => setDisabled(s, false, ev.currentTarget) }, 'Re-enable')
+          : h('button', { type: 'button', class: 'quiet', 'data-action': 'disable', onclick: (ev) => setDisabled(s, true, ev.currentTarget) }, 'Disable'),
+        h('button', { type: 'button', class: 'danger', 'data-action': 'delete', onclick: (ev) => deleteSubscriber(s, ev.currentTarget) }, 'Delete'))),
     );
+  }
+
+  const plural = (n, one, many) => `${fmtNum(n)} ${n === 1 ? one : many}`;
+
+  /** PATCH {"disabled": …}: disabling asks first; re-enabling sends what waited. */
+  async function setDisabled(s, disabled, button) {
+    const pending = s.stats?.pending ?? 0;
+    if (disabled && !confirm(
+      `Disable ${s.id}? Nothing is sent to it until it is re-enabled; its deliveries, and those of new events, wait as pending.`,
+    )) return;
+    button.disabled = true;
+    try {
+      await api('PATCH', `/v1/subscribers/${encodeURIComponent(s.id)}`, { disabled });
+      flash(disabled || !pending
+        ? `${disabled ? 'Disabled' : 'Re-enabled'} ${s.id}.`
+        : `Re-enabled ${s.id}: ${plural(pending, 'pending delivery goes', 'pending deliveries go')} out now.`);
+      await loadSubscribers();
+    } catch (e) {
+      button.disabled = false;
+      if (e.status !== 401) flash(e.message, 'error');
+    }
+  }
+
+  /** DELETE the subscriber: its pending and in-flight deliveries become dead (replayable). */
+  async function deleteSubscriber(s, button) {
+    const open = (s.stats?.pending ?? 0) + (s.stats?.in_flight ?? 0);
+    const fate = open
+      ? ` Its ${plural(open, 'delivery not yet sent becomes', 'deliveries not yet sent become')} dead (replayable if it is added again).`
+      : '';
+    if (!confirm(`Delete ${s.id}? It is sent nothing more.${fate}`)) return;
+    button.disabled = true;
+    try {
+      const r = await api('DELETE', `/v1/subscribers/${encodeURIComponent(s.id)}`);
+      flash(`Deleted ${s.id}${r.deliveries_dead ? `: ${plural(r.deliveries_dead, 'delivery', 'deliveries')} dead` : ''}.`);
+      if (editing?.id === s.id) {
+        $('#sub-form').hidden = true;
+        editing = null;
+      }
+      await loadSubscribers();
+    } catch (e) {
+      button.disabled = false;
+      if (e.status !== 401) flash(e.message, 'error');
+    }
   }
 
   function openForm(sub) {

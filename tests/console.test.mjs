@@ -2,7 +2,8 @@
 // against the real daemon (`fanout serve`, fresh SQLite file) and a real recording subscriber:
 // sign in, read the status table, open a dead delivery, replay it and watch it become `sent`;
 // add, edit and rotate a subscriber through the forms; bulk replay from the filtered list; a
-// wrong token is refused. Screenshots go to $FANOUT_SCREENSHOT_DIR (default /tmp).
+// subscriber disabled by a 410 is shown with its reason, re-enabled (what waited is sent),
+// disabled by hand and deleted; a wrong token is refused. Screenshots go to $FANOUT_SCREENSHOT_DIR (default /tmp).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -10,7 +11,7 @@ import path from 'node:path';
 
 import { chromium } from 'playwright-core';
 
-import { startOrigin, startSubscriber, waitFor } from './lib/harness.mjs';
+import { sleep, startOrigin, startSubscriber, waitFor } from './lib/harness.mjs';
 
 const CHROMIUM = process.env.FANOUT_CHROMIUM ?? '/usr/bin/chromium';
 const SHOTS = process.env.FANOUT_SCREENSHOT_DIR ?? '/tmp';
@@ -35,7 +36,7 @@ async function launch() {
   });
 }
 
-/** A page that records script errors and CSP violations, accepting every confirm(). */
+/** A page that records script errors, CSP violations and dialogs, accepting every confirm(). */
 async function openPage(browser) {
   const context = await browser.newContext({ viewport: { width: 1400, height: 900 } });
   const page = await context.newPage();
@@ -45,8 +46,12 @@ async function openPage(browser) {
     // Failed API calls (a refused token, a refused URL) are expected and shown by the page itself.
     if (m.type() === 'error' && !/^Failed to load resource/.test(m.text())) problems.push(`console error: ${m.text()}`);
   });
-  page.on('dialog', (d) => d.accept());
-  return { page, problems };
+  const dialogs = [];
+  page.on('dialog', (d) => {
+    dialogs.push(d.message());
+    d.accept();
+  });
+  return { page, problems, dialogs };
 }
 
 async function signIn(page, origin, token = origin.token) {
@@ -222,6 +227,81 @@ test('console: add, edit and rotate a subscriber; bulk replay a time range', asy
   await waitFor(async () => (await deliveriesOf(origin, { status: 'sent' })).length === 3, 15_000);
   await page.click('#nav a[data-view=subscribers]');
   await page.locator('#sub-table tr[data-subscriber="sub_chat"] [data-field=sent]:text-is("3")').waitFor();
+  assert.deepEqual(problems, []);
+});
+
+test('console: a 410 disables a subscriber, Re-enable sends what waited; disable by hand, delete', async (t) => {
+  let gone = true;
+  const sub = await startSubscriber(() => (gone ? { status: 410, body: 'gone for good' } : { status: 200, body: 'back' }));
+  const origin = await startOrigin();
+  const browser = await launch();
+  t.after(async () => {
+    await browser.close();
+    await origin.stop();
+    await sub.close();
+  });
+  const subView = async () => {
+    const res = await origin.api('/v1/subscribers/sub_orders');
+    assert.equal(res.status, 200);
+    return res.json();
+  };
+
+  const created = await origin.api('/v1/subscribers', {
+    body: { id: 'sub_orders', url: `${sub.url}/orders`, event_types: ['order.*'], rate_per_sec: 10, burst: 20, max_in_flight: 1, lane: 'origin' },
+  });
+  assert.equal(created.status, 201, await created.text());
+  // The first event meets the 410: that delivery is dead and the subscriber disabled.
+  assert.equal((await origin.api('/v1/events', { body: { id: 'evt_order_0', type: 'order.placed' } })).status, 202);
+  await waitFor(async () => (await subView()).disabled, 15_000);
+  // Later events wait, pending, for the subscriber to come back; nothing is sent meanwhile.
+  const later = await origin.api('/v1/events', {
+    body: [1, 2].map((i) => ({ id: `evt_order_${i}`, type: 'order.placed' })),
+  });
+  assert.equal(later.status, 202);
+  assert.equal((await deliveriesOf(origin, { subscriber: 'sub_orders', status: 'pending' })).length, 2);
+
+  const { page, problems, dialogs } = await openPage(browser);
+  await signIn(page, origin);
+  const row = page.locator('#sub-table tr[data-subscriber="sub_orders"]');
+  await row.locator('[data-field=disabled]').waitFor();
+  assert.equal((await row.locator('[data-field=disabled]').textContent()).trim(), 'disabled');
+  assert.equal((await row.locator('[data-field=disabled_reason]').textContent()).trim(), 'the endpoint answered 410 Gone');
+  assert.equal((await row.locator('[data-field=pending]').textContent()).trim(), '2');
+  assert.equal((await row.locator('[data-field=dead]').textContent()).trim(), '1');
+  assert.equal(await row.locator('button[data-action=disable]').count(), 0);
+  console.log(`screenshot: ${await shot(page, 'disabled')}`);
+  await sleep(300);
+  assert.equal(sub.requests.length, 1, 'nothing is sent to a disabled subscriber');
+
+  // The endpoint is back: Re-enable (no confirmation needed) and the table follows the
+  // waiting deliveries until they are sent.
+  gone = false;
+  await row.locator('button[data-action=enable]').click();
+  await row.locator('[data-field=sent]:text-is("2")').waitFor({ timeout: 15_000 });
+  assert.equal(await row.locator('[data-field=disabled]').count(), 0);
+  assert.equal((await row.locator('[data-field=pending]').textContent()).trim(), '0');
+  assert.deepEqual(dialogs, []);
+  await waitFor(() => sub.requests.length === 3, 5_000);
+  assert.deepEqual(sub.requests.slice(1).map((r) => r.headers['webhook-id']).sort(), ['evt_order_1', 'evt_order_2']);
+  assert.equal((await deliveriesOf(origin, { subscriber: 'sub_orders', status: 'sent' })).length, 2);
+  assert.equal((await subView()).disabled, false);
+  console.log(`screenshot: ${await shot(page, 're-enabled')}`);
+
+  // Disable by hand (after a confirmation), then delete (after another).
+  await row.locator('button[data-action=disable]').click();
+  await row.locator('[data-field=disabled_reason]').waitFor();
+  assert.equal((await row.locator('[data-field=disabled_reason]').textContent()).trim(), 'disabled by an operator');
+  assert.equal(dialogs.length, 1);
+  assert.match(dialogs[0], /^Disable sub_orders\?/);
+  const view = await subView();
+  assert.equal(view.disabled, true);
+  assert.equal(view.disabled_reason, 'disabled by an operator');
+  await row.locator('button[data-action=delete]').click();
+  await row.waitFor({ state: 'detached' });
+  assert.equal(dialogs.length, 2);
+  assert.match(dialogs[1], /^Delete sub_orders\?/);
+  assert.equal((await origin.api('/v1/subscribers/sub_orders')).status, 404);
+  await page.locator('#sub-empty').waitFor();
   assert.deepEqual(problems, []);
 });
 

@@ -4,7 +4,6 @@
 
 use std::cell::{Cell, RefCell};
 
-use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 use worker::{durable_object, DurableObject, Env, Method, Request, Response, State};
 
@@ -126,18 +125,22 @@ impl SubscriberDO {
         self.save()?;
 
         let (to_send, to_defer) = batch.deliveries.split_at(plan.send);
-        let sends = to_send.iter().map(|d| async {
-            let outcome =
-                send::deliver(&sub.url, &secrets, sub.legacy_signature, sub.timeout_ms, d).await;
-            // Fold the outcome in as soon as it is known, so concurrent calls see it.
+        let target = send::Target {
+            url: &sub.url,
+            secrets: &secrets,
+            legacy: sub.legacy_signature,
+            timeout_ms: sub.timeout_ms,
+        };
+        let outcomes = send::deliver_all(&target, to_send, |outcome| {
+            // Fold each outcome in as soon as it is known, so concurrent calls see it.
             self.in_flight.set(self.in_flight.get().saturating_sub(1));
             self.stored
                 .borrow_mut()
                 .limiter
                 .record(limits, &outcome.attempt, now_ms());
-            outcome.result
-        });
-        let mut results: Vec<DeliveryResult> = join_all(sends).await;
+        })
+        .await;
+        let mut results: Vec<DeliveryResult> = outcomes.into_iter().map(|o| o.result).collect();
         self.save()?;
         results.extend(
             to_defer

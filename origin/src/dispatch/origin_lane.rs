@@ -126,18 +126,19 @@ pub async fn deliver(
     body: String,
     allow_loopback: bool,
 ) -> DeliveryResult {
-    if check_url(s.url, allow_loopback).is_err() {
+    // The check parses the URL; the request reuses that parse.
+    let Ok(url) = check_url(s.url, allow_loopback) else {
         return result_for(
             s.delivery_id,
             &Attempt::Transport(TransportError::RefusedUrl),
             0,
             None,
         );
-    }
+    };
     let now = now_ms();
     let signed = sign::sign_headers(s.secrets, s.event_id, now.div_euclid(1000), body.as_bytes());
     let mut req = http
-        .post(s.url)
+        .post(url)
         .timeout(Duration::from_millis(s.timeout_ms))
         .header("content-type", "application/json")
         .header(sign::HEADER_ID, signed.id)

@@ -1,6 +1,8 @@
 //! The ledger's operations, as plain functions over a connection (the caller chooses the
 //! transaction). All statements are prepared once and cached.
 
+use std::fmt::Write as _;
+
 use fanout_core::limiter::LimiterState;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::Serialize;
@@ -260,8 +262,48 @@ pub struct Ingested {
     pub duplicate: bool,
 }
 
+/// Rows per multi-row `INSERT`: ingest and the attempts of a dispatcher turn go in as a few
+/// statements, not one per row.
+///
+/// Such statements use `INSERT OR IGNORE`, not `ON CONFLICT DO NOTHING`: a multi-row statement
+/// that could abort half-way makes SQLite keep a statement journal (a copy of every page it
+/// changes, so it can undo just that statement), which cost about as much as the inserts
+/// themselves. Under `OR IGNORE` no row can abort the statement. That is the same behaviour
+/// here: the only constraint those rows can break is the uniqueness being ignored (their
+/// columns are never NULL and `status` is a literal that passes its CHECK).
+const ROWS_PER_INSERT: usize = 64;
+
+/// `{head} VALUES (row 1), (row 2), … {tail}` with `n` rows of `per_row` numbered parameters
+/// each (`?1` …), every row ending with the shared trailing parameter text `shared`.
+fn multi_row_sql(head: &str, n: usize, per_row: usize, shared: &str, tail: &str) -> String {
+    let mut sql = String::with_capacity(head.len() + tail.len() + n * (per_row * 6 + 24));
+    sql.push_str(head);
+    sql.push_str(" VALUES ");
+    for r in 0..n {
+        if r > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        for k in 0..per_row {
+            if k > 0 {
+                sql.push_str(", ");
+            }
+            let _ = write!(sql, "?{}", r * per_row + k + 1);
+        }
+        sql.push_str(shared);
+        sql.push(')');
+    }
+    sql.push(' ');
+    sql.push_str(tail);
+    sql
+}
+
 /// Store events and fan each out to every live subscriber whose patterns match. Returns the
 /// per-event outcome and the subscribers that got new work.
+///
+/// Events go in by chunks of [`ROWS_PER_INSERT`] (`RETURNING` tells which ids are new), and each
+/// new event's deliveries in one statement: rows, order and counts are those of inserting them
+/// one by one.
 pub fn ingest(
     c: &Connection,
     events: &[NewEvent],
@@ -274,34 +316,79 @@ pub fn ingest(
             Ok((r.get(0)?, serde_json::from_str(&types).unwrap_or_default()))
         })?
         .collect::<Result<_, _>>()?;
-    let mut insert_event = c.prepare_cached(
-        "INSERT INTO events (id, type, body, received_ms) VALUES (?1, ?2, ?3, ?4)
-         ON CONFLICT (id) DO NOTHING",
-    )?;
-    let mut insert_delivery = c.prepare_cached(
-        "INSERT INTO deliveries (subscriber_id, event_id, status, next_attempt_ms, created_ms, updated_ms)
-         VALUES (?1, ?2, 'pending', ?3, ?3, ?3)
-         ON CONFLICT (subscriber_id, event_id) DO NOTHING",
-    )?;
+    // The ids stored by this call. A repeated id within the call is new only the first time.
+    let mut fresh: std::collections::HashSet<String> =
+        std::collections::HashSet::with_capacity(events.len());
+    for chunk in events.chunks(ROWS_PER_INSERT) {
+        let sql = multi_row_sql(
+            "INSERT OR IGNORE INTO events (id, type, body, received_ms)",
+            chunk.len(),
+            3,
+            &format!(", ?{}", chunk.len() * 3 + 1),
+            "RETURNING id",
+        );
+        let mut st = c.prepare_cached(&sql)?;
+        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * 3 + 1);
+        for e in chunk {
+            args.push(&e.id);
+            args.push(&e.event_type);
+            args.push(&e.body);
+        }
+        args.push(&now_ms);
+        let ids = st.query_map(args.as_slice(), |r| r.get::<_, String>(0))?;
+        for id in ids {
+            fresh.insert(id?);
+        }
+    }
     let mut touched = vec![false; subs.len()];
     let mut out = Vec::with_capacity(events.len());
+    // The subscribers matching the last event type seen (a batch is usually of one type).
+    let mut matched: Option<(&str, Vec<usize>)> = None;
     for e in events {
-        let fresh = insert_event.execute(params![e.id, e.event_type, e.body, now_ms])? == 1;
+        let is_new = fresh.remove(&e.id);
         let mut created = 0u32;
-        if fresh {
-            for (i, (sub_id, patterns)) in subs.iter().enumerate() {
-                if any_type_matches(patterns, &e.event_type)
-                    && insert_delivery.execute(params![sub_id, e.id, now_ms])? == 1
-                {
-                    created += 1;
-                    touched[i] = true;
+        if is_new {
+            if matched.as_ref().is_none_or(|(t, _)| *t != e.event_type) {
+                let idx = subs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (_, patterns))| any_type_matches(patterns, &e.event_type))
+                    .map(|(i, _)| i)
+                    .collect();
+                matched = Some((e.event_type.as_str(), idx));
+            }
+            let idx = matched.as_ref().map_or(&[][..], |(_, m)| m.as_slice());
+            for part in idx.chunks(ROWS_PER_INSERT) {
+                let n = part.len();
+                let sql = multi_row_sql(
+                    "INSERT OR IGNORE INTO deliveries (subscriber_id, event_id, status, next_attempt_ms, created_ms, updated_ms)",
+                    n,
+                    1,
+                    &format!(", ?{e}, 'pending', ?{t}, ?{t}, ?{t}", e = n + 1, t = n + 2),
+                    "",
+                );
+                let mut st = c.prepare_cached(&sql)?;
+                let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(n + 2);
+                for &i in part {
+                    args.push(&subs[i].0);
+                }
+                args.push(&e.id);
+                args.push(&now_ms);
+                let n_created = st.execute(args.as_slice())?;
+                created += n_created as u32;
+                if n_created > 0 {
+                    // A new event has no delivery yet, so every row is created; should one
+                    // ever not be, its subscriber is only told to look for work it lacks.
+                    for &i in part {
+                        touched[i] = true;
+                    }
                 }
             }
         }
         out.push(Ingested {
             id: e.id.clone(),
             deliveries: created,
-            duplicate: !fresh,
+            duplicate: !is_new,
         });
     }
     let touched = subs
@@ -349,8 +436,10 @@ pub fn claim(
          WHERE d.subscriber_id = ?1 AND d.status = 'pending' AND d.next_attempt_ms <= ?2
          ORDER BY d.next_attempt_ms, d.id LIMIT ?3",
     )?;
+    // One statement per subscriber for the whole claim: the ids as a JSON array.
     let mut lease = c.prepare_cached(
-        "UPDATE deliveries SET status = 'in_flight', lease_expires_ms = ?2, updated_ms = ?3 WHERE id = ?1",
+        "UPDATE deliveries SET status = 'in_flight', lease_expires_ms = ?2, updated_ms = ?3
+         WHERE id IN (SELECT value FROM json_each(?1))",
     )?;
     let mut next = c.prepare_cached(
         "SELECT MIN(next_attempt_ms) FROM deliveries WHERE subscriber_id = ?1 AND status = 'pending'",
@@ -372,8 +461,9 @@ pub fn claim(
                 })?
                 .collect::<Result<_, _>>()?
         };
-        for d in &claimed {
-            lease.execute(params![d.rowid, lease_until_ms, now_ms])?;
+        if !claimed.is_empty() {
+            let ids = id_list(claimed.iter().map(|d| d.rowid));
+            lease.execute(params![ids, lease_until_ms, now_ms])?;
         }
         let next_due_ms: Option<i64> = next.query_row([sub], |r| r.get(0))?;
         out.push(Claim {
@@ -384,6 +474,19 @@ pub fn claim(
     }
     store_limiters(c, limiters)?;
     Ok(out)
+}
+
+/// Row ids as a JSON array, for `id IN (SELECT value FROM json_each(?))`.
+fn id_list(ids: impl Iterator<Item = i64>) -> String {
+    let mut s = String::from("[");
+    for (k, id) in ids.enumerate() {
+        if k > 0 {
+            s.push(',');
+        }
+        s.push_str(&id.to_string());
+    }
+    s.push(']');
+    s
 }
 
 /// What happens to a leased delivery.
@@ -431,10 +534,11 @@ pub fn apply(
     limiters: &[(String, LimiterState)],
     now_ms: i64,
 ) -> Result<(), LedgerError> {
+    // Sent is by far the commonest outcome: a run of them is one statement.
     let mut sent = c.prepare_cached(
         "UPDATE deliveries SET status = 'sent', attempts = attempts + 1, lease_expires_ms = NULL,
              last_error = NULL, updated_ms = ?2
-         WHERE id = ?1 AND status = 'in_flight'",
+         WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'in_flight'",
     )?;
     let mut retry = c.prepare_cached(
         "UPDATE deliveries SET status = 'pending', attempts = attempts + 1, next_attempt_ms = ?2,
@@ -451,14 +555,21 @@ pub fn apply(
              updated_ms = ?3
          WHERE id = ?1 AND status = 'in_flight'",
     )?;
-    let mut record = c.prepare_cached(
-        "INSERT INTO attempts (delivery_id, attempt, at_ms, lane, outcome, status, latency_ms,
-             response_body, error)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-    )?;
-    for o in outcomes {
+    // In order: consecutive Sent outcomes are updated together.
+    let mut i = 0;
+    while i < outcomes.len() {
+        let o = &outcomes[i];
         match &o.transition {
-            Transition::Sent => sent.execute(params![o.rowid, now_ms])?,
+            Transition::Sent => {
+                let run = outcomes[i..]
+                    .iter()
+                    .take_while(|o| o.transition == Transition::Sent)
+                    .count();
+                let ids = id_list(outcomes[i..i + run].iter().map(|o| o.rowid));
+                sent.execute(params![ids, now_ms])?;
+                i += run;
+                continue;
+            }
             Transition::Retry { at_ms, error } => {
                 retry.execute(params![o.rowid, at_ms, error, now_ms])?
             }
@@ -470,19 +581,40 @@ pub fn apply(
             ])?,
             Transition::Defer { at_ms } => defer.execute(params![o.rowid, at_ms, now_ms])?,
         };
-        if let Some(a) = &o.attempt {
-            record.execute(params![
-                o.rowid,
-                a.attempt,
-                a.at_ms,
-                a.lane,
-                a.outcome,
-                a.status,
-                a.latency_ms.map(|l| l as i64),
-                a.response_body,
-                a.error,
-            ])?;
+        i += 1;
+    }
+    // The attempts, in order, by chunks of rows.
+    let recorded: Vec<(i64, &AttemptRecord)> = outcomes
+        .iter()
+        .filter_map(|o| o.attempt.as_ref().map(|a| (o.rowid, a)))
+        .collect();
+    for chunk in recorded.chunks(ROWS_PER_INSERT) {
+        let sql = multi_row_sql(
+            "INSERT INTO attempts (delivery_id, attempt, at_ms, lane, outcome, status, latency_ms,
+                 response_body, error)",
+            chunk.len(),
+            9,
+            "",
+            "",
+        );
+        let mut st = c.prepare_cached(&sql)?;
+        let latencies: Vec<Option<i64>> = chunk
+            .iter()
+            .map(|(_, a)| a.latency_ms.map(|l| l as i64))
+            .collect();
+        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * 9);
+        for ((rowid, a), latency) in chunk.iter().zip(&latencies) {
+            args.push(rowid);
+            args.push(&a.attempt);
+            args.push(&a.at_ms);
+            args.push(&a.lane);
+            args.push(&a.outcome);
+            args.push(&a.status);
+            args.push(latency);
+            args.push(&a.response_body);
+            args.push(&a.error);
         }
+        st.execute(args.as_slice())?;
     }
     store_limiters(c, limiters)?;
     Ok(())
@@ -950,5 +1082,104 @@ mod tests {
         assert!(get_subscriber(&c, "a").is_err());
         create_subscriber(&c, &sub("a", &["*"]), "s2").unwrap();
         assert_eq!(get_subscriber(&c, "a").unwrap().secrets.len(), 1);
+    }
+
+    /// Multi-row statements: more events and attempts than one chunk holds, a repeat across
+    /// chunks, mixed types and outcomes — the same rows as one statement per row.
+    #[test]
+    fn large_batches_span_chunks_in_order() {
+        let c = db();
+        create_subscriber(&c, &sub("a", &["video.*"]), "s").unwrap();
+        create_subscriber(&c, &sub("b", &["*"]), "s").unwrap();
+        let n = ROWS_PER_INSERT * 2 + 7;
+        let mut evs: Vec<NewEvent> = (0..n)
+            .map(|i| {
+                ev(
+                    &format!("e{i:03}"),
+                    if i % 3 == 0 { "audio.x" } else { "video.x" },
+                )
+            })
+            .collect();
+        evs.push(ev("e000", "video.x")); // a repeat, in another chunk
+        let (out, touched) = ingest(&c, &evs, 1).unwrap();
+        assert_eq!(touched, vec!["a".to_string(), "b".to_string()]);
+        for (i, o) in out.iter().enumerate().take(n) {
+            let want = if i % 3 == 0 { 1 } else { 2 };
+            assert_eq!((o.deliveries, o.duplicate), (want, false), "{}", o.id);
+        }
+        assert_eq!((out[n].deliveries, out[n].duplicate), (0, true));
+        let body: String = c
+            .query_row("SELECT type FROM events WHERE id = 'e000'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(body, "audio.x", "the first occurrence is the one stored");
+
+        let claims = claim(&c, &[("b".into(), n)], &[], 5, 1000).unwrap();
+        let ids: Vec<i64> = claims[0].claimed.iter().map(|d| d.rowid).collect();
+        assert_eq!(ids.len(), n);
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "oldest first");
+        let in_flight: i64 = c
+            .query_row(
+                "SELECT COUNT(*) FROM deliveries WHERE subscriber_id = 'b' AND status = 'in_flight'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(in_flight, n as i64);
+        let rec = |k: usize| AttemptRecord {
+            attempt: 1,
+            at_ms: 10 + k as i64,
+            lane: "origin",
+            outcome: "delivered",
+            status: Some(200),
+            latency_ms: Some(k as u64),
+            response_body: Some(format!("r{k}")),
+            error: None,
+        };
+        // Runs of Sent broken by a retry and a deferral (which records no attempt).
+        let outcomes: Vec<Outcome> = ids
+            .iter()
+            .enumerate()
+            .map(|(k, &rowid)| Outcome {
+                rowid,
+                transition: match k {
+                    3 => Transition::Retry {
+                        at_ms: 99,
+                        error: "status 500".into(),
+                    },
+                    4 => Transition::Defer { at_ms: 77 },
+                    _ => Transition::Sent,
+                },
+                attempt: (k != 4).then(|| rec(k)),
+            })
+            .collect();
+        apply(&c, &outcomes, &[], 20).unwrap();
+        let counts: Vec<(String, i64)> = status_counts(&c).unwrap();
+        let count = |s: &str| counts.iter().find(|(k, _)| k == s).map_or(0, |(_, n)| *n);
+        assert_eq!(count("sent"), n as i64 - 2);
+        assert_eq!(count("in_flight"), 0);
+        let d3 = get_delivery(&c, ids[3]).unwrap();
+        assert_eq!(
+            (d3.status.as_str(), d3.next_attempt_at_ms),
+            ("pending", Some(99))
+        );
+        let d4 = get_delivery(&c, ids[4]).unwrap();
+        assert_eq!((d4.attempt_count, d4.next_attempt_at_ms), (0, Some(77)));
+        // Every attempt recorded once, in outcome order, with its own values.
+        let recorded: Vec<(i64, i64, String)> = c
+            .prepare("SELECT delivery_id, latency_ms, response_body FROM attempts ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let expected: Vec<(i64, i64, String)> = ids
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| *k != 4)
+            .map(|(k, &id)| (id, k as i64, format!("r{k}")))
+            .collect();
+        assert_eq!(recorded, expected);
     }
 }

@@ -1,6 +1,9 @@
 //! The SQLite ledger: the source of truth. One connection, owned by one writer thread; every
-//! operation is a closure sent to that thread and runs in its own transaction, so batches
-//! (an ingest of 100 events, a dispatcher tick's claims, a burst of results) commit at once.
+//! operation is a closure sent to that thread and runs in a transaction, so batches (an ingest
+//! of 100 events, a dispatcher tick's claims, a burst of results) commit at once. Operations
+//! queued together share one transaction, each under its own savepoint (group commit, see
+//! `writer.rs`); each is answered only once that transaction has committed. A third connection
+//! checkpoints the WAL into the database file on its own thread.
 //!
 //! Invariants: a delivery exists at most once per `(subscriber_id, event_id)`; a delivery is
 //! `in_flight` only while leased by the dispatcher; nothing is ever deleted.
@@ -10,6 +13,7 @@ mod queries;
 mod schema;
 mod stats;
 pub mod status;
+mod writer;
 
 use std::path::Path;
 use std::sync::mpsc;
@@ -37,7 +41,7 @@ pub enum LedgerError {
     Closed,
 }
 
-type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+use writer::Job;
 
 /// A handle to the ledger's threads: one writer, and one reader (WAL lets it read a consistent
 /// snapshot while the writer commits) for the API's queries. Cheap to clone.
@@ -45,6 +49,8 @@ type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 pub struct Ledger {
     tx: mpsc::Sender<Job>,
     reader: mpsc::Sender<Job>,
+    /// Dropped with the last handle, which ends the checkpointer.
+    _checkpointer: mpsc::Sender<()>,
 }
 
 fn spawn_worker(
@@ -56,19 +62,33 @@ fn spawn_worker(
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
-            while let Ok(job) = rx.recv() {
-                // A panicking job fails its own caller (its reply channel drops), not the ledger.
-                let run = std::panic::AssertUnwindSafe(|| job(&mut conn));
-                if std::panic::catch_unwind(run).is_err() {
-                    tracing::error!("a ledger operation panicked; its transaction was rolled back");
-                }
-            }
+            writer::serve(&mut conn, &rx);
             if checkpoint {
                 // Fold the WAL back into the main file on a clean exit.
                 let _ = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);");
             }
         })
         .map_err(|e| LedgerError::Schema(format!("cannot start the {name} thread: {e}")))?;
+    Ok(tx)
+}
+
+/// How often the checkpointer folds the WAL back into the database.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Copies committed pages from the WAL into the database file (and syncs it) beside the writer
+/// instead of inside its commits: a passive checkpoint never blocks the writer or the readers.
+fn spawn_checkpointer(conn: Connection) -> Result<mpsc::Sender<()>, LedgerError> {
+    let (tx, rx) = mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("fanout-checkpoint".into())
+        .spawn(move || {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(CHECKPOINT_EVERY) {
+                if let Err(e) = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE);") {
+                    tracing::warn!(error = %e, "checkpoint failed");
+                }
+            }
+        })
+        .map_err(|e| LedgerError::Schema(format!("cannot start the checkpoint thread: {e}")))?;
     Ok(tx)
 }
 
@@ -79,9 +99,9 @@ where
 {
     let (otx, orx) = tokio::sync::oneshot::channel();
     worker
-        .send(Box::new(move |conn| {
+        .send(Job::Call(Box::new(move |conn| {
             let _ = otx.send(f(conn));
-        }))
+        })))
         .map_err(|_| LedgerError::Closed)?;
     orx.await.map_err(|_| LedgerError::Closed)?
 }
@@ -117,11 +137,15 @@ impl Ledger {
     /// dropped.
     pub fn open(path: &Path) -> Result<Ledger, LedgerError> {
         let writer = open_connection(path)?;
+        // Checkpoints run on their own thread (below); the writer does one itself only if the
+        // WAL grows far beyond that thread's pace.
+        writer.execute_batch("PRAGMA wal_autocheckpoint = 20000;")?;
         let reader = open_connection(path)?;
         reader.execute_batch("PRAGMA query_only = ON;")?;
         Ok(Ledger {
             tx: spawn_worker("fanout-ledger", writer, true)?,
             reader: spawn_worker("fanout-reader", reader, false)?,
+            _checkpointer: spawn_checkpointer(open_connection(path)?)?,
         })
     }
 
@@ -144,18 +168,18 @@ impl Ledger {
         run_on(&self.reader, f).await
     }
 
-    /// Run `f` in one transaction on the writer thread.
+    /// Run `f` in a transaction on the writer thread: all of its changes are kept or none, and
+    /// it returns once they are committed. An `Err` from `f` undoes them. The transaction may
+    /// be shared with other operations queued at the same time (each under its own savepoint).
     pub async fn tx<T, F>(&self, f: F) -> Result<T, LedgerError>
     where
         T: Send + 'static,
-        F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, LedgerError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, LedgerError> + Send + 'static,
     {
-        self.call(move |conn| {
-            let tx = conn.transaction()?;
-            let out = f(&tx)?;
-            tx.commit()?;
-            Ok(out)
-        })
-        .await
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(Job::Tx(Box::new(writer::Op { f, reply })))
+            .map_err(|_| LedgerError::Closed)?;
+        answer.await.map_err(|_| LedgerError::Closed)?
     }
 }

@@ -139,11 +139,11 @@ impl Ledger {
         let writer = open_connection(path)?;
         // Checkpoints run on their own thread (below). Under a steady stream of commits a
         // passive checkpoint never quite catches up, so the writer still checkpoints what is
-        // left once the WAL passes 4000 pages (16 MiB; the default is 1000), and a WAL that
-        // grew past 16 MiB is cut back to that when it restarts.
+        // left once the WAL passes 4000 pages (16 MiB; the default is 1000), and when the WAL
+        // restarts its file is cut back to 4 MiB.
         writer.execute_batch(
             "PRAGMA wal_autocheckpoint = 4000;
-             PRAGMA journal_size_limit = 16777216;",
+             PRAGMA journal_size_limit = 4194304;",
         )?;
         let reader = open_connection(path)?;
         reader.execute_batch("PRAGMA query_only = ON;")?;

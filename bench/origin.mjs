@@ -44,6 +44,9 @@ const { values: opts } = parseArgs({
     'single-connections': { type: 'string', default: '16' },
     'story-events': { type: 'string', default: '12000' },
     'no-story-alone': { type: 'boolean', default: false },
+    // Story runs with and without the partner, in alternating order (the edge is the bottleneck
+    // and the machine's load drifts over minutes).
+    'story-rounds': { type: 'string', default: '1' },
     'origin-events': { type: 'string', default: '10000' },
     'edge-events': { type: 'string', default: '4000' },
     // Another `fanout` binary (e.g. an older commit's release build) measured beside this one in
@@ -62,6 +65,7 @@ const INGEST_S = clampInt(opts['ingest-seconds'], 1, 30);
 const BATCH_CONNS = clampInt(opts['batch-connections'], 1, 64);
 const SINGLE_CONNS = clampInt(opts['single-connections'], 1, 256);
 const STORY_EVENTS = clampInt(opts['story-events'], 100, 50_000);
+const STORY_ROUNDS = clampInt(opts['story-rounds'], 1, 5);
 const ORIGIN_EVENTS = clampInt(opts['origin-events'], 100, 100_000);
 const EDGE_EVENTS = clampInt(opts['edge-events'], 100, 100_000);
 const SUBSCRIBERS = 5;
@@ -416,13 +420,17 @@ async function strictPartner(rate, burst) {
   const capacity = burst + 1;
   let tokens = capacity;
   let last = Date.now();
-  const stats = { throttled: 0, ok: 0 };
+  const stats = { throttled: 0, ok: 0, first: 0, n: 0, refusals: [] };
   const sub = await startSubscriber(() => {
     const now = Date.now();
+    stats.first ||= now;
+    stats.n++;
     tokens = Math.min(capacity, tokens + ((now - last) * rate) / 1000);
     last = now;
     if (tokens < 1) {
       stats.throttled++;
+      // Which request, how long after the first, and how short of a token the bucket was.
+      stats.refusals.push({ request: stats.n, after_ms: now - stats.first, tokens: Number(tokens.toFixed(2)) });
       return { status: 429, headers: { 'retry-after': '120' }, body: 'slow down' };
     }
     tokens -= 1;
@@ -430,6 +438,23 @@ async function strictPartner(rate, burst) {
     return 200;
   });
   return Object.assign(sub, { stats });
+}
+
+/** latency_ms of the first `n` delivered results the edge logged for `subscriber`. */
+function edgeLatencies(edge, subscriber, n) {
+  const out = [];
+  for (const line of edge.logs ?? []) {
+    if (!line.includes(`"subscriber_id":"${subscriber}"`)) continue;
+    const i = line.indexOf('{');
+    try {
+      const rec = JSON.parse(line.slice(i));
+      if (rec.outcome === 'delivered' || rec.outcome === 'failed') out.push(rec.latency_ms ?? null);
+    } catch {
+      /* not a record */
+    }
+    if (out.length >= n) break;
+  }
+  return out;
 }
 
 function maxInWindow(times, ms) {
@@ -444,8 +469,12 @@ function maxInWindow(times, ms) {
 
 const FAST_SPEC = { rate_per_sec: 5000, burst: 1000, max_in_flight: 100 };
 
-async function story(edge, { withPartner }) {
+async function story(edge, { withPartner, run = 0 }) {
   const label = withPartner ? 'story' : 'alone';
+  // Ids unique per run: the edge keeps each subscriber's limiter state (and a Retry-After
+  // pause) in its Durable Object for the life of the edge process.
+  const fastId = (i) => `fast_${run}_${i}`;
+  const partnerId = `partner_${run}`;
   const o = await origin({ edge });
   const sinks = [];
   let partner = null;
@@ -454,7 +483,7 @@ async function story(edge, { withPartner }) {
       const s = await startSink();
       sinks.push(s);
       await addSubscriber(o, {
-        id: `fast_${i}`,
+        id: fastId(i),
         url: `${s.url}/in`,
         event_types: ['video.trending'],
         ...FAST_SPEC,
@@ -464,7 +493,7 @@ async function story(edge, { withPartner }) {
     if (withPartner) {
       partner = await strictPartner(10, 20);
       await addSubscriber(o, {
-        id: 'partner',
+        id: partnerId,
         url: `${partner.url}/hooks`,
         event_types: ['video.*'],
         rate_per_sec: 10,
@@ -488,7 +517,7 @@ async function story(edge, { withPartner }) {
     const sinkMs = performance.now() - started;
     // The four fast subscribers' deliveries, as the ledger records them.
     let m = await scrape(o);
-    const fastSent = (mm) => [0, 1, 2, 3].reduce((n, i) => n + (mm[`fanout_subscriber_sent{subscriber="fast_${i}"}`] ?? 0), 0);
+    const fastSent = (mm) => [0, 1, 2, 3].reduce((n, i) => n + (mm[`fanout_subscriber_sent{subscriber="${fastId(i)}"}`] ?? 0), 0);
     const recorded = await until(async () => {
       m = await scrape(o);
       return fastSent(m) >= expected;
@@ -513,7 +542,11 @@ async function story(edge, { withPartner }) {
       partner429: partner ? partner.stats.throttled : 0,
       // The most requests the partner saw in any 1 s window (its limit: burst 20, then 10/s).
       partnerMaxPerS: partner ? maxInWindow(partner.requests.map((r) => r.time), 1000) : 0,
-      partnerPending: m['fanout_subscriber_pending{subscriber="partner"}'] ?? 0,
+      partnerPending: m[`fanout_subscriber_pending{subscriber="${partnerId}"}`] ?? 0,
+      partnerRefusals: partner ? partner.stats.refusals : [],
+      // The edge's own latency for the partner's first deliveries (its log lines), to tell
+      // arrival jitter from sending too fast.
+      partnerEdgeLatencies: partner ? edgeLatencies(edge, partnerId, 40) : [],
       dead: m['fanout_deliveries{status="dead"}'] ?? 0,
       deferrals: Object.entries(m)
         .filter(([k]) => k.startsWith('fanout_edge_deferrals_total'))
@@ -671,8 +704,10 @@ async function main() {
     }
     if (ONLY.has('story')) {
       log(`\n== story: ${STORY_EVENTS} events x 5 subscribers through the edge`);
-      if (!opts['no-story-alone']) results.story.push(await story(edge, { withPartner: false }));
-      results.story.push(await story(edge, { withPartner: true }));
+      for (let r = 0; r < STORY_ROUNDS; r++) {
+        const order = opts['no-story-alone'] ? [true] : r % 2 ? [true, false] : [false, true];
+        for (const withPartner of order) results.story.push(await story(edge, { withPartner, run: results.story.length }));
+      }
     }
   } finally {
     if (edge) await edge.stop();
@@ -759,9 +794,24 @@ function report(results) {
     p();
   }
   if (results.story.length) {
-    const s = results.story.find((r) => r.withPartner);
-    const a = results.story.find((r) => !r.withPartner);
-    p(`The story through the edge lane (${results.edgeRunner === 'api' ? 'inspector off' : 'wrangler dev'}): ${STORY_EVENTS} video.trending events × 5 subscribers`);
+    // Medians over the story rounds, per field (each row is one measure).
+    const agg = (runs) => {
+      if (!runs.length) return null;
+      const m = { withPartner: runs[0].withPartner, db: {}, n: runs.length };
+      for (const k of Object.keys(runs[0])) {
+        if (typeof runs[0][k] === 'number') m[k] = median(runs.map((r) => r[k]));
+      }
+      for (const k of ['db', 'wal', 'shm']) m.db[k] = median(runs.map((r) => r.db[k]));
+      m.partner429 = Math.max(...runs.map((r) => r.partner429));
+      m.partnerMaxPerS = Math.max(...runs.map((r) => r.partnerMaxPerS));
+      m.rssPeak = Math.max(...runs.map((r) => r.rssPeak));
+      m.dead = Math.max(...runs.map((r) => r.dead));
+      return m;
+    };
+    const s = agg(results.story.filter((r) => r.withPartner));
+    const a = agg(results.story.filter((r) => !r.withPartner));
+    p(`The story through the edge lane (${results.edgeRunner === 'api' ? 'inspector off' : 'wrangler dev'}): ${STORY_EVENTS} video.trending events × 5 subscribers` +
+      ` (median of ${STORY_ROUNDS} run(s) each; peak RSS, 429s, dead: the worst run)`);
     p('| measure                                  | with the partner | without it |');
     p('|------------------------------------------|-----------------:|-----------:|');
     const row = (name, f) => p(`| ${name.padEnd(40)} | ${(s ? f(s) : 'n/a').padStart(16)} | ${(a ? f(a) : 'n/a').padStart(10)} |`);
@@ -769,12 +819,16 @@ function report(results) {
     row('  of which ingest of the burst (s)', (r) => fmt(r.ingestMs / 1000, 2));
     row('deliveries/s (all recorded sent ÷ drain)', (r) => fmt(r.deliveriesPerS));
     row('daemon peak RSS (VmHWM)', (r) => mib(r.rssPeak));
-    row('database: db + wal (shm)', (r) => `${mib(r.db.db + r.db.wal)} (${(r.db.shm / 1024).toFixed(0)} KiB)`);
+    row('database file + WAL', (r) => `${mib(r.db.db)} + ${mib(r.db.wal)}`);
     row('partner: received / 429s', (r) => (r.withPartner ? `${r.partnerGot} / ${r.partner429}` : '—'));
     row('partner: most requests in any 1 s', (r) => (r.withPartner ? String(r.partnerMaxPerS) : '—'));
     row('dead / edge deferrals', (r) => `${r.dead} / ${r.deferrals}`);
     row('daemon cores during the drain', (r) => fmt(r.daemonCores, 2));
     if (s && a) p(`  drain with the partner ÷ without: ${fmt(s.drainMs / a.drainMs, 2)}×`);
+    for (const r of results.story.filter((x) => x.partner429 > 0)) {
+      p(`  partner 429 in run ${results.story.indexOf(r)}: ${JSON.stringify(r.partnerRefusals)}; ` +
+        `edge latency of its first deliveries (ms): ${r.partnerEdgeLatencies.join(' ')}`);
+    }
     if (s) {
       p(`  target peak RSS ≤ 100 MB: ${verdict(s.rssPeak <= 100e6)} (${fmt(s.rssPeak / 1e6, 1)} MB); partner 429s = 0: ${verdict(s.partner429 === 0)}`);
     }

@@ -158,28 +158,11 @@ mod tests {
         apply, claim, create_subscriber, get_subscriber, ingest, replay_bulk, DeliveryFilter,
         NewEvent, Outcome, Transition,
     };
-    use crate::model::{Lane, Limits, Subscriber};
 
     fn db_with(sub: &str, events: usize) -> Connection {
         let mut c = Connection::open_in_memory().unwrap();
         super::super::schema::migrate(&mut c).unwrap();
-        let s = Subscriber {
-            id: sub.into(),
-            url: "https://example.com/h".into(),
-            event_types: vec!["*".into()],
-            limits: Limits {
-                rate_per_sec: 10.0,
-                burst: 20,
-                max_in_flight: 8,
-                timeout_ms: 1000,
-            },
-            lane: Lane::Origin,
-            legacy_signature: false,
-            secrets: vec![],
-            created_ms: 0,
-            updated_ms: 0,
-            health: Default::default(),
-        };
+        let s = crate::ledger::test_subscriber(sub, &["*"]);
         create_subscriber(&c, &s, "s").unwrap();
         let evs: Vec<NewEvent> = (0..events)
             .map(|i| NewEvent {

@@ -15,6 +15,29 @@ mod stats;
 pub mod status;
 mod writer;
 
+/// A subscriber row for the ledger's unit tests: origin lane, 10/s, burst 20.
+#[cfg(test)]
+pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscriber {
+    use crate::model::{Lane, Limits, Subscriber};
+    Subscriber {
+        id: id.into(),
+        url: "https://example.com/h".into(),
+        event_types: types.iter().map(|s| s.to_string()).collect(),
+        limits: Limits {
+            rate_per_sec: 10.0,
+            burst: 20,
+            max_in_flight: 8,
+            timeout_ms: 1000,
+        },
+        lane: Lane::Origin,
+        legacy_signature: false,
+        secrets: vec![],
+        created_ms: 0,
+        updated_ms: 0,
+        health: Default::default(),
+    }
+}
+
 use std::path::Path;
 use std::sync::mpsc;
 

@@ -899,7 +899,7 @@ pub fn status_counts(c: &Connection) -> Result<Vec<(String, i64)>, LedgerError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Lane, Limits, Subscriber};
+    use crate::model::Subscriber;
 
     fn db() -> Connection {
         let mut c = Connection::open_in_memory().unwrap();
@@ -908,23 +908,7 @@ mod tests {
     }
 
     fn sub(id: &str, types: &[&str]) -> Subscriber {
-        Subscriber {
-            id: id.into(),
-            url: "https://example.com/h".into(),
-            event_types: types.iter().map(|s| s.to_string()).collect(),
-            limits: Limits {
-                rate_per_sec: 10.0,
-                burst: 20,
-                max_in_flight: 8,
-                timeout_ms: 1000,
-            },
-            lane: Lane::Origin,
-            legacy_signature: false,
-            secrets: vec![],
-            created_ms: 0,
-            updated_ms: 0,
-            health: Default::default(),
-        }
+        crate::ledger::test_subscriber(id, types)
     }
 
     fn ev(id: &str, ty: &str) -> NewEvent {

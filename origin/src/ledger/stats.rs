@@ -96,26 +96,10 @@ pub fn subscriber_stats(
 mod tests {
     use super::*;
     use crate::ledger::{apply, claim, create_subscriber, ingest, NewEvent, Outcome, Transition};
-    use crate::model::{Disabled, Limits, Subscriber};
+    use crate::model::{Disabled, Subscriber};
 
     fn sub(id: &str) -> Subscriber {
-        Subscriber {
-            id: id.into(),
-            url: "https://example.com/h".into(),
-            event_types: vec!["*".into()],
-            limits: Limits {
-                rate_per_sec: 10.0,
-                burst: 20,
-                max_in_flight: 8,
-                timeout_ms: 1000,
-            },
-            lane: Lane::Origin,
-            legacy_signature: false,
-            secrets: vec![],
-            created_ms: 0,
-            updated_ms: 0,
-            health: Default::default(),
-        }
+        crate::ledger::test_subscriber(id, &["*"])
     }
 
     #[test]

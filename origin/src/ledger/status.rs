@@ -79,29 +79,12 @@ mod tests {
     use super::*;
     use crate::ledger::{apply, claim, create_subscriber, ingest, AttemptRecord, NewEvent};
     use crate::ledger::{Outcome, Transition};
-    use crate::model::{Lane, Limits, Subscriber};
 
     #[test]
     fn counts_and_last_error() {
         let mut c = Connection::open_in_memory().unwrap();
         super::super::schema::migrate(&mut c).unwrap();
-        let sub = Subscriber {
-            id: "a".into(),
-            url: "https://example.com/h".into(),
-            event_types: vec!["*".into()],
-            limits: Limits {
-                rate_per_sec: 10.0,
-                burst: 20,
-                max_in_flight: 8,
-                timeout_ms: 1000,
-            },
-            lane: Lane::Origin,
-            legacy_signature: false,
-            secrets: vec![],
-            created_ms: 0,
-            updated_ms: 0,
-            health: Default::default(),
-        };
+        let sub = crate::ledger::test_subscriber("a", &["*"]);
         create_subscriber(&c, &sub, "s").unwrap();
         let evs: Vec<NewEvent> = (0..3)
             .map(|i| NewEvent {

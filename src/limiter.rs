@@ -111,30 +111,25 @@ impl LimiterState {
     pub fn status(
         &self,
         id: &str,
-        limits: Option<Limits>,
+        limits: Limits,
         in_flight: u32,
         now_ms: i64,
     ) -> SubscriberStatus {
-        let tokens = match (self.bucket, limits) {
-            (Some(mut b), Some(l)) => {
-                b.refill(l.rate, now_ms);
+        let tokens = match self.bucket {
+            Some(mut b) => {
+                b.refill(limits.rate, now_ms);
                 b.tokens
             }
-            (Some(b), None) => b.tokens,
-            (None, Some(l)) => f64::from(l.rate.burst),
-            (None, None) => 0.0,
+            None => f64::from(limits.rate.burst),
         };
         SubscriberStatus {
             id: id.to_string(),
             tokens,
-            rate_per_sec: limits.map(|l| l.rate.per_sec),
-            burst: limits.map(|l| l.rate.burst),
+            rate_per_sec: limits.rate.per_sec,
+            burst: limits.rate.burst,
             in_flight,
             paused_until_ms: self.paused_until_ms.filter(|&p| p > now_ms),
-            breaker: self.breaker.view(
-                limits.map_or_else(BreakerConfig::default, |l| l.breaker),
-                now_ms,
-            ),
+            breaker: self.breaker.view(limits.breaker, now_ms),
         }
     }
 }
@@ -284,7 +279,7 @@ mod tests {
             0,
             20,
         );
-        let view = s.status("sub", Some(LIMITS), 3, 500);
+        let view = s.status("sub", LIMITS, 3, 500);
         assert!((view.tokens - 5.0).abs() < 1e-9);
         assert_eq!(view.in_flight, 3);
         assert_eq!(s.bucket.map(|b| b.updated_ms), Some(0));

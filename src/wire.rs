@@ -339,8 +339,8 @@ pub struct SubscriberStatus {
     pub id: String,
     /// Tokens available now (after refill).
     pub tokens: f64,
-    pub rate_per_sec: Option<f64>,
-    pub burst: Option<u32>,
+    pub rate_per_sec: f64,
+    pub burst: u32,
     pub in_flight: u32,
     /// Unix ms until which the subscriber is paused by its own Retry-After, if in the future.
     pub paused_until_ms: Option<i64>,

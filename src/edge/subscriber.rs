@@ -176,7 +176,7 @@ impl SubscriberDO {
         };
         let view = stored
             .limiter
-            .status(&id, Some(limits), self.in_flight.get(), now_ms());
+            .status(&id, limits, self.in_flight.get(), now_ms());
         Response::from_json(&view)
     }
 }

@@ -64,7 +64,7 @@ fn stats(s: &Subscriber, c: &SubscriberCounts, now_ms: i64) -> SubscriberStats {
     let in_flight = u32::try_from(c.in_flight).unwrap_or(u32::MAX);
     let limiter = c.limiter.status(
         &s.id,
-        Some(s.limits.core(BreakerConfig::default())),
+        s.limits.core(BreakerConfig::default()),
         in_flight,
         now_ms,
     );

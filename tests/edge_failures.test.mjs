@@ -186,6 +186,54 @@ test('a hanging subscriber: `failed` with `timeout`; max_in_flight 2 holds under
   }
 });
 
+test('a delivery that has its answer frees its in-flight slot at once, while its batch-mate still hangs', async () => {
+  let release;
+  const held = new Promise((resolve) => {
+    release = resolve;
+  });
+  const sub = await startSubscriber((req) => (req.body.includes('"hold":true') ? held.then(() => 200) : 200));
+  try {
+    const spec = subscriberSpec(`${sub.url}/hook`, { timeout_ms: 20_000, max_in_flight: 2 });
+    const slow = delivery({ body: JSON.stringify({ hold: true }) });
+    let firstDone = false;
+    const first = send(edge, spec, [slow, delivery()]).then((r) => {
+      firstDone = true;
+      return r;
+    });
+    await waitFor(() => sub.requests.length === 2, 5_000, { message: 'both deliveries of the first call sent' });
+
+    // The quick one was answered: its slot is free for the next call although its batch is not
+    // done. (If slots were freed only when a whole batch ends, every call here would be
+    // deferred `in_flight` until the held request times out 20 s later.)
+    let deferred = 0;
+    const next = await waitFor(async () => {
+      const [r] = await send(edge, spec, [delivery()]);
+      if (r.outcome === 'deferred') {
+        assert.equal(r.reason, 'in_flight', JSON.stringify(r));
+        deferred += 1;
+        return null;
+      }
+      return r;
+    }, 5_000, { intervalMs: 20, message: 'a later call delivered while the held request is open' });
+    assert.equal(next.outcome, 'delivered', JSON.stringify(next));
+    assert.equal(firstDone, false, 'the first call is still waiting for its held delivery');
+    const st = await subscriberStatus(edge, spec.id);
+    assert.equal(st.json.in_flight, 1, st.text);
+
+    release();
+    const results = await first;
+    assert.deepEqual(
+      results.map((r) => r.outcome),
+      ['delivered', 'delivered'],
+    );
+    assert.equal(sub.requests.length, 3, `the ${deferred} deferred call(s) sent nothing`);
+    assert.equal((await subscriberStatus(edge, spec.id)).json.in_flight, 0);
+  } finally {
+    release();
+    await sub.close();
+  }
+});
+
 test('404 and 410 are rejected; 3xx is failed and Location is never followed; 5xx body cut to 4 KiB', async () => {
   const target = await startSubscriber(() => 200);
   const big = Array.from({ length: 10 * 1024 }, (_, i) => String.fromCharCode(97 + (i % 26))).join('');

@@ -72,10 +72,10 @@ async fn deliveries(req: &mut Request, env: &Env) -> Result<Response, EdgeError>
         .get_stub()?;
     let mut init = RequestInit::new();
     init.with_method(Method::Post)
-        .with_body(Some(worker::wasm_bindgen::JsValue::from_str(
-            // Validated above and forwarded as received: the object parses the same bytes.
-            &String::from_utf8_lossy(&body),
-        )));
+        // Validated above and forwarded as received: the object parses the same bytes.
+        .with_body(Some(
+            worker::js_sys::Uint8Array::from(body.as_slice()).into(),
+        ));
     let inner = Request::new_with_init("https://subscriber.internal/deliver", &init)?;
     Ok(stub.fetch_with_request(inner).await?)
 }

@@ -1,21 +1,39 @@
 //! Sending what the Durable Object granted: one signed POST per delivery (Standard Webhooks
-//! headers, `redirect: manual`), all of a batch at once. They start together, so one timer and
-//! one abort signal per batch enforce every delivery's timeout: when the timer fires, whatever
-//! is still open is aborted and reported as a timeout.
+//! headers, `redirect: manual`), all of a batch at once, with one timer for the batch.
+//!
+//! The signing, the classification and the limiter stay in Rust; the fetches themselves run in
+//! `send.js` (a wasm-bindgen snippet), handed the whole batch in one call and reporting each
+//! delivery back once as it settles. Each delivery therefore crosses the wasm boundary once,
+//! not once per header, request object, promise and body copy.
 
-use std::pin::pin;
-use std::time::Duration;
+use std::cell::RefCell;
+use std::rc::Rc;
 
-use futures_util::future::{select, Either};
-use futures_util::stream::{FuturesUnordered, StreamExt};
-use worker::{
-    AbortController, AbortSignal, Delay, Fetch, Headers, Method, Request, RequestInit,
-    RequestRedirect,
-};
+use serde::Serialize;
+use wasm_bindgen::prelude::{wasm_bindgen, Closure};
+use worker::js_sys;
+use worker::wasm_bindgen_futures::JsFuture;
 
 use crate::retry::{parse_retry_after, result_for, Attempt};
 use crate::sign::{self, Secret};
 use crate::wire::{Delivery, DeliveryResult, TransportError, RESPONSE_BODY_LIMIT};
+
+#[wasm_bindgen(module = "/src/edge/send.js")]
+extern "C" {
+    #[wasm_bindgen(js_name = sendBatch)]
+    fn send_batch(
+        url: &str,
+        batch_json: &str,
+        timeout_ms: f64,
+        body_limit: u32,
+        on_done: &Closure<dyn FnMut(u32, i32, Option<String>, Option<String>, f64)>,
+    ) -> js_sys::Promise;
+}
+
+/// `send.js`'s codes for an exchange that produced no HTTP status.
+const CONNECT_ERROR: i32 = 0;
+const TIMEOUT: i32 = -1;
+const BAD_REQUEST: i32 = -2;
 
 /// Where and how a batch is sent.
 pub struct Target<'a> {
@@ -25,125 +43,137 @@ pub struct Target<'a> {
     pub timeout_ms: u64,
 }
 
-pub struct Outcome {
-    pub attempt: Attempt,
-    pub result: DeliveryResult,
-}
-
 fn now_ms() -> i64 {
-    worker::js_sys::Date::now() as i64
+    js_sys::Date::now() as i64
 }
 
-/// Send every delivery concurrently; `on_done` sees each outcome as soon as it is known (the
-/// caller folds it into the limiter). Returns the outcomes in the order of `deliveries`.
-/// Never fails: every failure is an [`Outcome`].
-pub async fn deliver_all(
+/// What `send.js` is handed: the headers every delivery of the batch shares, then each
+/// delivery's own headers and body.
+#[derive(Serialize)]
+struct JsBatch<'a> {
+    common: [(&'static str, &'a str); 3],
+    items: Vec<JsItem<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsItem<'a> {
+    headers: Vec<(&'static str, String)>,
+    body: &'a str,
+}
+
+fn js_batch<'a>(
     target: &Target<'_>,
-    deliveries: &[Delivery],
-    mut on_done: impl FnMut(&Outcome),
-) -> Vec<Outcome> {
-    let started = now_ms();
-    let controller = AbortController::default();
-    let signal = controller.signal();
-    let mut slots: Vec<Option<Outcome>> = deliveries.iter().map(|_| None).collect();
-    let mut pending: FuturesUnordered<_> = deliveries
+    deliveries: &'a [Delivery],
+    timestamp: &'a str,
+    now_secs: i64,
+) -> JsBatch<'a> {
+    let items = deliveries
         .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let signal = &signal;
-            async move {
-                let attempt = match request(target, d, started) {
-                    Ok(req) => exchange(req, signal).await,
-                    Err(_) => Err(TransportError::RefusedUrl),
-                };
-                (i, attempt)
+        .map(|d| {
+            let body = d.body.as_bytes();
+            let signed = sign::sign_headers(target.secrets, &d.event_id, now_secs, body);
+            let mut headers = vec![
+                (sign::HEADER_ID, signed.id),
+                (sign::HEADER_SIGNATURE, signed.signature),
+            ];
+            if target.legacy {
+                if let Some(first) = target.secrets.first() {
+                    headers.push((sign::HEADER_LEGACY, first.sign_legacy(body)));
+                }
+            }
+            JsItem {
+                headers,
+                body: &d.body,
             }
         })
         .collect();
-    let mut timer = pin!(Delay::from(Duration::from_millis(target.timeout_ms)));
-    loop {
-        match select(pending.next(), timer.as_mut()).await {
-            Either::Left((Some((i, attempt)), _)) => {
-                let outcome = finish(&deliveries[i], attempt, started);
-                on_done(&outcome);
-                slots[i] = Some(outcome);
-            }
-            Either::Left((None, _)) => break,
-            Either::Right(((), _)) => {
-                controller.abort();
-                break;
-            }
-        }
+    JsBatch {
+        common: [
+            ("content-type", "application/json"),
+            ("user-agent", "Fanout/1 (+webhooks)"),
+            (sign::HEADER_TIMESTAMP, timestamp),
+        ],
+        items,
     }
-    drop(pending);
-    slots
+}
+
+/// What one settled exchange left behind until the batch is done.
+struct Settled {
+    attempt: Attempt,
+    body: String,
+    latency_ms: u64,
+}
+
+/// Send every delivery concurrently; `on_done` sees each attempt as soon as it is known (the
+/// caller folds it into the limiter). Returns the results in the order of `deliveries`.
+/// Never fails: every failure is a result.
+pub async fn deliver_all(
+    target: &Target<'_>,
+    deliveries: &[Delivery],
+    on_done: impl FnMut(&Attempt) + 'static,
+) -> Vec<DeliveryResult> {
+    let started = now_ms();
+    let timestamp = (started / 1000).to_string();
+    let slots: Rc<RefCell<Vec<Option<Settled>>>> =
+        Rc::new(RefCell::new(deliveries.iter().map(|_| None).collect()));
+    // Serialising strings and string pairs cannot fail; an empty batch would send nothing.
+    let json = serde_json::to_string(&js_batch(target, deliveries, &timestamp, started / 1000))
+        .unwrap_or_default();
+
+    let on_done = Rc::new(RefCell::new(on_done));
+    let (filled, report) = (Rc::clone(&slots), Rc::clone(&on_done));
+    let callback = Closure::<dyn FnMut(u32, i32, Option<String>, Option<String>, f64)>::new(
+        move |index: u32,
+              status: i32,
+              retry_after: Option<String>,
+              body: Option<String>,
+              latency: f64| {
+            let attempt = match status {
+                CONNECT_ERROR => Attempt::Transport(TransportError::Connect),
+                TIMEOUT => Attempt::Transport(TransportError::Timeout),
+                BAD_REQUEST => Attempt::Transport(TransportError::RefusedUrl),
+                status => Attempt::Status {
+                    status: u16::try_from(status).unwrap_or(0),
+                    retry_after_ms: retry_after.and_then(|v| parse_retry_after(&v, now_ms())),
+                },
+            };
+            (report.borrow_mut())(&attempt);
+            if let Some(slot) = filled.borrow_mut().get_mut(index as usize) {
+                *slot = Some(Settled {
+                    attempt,
+                    body: body.unwrap_or_default(),
+                    latency_ms: latency.max(0.0) as u64,
+                });
+            }
+        },
+    );
+    let promise = send_batch(
+        target.url,
+        &json,
+        target.timeout_ms as f64,
+        RESPONSE_BODY_LIMIT as u32,
+        &callback,
+    );
+    // send.js never rejects and settles every item before it resolves; should it break that
+    // promise anyway, what it did not report counts as a timeout below.
+    let _ = JsFuture::from(promise).await;
+    drop(callback);
+
+    let settled = std::mem::take(&mut *slots.borrow_mut());
+    settled
         .into_iter()
         .zip(deliveries)
         .map(|(slot, d)| {
-            slot.unwrap_or_else(|| {
-                let outcome = finish(d, Err(TransportError::Timeout), started);
-                on_done(&outcome);
-                outcome
-            })
+            let s = slot.unwrap_or_else(|| {
+                let attempt = Attempt::Transport(TransportError::Timeout);
+                (on_done.borrow_mut())(&attempt);
+                Settled {
+                    attempt,
+                    body: String::new(),
+                    latency_ms: (now_ms() - started).max(0) as u64,
+                }
+            });
+            result_for(&d.id, &s.attempt, s.latency_ms, Some(&s.body))
         })
         .collect()
-}
-
-fn finish(
-    d: &Delivery,
-    attempt: Result<(Attempt, String), TransportError>,
-    started: i64,
-) -> Outcome {
-    let latency_ms = (now_ms() - started).max(0) as u64;
-    let (attempt, body) = match attempt {
-        Ok((a, body)) => (a, body),
-        Err(e) => (Attempt::Transport(e), String::new()),
-    };
-    let result = result_for(&d.id, &attempt, latency_ms, Some(&body));
-    Outcome { attempt, result }
-}
-
-fn request(target: &Target<'_>, d: &Delivery, now_ms: i64) -> worker::Result<Request> {
-    let headers = Headers::new();
-    let body = d.body.as_bytes();
-    let signed = sign::sign_headers(target.secrets, &d.event_id, now_ms / 1000, body);
-    headers.set("content-type", "application/json")?;
-    headers.set("user-agent", "Fanout/1 (+webhooks)")?;
-    headers.set(sign::HEADER_ID, &signed.id)?;
-    headers.set(sign::HEADER_TIMESTAMP, &signed.timestamp)?;
-    headers.set(sign::HEADER_SIGNATURE, &signed.signature)?;
-    if target.legacy {
-        if let Some(first) = target.secrets.first() {
-            headers.set(sign::HEADER_LEGACY, &first.sign_legacy(body))?;
-        }
-    }
-    let mut init = RequestInit::new();
-    init.with_method(Method::Post)
-        .with_headers(headers)
-        .with_redirect(RequestRedirect::Manual)
-        .with_body(Some(worker::wasm_bindgen::JsValue::from_str(&d.body)));
-    Request::new_with_init(target.url, &init)
-}
-
-/// One exchange; the response body is read whole (so the connection can be reused) and cut to
-/// [`RESPONSE_BODY_LIMIT`].
-async fn exchange(req: Request, signal: &AbortSignal) -> Result<(Attempt, String), TransportError> {
-    let mut resp = Fetch::Request(req)
-        .send_with_signal(signal)
-        .await
-        .map_err(|_| TransportError::Connect)?;
-    let status = resp.status_code();
-    let retry_after = resp
-        .headers()
-        .get("retry-after")
-        .ok()
-        .flatten()
-        .and_then(|v| parse_retry_after(&v, now_ms()));
-    let attempt = Attempt::Status {
-        status,
-        retry_after_ms: retry_after,
-    };
-    let body = resp.bytes().await.unwrap_or_default();
-    let cut = &body[..body.len().min(RESPONSE_BODY_LIMIT)];
-    Ok((attempt, String::from_utf8_lossy(cut).into_owned()))
 }

@@ -3,6 +3,7 @@
 //! granted concurrently, and folds each outcome back into the stored state.
 
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 use worker::{durable_object, DurableObject, Env, Method, Request, Response, State};
@@ -41,8 +42,9 @@ impl Stored {
 #[allow(missing_debug_implementations)] // `State` has no Debug; the object is never printed.
 pub struct SubscriberDO {
     state: State,
-    stored: RefCell<Stored>,
-    in_flight: Cell<u32>,
+    // Shared with the callback that folds each outcome in as it arrives (see `deliver`).
+    stored: Rc<RefCell<Stored>>,
+    in_flight: Rc<Cell<u32>>,
 }
 
 fn now_ms() -> i64 {
@@ -131,16 +133,16 @@ impl SubscriberDO {
             legacy: sub.legacy_signature,
             timeout_ms: sub.timeout_ms,
         };
-        let outcomes = send::deliver_all(&target, to_send, |outcome| {
+        let (stored, in_flight) = (Rc::clone(&self.stored), Rc::clone(&self.in_flight));
+        let mut results = send::deliver_all(&target, to_send, move |attempt| {
             // Fold each outcome in as soon as it is known, so concurrent calls see it.
-            self.in_flight.set(self.in_flight.get().saturating_sub(1));
-            self.stored
+            in_flight.set(in_flight.get().saturating_sub(1));
+            stored
                 .borrow_mut()
                 .limiter
-                .record(limits, &outcome.attempt, now_ms());
+                .record(limits, attempt, now_ms());
         })
         .await;
-        let mut results: Vec<DeliveryResult> = outcomes.into_iter().map(|o| o.result).collect();
         self.save()?;
         results.extend(
             to_defer
@@ -192,8 +194,8 @@ impl DurableObject for SubscriberDO {
         };
         Self {
             state,
-            stored: RefCell::new(stored),
-            in_flight: Cell::new(0),
+            stored: Rc::new(RefCell::new(stored)),
+            in_flight: Rc::new(Cell::new(0)),
         }
     }
 

@@ -1,6 +1,11 @@
 //! The one log record per delivery outcome. Built from an allowlist of fields by construction:
 //! it has no field that could hold a payload, a URL, a header, an address, a secret or a
 //! response body.
+//!
+//! A call's records are written together, one JSON object per line ([`lines`]): the Worker
+//! makes one `console.log` per call, not one per delivery, because each `console.log` has a
+//! fixed cost in the runtime's log pipeline that would otherwise be paid a hundred times per
+//! batch (BENCHMARKS.md, "Where the time goes").
 
 use serde::Serialize;
 
@@ -45,6 +50,19 @@ impl<'a> LogRecord<'a> {
     }
 }
 
+/// The records of one call, one JSON object per line, in the order of `deliveries` (each
+/// delivery paired with its result; extra items on either side are ignored).
+pub fn lines(subscriber_id: &str, deliveries: &[Delivery], results: &[DeliveryResult]) -> String {
+    let mut out = String::with_capacity(deliveries.len() * 200);
+    for (d, r) in deliveries.iter().zip(results) {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&LogRecord::new(subscriber_id, d, r).to_json());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +89,55 @@ mod tests {
             json,
             r#"{"delivery_id":"dlv_1","event_id":"evt_1","event_type":"video.trending","subscriber_id":"sub_a","outcome":"failed","status":500,"latency_ms":12,"attempt":2}"#
         );
+    }
+
+    #[test]
+    fn one_line_per_outcome_in_delivery_order() {
+        let d = |id: &str| Delivery {
+            id: id.into(),
+            event_id: format!("evt_{id}"),
+            event_type: "user.signup".into(),
+            attempt: 1,
+            body: "{\"email\":\"jane@example.com\",\"note\":\"a\\nb\"}".into(),
+        };
+        let deliveries = [d("a"), d("b"), d("c")];
+        let results = [
+            DeliveryResult::Delivered {
+                id: "a".into(),
+                status: 204,
+                latency_ms: 3,
+            },
+            DeliveryResult::Rejected {
+                id: "b".into(),
+                status: Some(410),
+                reason: "gone".into(),
+                response_body: None,
+            },
+            DeliveryResult::Deferred {
+                id: "c".into(),
+                retry_after_ms: 100,
+                reason: crate::wire::DeferReason::Rate,
+            },
+        ];
+        let text = lines("sub_a", &deliveries, &results);
+        let got: Vec<serde_json::Value> = text
+            .split('\n')
+            .map(|l| serde_json::from_str(l).expect("each line is one JSON object"))
+            .collect();
+        let outcomes: Vec<(&str, &str)> = got
+            .iter()
+            .map(|v| {
+                (
+                    v["delivery_id"].as_str().unwrap(),
+                    v["outcome"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            outcomes,
+            [("a", "delivered"), ("b", "rejected"), ("c", "deferred")]
+        );
+        assert!(!text.contains("jane"), "no payload in the records: {text}");
+        assert_eq!(lines("sub_a", &[], &[]), "");
     }
 }

@@ -12,7 +12,7 @@ use super::send;
 use crate::breaker::BreakerConfig;
 use crate::bucket::Rate;
 use crate::limiter::{LimiterState, Limits};
-use crate::logrec::LogRecord;
+use crate::logrec;
 use crate::sign::Secret;
 use crate::wire::{BatchResponse, DeliveryBatch, DeliveryResult, ErrorBody};
 
@@ -154,9 +154,8 @@ impl SubscriberDO {
                     reason,
                 }),
         );
-        for (d, r) in batch.deliveries.iter().zip(&results) {
-            worker::console_log!("{}", LogRecord::new(&sub.id, d, r).to_json());
-        }
+        // One console.log per call, one JSON record per line (see logrec).
+        worker::console_log!("{}", logrec::lines(&sub.id, &batch.deliveries, &results));
         let body = BatchResponse { results };
         Ok(Response::from_json(&body)?.with_status(body.http_status()))
     }

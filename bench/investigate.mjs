@@ -1,11 +1,10 @@
-// Where does the edge's time go? (BENCHMARKS.md, "Where the time goes".) Builds two variants of
-// the Worker from a scratch copy of this checkout (src/ itself is never touched), then runs
-// bench/edge.mjs with the dev inspector off (--runner api) at batch 100, side by side with:
+// Where does the edge's time go? (BENCHMARKS.md, "Where the time goes".) Builds variants of the
+// Worker from a scratch copy of this checkout (src/ itself is never touched), then runs
+// bench/edge.mjs at batch 100, 10 subscribers (by default with the dev inspector off,
+// --runner api; pass --runner cli for wrangler dev), side by side with:
 //   edge            the real build/ (as `npm run bench:edge` measures it)
-//   edge[nolog]     the same code without the per-delivery console.log
-//   edge[min]       also without the per-delivery HMAC and without the timeout timer/AbortController
-//   edge[textjson]  edge[nolog] whose Durable Object parses the batch with serde_json from the
-//                   body text instead of worker's Request::json (JSON.parse + serde_wasm_bindgen)
+//   edge[nolog]     the same code without the call's console.log
+//   edge[nosign]    the same code with a fixed signature instead of the per-delivery HMAC
 //   bare            bench/bare-worker (the ceiling)
 //   probe[...]      bench/probe-worker: the bare fetch loop plus one edge cost at a time, in JS
 //
@@ -25,42 +24,20 @@ const passThrough = args.filter((a) => a !== '--keep');
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'fanout-variants-'));
 const targetDir = path.join(scratch, 'target');
 
-const LOG_LOOP = `        for (d, r) in batch.deliveries.iter().zip(&results) {
-            worker::console_log!("{}", LogRecord::new(&sub.id, d, r).to_json());
-        }
-`;
-const NO_LOG = `        let _ = LogRecord::new; // variant: no per-delivery console.log
-`;
-const SIGN = `    let signed = sign::sign_headers(secrets, &d.event_id, now_ms / 1000, d.body.as_bytes());`;
-const NO_SIGN = `    // variant: no HMAC
-    let _ = sign::sign_headers;
-    let signed = sign::SignedHeaders {
-        id: d.event_id.clone(),
-        timestamp: (now_ms / 1000).to_string(),
-        signature: "v1,unsigned".to_string(),
-    };`;
-const TIMER_START = '    let elapsed = (now_ms() - started_ms).max(0) as u64;';
-const NO_TIMER = `    // variant: no timer, no abort
-    let _ = (timeout_ms, started_ms, &controller);
-    work.await
-}
-`;
-
-const JSON_BODY = 'match req.json().await {';
-const TEXT_JSON =
-  'match req.text().await.map_err(|e| e.to_string()).and_then(|t| serde_json::from_str::<DeliveryBatch>(&t).map_err(|e| e.to_string())) {';
+const LOG = `        worker::console_log!("{}", logrec::lines(&sub.id, &batch.deliveries, &results));`;
+const NO_LOG = `        let _ = logrec::lines; // variant: no console.log`;
+const SIGN = `            let signed = sign::sign_headers(target.secrets, &d.event_id, now_secs, body);`;
+const NO_SIGN = `            // variant: no HMAC
+            let _ = sign::sign_headers;
+            let signed = sign::SignedHeaders {
+                id: d.event_id.clone(),
+                timestamp: now_secs.to_string(),
+                signature: "v1,unsigned".to_string(),
+            };`;
 
 const variants = {
-  nolog: [['src/edge/subscriber.rs', LOG_LOOP, NO_LOG]],
-  min: [
-    ['src/edge/subscriber.rs', LOG_LOOP, NO_LOG],
-    ['src/edge/send.rs', SIGN, NO_SIGN],
-    ['src/edge/send.rs', TIMER_START, null], // replace from here to the end of exchange()
-  ],
-  textjson: [
-    ['src/edge/subscriber.rs', LOG_LOOP, NO_LOG],
-    ['src/edge/subscriber.rs', JSON_BODY, TEXT_JSON],
-  ],
+  nolog: [['src/edge/subscriber.rs', LOG, NO_LOG]],
+  nosign: [['src/edge/send.rs', SIGN, NO_SIGN]],
 };
 
 function copyCheckout(dest) {
@@ -75,18 +52,10 @@ function copyCheckout(dest) {
 
 function apply(dir, [file, from, to]) {
   const p = path.join(dir, file);
-  let s = fs.readFileSync(p, 'utf8');
+  const s = fs.readFileSync(p, 'utf8');
   const i = s.indexOf(from);
   if (i < 0) throw new Error(`variant patch no longer applies: ${file} has no\n${from}`);
-  if (to === null) {
-    // From `from` up to the end of the function: the first line that is exactly "}".
-    const end = s.indexOf('\n}\n', i);
-    if (end < 0) throw new Error(`variant patch: no end of function after the timer in ${file}`);
-    s = s.slice(0, i) + NO_TIMER + s.slice(end + 3);
-  } else {
-    s = s.slice(0, i) + to + s.slice(i + from.length);
-  }
-  fs.writeFileSync(p, s);
+  fs.writeFileSync(p, s.slice(0, i) + to + s.slice(i + from.length));
 }
 
 try {
@@ -109,7 +78,7 @@ try {
     dosqlhdr: 'do=1&sql=1&headers=1',
     log: 'log=1',
     logbatch: 'log=2',
-    all: 'do=1&sql=1&headers=1&log=1&sign=1&timeout=1',
+    all: 'do=1&sql=1&headers=1&log=2&sign=1&timeout=1',
   };
   for (const [k, q] of Object.entries(probes)) flags.push('--probe', `${k}=${q}`);
   const r = spawnSync(

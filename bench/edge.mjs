@@ -38,7 +38,8 @@ import path from 'node:path';
 import zlib from 'node:zlib';
 import { parseArgs } from 'node:util';
 
-import { ROOT, freePort, newSecret, signedFetch, sleep, startEdge } from '../tests/lib/harness.mjs';
+import { ROOT, freePort, newSecret, signedFetch, sleep, startEdge, wranglerDevArgs, wranglerEnv } from '../tests/lib/harness.mjs';
+import { SINK_DIR, cargoBuild, children, log, startSink } from './lib.mjs';
 
 const { values: opts } = parseArgs({
   options: {
@@ -67,57 +68,10 @@ const RUNNER = opts.runner === 'api' ? 'api' : 'cli';
 const list = (v) => v.split(',').map((x) => clamp(Math.trunc(Number(x)), 1, 500)).filter(Number.isFinite);
 const SUBSCRIBERS = list(opts.subscribers);
 const BATCHES = list(opts.batches);
-const SINK_DIR = path.join(ROOT, 'bench', 'sink');
-const WRANGLER_JS = path.join(ROOT, 'node_modules', 'wrangler', 'bin', 'wrangler.js');
 // The body every delivery (edge) and every fetch (bare) carries.
 const BODY = JSON.stringify({ id: 'evt_bench', type: 'bench.event', data: { n: 1, text: 'x'.repeat(64) } });
 
-const log = (...a) => process.stderr.write(`${a.join(' ')}\n`);
-
 // ---------- child processes ----------
-
-const children = [];
-process.on('exit', () => {
-  for (const c of children) {
-    try {
-      process.kill(-c.pid, 'SIGKILL');
-    } catch {
-      /* gone */
-    }
-  }
-});
-for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(130));
-
-function buildSink() {
-  log('building bench/sink (cargo build --release)…');
-  const r = spawnSync('cargo', ['build', '--release', '--quiet', '--manifest-path', path.join(SINK_DIR, 'Cargo.toml')], {
-    stdio: ['ignore', 'inherit', 'inherit'],
-  });
-  if (r.status !== 0) throw new Error('cargo build of bench/sink failed');
-}
-
-async function startSink() {
-  const bin = path.join(SINK_DIR, 'target', 'release', 'sink');
-  const child = spawn(bin, ['0'], { stdio: ['pipe', 'pipe', 'inherit'], detached: true });
-  children.push(child);
-  const port = await new Promise((resolve, reject) => {
-    let buf = '';
-    child.stdout.on('data', (d) => {
-      buf += d;
-      const m = /listening (\d+)/.exec(buf);
-      if (m) resolve(Number(m[1]));
-    });
-    child.on('exit', (code) => reject(new Error(`sink exited (${code})`)));
-    setTimeout(() => reject(new Error('sink did not start in 10 s')), 10_000).unref();
-  });
-  const url = `http://127.0.0.1:${port}`;
-  return {
-    url,
-    pid: child.pid,
-    count: async () => Number(await (await fetch(`${url}/__count`)).text()),
-    stop: () => child.stdin.end(),
-  };
-}
 
 function sinkCapacity(url, connections, seconds) {
   const bin = path.join(SINK_DIR, 'target', 'release', 'load');
@@ -138,12 +92,7 @@ async function startWorker(mode, config, vars = {}) {
   let args;
   if (mode === 'cli') {
     const inspectorPort = await freePort();
-    args = [
-      WRANGLER_JS, 'dev', '--config', config,
-      '--ip', '127.0.0.1', '--port', String(port), '--inspector-port', String(inspectorPort),
-      '--persist-to', persistDir, '--show-interactive-dev-session=false', '--log-level', 'log',
-    ];
-    for (const [k, v] of Object.entries(vars)) args.push('--var', `${k}:${v}`);
+    args = wranglerDevArgs({ config, port, inspectorPort, persistDir, vars });
   } else {
     args = [path.join(ROOT, 'bench', 'start-worker.mjs'), config, String(port), persistDir];
     for (const [k, v] of Object.entries(vars)) args.push(`${k}=${v}`);
@@ -152,15 +101,7 @@ async function startWorker(mode, config, vars = {}) {
     cwd: ROOT,
     detached: true,
     stdio: ['pipe', 'pipe', 'pipe'],
-    env: {
-      ...process.env,
-      FANOUT_SKIP_BUILD: '1',
-      WRANGLER_SEND_METRICS: 'false',
-      CLOUDFLARE_CF_FETCH_ENABLED: 'false',
-      NO_COLOR: '1',
-      FORCE_COLOR: '0',
-      WRANGLER_LOG_PATH: path.join(persistDir, 'wrangler-logs'),
-    },
+    env: wranglerEnv(persistDir),
   });
   children.push(child);
   const logs = [];
@@ -410,7 +351,7 @@ async function main() {
   const wasm = fs.readFileSync(path.join(ROOT, 'build', 'index_bg.wasm'));
   const wasmGz = zlib.gzipSync(wasm, { level: 9 }).length;
 
-  buildSink();
+  cargoBuild(SINK_DIR);
   const sink = await startSink();
   log(`sink ${sink.url}; measuring its own capacity (bench/sink load, 64 connections, 3 s)…`);
   const cap = sinkCapacity(sink.url, 64, 3);

@@ -34,6 +34,7 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 
 import { ROOT, freePort, newSecret, originBinary, sleep, startEdge, startOrigin, startSubscriber } from '../tests/lib/harness.mjs';
+import { SINK_DIR, cargoBuild, children, log, startSink } from './lib.mjs';
 
 const { values: opts } = parseArgs({
   options: {
@@ -73,56 +74,9 @@ const BASELINE = opts.baseline ? path.resolve(opts.baseline) : null;
 const EDGE_RUNNER = opts['edge-runner'] === 'api' ? 'api' : 'cli';
 const DRAIN_LIMIT_MS = 300_000; // no drain is waited for longer than this
 
-const SINK_DIR = path.join(ROOT, 'bench', 'sink');
 const INGEST_DIR = path.join(ROOT, 'bench', 'ingest');
-const log = (...a) => process.stderr.write(`${a.join(' ')}\n`);
 
 // ---------- child processes ----------
-
-const children = [];
-process.on('exit', () => {
-  for (const c of children) {
-    try {
-      process.kill(-c.pid, 'SIGKILL');
-    } catch {
-      /* gone */
-    }
-  }
-});
-for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(130));
-
-function cargoBuild(dir) {
-  const r = spawnSync('cargo', ['build', '--release', '--quiet', '--manifest-path', path.join(dir, 'Cargo.toml')], {
-    stdio: ['ignore', 'inherit', 'inherit'],
-  });
-  if (r.status !== 0) throw new Error(`cargo build of ${path.relative(ROOT, dir)} failed`);
-}
-
-/** bench/sink: answers 200 "ok", counts requests (GET /__count). One thread. */
-async function startSink() {
-  const child = spawn(path.join(SINK_DIR, 'target', 'release', 'sink'), ['0'], {
-    stdio: ['pipe', 'pipe', 'inherit'],
-    detached: true,
-  });
-  children.push(child);
-  const port = await new Promise((resolve, reject) => {
-    let buf = '';
-    child.stdout.on('data', (d) => {
-      buf += d;
-      const m = /listening (\d+)/.exec(buf);
-      if (m) resolve(Number(m[1]));
-    });
-    child.on('exit', (code) => reject(new Error(`sink exited (${code})`)));
-    setTimeout(() => reject(new Error('sink did not start in 10 s')), 10_000).unref();
-  });
-  const url = `http://127.0.0.1:${port}`;
-  return {
-    url,
-    pid: child.pid,
-    count: async () => Number(await (await fetch(`${url}/__count`)).text()),
-    stop: () => child.stdin.end(),
-  };
-}
 
 /** Runs a bench binary to completion; resolves with its stdout. */
 function runTool(bin, args, timeoutMs) {
@@ -666,7 +620,6 @@ const verdict = (ok) => (ok ? 'MET' : 'MISSED');
 async function main() {
   const bin = originBinary();
   log(`daemon: ${bin}${/release/.test(bin) ? '' : '  (!! not a release build: set FANOUT_BIN=target/release/fanout)'}`);
-  log('building bench/sink and bench/ingest (cargo build --release)…');
   cargoBuild(SINK_DIR);
   cargoBuild(INGEST_DIR);
   const needEdge = ONLY.has('story') || ONLY.has('lanes');

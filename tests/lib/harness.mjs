@@ -210,6 +210,44 @@ async function waitHealthy(name, url, svc, timeoutMs) {
 }
 
 /**
+ * `node <wrangler> dev` arguments for a Worker on 127.0.0.1:port, its state under persistDir,
+ * wrangler's own interactive UI off; `config` defaults to the project's wrangler.toml.
+ */
+export function wranglerDevArgs({ config, port, inspectorPort, persistDir, vars = {} }) {
+  const args = [WRANGLER_JS, 'dev'];
+  if (config) args.push('--config', config);
+  args.push(
+    '--ip',
+    '127.0.0.1',
+    '--port',
+    String(port),
+    '--inspector-port',
+    String(inspectorPort),
+    '--persist-to',
+    persistDir,
+    '--show-interactive-dev-session=false',
+    '--log-level',
+    'log',
+  );
+  for (const [k, v] of Object.entries(vars)) args.push('--var', `${k}:${v}`);
+  return args;
+}
+
+/** The environment for a wrangler process: no build, off the network, no colour, its debug log
+ * under persistDir (kept out of $HOME). */
+export function wranglerEnv(persistDir) {
+  return {
+    ...process.env,
+    FANOUT_SKIP_BUILD: '1',
+    WRANGLER_SEND_METRICS: 'false',
+    CLOUDFLARE_CF_FETCH_ENABLED: 'false',
+    NO_COLOR: '1',
+    FORCE_COLOR: '0',
+    WRANGLER_LOG_PATH: path.join(persistDir, 'wrangler-logs'),
+  };
+}
+
+/**
  * Starts the Worker under `wrangler dev` on free ports with fresh Durable Object state.
  * Options: vars ({NAME: value}, passed as --var, overriding the defaults), key (the
  * EDGE_SIGNING_KEY, default a new secret), port (default a free one), timeoutMs (startup deadline),
@@ -230,33 +268,8 @@ export async function startEdge({ vars = {}, key, port: fixedPort, timeoutMs = 9
   const port = fixedPort ?? (await freePort());
   const inspectorPort = await freePort();
   const persistDir = reuseDir ?? (await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-edge-')));
-  const args = [
-    WRANGLER_JS,
-    'dev',
-    '--ip',
-    '127.0.0.1',
-    '--port',
-    String(port),
-    '--inspector-port',
-    String(inspectorPort),
-    '--persist-to',
-    persistDir,
-    '--show-interactive-dev-session=false',
-    '--log-level',
-    'log',
-  ];
-  for (const [k, v] of Object.entries(allVars)) args.push('--var', `${k}:${v}`);
-
-  const env = {
-    ...process.env,
-    FANOUT_SKIP_BUILD: '1',
-    WRANGLER_SEND_METRICS: 'false',
-    CLOUDFLARE_CF_FETCH_ENABLED: 'false',
-    NO_COLOR: '1',
-    FORCE_COLOR: '0',
-    // Keep wrangler's own debug log files out of $HOME.
-    WRANGLER_LOG_PATH: path.join(persistDir, 'wrangler-logs'),
-  };
+  const args = wranglerDevArgs({ port, inspectorPort, persistDir, vars: allVars });
+  const env = wranglerEnv(persistDir);
   const svc = spawnService('edge', process.execPath, args, { env });
   const url = `http://127.0.0.1:${port}`;
   const stop = async () => {

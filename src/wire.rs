@@ -14,6 +14,37 @@ pub const RESPONSE_BODY_LIMIT: usize = 4096;
 /// Bounds on a subscriber's configured request timeout.
 pub const MIN_TIMEOUT_MS: u64 = 100;
 pub const MAX_TIMEOUT_MS: u64 = 60_000;
+/// The longest id (subscriber, event, delivery) either side accepts, in bytes.
+pub const MAX_ID_LEN: usize = 255;
+
+/// An id names things in URLs, logs and the ledger: 1 to [`MAX_ID_LEN`] bytes, no '/', no
+/// whitespace, no control characters. The origin and the edge accept exactly the same ids.
+pub fn validate_id(what: &str, id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err(format!("{what} must be 1 to {MAX_ID_LEN} characters"));
+    }
+    if id
+        .chars()
+        .any(|c| c.is_control() || c == '/' || c.is_whitespace())
+    {
+        return Err(format!(
+            "{what} must not contain '/', whitespace or control characters"
+        ));
+    }
+    Ok(())
+}
+
+/// An event id is also sent to subscribers as the `webhook-id` header, which carries visible
+/// ASCII only: on top of [`validate_id`], no character outside `!`..=`~`.
+pub fn validate_event_id(what: &str, id: &str) -> Result<(), String> {
+    validate_id(what, id)?;
+    if !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "{what} must be visible ASCII (it is sent as the webhook-id header)"
+        ));
+    }
+    Ok(())
+}
 
 /// A subscriber as the edge needs to know it, carried in every edge call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -294,11 +325,7 @@ impl DeliveryBatch {
 
 impl SubscriberSpec {
     pub fn validate(&self, allow_loopback: bool) -> Result<(), BatchError> {
-        if self.id.is_empty() || self.id.len() > 128 {
-            return Err(BatchError::Invalid(
-                "subscriber.id must be 1 to 128 characters".into(),
-            ));
-        }
+        validate_id("subscriber.id", &self.id).map_err(BatchError::Invalid)?;
         if !(self.rate_per_sec.is_finite() && self.rate_per_sec > 0.0) {
             return Err(BatchError::Invalid(
                 "subscriber.rate_per_sec must be a positive number".into(),
@@ -345,4 +372,76 @@ pub struct SubscriberStatus {
     /// Unix ms until which the subscriber is paused by its own Retry-After, if in the future.
     pub paused_until_ms: Option<i64>,
     pub breaker: crate::breaker::BreakerView,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_table() {
+        let long = "x".repeat(MAX_ID_LEN);
+        let too_long = "x".repeat(MAX_ID_LEN + 1);
+        // (id, accepted as an id, accepted as an event id)
+        let rows: &[(&str, bool, bool)] = &[
+            ("sub_partner", true, true),
+            ("evt_01JMZ8K3:v2~x", true, true),
+            (&long, true, true),
+            (&too_long, false, false),
+            ("", false, false),
+            ("a/b", false, false),
+            ("a b", false, false),
+            ("a\tb", false, false),
+            ("a\u{7f}", false, false),
+            ("évènement", true, false),
+            ("evt_日本", true, false),
+        ];
+        for &(id, ok, event_ok) in rows {
+            assert_eq!(validate_id("id", id).is_ok(), ok, "validate_id({id:?})");
+            assert_eq!(
+                validate_event_id("id", id).is_ok(),
+                event_ok,
+                "validate_event_id({id:?})"
+            );
+        }
+        assert_eq!(
+            validate_event_id("id", "evt_日本").unwrap_err(),
+            "id must be visible ASCII (it is sent as the webhook-id header)"
+        );
+    }
+
+    fn batch_json(subscriber_id: &str) -> String {
+        serde_json::json!({
+            "subscriber": {
+                "id": subscriber_id,
+                "url": "https://partner.example/hooks",
+                "secrets": ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"],
+                "rate_per_sec": 10,
+                "burst": 20,
+                "max_in_flight": 8,
+                "timeout_ms": 10000
+            },
+            "deliveries": [
+                {"id": "dlv_1", "event_id": "evt_1", "type": "video.trending", "attempt": 1, "body": "{}"}
+            ]
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn the_edge_takes_every_subscriber_id_the_origin_takes() {
+        let long = "s".repeat(MAX_ID_LEN);
+        assert!(DeliveryBatch::parse(batch_json(&long).as_bytes(), false).is_ok());
+        let too_long = "s".repeat(MAX_ID_LEN + 1);
+        match DeliveryBatch::parse(batch_json(&too_long).as_bytes(), false) {
+            Err(BatchError::Invalid(msg)) => {
+                assert_eq!(msg, "subscriber.id must be 1 to 255 characters")
+            }
+            other => panic!("expected invalid_request, got {other:?}"),
+        }
+        assert!(matches!(
+            DeliveryBatch::parse(batch_json("sub/x").as_bytes(), false),
+            Err(BatchError::Invalid(_))
+        ));
+    }
 }

@@ -97,6 +97,18 @@ const rows = [
   },
   { name: 'empty deliveries', status: 400, code: 'invalid_request', body: () => batch((b) => (b.deliveries = [])) },
   {
+    name: 'subscriber.id of 256 characters (the origin takes up to 255)',
+    status: 400,
+    code: 'invalid_request',
+    body: () => batch((b) => (b.subscriber.id = `sub_${'x'.repeat(252)}`)),
+  },
+  {
+    name: "subscriber.id with a '/'",
+    status: 400,
+    code: 'invalid_request',
+    body: () => batch((b) => (b.subscriber.id = 'sub/other')),
+  },
+  {
     name: 'secret that is not whsec_',
     status: 400,
     code: 'invalid_request',

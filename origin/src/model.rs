@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Largest subscriber id, event id and event type accepted.
-pub const MAX_ID_LEN: usize = 255;
+/// Ids are validated by the shared core, so the edge accepts every id the origin does.
+pub use fanout_core::wire::{validate_event_id, validate_id, MAX_ID_LEN};
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_RATE_PER_SEC: f64 = 100.0;
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
@@ -113,21 +113,6 @@ pub enum InvalidSubscriber {
     Field(String),
     #[error("url refused: {0}")]
     Url(#[from] fanout_core::endpoint::EndpointError),
-}
-
-pub fn validate_id(what: &str, id: &str) -> Result<(), String> {
-    if id.is_empty() || id.len() > MAX_ID_LEN {
-        return Err(format!("{what} must be 1 to {MAX_ID_LEN} characters"));
-    }
-    if id
-        .chars()
-        .any(|c| c.is_control() || c == '/' || c.is_whitespace())
-    {
-        return Err(format!(
-            "{what} must not contain '/', whitespace or control characters"
-        ));
-    }
-    Ok(())
 }
 
 pub fn validate_pattern(p: &str) -> Result<(), String> {
@@ -449,9 +434,6 @@ mod tests {
         assert_eq!(parse_delivery_id("dlv_0"), None);
         assert_eq!(parse_delivery_id("42"), None);
         assert_eq!(parse_delivery_id("dlv_x"), None);
-        assert!(validate_id("id", "sub_partner").is_ok());
-        assert!(validate_id("id", "").is_err());
-        assert!(validate_id("id", "a/b").is_err());
     }
 
     #[test]

@@ -31,8 +31,9 @@ use crate::dispatch::Control;
 use crate::ledger::{self, DeliveryFilter, Ledger, NewEvent};
 use crate::metrics::Metrics;
 use crate::model::{
-    parse_delivery_id, validate_id, validate_pattern, Disabled, Lane, Limits, Status, Subscriber,
-    SubscriberView, DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC, DEFAULT_TIMEOUT_MS, MAX_ID_LEN,
+    parse_delivery_id, validate_event_id, validate_id, validate_pattern, Disabled, Lane, Limits,
+    Status, Subscriber, SubscriberView, DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC,
+    DEFAULT_TIMEOUT_MS, MAX_ID_LEN,
 };
 use crate::time::{now_ms, parse_time, random_bytes};
 
@@ -189,7 +190,7 @@ fn parse_event(
         Some(_) => return Err(ApiError::Invalid(format!("{at}id must be a string"))),
         None => return Err(ApiError::Invalid(format!("{at}id is missing"))),
     };
-    validate_id("id", &id).map_err(|e| ApiError::Invalid(format!("{at}{e}")))?;
+    validate_event_id("id", &id).map_err(|e| ApiError::Invalid(format!("{at}{e}")))?;
     let event_type = match head.event_type {
         Some(serde_json::Value::String(s)) => s,
         Some(_) => return Err(ApiError::Invalid(format!("{at}type must be a string"))),
@@ -827,6 +828,9 @@ mod tests {
         check(r#"{"id":"e1"}"#, Err("invalid_request"));
         check(r#"{"id":7,"type":"a"}"#, Err("invalid_request"));
         check(r#"{"id":"","type":"a"}"#, Err("invalid_request"));
+        // An event id is sent as the webhook-id header: visible ASCII only.
+        check(r#"{"id":"évènement","type":"a"}"#, Err("invalid_request"));
+        check(r#"{"id":"a b","type":"a"}"#, Err("invalid_request"));
         check(r#"{"id":"e1","type":"a*"}"#, Err("invalid_request"));
         check(r#"[]"#, Err("invalid_request"));
         check(r#"["x"]"#, Err("invalid_request"));

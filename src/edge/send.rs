@@ -112,11 +112,14 @@ pub async fn deliver_all(
     deliveries: &[Delivery],
     on_done: impl FnMut(&Attempt) + 'static,
 ) -> Vec<DeliveryResult> {
+    if deliveries.is_empty() {
+        return Vec::new(); // everything was deferred: nothing to hand to send.js
+    }
     let started = now_ms();
     let timestamp = (started / 1000).to_string();
     let slots: Rc<RefCell<Vec<Option<Settled>>>> =
         Rc::new(RefCell::new(deliveries.iter().map(|_| None).collect()));
-    // Serialising strings and string pairs cannot fail; an empty batch would send nothing.
+    // Serialising strings and string pairs cannot fail.
     let json = serde_json::to_string(&js_batch(target, deliveries, &timestamp, started / 1000))
         .unwrap_or_default();
 

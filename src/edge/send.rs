@@ -140,14 +140,18 @@ pub async fn deliver_all(
                     retry_after_ms: retry_after.and_then(|v| parse_retry_after(&v, now_ms())),
                 },
             };
+            // Each delivery is reported once: a second report (or an unknown index) must not
+            // free an in-flight slot twice.
+            let mut slots = filled.borrow_mut();
+            let Some(slot @ None) = slots.get_mut(index as usize) else {
+                return;
+            };
             (report.borrow_mut())(&attempt);
-            if let Some(slot) = filled.borrow_mut().get_mut(index as usize) {
-                *slot = Some(Settled {
-                    attempt,
-                    body: body.unwrap_or_default(),
-                    latency_ms: latency.max(0.0) as u64,
-                });
-            }
+            *slot = Some(Settled {
+                attempt,
+                body: body.unwrap_or_default(),
+                latency_ms: latency.max(0.0) as u64,
+            });
         },
     );
     let promise = send_batch(

@@ -11,12 +11,13 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fanout_core::sign::{self, Secret};
-use fanout_core::wire::{BatchResponse, Delivery, DeliveryBatch, DeliveryResult, SubscriberSpec};
+use fanout_core::sign::Secret;
+use fanout_core::wire::{Delivery, DeliveryBatch, DeliveryResult, SubscriberSpec};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::time::{now_ms, random_bytes};
+use crate::dispatch::edge_lane::EdgeClient;
+use crate::time::random_bytes;
 
 /// Longest run accepted.
 pub const MAX_DURATION: Duration = Duration::from_secs(3600);
@@ -38,11 +39,11 @@ pub enum Target {
         method: reqwest::Method,
         body: String,
     },
-    /// The edge's `POST /v1/deliveries`, signed with its key, `batch` deliveries per call, all
-    /// for `subscriber`.
+    /// The edge's `POST /v1/deliveries` through the edge lane's own client (signed with the
+    /// edge key), `batch` deliveries per call, all for `subscriber`.
     Edge {
         base_url: String,
-        key: Secret,
+        client: EdgeClient,
         subscriber: SubscriberSpec,
         batch: usize,
     },
@@ -315,10 +316,10 @@ async fn one_call(
             }
         }
         Target::Edge {
-            base_url,
-            key,
+            client,
             subscriber,
             batch,
+            ..
         } => {
             let deliveries: Vec<Delivery> = (0..*batch)
                 .map(|_| {
@@ -337,7 +338,7 @@ async fn one_call(
                 subscriber: subscriber.clone(),
                 deliveries,
             };
-            match edge_call(http, base_url, key, &call).await {
+            match client.send(&call, &run_id("call")).await {
                 Ok(results) => {
                     for r in results {
                         match r {
@@ -354,48 +355,10 @@ async fn one_call(
                         }
                     }
                 }
-                Err(e) => tally.error(e),
+                Err(e) => tally.error(e.to_string()),
             }
         }
     }
-}
-
-/// One signed `POST {edge}/v1/deliveries`, as the origin's edge lane makes it.
-async fn edge_call(
-    http: &reqwest::Client,
-    base_url: &str,
-    key: &Secret,
-    call: &DeliveryBatch,
-) -> Result<Vec<DeliveryResult>, String> {
-    let body = serde_json::to_vec(call).map_err(|e| e.to_string())?;
-    let signed = sign::sign_headers(
-        std::slice::from_ref(key),
-        &run_id("call"),
-        now_ms().div_euclid(1000),
-        &body,
-    );
-    let resp = http
-        .post(format!("{}/v1/deliveries", base_url.trim_end_matches('/')))
-        .header("content-type", "application/json")
-        .header(sign::HEADER_ID, signed.id)
-        .header(sign::HEADER_TIMESTAMP, signed.timestamp)
-        .header(sign::HEADER_SIGNATURE, signed.signature)
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| format!("edge unreachable: {e}"))?;
-    let status = resp.status().as_u16();
-    let bytes = resp
-        .bytes()
-        .await
-        .map_err(|e| format!("edge unreachable: {e}"))?;
-    if status != 200 && status != 202 {
-        let text = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
-        return Err(format!("edge answered {status}: {text}"));
-    }
-    serde_json::from_slice::<BatchResponse>(&bytes)
-        .map(|r| r.results)
-        .map_err(|e| format!("edge answered something that is not a batch response: {e}"))
 }
 
 /// A local sink on 127.0.0.1:0 that answers 200 to everything and counts what it received.
@@ -509,7 +472,11 @@ mod tests {
         let edge = |batch, workers, secs| LoadPlan {
             target: Target::Edge {
                 base_url: "http://127.0.0.1:8787".into(),
-                key: Secret::from_bytes(&[7; 32]).unwrap(),
+                client: EdgeClient::new(
+                    "http://127.0.0.1:8787",
+                    Secret::from_bytes(&[7; 32]).unwrap(),
+                )
+                .unwrap(),
                 subscriber: spec(),
                 batch,
             },

@@ -39,7 +39,7 @@ import zlib from 'node:zlib';
 import { parseArgs } from 'node:util';
 
 import { ROOT, freePort, newSecret, signedFetch, sleep, startEdge, wranglerDevArgs, wranglerEnv } from '../tests/lib/harness.mjs';
-import { SINK_DIR, cargoBuild, children, log, startSink } from './lib.mjs';
+import { CLK_TCK, SINK_DIR, cargoBuild, children, log, machineBusy, procCpu, startSink } from './lib.mjs';
 
 const { values: opts } = parseArgs({
   options: {
@@ -151,7 +151,6 @@ async function startWorker(mode, config, vars = {}) {
 
 // ---------- CPU accounting from /proc ----------
 
-const CLK_TCK = 100; // Linux USER_HZ
 /** {comm: cpu seconds} summed over the processes of process group `pgid`. */
 function groupCpu(pgid) {
   const out = {};
@@ -181,22 +180,6 @@ function cpuDelta(a, b) {
     d[k] = v < 0 ? NaN : v;
   }
   return d;
-}
-function procCpu(pid) {
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(f[11]) + Number(f[12])) / CLK_TCK;
-  } catch {
-    return 0;
-  }
-}
-function machineBusy() {
-  // [busy, total] jiffies of all cores, to report how much of the machine was in use.
-  const l = fs.readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
-  const idle = l[3] + l[4];
-  const total = l.reduce((s, v) => s + v, 0);
-  return [total - idle, total];
 }
 
 // ---------- load generation ----------

@@ -2,6 +2,7 @@
 // group, all killed when the benchmark exits however it ends), cargo builds of the bench tools,
 // and bench/sink (a one-thread Rust HTTP server that answers 200 "ok" and counts requests).
 import { spawn, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
 import path from 'node:path';
 
 import { ROOT } from '../tests/lib/harness.mjs';
@@ -57,4 +58,28 @@ export async function startSink() {
     count: async () => Number(await (await fetch(`${url}/__count`)).text()),
     stop: () => child.stdin.end(),
   };
+}
+
+// ---------- CPU accounting from /proc ----------
+
+/** Linux USER_HZ: /proc reports CPU time in these ticks. */
+export const CLK_TCK = 100;
+
+/** CPU seconds (user + system) process `pid` has used; 0 once it is gone. */
+export function procCpu(pid) {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' '); // f[0] = state (field 3)
+    return (Number(f[11]) + Number(f[12])) / CLK_TCK; // fields 14, 15: utime, stime
+  } catch {
+    return 0;
+  }
+}
+
+/** [busy, total] jiffies of all cores: the share of the machine in use between two readings. */
+export function machineBusy() {
+  const l = fs.readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
+  const idle = l[3] + l[4];
+  const total = l.reduce((s, v) => s + v, 0);
+  return [total - idle, total];
 }

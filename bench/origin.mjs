@@ -34,7 +34,7 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 
 import { ROOT, freePort, newSecret, originBinary, sleep, startEdge, startOrigin, startSubscriber } from '../tests/lib/harness.mjs';
-import { SINK_DIR, cargoBuild, children, log, startSink } from './lib.mjs';
+import { SINK_DIR, cargoBuild, children, log, machineBusy, procCpu, startSink } from './lib.mjs';
 
 const { values: opts } = parseArgs({
   options: {
@@ -97,16 +97,6 @@ function runTool(bin, args, timeoutMs) {
 
 // ---------- /proc ----------
 
-const CLK_TCK = 100;
-function procCpu(pid) {
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(f[11]) + Number(f[12])) / CLK_TCK;
-  } catch {
-    return 0;
-  }
-}
 /**
  * Threads of `pid` by name, from /proc/<pid>/task/<tid>/schedstat: {name: {cpu, wait}} in
  * seconds — time on a CPU, and time runnable but waiting for one (the machine's contention).
@@ -149,11 +139,6 @@ function split(threads) {
     wait += t.wait;
   }
   return { writerCpu: w.cpu, writerWait: w.wait, cpu, wait };
-}
-function machineBusy() {
-  const l = fs.readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
-  const idle = l[3] + l[4];
-  return [l.reduce((s, v) => s + v, 0) - idle, l.reduce((s, v) => s + v, 0)];
 }
 function vm(pid, field) {
   try {

@@ -33,7 +33,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 
-import { ROOT, freePort, newSecret, originBinary, sleep, startEdge, startOrigin, startSubscriber } from '../tests/lib/harness.mjs';
+import { ROOT, freePort, newSecret, originBinary, sleep, startEdge, startOrigin, strictPartner } from '../tests/lib/harness.mjs';
 import { SINK_DIR, cargoBuild, children, log, machineBusy, procCpu, startSink } from './lib.mjs';
 
 const { values: opts } = parseArgs({
@@ -353,31 +353,6 @@ async function ingestOnce(sink, { batch, held, build = 'current', bin = null }) 
 }
 
 // ---------- part 2: the story through the edge ----------
-
-/** DESIGN.md's partner: its own token bucket (rate/s, burst + 1 for arrival jitter), 429 past it. */
-async function strictPartner(rate, burst) {
-  const capacity = burst + 1;
-  let tokens = capacity;
-  let last = Date.now();
-  const stats = { throttled: 0, ok: 0, first: 0, n: 0, refusals: [] };
-  const sub = await startSubscriber(() => {
-    const now = Date.now();
-    stats.first ||= now;
-    stats.n++;
-    tokens = Math.min(capacity, tokens + ((now - last) * rate) / 1000);
-    last = now;
-    if (tokens < 1) {
-      stats.throttled++;
-      // Which request, how long after the first, and how short of a token the bucket was.
-      stats.refusals.push({ request: stats.n, after_ms: now - stats.first, tokens: Number(tokens.toFixed(2)) });
-      return { status: 429, headers: { 'retry-after': '120' }, body: 'slow down' };
-    }
-    tokens -= 1;
-    stats.ok++;
-    return 200;
-  });
-  return Object.assign(sub, { stats });
-}
 
 /** latency_ms of the first `n` delivered results the edge logged for `subscriber`. */
 function edgeLatencies(edge, subscriber, n) {

@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Webhook } from 'standardwebhooks';
 
-import { freePort, newSecret, startEdge, startOrigin, startSubscriber, waitFor } from './lib/harness.mjs';
+import { freePort, newSecret, startEdge, startOrigin, startSubscriber, strictPartner, waitFor } from './lib/harness.mjs';
 
 /** Registers a subscriber; returns its generated secret. */
 async function addSubscriber(origin, spec) {
@@ -118,31 +118,6 @@ test('through the edge: every subscriber receives each event once, verifiably si
   // Nothing dead, nothing left behind.
   assert.equal((await listDeliveries(origin, { status: 'dead' })).length, 0);
 });
-
-/**
- * A subscriber that enforces its advertised limit itself (token bucket, rate/s, burst) and
- * answers 429 Retry-After: 120 past it, as the partner dashboard in the design story does.
- * Like any real limiter that sees arrival times (not send times), it tolerates one request of
- * network jitter: capacity burst + 1, refill at exactly `rate`.
- */
-async function strictPartner(rate, burst) {
-  const capacity = burst + 1;
-  let tokens = capacity;
-  let last = Date.now();
-  const stats = { throttled: 0 };
-  const sub = await startSubscriber(() => {
-    const now = Date.now();
-    tokens = Math.min(capacity, tokens + ((now - last) * rate) / 1000);
-    last = now;
-    if (tokens < 1) {
-      stats.throttled++;
-      return { status: 429, headers: { 'retry-after': '120' }, body: 'slow down' };
-    }
-    tokens -= 1;
-    return 200;
-  });
-  return Object.assign(sub, { stats });
-}
 
 /** Runs the burst against four fast subscribers (and the partner when given); returns the drain time. */
 async function runStory({ withPartner, events }) {

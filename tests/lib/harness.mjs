@@ -396,3 +396,34 @@ export async function startSubscriber(handler) {
     });
   return { url: `http://127.0.0.1:${port}`, port, requests, close, server };
 }
+
+/**
+ * A subscriber that enforces its advertised limit itself (token bucket, rate/s, burst) and
+ * answers 429 Retry-After: 120 past it, as the partner dashboard in the design story does.
+ * Like any real limiter that sees arrival times (not send times), it tolerates one request of
+ * network jitter: capacity burst + 1, refill at exactly `rate`. `stats`: requests `n`, `ok`,
+ * `throttled`, and for each refusal which request it was, how long after the first, and how
+ * short of a token the bucket was.
+ */
+export async function strictPartner(rate, burst) {
+  const capacity = burst + 1;
+  let tokens = capacity;
+  let last = Date.now();
+  const stats = { throttled: 0, ok: 0, first: 0, n: 0, refusals: [] };
+  const sub = await startSubscriber(() => {
+    const now = Date.now();
+    stats.first ||= now;
+    stats.n++;
+    tokens = Math.min(capacity, tokens + ((now - last) * rate) / 1000);
+    last = now;
+    if (tokens < 1) {
+      stats.throttled++;
+      stats.refusals.push({ request: stats.n, after_ms: now - stats.first, tokens: Number(tokens.toFixed(2)) });
+      return { status: 429, headers: { 'retry-after': '120' }, body: 'slow down' };
+    }
+    tokens -= 1;
+    stats.ok++;
+    return 200;
+  });
+  return Object.assign(sub, { stats });
+}

@@ -96,6 +96,32 @@ pub fn list_subscribers(c: &Connection) -> Result<Vec<Subscriber>, LedgerError> 
     Ok(subs)
 }
 
+/// What `create_subscriber` and `update_subscriber` both bind, in one order: ?1 id, ?2 url,
+/// ?3 event_types (JSON), ?4 rate_per_sec, ?5 burst, ?6 max_in_flight, ?7 timeout_ms, ?8 lane,
+/// ?9 legacy_signature, ?10 the time of the change.
+fn definition_params<'a>(
+    s: &'a Subscriber,
+    event_types_json: &'a str,
+    at_ms: i64,
+) -> impl rusqlite::Params + 'a {
+    (
+        s.id.as_str(),
+        s.url.as_str(),
+        event_types_json,
+        s.limits.rate_per_sec,
+        s.limits.burst,
+        s.limits.max_in_flight,
+        s.limits.timeout_ms as i64,
+        s.lane.as_str(),
+        s.legacy_signature,
+        at_ms,
+    )
+}
+
+fn event_types_json(s: &Subscriber) -> String {
+    serde_json::to_string(&s.event_types).unwrap_or_else(|_| "[]".into())
+}
+
 /// Insert a new subscriber (or bring back a removed one under the same id) with its first
 /// secret.
 pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result<(), LedgerError> {
@@ -124,18 +150,7 @@ pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result
              timeout_ms, lane, legacy_signature, created_ms, updated_ms)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
     )?
-    .execute(params![
-        s.id,
-        s.url,
-        serde_json::to_string(&s.event_types).unwrap_or_else(|_| "[]".into()),
-        s.limits.rate_per_sec,
-        s.limits.burst,
-        s.limits.max_in_flight,
-        s.limits.timeout_ms as i64,
-        s.lane.as_str(),
-        s.legacy_signature,
-        s.created_ms,
-    ])?;
+    .execute(definition_params(s, &event_types_json(s), s.created_ms))?;
     c.prepare_cached(
         "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES (?1, ?2, ?3)",
     )?
@@ -153,18 +168,7 @@ pub fn update_subscriber(c: &Connection, s: &Subscriber) -> Result<(), LedgerErr
                  updated_ms = ?10
              WHERE id = ?1 AND deleted_ms IS NULL",
         )?
-        .execute(params![
-            s.id,
-            s.url,
-            serde_json::to_string(&s.event_types).unwrap_or_else(|_| "[]".into()),
-            s.limits.rate_per_sec,
-            s.limits.burst,
-            s.limits.max_in_flight,
-            s.limits.timeout_ms as i64,
-            s.lane.as_str(),
-            s.legacy_signature,
-            s.updated_ms,
-        ])?;
+        .execute(definition_params(s, &event_types_json(s), s.updated_ms))?;
     if n == 0 {
         return Err(LedgerError::NotFound(format!("subscriber {}", s.id)));
     }

@@ -156,22 +156,14 @@ mod tests {
     use super::*;
     use crate::ledger::{
         apply, claim, create_subscriber, get_subscriber, ingest, replay_bulk, DeliveryFilter,
-        NewEvent, Outcome, Transition,
+        Outcome, Transition,
     };
 
     fn db_with(sub: &str, events: usize) -> Connection {
-        let mut c = Connection::open_in_memory().unwrap();
-        super::super::schema::migrate(&mut c).unwrap();
+        let c = crate::ledger::test_db();
         let s = crate::ledger::test_subscriber(sub, &["*"]);
         create_subscriber(&c, &s, "s").unwrap();
-        let evs: Vec<NewEvent> = (0..events)
-            .map(|i| NewEvent {
-                id: format!("e{i}"),
-                event_type: "t".into(),
-                body: "{}".into(),
-            })
-            .collect();
-        ingest(&c, &evs, 0).unwrap();
+        ingest(&c, &crate::ledger::test_events(events), 0).unwrap();
         c
     }
 

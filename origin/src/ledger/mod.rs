@@ -15,6 +15,26 @@ mod stats;
 pub mod status;
 mod writer;
 
+/// An empty, migrated in-memory ledger for the ledger's unit tests.
+#[cfg(test)]
+pub(crate) fn test_db() -> rusqlite::Connection {
+    let mut c = rusqlite::Connection::open_in_memory().unwrap();
+    schema::migrate(&mut c).unwrap();
+    c
+}
+
+/// `n` events `e0`, `e1`, … of type `t` with body `{}`, for the ledger's unit tests.
+#[cfg(test)]
+pub(crate) fn test_events(n: usize) -> Vec<queries::NewEvent> {
+    (0..n)
+        .map(|i| queries::NewEvent {
+            id: format!("e{i}"),
+            event_type: "t".into(),
+            body: "{}".into(),
+        })
+        .collect()
+}
+
 /// A subscriber row for the ledger's unit tests: origin lane, 10/s, burst 20.
 #[cfg(test)]
 pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscriber {

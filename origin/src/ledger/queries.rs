@@ -905,11 +905,7 @@ mod tests {
     use super::*;
     use crate::model::Subscriber;
 
-    fn db() -> Connection {
-        let mut c = Connection::open_in_memory().unwrap();
-        super::super::schema::migrate(&mut c).unwrap();
-        c
-    }
+    use crate::ledger::test_db as db;
 
     fn sub(id: &str, types: &[&str]) -> Subscriber {
         crate::ledger::test_subscriber(id, types)

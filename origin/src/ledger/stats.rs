@@ -95,7 +95,7 @@ pub fn subscriber_stats(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{apply, claim, create_subscriber, ingest, NewEvent, Outcome, Transition};
+    use crate::ledger::{apply, claim, create_subscriber, ingest, Outcome, Transition};
     use crate::model::{Disabled, Subscriber};
 
     fn sub(id: &str) -> Subscriber {
@@ -104,17 +104,10 @@ mod tests {
 
     #[test]
     fn counts_and_oldest_open_per_subscriber() {
-        let mut c = Connection::open_in_memory().unwrap();
-        crate::ledger::schema::migrate(&mut c).unwrap();
+        let c = crate::ledger::test_db();
         create_subscriber(&c, &sub("a"), "s").unwrap();
         create_subscriber(&c, &sub("b"), "s").unwrap();
-        let events: Vec<NewEvent> = (0..4)
-            .map(|i| NewEvent {
-                id: format!("e{i}"),
-                event_type: "t".into(),
-                body: "{}".into(),
-            })
-            .collect();
+        let events = crate::ledger::test_events(4);
         ingest(&c, &events[..2], 100).unwrap();
         ingest(&c, &events[2..], 200).unwrap();
         // a: lease 3 of its 4; one sent, one retrying with an error, one dead; one pending.

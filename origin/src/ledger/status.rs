@@ -77,23 +77,15 @@ fn describe(status: Option<u16>, error: Option<String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{apply, claim, create_subscriber, ingest, AttemptRecord, NewEvent};
+    use crate::ledger::{apply, claim, create_subscriber, ingest, AttemptRecord};
     use crate::ledger::{Outcome, Transition};
 
     #[test]
     fn counts_and_last_error() {
-        let mut c = Connection::open_in_memory().unwrap();
-        super::super::schema::migrate(&mut c).unwrap();
+        let c = crate::ledger::test_db();
         let sub = crate::ledger::test_subscriber("a", &["*"]);
         create_subscriber(&c, &sub, "s").unwrap();
-        let evs: Vec<NewEvent> = (0..3)
-            .map(|i| NewEvent {
-                id: format!("e{i}"),
-                event_type: "t".into(),
-                body: "{}".into(),
-            })
-            .collect();
-        ingest(&c, &evs, 0).unwrap();
+        ingest(&c, &crate::ledger::test_events(3), 0).unwrap();
         let ids: Vec<i64> = claim(&c, &[("a".into(), 2)], &[], 0, 100).unwrap()[0]
             .claimed
             .iter()

@@ -279,7 +279,7 @@ async fn post_events(
 // ---------------------------------------------------------------------------------------------
 // Subscribers
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SubscriberInput {
     id: Option<String>,
@@ -863,13 +863,7 @@ mod tests {
             url: Some("https://example.com/h".into()),
             event_types: Some(vec!["video.*".into()]),
             rate_per_sec: Some(10.0),
-            burst: None,
-            max_in_flight: None,
-            timeout_ms: None,
-            lane: None,
-            legacy_signature: None,
-            secret: None,
-            disabled: None,
+            ..Default::default()
         };
         let cases: Vec<(&str, SubscriberInput, Result<(), &str>)> = vec![
             ("ok", base(), Ok(())),
@@ -997,17 +991,8 @@ mod tests {
         let p = patched(
             s.clone(),
             SubscriberInput {
-                id: None,
-                url: None,
-                event_types: None,
                 rate_per_sec: Some(-1.0),
-                burst: None,
-                max_in_flight: None,
-                timeout_ms: None,
-                lane: None,
-                legacy_signature: None,
-                secret: None,
-                disabled: None,
+                ..Default::default()
             },
             false,
             1,
@@ -1015,12 +1000,8 @@ mod tests {
         assert!(p.is_err());
         // Disable, then re-enable: a fresh start.
         let toggle = |d: bool| SubscriberInput {
-            id: None,
-            url: None,
-            event_types: None,
-            rate_per_sec: None,
             disabled: Some(d),
-            ..base()
+            ..Default::default()
         };
         let off = patched(s.clone(), toggle(true), false, 5).unwrap();
         let d = off.health.disabled.clone().unwrap();

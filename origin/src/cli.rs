@@ -43,6 +43,29 @@ pub enum Command {
     /// Flood a URL, or the edge for one subscriber, for a bounded time; report accepted,
     /// throttled and the achieved rate
     Load(LoadArgs),
+    /// Work on a ledger directly (the daemon stopped)
+    Ledger {
+        #[command(subcommand)]
+        command: LedgerCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// Copy a SQLite ledger into an empty PostgreSQL one (stop the daemon first): subscribers,
+    /// events, deliveries with their status, attempts and limiter state; deliveries in flight
+    /// come over pending. Progress goes to stderr.
+    Copy(LedgerCopyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LedgerCopyArgs {
+    /// The SQLite ledger file (or sqlite:PATH)
+    #[arg(long)]
+    pub from: PathBuf,
+    /// The PostgreSQL ledger, postgres://user@host:port/dbname; its tables must be empty
+    #[arg(long)]
+    pub to: String,
 }
 
 #[derive(Debug, Args)]
@@ -239,6 +262,8 @@ pub enum ClientError {
     Api { status: u16, message: String },
     #[error("{0}")]
     Input(String),
+    #[error(transparent)]
+    Ledger(#[from] crate::ledger::LedgerError),
 }
 
 struct Client {
@@ -338,6 +363,34 @@ pub fn events_from_text(text: &str) -> Result<Vec<Box<serde_json::value::RawValu
 
 fn print(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// `fanout ledger copy`: both ends named as `--db` takes them.
+async fn ledger_copy(a: LedgerCopyArgs) -> Result<(), ClientError> {
+    use crate::config::LedgerLocation;
+    let from = match LedgerLocation::parse(&a.from) {
+        Ok(LedgerLocation::Sqlite(p)) => p,
+        Ok(LedgerLocation::Postgres(_)) => {
+            return Err(ClientError::Input(
+                "--from must be a SQLite ledger file (sqlite:PATH or a path)".into(),
+            ))
+        }
+        Err(e) => return Err(ClientError::Input(e.0)),
+    };
+    let to = match LedgerLocation::parse(std::path::Path::new(&a.to)) {
+        Ok(LedgerLocation::Postgres(url)) => url,
+        Ok(LedgerLocation::Sqlite(_)) => {
+            return Err(ClientError::Input(
+                "--to must be a PostgreSQL URL like postgres://user@host:5432/dbname".into(),
+            ))
+        }
+        Err(e) => return Err(ClientError::Input(e.0)),
+    };
+    crate::ledger::pg::copy::copy_sqlite_to_pg(&from, &to, crate::time::now_ms(), |line| {
+        eprintln!("fanout ledger copy: {line}")
+    })
+    .await?;
+    Ok(())
 }
 
 /// Run a client command, printing the daemon's answer as JSON.
@@ -525,6 +578,9 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
             Ok(())
         }
         Command::Load(a) => load(a).await,
+        Command::Ledger {
+            command: LedgerCommand::Copy(a),
+        } => ledger_copy(a).await,
     }
 }
 

@@ -22,7 +22,8 @@ pub const DEFAULT_MAX_TOTAL_IN_FLIGHT: usize = 4096;
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
-    /// SQLite ledger file [default: ./fanout.db]
+    /// The ledger: a SQLite file (a path or sqlite:PATH), or a PostgreSQL database
+    /// (postgres://user@host:port/dbname) [default: ./fanout.db]
     #[arg(long, env = "FANOUT_DB")]
     pub db: Option<PathBuf>,
     /// Address of the HTTP API [default: 127.0.0.1:8080]
@@ -111,10 +112,78 @@ impl Settings {
 #[error("configuration: {0}")]
 pub struct ConfigError(pub String);
 
+/// Where the ledger lives (`--db`).
+#[derive(Clone, PartialEq, Eq)]
+pub enum LedgerLocation {
+    /// The embedded SQLite ledger in this file (one owning daemon).
+    Sqlite(PathBuf),
+    /// A PostgreSQL database several daemons may share: its connection URL.
+    Postgres(String),
+}
+
+impl LedgerLocation {
+    /// `postgres://…` or `postgresql://…` is PostgreSQL; `sqlite:PATH` or a plain path is SQLite;
+    /// any other `scheme://` is refused rather than taken for a file name.
+    pub fn parse(text: &Path) -> Result<LedgerLocation, ConfigError> {
+        let Some(t) = text.to_str() else {
+            return Ok(LedgerLocation::Sqlite(text.to_path_buf()));
+        };
+        if t.starts_with("postgres://") || t.starts_with("postgresql://") {
+            crate::ledger::pg::parse_url(t).map_err(|e| ConfigError(format!("--db: {e}")))?;
+            return Ok(LedgerLocation::Postgres(t.to_string()));
+        }
+        if let Some(path) = t.strip_prefix("sqlite:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(ConfigError("--db sqlite: needs a file path".into()));
+            }
+            return Ok(LedgerLocation::Sqlite(PathBuf::from(path)));
+        }
+        if let Some((scheme, _)) = t.split_once("://") {
+            if !scheme.is_empty()
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '+')
+            {
+                return Err(ConfigError(format!(
+                    "--db {scheme}://… is not a ledger: use a file path, sqlite:PATH or \
+                     postgres://user@host:port/dbname"
+                )));
+            }
+        }
+        Ok(LedgerLocation::Sqlite(PathBuf::from(t)))
+    }
+
+    /// For logs and messages: the path, or the URL without its password.
+    pub fn redacted(&self) -> String {
+        match self {
+            LedgerLocation::Sqlite(p) => p.display().to_string(),
+            LedgerLocation::Postgres(u) => match url::Url::parse(u) {
+                Ok(mut parsed) => {
+                    if parsed.password().is_some() {
+                        let _ = parsed.set_password(Some("***"));
+                    }
+                    parsed.to_string()
+                }
+                Err(_) => "postgres://…".into(),
+            },
+        }
+    }
+}
+
+impl std::fmt::Debug for LedgerLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LedgerLocation::Sqlite(_) => write!(f, "Sqlite({})", self.redacted()),
+            LedgerLocation::Postgres(_) => write!(f, "Postgres({})", self.redacted()),
+        }
+    }
+}
+
 /// The validated configuration of `fanout serve`.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub db: PathBuf,
+    pub db: LedgerLocation,
     pub listen: SocketAddr,
     pub edge: Option<(String, Secret)>,
     pub api_token: String,
@@ -135,6 +204,7 @@ impl Config {
     pub fn from_settings(s: Settings) -> Result<(Config, Vec<String>), ConfigError> {
         let err = |m: String| Err(ConfigError(m));
         let mut warnings = Vec::new();
+        let db = LedgerLocation::parse(s.db.as_deref().unwrap_or_else(|| Path::new(DEFAULT_DB)))?;
         let listen_text = s.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
         let Ok(listen) = listen_text.parse::<SocketAddr>() else {
             return err(format!(
@@ -268,7 +338,7 @@ impl Config {
         };
         Ok((
             Config {
-                db: s.db.unwrap_or_else(|| PathBuf::from(DEFAULT_DB)),
+                db,
                 listen,
                 edge,
                 api_token,
@@ -335,6 +405,47 @@ mod tests {
         let parsed: Settings = toml::from_str(&example).unwrap();
         assert_eq!(parsed.max_attempts, Some(8));
         assert_eq!(parsed.edge_url.as_deref(), Some("http://127.0.0.1:8787"));
+    }
+
+    #[test]
+    fn ledger_location_table() {
+        use LedgerLocation::{Postgres, Sqlite};
+        let cases: &[(&str, Result<LedgerLocation, &str>)] = &[
+            ("./fanout.db", Ok(Sqlite("./fanout.db".into()))),
+            (
+                "/var/lib/fanout/f.db",
+                Ok(Sqlite("/var/lib/fanout/f.db".into())),
+            ),
+            ("sqlite:data/f.db", Ok(Sqlite("data/f.db".into()))),
+            ("sqlite:///abs/f.db", Ok(Sqlite("/abs/f.db".into()))),
+            ("sqlite:", Err("needs a file path")),
+            (
+                "postgres://fanout@db.internal:5432/fanout",
+                Ok(Postgres("postgres://fanout@db.internal:5432/fanout".into())),
+            ),
+            (
+                "postgresql://u:pw@127.0.0.1/x",
+                Ok(Postgres("postgresql://u:pw@127.0.0.1/x".into())),
+            ),
+            ("postgres://u@h:notaport/x", Err("not a PostgreSQL URL")),
+            ("mysql://u@h/x", Err("is not a ledger")),
+        ];
+        for (text, expected) in cases {
+            match (LedgerLocation::parse(Path::new(text)), expected) {
+                (Ok(got), Ok(want)) => assert_eq!(&got, want, "{text}"),
+                (Err(ConfigError(m)), Err(part)) => assert!(m.contains(part), "{text}: {m}"),
+                (got, want) => panic!("{text}: got {got:?}, expected {want:?}"),
+            }
+        }
+        // A password never reaches a log line or a Debug print.
+        let located = LedgerLocation::parse(Path::new("postgres://u:hunter2@h/x")).unwrap();
+        assert!(!format!("{located:?} {}", located.redacted()).contains("hunter2"));
+        let (c, _) = Config::from_settings(Settings {
+            db: Some("postgres://u@127.0.0.1:5432/x".into()),
+            ..base()
+        })
+        .unwrap();
+        assert!(matches!(c.db, Postgres(_)));
     }
 
     #[test]
@@ -509,7 +620,7 @@ mod tests {
                 c.max_event_bytes
             ),
             (
-                PathBuf::from(DEFAULT_DB),
+                LedgerLocation::Sqlite(PathBuf::from(DEFAULT_DB)),
                 DEFAULT_LISTEN.to_string(),
                 8,
                 65536

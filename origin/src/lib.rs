@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use crate::config::Config;
+use crate::config::{Config, LedgerLocation};
 use crate::dispatch::edge_lane::EdgeClient;
 use crate::dispatch::plan::RetryRules;
 use crate::dispatch::{DispatchConfig, Dispatcher};
@@ -37,6 +37,8 @@ pub enum RunError {
     Http(#[from] reqwest::Error),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// Start the ledger, the dispatcher and the API on `listener`; return after `shutdown`
@@ -46,7 +48,18 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
-    let ledger = Ledger::open(&cfg.db)?;
+    let path = match &cfg.db {
+        LedgerLocation::Sqlite(path) => path.clone(),
+        LedgerLocation::Postgres(_) => {
+            return Err(RunError::Unsupported(format!(
+                "--db {}: this fanout does not serve from a PostgreSQL ledger yet (the \
+                 PostgreSQL ledger, its migrations and `fanout ledger copy` exist; the daemon \
+                 runs on SQLite)",
+                cfg.db.redacted()
+            )))
+        }
+    };
+    let ledger = Ledger::open(&path)?;
     let now = time::now_ms();
     let released = ledger
         .tx(move |c| ledger::release_all_leases(c, now))
@@ -97,7 +110,7 @@ pub async fn run(
     );
     tracing::info!(
         listen = %listener.local_addr()?,
-        db = %cfg.db.display(),
+        db = %cfg.db.redacted(),
         edge = cfg.edge.as_ref().map(|(u, _)| u.as_str()).unwrap_or("(none: origin lane only)"),
         "fanout serving"
     );

@@ -9,6 +9,7 @@
 //! `in_flight` only while leased by the dispatcher; nothing is ever deleted.
 
 mod health;
+pub mod pg;
 mod queries;
 mod schema;
 mod stats;
@@ -82,6 +83,8 @@ pub enum LedgerError {
     Invalid(String),
     #[error("the ledger is closed")]
     Closed,
+    #[error(transparent)]
+    Postgres(#[from] pg::PgError),
 }
 
 use writer::Job;

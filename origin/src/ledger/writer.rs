@@ -92,6 +92,7 @@ fn again(e: &LedgerError) -> LedgerError {
         LedgerError::Conflict(m) => LedgerError::Conflict(m.clone()),
         LedgerError::Invalid(m) => LedgerError::Invalid(m.clone()),
         LedgerError::Closed => LedgerError::Closed,
+        LedgerError::Postgres(e) => LedgerError::Postgres(e.clone()),
     }
 }
 

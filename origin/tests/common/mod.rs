@@ -406,3 +406,4 @@ pub fn events(prefix: &str, n: usize, ty: &str) -> Value {
             .collect(),
     )
 }
+pub mod pg;

@@ -1,0 +1,199 @@
+//! The PostgreSQL ledger: several daemons share one database. Same tables as the SQLite ledger,
+//! plus the owner of each lease; the same operations, as async methods over a connection pool
+//! (`deadpool-postgres` over `tokio-postgres`).
+//!
+//! How several daemons share the work without exceeding a subscriber's rate:
+//! - A claim runs in one transaction: it locks the claimed subscribers' rows (`FOR UPDATE`, in id
+//!   order), counts their in-flight deliveries from live leases, picks due deliveries with
+//!   `FOR UPDATE SKIP LOCKED`, lets the shared core limiter (the stored bucket, pause and breaker
+//!   of that row) decide how many may go, leases those to this daemon until an expiry, and stores
+//!   the limiter back. Two daemons claiming for one subscriber take turns on its row, so their
+//!   grants add up to what one limiter allows.
+//! - Leases carry their owner (the daemon's id) and expiry. A lease that expired is claimable by
+//!   anyone; a result is recorded only while its lease is still the one it was sent under (same
+//!   owner, same expiry), so a daemon that comes back after its work was taken over records
+//!   nothing for it.
+//! - Ingest notifies the other daemons (`NOTIFY fanout_due`) of the subscribers that got work,
+//!   on commit; they `LISTEN` instead of polling hard.
+//!
+//! Invariants: what the SQLite ledger keeps (a delivery exists at most once per
+//! `(subscriber_id, event_id)`, nothing is ever deleted but rotated-out secrets), and: a delivery
+//! is `in_flight` exactly when it has a lease owner and expiry (a CHECK); this module never
+//! waits for a delivery row lock while holding a subscriber row lock it took after it (subscriber
+//! rows first, in id order; delivery rows are skipped when locked), so claims never deadlock.
+
+pub mod copy;
+mod ops;
+mod schema;
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+pub use ops::*;
+pub use schema::VERSION as SCHEMA_VERSION;
+
+use super::LedgerError;
+
+/// The channel on which ingest announces new work: the payload is the subscriber ids, one per
+/// line.
+pub const DUE_CHANNEL: &str = "fanout_due";
+
+/// Errors of the PostgreSQL driver and pool (cheap to clone, like every `LedgerError`).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PgError {
+    #[error("{}", describe(.0))]
+    Db(Arc<tokio_postgres::Error>),
+    #[error("no connection to PostgreSQL: {0}")]
+    Pool(Arc<deadpool_postgres::PoolError>),
+    #[error("{0}")]
+    Config(String),
+}
+
+impl PgError {
+    /// The server's SQLSTATE, when the server answered with an error.
+    pub fn code(&self) -> Option<&tokio_postgres::error::SqlState> {
+        match self {
+            PgError::Db(e) => e.code(),
+            _ => None,
+        }
+    }
+}
+
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("postgres: {} ({})", db.message(), db.code().code()),
+        None => format!("postgres: {e}"),
+    }
+}
+
+impl From<tokio_postgres::Error> for LedgerError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        LedgerError::Postgres(PgError::Db(Arc::new(e)))
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for LedgerError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        LedgerError::Postgres(PgError::Pool(Arc::new(e)))
+    }
+}
+
+/// Connections per daemon: the dispatcher's turn, ingest and the API's reads at once.
+const POOL_SIZE: usize = 16;
+
+/// A handle to a PostgreSQL ledger, as one daemon (`owner`) sees it. Cheap to clone.
+#[derive(Clone)]
+pub struct PgLedger {
+    pool: Pool,
+    config: tokio_postgres::Config,
+    owner: Arc<str>,
+}
+
+impl std::fmt::Debug for PgLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLedger")
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+/// `url` parsed, or why not (without repeating a password).
+pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, LedgerError> {
+    tokio_postgres::Config::from_str(url).map_err(|e| {
+        LedgerError::Postgres(PgError::Config(format!(
+            "not a PostgreSQL URL like postgres://user@host:5432/dbname: {e}"
+        )))
+    })
+}
+
+impl PgLedger {
+    /// Connect to `url` and bring its schema up to date (refusing a newer one). `owner` names
+    /// this daemon in the leases it takes; it must differ between daemons sharing the database.
+    pub async fn open(url: &str, owner: &str) -> Result<PgLedger, LedgerError> {
+        let config = parse_url(url)?;
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .build()
+            .map_err(|e| LedgerError::Postgres(PgError::Config(e.to_string())))?;
+        let ledger = PgLedger {
+            pool,
+            config,
+            owner: Arc::from(owner),
+        };
+        let mut client = ledger.pool.get().await?;
+        schema::migrate(&mut client).await?;
+        Ok(ledger)
+    }
+
+    /// This daemon's name in its leases.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, LedgerError> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// Listen for new work announced by any daemon (this one included). The listening
+    /// connection is its own (not from the pool) and closes when the [`Listener`] drops.
+    pub async fn listen(&self) -> Result<Listener, LedgerError> {
+        let (client, mut conn) = self.config.connect(NoTls).await?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // Polling the connection both drives the client's requests and yields notifications.
+        tokio::spawn(async move {
+            loop {
+                match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+                    Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                        let subs = n
+                            .payload()
+                            .lines()
+                            .filter(|l| !l.is_empty())
+                            .map(str::to_string)
+                            .collect();
+                        if tx.send(subs).is_err() {
+                            return;
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %describe(&e), "the LISTEN connection failed");
+                        return;
+                    }
+                    None => return,
+                }
+            }
+        });
+        client
+            .batch_execute(&format!("LISTEN {DUE_CHANNEL}"))
+            .await?;
+        Ok(Listener {
+            _client: client,
+            rx,
+        })
+    }
+}
+
+/// Announcements of new work, from [`PgLedger::listen`].
+#[derive(Debug)]
+pub struct Listener {
+    _client: tokio_postgres::Client,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Vec<String>>,
+}
+
+impl Listener {
+    /// The subscribers of the next announcement; `None` once the connection has failed (listen
+    /// again).
+    pub async fn recv(&mut self) -> Option<Vec<String>> {
+        self.rx.recv().await
+    }
+}

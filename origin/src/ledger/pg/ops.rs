@@ -1,0 +1,1482 @@
+//! The ledger's operations on PostgreSQL, one method each, every one a transaction of its own
+//! (or a single statement). Same results as the SQLite functions of the same names
+//! (`ledger/queries.rs`, `health.rs`, `stats.rs`, `status.rs`); what differs is said where it
+//! does. Rows go in and out by arrays (`unnest`), never one statement per row.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use fanout_core::breaker::{Breaker, BreakerConfig};
+use fanout_core::bucket::Bucket;
+use fanout_core::limiter::LimiterState;
+use fanout_core::retry::Attempt;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+use super::super::status::SubscriberCounts;
+use super::super::{
+    Claimed, DeliveryFilter, DeliveryView, Ingested, LedgerError, NewEvent, Outcome,
+    SubscriberStats, Transition,
+};
+use super::{PgLedger, DUE_CHANNEL};
+use crate::alert::rules::after_dead_count;
+use crate::alert::Notice;
+use crate::ledger::{AttemptRecordView, HealthWrite};
+use crate::model::{
+    any_type_matches, delivery_public_id, Disabled, Health, Lane, Limits, Status, StoredSecret,
+    Subscriber,
+};
+
+type Param = Box<dyn ToSql + Sync + Send>;
+
+fn refs(params: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
+    params
+        .iter()
+        .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+        .collect()
+}
+
+fn unique_violation(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Subscribers
+
+const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
+     timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
+     failing_since_ms";
+
+fn subscriber_from_row(r: &Row) -> Result<Subscriber, LedgerError> {
+    let types: String = r.try_get(2)?;
+    let lane: String = r.try_get(7)?;
+    let disabled_ms: Option<i64> = r.try_get(11)?;
+    let disabled_reason: Option<String> = r.try_get(12)?;
+    Ok(Subscriber {
+        id: r.try_get(0)?,
+        url: r.try_get(1)?,
+        event_types: serde_json::from_str(&types)
+            .map_err(|e| LedgerError::Invalid(format!("stored event types do not decode: {e}")))?,
+        limits: Limits {
+            rate_per_sec: r.try_get(3)?,
+            burst: r.try_get::<_, i32>(4)?.max(1) as u32,
+            max_in_flight: r.try_get::<_, i32>(5)?.max(1) as u32,
+            timeout_ms: r.try_get::<_, i64>(6)?.max(0) as u64,
+        },
+        lane: Lane::parse(&lane)
+            .ok_or_else(|| LedgerError::Invalid(format!("stored lane {lane:?} is unknown")))?,
+        legacy_signature: r.try_get(8)?,
+        secrets: Vec::new(),
+        created_ms: r.try_get(9)?,
+        updated_ms: r.try_get(10)?,
+        health: Health {
+            disabled: disabled_ms.map(|at_ms| Disabled {
+                at_ms,
+                reason: disabled_reason.unwrap_or_default(),
+            }),
+            failing_since_ms: r.try_get(13)?,
+        },
+    })
+}
+
+fn event_types_json(s: &Subscriber) -> String {
+    serde_json::to_string(&s.event_types).unwrap_or_else(|_| "[]".into())
+}
+
+/// The stored limiter, or — when it does not decode (another version wrote it) — an empty
+/// bucket, never a full one, with a warning an operator sees.
+fn decode_limiter(id: &str, raw: Option<&str>, now_ms: i64) -> LimiterState {
+    match raw.map(serde_json::from_str::<LimiterState>) {
+        None => LimiterState::default(),
+        Some(Ok(state)) => state,
+        Some(Err(e)) => {
+            tracing::error!(subscriber = id, error = %e,
+                "the stored limiter state does not decode: starting from an empty bucket");
+            LimiterState {
+                bucket: Some(Bucket {
+                    tokens: 0.0,
+                    updated_ms: now_ms,
+                }),
+                ..LimiterState::default()
+            }
+        }
+    }
+}
+
+fn encode_limiter(state: &LimiterState) -> String {
+    serde_json::to_string(state).unwrap_or_default()
+}
+
+impl PgLedger {
+    async fn secrets_of(
+        c: &impl deadpool_postgres::GenericClient,
+        ids: &[String],
+    ) -> Result<HashMap<String, Vec<StoredSecret>>, LedgerError> {
+        let rows = c
+            .query(
+                "SELECT subscriber_id, secret, created_ms, expires_ms FROM subscriber_secrets
+                 WHERE subscriber_id = ANY($1) ORDER BY created_ms DESC, id DESC",
+                &[&ids],
+            )
+            .await?;
+        let mut out: HashMap<String, Vec<StoredSecret>> = HashMap::new();
+        for r in rows {
+            out.entry(r.try_get(0)?).or_default().push(StoredSecret {
+                secret: r.try_get(1)?,
+                created_ms: r.try_get(2)?,
+                expires_ms: r.try_get(3)?,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn get_subscriber_on(
+        c: &impl deadpool_postgres::GenericClient,
+        id: &str,
+    ) -> Result<Subscriber, LedgerError> {
+        let row = c
+            .query_opt(
+                &format!(
+                    "SELECT {SUBSCRIBER_COLUMNS} FROM subscribers
+                     WHERE id = $1 AND deleted_ms IS NULL"
+                ),
+                &[&id],
+            )
+            .await?
+            .ok_or_else(|| LedgerError::NotFound(format!("subscriber {id}")))?;
+        let mut s = subscriber_from_row(&row)?;
+        s.secrets = Self::secrets_of(c, &[s.id.clone()])
+            .await?
+            .remove(&s.id)
+            .unwrap_or_default();
+        Ok(s)
+    }
+
+    pub async fn get_subscriber(&self, id: &str) -> Result<Subscriber, LedgerError> {
+        Self::get_subscriber_on(&self.client().await?, id).await
+    }
+
+    pub async fn list_subscribers(&self) -> Result<Vec<Subscriber>, LedgerError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {SUBSCRIBER_COLUMNS} FROM subscribers WHERE deleted_ms IS NULL
+                     ORDER BY id"
+                ),
+                &[],
+            )
+            .await?;
+        let mut subs = rows
+            .iter()
+            .map(subscriber_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
+        let mut secrets = Self::secrets_of(&c, &ids).await?;
+        for s in &mut subs {
+            s.secrets = secrets.remove(&s.id).unwrap_or_default();
+        }
+        Ok(subs)
+    }
+
+    /// Insert a new subscriber (or bring back a removed one under the same id) with its first
+    /// secret.
+    pub async fn create_subscriber(&self, s: &Subscriber, secret: &str) -> Result<(), LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let existing = tx
+            .query_opt(
+                "SELECT deleted_ms FROM subscribers WHERE id = $1 FOR UPDATE",
+                &[&s.id],
+            )
+            .await?;
+        let conflict = || LedgerError::Conflict(format!("subscriber {} already exists", s.id));
+        match existing
+            .map(|r| r.try_get::<_, Option<i64>>(0))
+            .transpose()?
+        {
+            Some(None) => return Err(conflict()),
+            Some(Some(_)) => {
+                tx.execute(
+                    "DELETE FROM subscriber_secrets WHERE subscriber_id = $1",
+                    &[&s.id],
+                )
+                .await?;
+                tx.execute("DELETE FROM subscribers WHERE id = $1", &[&s.id])
+                    .await?;
+            }
+            None => {}
+        }
+        let inserted = tx
+            .execute(
+                "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
+                     timeout_ms, lane, legacy_signature, created_ms, updated_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)",
+                &[
+                    &s.id,
+                    &s.url,
+                    &event_types_json(s),
+                    &s.limits.rate_per_sec,
+                    &(s.limits.burst.min(i32::MAX as u32) as i32),
+                    &(s.limits.max_in_flight.min(i32::MAX as u32) as i32),
+                    &(s.limits.timeout_ms.min(i64::MAX as u64) as i64),
+                    &s.lane.as_str(),
+                    &s.legacy_signature,
+                    &s.created_ms,
+                ],
+            )
+            .await;
+        match inserted {
+            Err(e) if unique_violation(&e) => return Err(conflict()),
+            other => other?,
+        };
+        tx.execute(
+            "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES ($1, $2, $3)",
+            &[&s.id, &secret, &s.created_ms],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Store a changed definition (not its secrets), and its disabled state when `disabled`
+    /// says so (as `set_disabled`): the limiter is kept, so a change never grants a fresh burst.
+    pub async fn update_subscriber(&self, s: &Subscriber) -> Result<(), LedgerError> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "UPDATE subscribers SET url = $2, event_types = $3, rate_per_sec = $4, burst = $5,
+                     max_in_flight = $6, timeout_ms = $7, lane = $8, legacy_signature = $9,
+                     updated_ms = $10
+                 WHERE id = $1 AND deleted_ms IS NULL",
+                &[
+                    &s.id,
+                    &s.url,
+                    &event_types_json(s),
+                    &s.limits.rate_per_sec,
+                    &(s.limits.burst.min(i32::MAX as u32) as i32),
+                    &(s.limits.max_in_flight.min(i32::MAX as u32) as i32),
+                    &(s.limits.timeout_ms.min(i64::MAX as u64) as i64),
+                    &s.lane.as_str(),
+                    &s.legacy_signature,
+                    &s.updated_ms,
+                ],
+            )
+            .await?;
+        if n == 0 {
+            return Err(LedgerError::NotFound(format!("subscriber {}", s.id)));
+        }
+        Ok(())
+    }
+
+    /// Remove a subscriber: it matches no new event, and its unfinished deliveries go dead
+    /// (replayable if it comes back). Returns how many went dead.
+    pub async fn delete_subscriber(&self, id: &str, now_ms: i64) -> Result<u64, LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let n = tx
+            .execute(
+                "UPDATE subscribers SET deleted_ms = $2, updated_ms = $2
+                 WHERE id = $1 AND deleted_ms IS NULL",
+                &[&id, &now_ms],
+            )
+            .await?;
+        if n == 0 {
+            return Err(LedgerError::NotFound(format!("subscriber {id}")));
+        }
+        let dead = tx
+            .execute(
+                "UPDATE deliveries SET status = 'dead', last_error = 'subscriber removed',
+                     updated_ms = $2, lease_owner = NULL, lease_expires_ms = NULL
+                 WHERE subscriber_id = $1 AND status IN ('pending', 'in_flight')",
+                &[&id, &now_ms],
+            )
+            .await?;
+        tx.commit().await?;
+        Ok(dead)
+    }
+
+    /// Add `secret` as the current secret; every other active one keeps signing until
+    /// `now + grace_ms`.
+    pub async fn rotate_secret(
+        &self,
+        id: &str,
+        secret: &str,
+        now_ms: i64,
+        grace_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let live = tx
+            .execute(
+                "UPDATE subscribers SET updated_ms = $2 WHERE id = $1 AND deleted_ms IS NULL",
+                &[&id, &now_ms],
+            )
+            .await?;
+        if live == 0 {
+            return Err(LedgerError::NotFound(format!("subscriber {id}")));
+        }
+        let until = now_ms.saturating_add(grace_ms);
+        tx.execute(
+            "UPDATE subscriber_secrets SET expires_ms = $2
+             WHERE subscriber_id = $1 AND (expires_ms IS NULL OR expires_ms > $2)",
+            &[&id, &until],
+        )
+        .await?;
+        tx.execute(
+            "DELETE FROM subscriber_secrets WHERE subscriber_id = $1 AND expires_ms <= $2",
+            &[&id, &now_ms],
+        )
+        .await?;
+        tx.execute(
+            "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES ($1, $2, $3)",
+            &[&id, &secret, &now_ms],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Disable (`Some`) or re-enable (`None`) a subscriber; re-enabling clears its failure run
+    /// and resets its breaker in the shared limiter. Returns whether anything changed.
+    pub async fn set_disabled(
+        &self,
+        id: &str,
+        disabled: Option<&Disabled>,
+        now_ms: i64,
+    ) -> Result<bool, LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let changed = match disabled {
+            Some(d) => tx
+                .query_opt(
+                    "UPDATE subscribers SET disabled_ms = $2, disabled_reason = $3
+                     WHERE id = $1 AND deleted_ms IS NULL AND disabled_ms IS NULL RETURNING limiter",
+                    &[&id, &d.at_ms, &d.reason],
+                )
+                .await?
+                .map(|_| None),
+            None => tx
+                .query_opt(
+                    "UPDATE subscribers SET disabled_ms = NULL, disabled_reason = NULL,
+                         failing_since_ms = NULL
+                     WHERE id = $1 AND deleted_ms IS NULL AND disabled_ms IS NOT NULL
+                     RETURNING limiter",
+                    &[&id],
+                )
+                .await?
+                .map(|r| r.try_get::<_, Option<String>>(0))
+                .transpose()?
+                .map(Some),
+        };
+        let Some(reenabled) = changed else {
+            return Ok(false);
+        };
+        if let Some(raw) = reenabled {
+            let mut limiter = decode_limiter(id, raw.as_deref(), now_ms);
+            limiter.breaker = Breaker::default();
+            tx.execute(
+                "UPDATE subscribers SET limiter = $2 WHERE id = $1",
+                &[&id, &encode_limiter(&limiter)],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// The shared limiter state as last stored (an undecodable one reads as an empty bucket).
+    pub async fn load_limiter(&self, id: &str, now_ms: i64) -> Result<LimiterState, LedgerError> {
+        let c = self.client().await?;
+        let raw: Option<String> = c
+            .query_opt("SELECT limiter FROM subscribers WHERE id = $1", &[&id])
+            .await?
+            .map(|r| r.try_get(0))
+            .transpose()?
+            .flatten();
+        Ok(decode_limiter(id, raw.as_deref(), now_ms))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Events
+
+    /// Store events and fan each out to every live subscriber whose patterns match; announce
+    /// the subscribers that got work to every listening daemon (on commit). Returns the
+    /// per-event outcome and those subscribers.
+    pub async fn ingest(
+        &self,
+        events: &[NewEvent],
+        now_ms: i64,
+    ) -> Result<(Vec<Ingested>, Vec<String>), LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let subs: Vec<(String, Vec<String>)> = tx
+            .query(
+                "SELECT id, event_types FROM subscribers WHERE deleted_ms IS NULL ORDER BY id",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| {
+                let types: String = r.try_get(1)?;
+                Ok((
+                    r.try_get(0)?,
+                    serde_json::from_str(&types).unwrap_or_default(),
+                ))
+            })
+            .collect::<Result<_, LedgerError>>()?;
+        let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+        let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+        let bodies: Vec<&str> = events.iter().map(|e| e.body.as_str()).collect();
+        // WITH ORDINALITY keeps the call's order, so a repeated id stores its first occurrence.
+        let fresh: HashSet<String> = tx
+            .query(
+                "INSERT INTO events (id, type, body, received_ms)
+                 SELECT id, type, body, $4 FROM unnest($1::text[], $2::text[], $3::text[])
+                     WITH ORDINALITY AS u(id, type, body, n) ORDER BY n
+                 ON CONFLICT (id) DO NOTHING RETURNING id",
+                &[&ids, &types, &bodies, &now_ms],
+            )
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        let mut fresh_left = fresh;
+        let mut pair_subs: Vec<&str> = Vec::new();
+        let mut pair_events: Vec<&str> = Vec::new();
+        let mut is_new = Vec::with_capacity(events.len());
+        let mut matched: Option<(&str, Vec<usize>)> = None;
+        for e in events {
+            let new = fresh_left.remove(&e.id);
+            is_new.push(new);
+            if !new {
+                continue;
+            }
+            if matched.as_ref().is_none_or(|(t, _)| *t != e.event_type) {
+                let idx = subs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (_, patterns))| any_type_matches(patterns, &e.event_type))
+                    .map(|(i, _)| i)
+                    .collect();
+                matched = Some((e.event_type.as_str(), idx));
+            }
+            for &i in matched.as_ref().map_or(&[][..], |(_, m)| m.as_slice()) {
+                pair_subs.push(&subs[i].0);
+                pair_events.push(&e.id);
+            }
+        }
+        let mut created: HashMap<String, u32> = HashMap::new();
+        let mut touched: BTreeMap<String, ()> = BTreeMap::new();
+        if !pair_subs.is_empty() {
+            let rows = tx
+                .query(
+                    "INSERT INTO deliveries (subscriber_id, event_id, status, next_attempt_ms,
+                         created_ms, updated_ms)
+                     SELECT s, e, 'pending', $3, $3, $3
+                     FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(s, e, n) ORDER BY n
+                     ON CONFLICT (subscriber_id, event_id) DO NOTHING
+                     RETURNING subscriber_id, event_id",
+                    &[&pair_subs, &pair_events, &now_ms],
+                )
+                .await?;
+            for r in rows {
+                let sub: String = r.try_get(0)?;
+                let event: String = r.try_get(1)?;
+                *created.entry(event).or_default() += 1;
+                touched.insert(sub, ());
+            }
+        }
+        let touched: Vec<String> = touched.into_keys().collect();
+        if !touched.is_empty() {
+            tx.execute(
+                "SELECT pg_notify($1, $2)",
+                &[&DUE_CHANNEL, &notify_payload(&touched)],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        let mut seen: HashSet<&str> = HashSet::new();
+        let out = events
+            .iter()
+            .zip(is_new)
+            .map(|(e, new)| {
+                let first = seen.insert(&e.id);
+                Ingested {
+                    id: e.id.clone(),
+                    deliveries: if new && first {
+                        created.get(&e.id).copied().unwrap_or(0)
+                    } else {
+                        0
+                    },
+                    duplicate: !new,
+                }
+            })
+            .collect();
+        Ok((out, touched))
+    }
+}
+
+/// A NOTIFY payload must stay under 8000 bytes: the subscriber ids one per line, or nothing
+/// at all (meaning "look at every subscriber") when they do not fit.
+pub fn notify_payload(subs: &[String]) -> String {
+    let joined = subs.join("\n");
+    if joined.len() < 7_000 {
+        joined
+    } else {
+        String::new()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Claims and results
+
+/// What one claim took for one subscriber.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PgClaim {
+    pub subscriber_id: String,
+    /// Leased to this daemon until `lease_expires_ms`, oldest due first.
+    pub claimed: Vec<Claimed>,
+    /// The lease's expiry: a result is recorded only under this same lease.
+    pub lease_expires_ms: i64,
+    /// Deliveries in flight for this subscriber across every daemon, these included.
+    pub in_flight: u32,
+    /// Due work was left because the shared limiter said wait: how long, at least.
+    pub wait_ms: Option<u64>,
+    /// When its earliest remaining pending delivery is due, if it has one.
+    pub next_due_ms: Option<i64>,
+}
+
+/// A result to record, with the lease it was sent under when the caller knows it (without it,
+/// only the owner is checked: a result of this daemon's is recorded while this daemon holds
+/// the delivery).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeasedOutcome {
+    pub outcome: Outcome,
+    pub lease_expires_ms: Option<i64>,
+}
+
+/// An attempt's answer as the shared limiter takes it (breaker, Retry-After pause).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Feedback {
+    pub subscriber_id: String,
+    pub attempt: Attempt,
+    pub at_ms: i64,
+}
+
+/// What `apply` recorded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Applied {
+    /// Outcomes recorded.
+    pub recorded: usize,
+    /// Deliveries whose result was ignored: their lease had expired and been taken over (or
+    /// the delivery was removed with its subscriber) — another daemon owns them now.
+    pub stale: Vec<i64>,
+}
+
+fn core_limits(
+    row: &Row,
+    breaker: BreakerConfig,
+) -> Result<fanout_core::limiter::Limits, LedgerError> {
+    Ok(Limits {
+        rate_per_sec: row.try_get("rate_per_sec")?,
+        burst: row.try_get::<_, i32>("burst")?.max(1) as u32,
+        max_in_flight: row.try_get::<_, i32>("max_in_flight")?.max(1) as u32,
+        timeout_ms: 0,
+    }
+    .core(breaker))
+}
+
+impl PgLedger {
+    /// Lease due deliveries for each `(subscriber, most)` — at most `most`, and only what the
+    /// subscriber's shared limiter grants across every daemon — to this daemon until
+    /// `now + lease_ms`. Leases of any daemon that expired return to the queue first.
+    /// Disabled and removed subscribers get nothing (and are left out of the answer).
+    pub async fn claim(
+        &self,
+        wants: &[(String, usize)],
+        breaker: BreakerConfig,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<PgClaim>, LedgerError> {
+        let mut wanted: BTreeMap<&str, usize> = BTreeMap::new();
+        for (id, most) in wants {
+            let w = wanted.entry(id.as_str()).or_default();
+            *w = (*w).max(*most);
+        }
+        let ids: Vec<&str> = wanted.keys().copied().collect();
+        let lease_until = now_ms.saturating_add(lease_ms);
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        // 1. The subscribers' rows, locked in id order: one claimer per subscriber at a time.
+        let subs = tx
+            .query(
+                "SELECT id, rate_per_sec, burst, max_in_flight, limiter FROM subscribers
+                 WHERE id = ANY($1) AND deleted_ms IS NULL AND disabled_ms IS NULL
+                 ORDER BY id FOR UPDATE",
+                &[&ids],
+            )
+            .await?;
+        let live: Vec<String> = subs
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        // 2. Expired leases (of any daemon) back to the queue, due now. One being recorded
+        // right now (locked) is left to that transaction.
+        tx.execute(
+            "UPDATE deliveries SET status = 'pending', lease_owner = NULL, lease_expires_ms = NULL,
+                 next_attempt_ms = $2, updated_ms = $2
+             WHERE id IN (SELECT id FROM deliveries
+                          WHERE subscriber_id = ANY($1) AND status = 'in_flight'
+                            AND lease_expires_ms <= $2
+                          FOR UPDATE SKIP LOCKED)",
+            &[&live, &now_ms],
+        )
+        .await?;
+        // 3. In flight, from the live leases.
+        let mut in_flight: HashMap<String, u32> = HashMap::new();
+        for r in tx
+            .query(
+                "SELECT subscriber_id, COUNT(*) FROM deliveries
+                 WHERE subscriber_id = ANY($1) AND status = 'in_flight' GROUP BY subscriber_id",
+                &[&live],
+            )
+            .await?
+        {
+            in_flight.insert(r.try_get(0)?, r.try_get::<_, i64>(1)?.max(0) as u32);
+        }
+        // 4. Due candidates, at most what the in-flight cap leaves, rows another transaction
+        // holds skipped.
+        let mut limits = HashMap::new();
+        let mut limiters = HashMap::new();
+        let mut asks: Vec<i64> = Vec::with_capacity(live.len());
+        for r in &subs {
+            let id: String = r.try_get(0)?;
+            let l = core_limits(r, breaker)?;
+            let raw: Option<String> = r.try_get("limiter")?;
+            let busy = in_flight.get(&id).copied().unwrap_or(0);
+            let most = wanted.get(id.as_str()).copied().unwrap_or(0);
+            asks.push(most.min(l.max_in_flight.saturating_sub(busy) as usize) as i64);
+            limiters.insert(id.clone(), decode_limiter(&id, raw.as_deref(), now_ms));
+            limits.insert(id, l);
+        }
+        let mut candidates: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        for r in tx
+            .query(
+                "SELECT w.sub, d.id FROM unnest($1::text[], $2::bigint[]) AS w(sub, n)
+                 CROSS JOIN LATERAL (
+                     SELECT id, next_attempt_ms FROM deliveries
+                     WHERE subscriber_id = w.sub AND status = 'pending' AND next_attempt_ms <= $3
+                     ORDER BY next_attempt_ms, id LIMIT w.n
+                     FOR UPDATE SKIP LOCKED) d
+                 ORDER BY w.sub, d.next_attempt_ms, d.id",
+                &[&live, &asks, &now_ms],
+            )
+            .await?
+        {
+            candidates
+                .entry(r.try_get(0)?)
+                .or_default()
+                .push(r.try_get(1)?);
+        }
+        // 5. The shared limiter decides how many of them go now.
+        let mut lease_ids: Vec<i64> = Vec::new();
+        let mut waits: HashMap<String, u64> = HashMap::new();
+        let mut store_ids: Vec<&str> = Vec::new();
+        let mut store_states: Vec<String> = Vec::new();
+        for id in &live {
+            let Some(found) = candidates.get(id) else {
+                continue;
+            };
+            let (Some(limiter), Some(l)) = (limiters.get_mut(id), limits.get(id)) else {
+                continue;
+            };
+            let busy = in_flight.get(id).copied().unwrap_or(0);
+            let plan = limiter.plan(*l, busy, now_ms, found.len());
+            lease_ids.extend_from_slice(&found[..plan.send]);
+            if let Some(&(_, wait)) = plan.deferred.first() {
+                waits.insert(id.clone(), wait);
+            }
+            *in_flight.entry(id.clone()).or_default() += plan.send as u32;
+            store_ids.push(id);
+            store_states.push(encode_limiter(limiter));
+        }
+        // 6. Lease them to this daemon.
+        let mut claimed: HashMap<String, Vec<Claimed>> = HashMap::new();
+        if !lease_ids.is_empty() {
+            let order: HashMap<i64, usize> = lease_ids
+                .iter()
+                .enumerate()
+                .map(|(k, &id)| (id, k))
+                .collect();
+            let mut rows: Vec<(usize, String, Claimed)> = Vec::with_capacity(lease_ids.len());
+            for r in tx
+                .query(
+                    "UPDATE deliveries d SET status = 'in_flight', lease_owner = $2,
+                         lease_expires_ms = $3, updated_ms = $4
+                     FROM events e
+                     WHERE d.id = ANY($1) AND e.id = d.event_id
+                     RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts",
+                    &[&lease_ids, &&*self.owner, &lease_until, &now_ms],
+                )
+                .await?
+            {
+                let rowid: i64 = r.try_get(0)?;
+                rows.push((
+                    order.get(&rowid).copied().unwrap_or(usize::MAX),
+                    r.try_get(1)?,
+                    Claimed {
+                        rowid,
+                        event_id: r.try_get(2)?,
+                        event_type: r.try_get(3)?,
+                        body: r.try_get(4)?,
+                        attempt: (r.try_get::<_, i32>(5)?.max(0) as u32).saturating_add(1),
+                    },
+                ));
+            }
+            rows.sort_by_key(|(k, _, _)| *k);
+            for (_, sub, d) in rows {
+                claimed.entry(sub).or_default().push(d);
+            }
+        }
+        // 7. The limiters that granted them, back in their rows.
+        if !store_ids.is_empty() {
+            tx.execute(
+                "UPDATE subscribers s SET limiter = u.l
+                 FROM unnest($1::text[], $2::text[]) AS u(id, l) WHERE s.id = u.id",
+                &[&store_ids, &store_states],
+            )
+            .await?;
+        }
+        // 8. What remains due, for the dispatcher's next wake-up.
+        let mut next_due: HashMap<String, i64> = HashMap::new();
+        for r in tx
+            .query(
+                "SELECT subscriber_id, MIN(next_attempt_ms) FROM deliveries
+                 WHERE subscriber_id = ANY($1) AND status = 'pending' GROUP BY subscriber_id",
+                &[&live],
+            )
+            .await?
+        {
+            next_due.insert(r.try_get(0)?, r.try_get(1)?);
+        }
+        tx.commit().await?;
+        Ok(live
+            .into_iter()
+            .map(|id| PgClaim {
+                claimed: claimed.remove(&id).unwrap_or_default(),
+                lease_expires_ms: lease_until,
+                in_flight: in_flight.get(&id).copied().unwrap_or(0),
+                wait_ms: waits.get(&id).copied(),
+                next_due_ms: next_due.get(&id).copied(),
+                subscriber_id: id,
+            })
+            .collect())
+    }
+
+    /// Record results and fold their answers into the shared limiters, in one transaction.
+    /// A result counts only while its delivery is still leased to this daemon (under the same
+    /// lease, when given); otherwise it is stale (reported, not recorded). Feedback is folded in either
+    /// way: the subscriber did answer so.
+    pub async fn apply(
+        &self,
+        outcomes: &[LeasedOutcome],
+        feedback: &[Feedback],
+        breaker: BreakerConfig,
+        now_ms: i64,
+    ) -> Result<Applied, LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        // Subscriber rows first, in id order (the claim's order): no deadlock with a claim.
+        if !feedback.is_empty() {
+            let mut ids: Vec<&str> = feedback.iter().map(|f| f.subscriber_id.as_str()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            let rows = tx
+                .query(
+                    "SELECT id, rate_per_sec, burst, max_in_flight, limiter FROM subscribers
+                     WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+                    &[&ids],
+                )
+                .await?;
+            let mut store_ids: Vec<String> = Vec::new();
+            let mut store_states: Vec<String> = Vec::new();
+            for r in &rows {
+                let id: String = r.try_get(0)?;
+                let l = core_limits(r, breaker)?;
+                let raw: Option<String> = r.try_get("limiter")?;
+                let mut limiter = decode_limiter(&id, raw.as_deref(), now_ms);
+                for f in feedback.iter().filter(|f| f.subscriber_id == id) {
+                    limiter.record(l, &f.attempt, f.at_ms);
+                }
+                store_states.push(encode_limiter(&limiter));
+                store_ids.push(id);
+            }
+            tx.execute(
+                "UPDATE subscribers s SET limiter = u.l
+                 FROM unnest($1::text[], $2::text[]) AS u(id, l) WHERE s.id = u.id",
+                &[&store_ids, &store_states],
+            )
+            .await?;
+        }
+        let n = outcomes.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut leases = Vec::with_capacity(n);
+        let mut statuses: Vec<&str> = Vec::with_capacity(n);
+        let mut spent: Vec<i32> = Vec::with_capacity(n);
+        let mut next: Vec<Option<i64>> = Vec::with_capacity(n);
+        let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
+        let mut keep_error: Vec<bool> = Vec::with_capacity(n);
+        for lo in outcomes {
+            let o = &lo.outcome;
+            ids.push(o.rowid);
+            leases.push(lo.lease_expires_ms);
+            let (status, s, at, err, keep) = match &o.transition {
+                Transition::Sent => ("sent", 1, None, None, false),
+                Transition::Retry { at_ms, error } => {
+                    ("pending", 1, Some(*at_ms), Some(error.as_str()), false)
+                }
+                Transition::Dead { reason } => (
+                    "dead",
+                    i32::from(o.attempt.is_some()),
+                    None,
+                    Some(reason.as_str()),
+                    false,
+                ),
+                Transition::Defer { at_ms } => ("pending", 0, Some(*at_ms), None, true),
+            };
+            statuses.push(status);
+            spent.push(s);
+            next.push(at);
+            errors.push(err);
+            keep_error.push(keep);
+        }
+        let mut recorded: HashSet<i64> = HashSet::new();
+        if !outcomes.is_empty() {
+            for r in tx
+                .query(
+                    "UPDATE deliveries d SET status = u.status, attempts = d.attempts + u.spent,
+                         next_attempt_ms = COALESCE(u.next, d.next_attempt_ms),
+                         last_error = CASE WHEN u.keep THEN d.last_error ELSE u.err END,
+                         lease_owner = NULL, lease_expires_ms = NULL, updated_ms = $8
+                     FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::int[], $5::bigint[],
+                                 $6::text[], $7::bool[]) AS u(id, lease, status, spent, next, err, keep)
+                     WHERE d.id = u.id AND d.status = 'in_flight' AND d.lease_owner = $9
+                       AND (u.lease IS NULL OR d.lease_expires_ms = u.lease)
+                     RETURNING d.id",
+                    &[
+                        &ids,
+                        &leases,
+                        &statuses,
+                        &spent,
+                        &next,
+                        &errors,
+                        &keep_error,
+                        &now_ms,
+                        &&*self.owner,
+                    ],
+                )
+                .await?
+            {
+                recorded.insert(r.try_get(0)?);
+            }
+        }
+        // The attempts of the recorded outcomes, in order.
+        let mut a_ids: Vec<i64> = Vec::new();
+        let mut a_n: Vec<i32> = Vec::new();
+        let mut a_at: Vec<i64> = Vec::new();
+        let mut a_lane: Vec<&str> = Vec::new();
+        let mut a_outcome: Vec<&str> = Vec::new();
+        let mut a_status: Vec<Option<i32>> = Vec::new();
+        let mut a_latency: Vec<Option<i64>> = Vec::new();
+        let mut a_body: Vec<Option<&str>> = Vec::new();
+        let mut a_error: Vec<Option<&str>> = Vec::new();
+        for lo in outcomes {
+            let o = &lo.outcome;
+            let Some(a) = o.attempt.as_ref().filter(|_| recorded.contains(&o.rowid)) else {
+                continue;
+            };
+            a_ids.push(o.rowid);
+            a_n.push(a.attempt.min(i32::MAX as u32) as i32);
+            a_at.push(a.at_ms);
+            a_lane.push(a.lane);
+            a_outcome.push(a.outcome);
+            a_status.push(a.status.map(i32::from));
+            a_latency.push(a.latency_ms.map(|l| l.min(i64::MAX as u64) as i64));
+            a_body.push(a.response_body.as_deref());
+            a_error.push(a.error.as_deref());
+        }
+        if !a_ids.is_empty() {
+            tx.execute(
+                "INSERT INTO attempts (delivery_id, attempt, at_ms, lane, outcome, status,
+                     latency_ms, response_body, error)
+                 SELECT d, a, t, l, o, s, ms, b, e
+                 FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::text[],
+                             $6::int[], $7::bigint[], $8::text[], $9::text[])
+                     WITH ORDINALITY AS u(d, a, t, l, o, s, ms, b, e, n) ORDER BY n",
+                &[
+                    &a_ids, &a_n, &a_at, &a_lane, &a_outcome, &a_status, &a_latency, &a_body,
+                    &a_error,
+                ],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(Applied {
+            recorded: recorded.len(),
+            stale: ids
+                .into_iter()
+                .filter(|id| !recorded.contains(id))
+                .collect(),
+        })
+    }
+
+    /// Return this daemon's own leases to the queue, due now (a daemon restarting under the
+    /// same name: whatever it held died with its previous run). Returns how many.
+    pub async fn release_own_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
+        let c = self.client().await?;
+        Ok(c.execute(
+            "UPDATE deliveries SET status = 'pending', lease_owner = NULL, lease_expires_ms = NULL,
+                 next_attempt_ms = $2, updated_ms = $2
+             WHERE status = 'in_flight' AND lease_owner = $1",
+            &[&&*self.owner, &now_ms],
+        )
+        .await?)
+    }
+
+    /// Every live subscriber with pending work and when its earliest delivery is due; expired
+    /// leases count as due at their expiry.
+    pub async fn due_summary(&self) -> Result<Vec<(String, i64)>, LedgerError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT s.id, LEAST(
+                     (SELECT MIN(d.next_attempt_ms) FROM deliveries d
+                      WHERE d.subscriber_id = s.id AND d.status = 'pending'),
+                     (SELECT MIN(d.lease_expires_ms) FROM deliveries d
+                      WHERE d.subscriber_id = s.id AND d.status = 'in_flight'))
+                 FROM subscribers s WHERE s.deleted_ms IS NULL ORDER BY s.id",
+                &[],
+            )
+            .await?;
+        let mut out = Vec::new();
+        for r in rows {
+            if let Some(due) = r.try_get::<_, Option<i64>>(1)? {
+                out.push((r.try_get(0)?, due));
+            }
+        }
+        Ok(out)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Reading and replaying deliveries
+
+    pub async fn list_deliveries(
+        &self,
+        f: &DeliveryFilter,
+    ) -> Result<Vec<DeliveryView>, LedgerError> {
+        let (filter, params) = filter_sql(f, Vec::new());
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
+             {filter} ORDER BY d.id LIMIT {}",
+            f.limit
+        );
+        let c = self.client().await?;
+        c.query(&sql, &refs(&params))
+            .await?
+            .iter()
+            .map(delivery_from_row)
+            .collect()
+    }
+
+    pub async fn get_delivery(&self, rowid: i64) -> Result<DeliveryView, LedgerError> {
+        let c = self.client().await?;
+        let row = c
+            .query_opt(
+                &format!(
+                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d
+                     LEFT JOIN events e ON e.id = d.event_id WHERE d.id = $1"
+                ),
+                &[&rowid],
+            )
+            .await?
+            .ok_or_else(|| {
+                LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid)))
+            })?;
+        let mut d = delivery_from_row(&row)?;
+        let attempts = c
+            .query(
+                "SELECT attempt, at_ms, lane, outcome, status, latency_ms, response_body, error
+                 FROM attempts WHERE delivery_id = $1 ORDER BY id",
+                &[&rowid],
+            )
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(AttemptRecordView {
+                    attempt: r.try_get::<_, i32>(0)?.max(0) as u32,
+                    at_ms: r.try_get(1)?,
+                    lane: r.try_get(2)?,
+                    outcome: r.try_get(3)?,
+                    status: r
+                        .try_get::<_, Option<i32>>(4)?
+                        .and_then(|s| u16::try_from(s).ok()),
+                    latency_ms: r.try_get(5)?,
+                    response_body: r.try_get(6)?,
+                    error: r.try_get(7)?,
+                })
+            })
+            .collect::<Result<Vec<_>, LedgerError>>()?;
+        d.attempts = Some(attempts);
+        Ok(d)
+    }
+
+    /// Put one delivery back in the queue, due now, with a fresh attempt budget. One in
+    /// flight cannot be replayed. Returns its subscriber.
+    pub async fn replay_one(&self, rowid: i64, now_ms: i64) -> Result<String, LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let row = tx
+            .query_opt(
+                "SELECT d.subscriber_id, d.status, s.deleted_ms IS NULL AND s.id IS NOT NULL
+                 FROM deliveries d LEFT JOIN subscribers s ON s.id = d.subscriber_id
+                 WHERE d.id = $1 FOR UPDATE OF d",
+                &[&rowid],
+            )
+            .await?
+            .ok_or_else(|| {
+                LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid)))
+            })?;
+        let sub: String = row.try_get(0)?;
+        let status: String = row.try_get(1)?;
+        let live: bool = row.try_get::<_, Option<bool>>(2)?.unwrap_or(false);
+        if status == Status::InFlight.as_str() {
+            return Err(LedgerError::Conflict(format!(
+                "delivery {} is in flight",
+                delivery_public_id(rowid)
+            )));
+        }
+        if !live {
+            return Err(LedgerError::Conflict(format!(
+                "subscriber {sub} has been removed"
+            )));
+        }
+        tx.execute(
+            "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = $2,
+                 last_error = NULL, updated_ms = $2
+             WHERE id = $1",
+            &[&rowid, &now_ms],
+        )
+        .await?;
+        tx.execute(
+            "SELECT pg_notify($1, $2)",
+            &[&DUE_CHANNEL, &notify_payload(std::slice::from_ref(&sub))],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(sub)
+    }
+
+    /// Replay every delivery matching the filter (status defaults to dead; in-flight ones and
+    /// removed subscribers' are skipped). Returns how many and the subscribers concerned.
+    pub async fn replay_bulk(
+        &self,
+        f: &DeliveryFilter,
+        now_ms: i64,
+    ) -> Result<(u64, Vec<String>), LedgerError> {
+        let mut f = f.clone();
+        if f.status.is_none() {
+            f.status = Some(Status::Dead);
+        }
+        if f.status == Some(Status::InFlight) {
+            return Err(LedgerError::Invalid(
+                "in-flight deliveries cannot be replayed".into(),
+            ));
+        }
+        let (filter, mut params) = filter_sql(&f, Vec::new());
+        let live = "d.subscriber_id IN (SELECT id FROM subscribers WHERE deleted_ms IS NULL)";
+        let filter = if filter.is_empty() {
+            format!("WHERE {live}")
+        } else {
+            format!("{filter} AND {live}")
+        };
+        params.push(Box::new(now_ms));
+        let now_arg = params.len();
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let rows = tx
+            .query(
+                &format!(
+                    "UPDATE deliveries SET status = 'pending', attempts = 0,
+                         next_attempt_ms = ${now_arg}, last_error = NULL, updated_ms = ${now_arg}
+                     WHERE id IN (SELECT d.id FROM deliveries d {filter})
+                     RETURNING subscriber_id"
+                ),
+                &refs(&params),
+            )
+            .await?;
+        let n = rows.len() as u64;
+        let mut subs: Vec<String> = rows
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        subs.sort();
+        subs.dedup();
+        if !subs.is_empty() {
+            tx.execute(
+                "SELECT pg_notify($1, $2)",
+                &[&DUE_CHANNEL, &notify_payload(&subs)],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok((n, subs))
+    }
+
+    /// Deliveries per status, for `/metrics`.
+    pub async fn status_counts(&self) -> Result<Vec<(String, i64)>, LedgerError> {
+        let c = self.client().await?;
+        c.query(
+            "SELECT status, COUNT(*) FROM deliveries GROUP BY status ORDER BY status",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect()
+    }
+
+    /// Per-subscriber figures for `/metrics`, as `ledger::subscriber_stats`.
+    pub async fn subscriber_stats(
+        &self,
+        breaker: BreakerConfig,
+        now_ms: i64,
+    ) -> Result<Vec<SubscriberStats>, LedgerError> {
+        let subs = self.list_subscribers().await?;
+        let c = self.client().await?;
+        let mut counts: HashMap<String, (HashMap<String, i64>, Option<i64>)> = HashMap::new();
+        for r in c
+            .query(
+                "SELECT subscriber_id, status, COUNT(*), MIN(created_ms) FROM deliveries
+                 GROUP BY subscriber_id, status",
+                &[],
+            )
+            .await?
+        {
+            let (sub, status): (String, String) = (r.try_get(0)?, r.try_get(1)?);
+            let (n, oldest): (i64, i64) = (r.try_get(2)?, r.try_get(3)?);
+            let e = counts.entry(sub).or_default();
+            if status == "pending" || status == "in_flight" {
+                e.1 = Some(e.1.map_or(oldest, |o| o.min(oldest)));
+            }
+            e.0.insert(status, n);
+        }
+        let limiters = self.limiters(&c, now_ms).await?;
+        Ok(subs
+            .into_iter()
+            .map(|s| {
+                let (by_status, oldest) = counts.remove(&s.id).unwrap_or_default();
+                let n = |k: &str| by_status.get(k).copied().unwrap_or(0);
+                let limiter = limiters.get(&s.id).copied().unwrap_or_default();
+                let view = limiter.breaker.view(breaker, now_ms);
+                SubscriberStats {
+                    lane: s.lane,
+                    rate_per_sec: s.limits.rate_per_sec,
+                    burst: s.limits.burst,
+                    max_in_flight: s.limits.max_in_flight,
+                    pending: n("pending"),
+                    in_flight: n("in_flight"),
+                    sent: n("sent"),
+                    dead: n("dead"),
+                    oldest_pending_at_ms: oldest,
+                    paused_until_ms: limiter.paused_until_ms.filter(|&p| p > now_ms),
+                    breaker: view.state,
+                    consecutive_failures: view.consecutive_failures,
+                    disabled: s.health.disabled.is_some(),
+                    id: s.id,
+                }
+            })
+            .collect())
+    }
+
+    async fn limiters(
+        &self,
+        c: &deadpool_postgres::Object,
+        now_ms: i64,
+    ) -> Result<HashMap<String, LimiterState>, LedgerError> {
+        let mut out = HashMap::new();
+        for r in c.query("SELECT id, limiter FROM subscribers", &[]).await? {
+            let id: String = r.try_get(0)?;
+            let raw: Option<String> = r.try_get(1)?;
+            out.insert(id.clone(), decode_limiter(&id, raw.as_deref(), now_ms));
+        }
+        Ok(out)
+    }
+
+    /// Figures for each of `ids`, as `ledger::status::subscriber_counts`.
+    pub async fn subscriber_counts(
+        &self,
+        ids: &[String],
+        now_ms: i64,
+    ) -> Result<BTreeMap<String, SubscriberCounts>, LedgerError> {
+        let c = self.client().await?;
+        let mut out: BTreeMap<String, SubscriberCounts> = ids
+            .iter()
+            .map(|id| (id.clone(), SubscriberCounts::default()))
+            .collect();
+        for r in c
+            .query(
+                "SELECT subscriber_id, status, COUNT(*) FROM deliveries
+                 WHERE subscriber_id = ANY($1) GROUP BY subscriber_id, status",
+                &[&ids],
+            )
+            .await?
+        {
+            let sub: String = r.try_get(0)?;
+            let status: String = r.try_get(1)?;
+            let n: i64 = r.try_get(2)?;
+            if let Some(s) = out.get_mut(&sub) {
+                match Status::parse(&status) {
+                    Some(Status::Pending) => s.pending = n,
+                    Some(Status::InFlight) => s.in_flight = n,
+                    Some(Status::Sent) => s.sent = n,
+                    Some(Status::Dead) => s.dead = n,
+                    None => {}
+                }
+            }
+        }
+        for r in c
+            .query(
+                "SELECT DISTINCT ON (d.subscriber_id) d.subscriber_id, a.at_ms, a.status, a.error
+                 FROM deliveries d JOIN attempts a ON a.delivery_id = d.id
+                 WHERE d.subscriber_id = ANY($1) AND a.outcome IN ('failed', 'rejected')
+                 ORDER BY d.subscriber_id, a.at_ms DESC, a.id DESC",
+                &[&ids],
+            )
+            .await?
+        {
+            let sub: String = r.try_get(0)?;
+            let at: i64 = r.try_get(1)?;
+            let status: Option<i32> = r.try_get(2)?;
+            let error: Option<String> = r.try_get(3)?;
+            if let Some(s) = out.get_mut(&sub) {
+                s.last_error = Some((at, describe_failure(status, error)));
+            }
+        }
+        for r in c
+            .query(
+                "SELECT id, limiter FROM subscribers WHERE id = ANY($1)",
+                &[&ids],
+            )
+            .await?
+        {
+            let id: String = r.try_get(0)?;
+            let raw: Option<String> = r.try_get(1)?;
+            if let Some(s) = out.get_mut(&id) {
+                s.limiter = decode_limiter(&id, raw.as_deref(), now_ms);
+            }
+        }
+        Ok(out)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Health and alerts (as `ledger/health.rs`)
+
+    pub async fn apply_health(&self, writes: &[HealthWrite]) -> Result<(), LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let mut latest = HashSet::new();
+        for w in writes.iter().rev() {
+            match w {
+                HealthWrite::FailingSince {
+                    subscriber,
+                    since_ms,
+                } => {
+                    if !latest.insert(subscriber.as_str()) {
+                        continue;
+                    }
+                    tx.execute(
+                        "UPDATE subscribers SET failing_since_ms = $2 WHERE id = $1",
+                        &[subscriber, since_ms],
+                    )
+                    .await?
+                }
+                HealthWrite::Disable {
+                    subscriber,
+                    disabled,
+                } => {
+                    tx.execute(
+                        "UPDATE subscribers SET disabled_ms = $2, disabled_reason = $3
+                         WHERE id = $1 AND disabled_ms IS NULL",
+                        &[subscriber, &disabled.at_ms, &disabled.reason],
+                    )
+                    .await?
+                }
+            };
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A subscriber's dead deliveries, counted up to `cap`.
+    pub async fn dead_count_capped(&self, subscriber: &str, cap: u64) -> Result<u64, LedgerError> {
+        let c = self.client().await?;
+        dead_count_on(&c, subscriber, cap).await
+    }
+
+    /// Alert once when a subscriber's dead count reaches `threshold` (the mark is shared by
+    /// every daemon: the row is locked while it is checked).
+    pub async fn check_dead_counts(
+        &self,
+        subs: &[String],
+        threshold: u64,
+        now_ms: i64,
+    ) -> Result<Vec<Notice>, LedgerError> {
+        let mut sorted: Vec<&String> = subs.iter().collect();
+        sorted.sort();
+        sorted.dedup();
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let mut out = Vec::new();
+        for sub in sorted {
+            let Some(row) = tx
+                .query_opt(
+                    "SELECT dead_alerted_ms FROM subscribers
+                     WHERE id = $1 AND deleted_ms IS NULL FOR UPDATE",
+                    &[sub],
+                )
+                .await?
+            else {
+                continue;
+            };
+            let alerted_ms: Option<i64> = row.try_get(0)?;
+            let dead = dead_count_on(&tx, sub, threshold).await?;
+            let (alerted, alert) = after_dead_count(alerted_ms.is_some(), dead, threshold);
+            if alerted != alerted_ms.is_some() {
+                tx.execute(
+                    "UPDATE subscribers SET dead_alerted_ms = $2 WHERE id = $1",
+                    &[sub, &alerted.then_some(now_ms)],
+                )
+                .await?;
+            }
+            if let Some(alert) = alert {
+                out.push(Notice {
+                    subscriber: sub.clone(),
+                    at_ms: now_ms,
+                    alert,
+                });
+            }
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// Re-arm the dead-count alert of subscribers back under the threshold.
+    pub async fn rearm_dead_alerts(&self, threshold: u64) -> Result<u64, LedgerError> {
+        let c = self.client().await?;
+        let alerted: Vec<String> = c
+            .query(
+                "SELECT id FROM subscribers WHERE dead_alerted_ms IS NOT NULL",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        let mut n = 0;
+        for sub in alerted {
+            if dead_count_on(&c, &sub, threshold).await? < threshold.max(1) {
+                n += c
+                    .execute(
+                        "UPDATE subscribers SET dead_alerted_ms = NULL WHERE id = $1",
+                        &[&sub],
+                    )
+                    .await?;
+            }
+        }
+        Ok(n)
+    }
+}
+
+async fn dead_count_on(
+    c: &impl deadpool_postgres::GenericClient,
+    subscriber: &str,
+    cap: u64,
+) -> Result<u64, LedgerError> {
+    let cap = cap.min(i64::MAX as u64) as i64;
+    let n: i64 = c
+        .query_one(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM deliveries
+             WHERE subscriber_id = $1 AND status = 'dead' LIMIT $2) t",
+            &[&subscriber, &cap],
+        )
+        .await?
+        .try_get(0)?;
+    Ok(n.max(0) as u64)
+}
+
+/// A failed attempt in a few words, as `ledger::status` says it.
+fn describe_failure(status: Option<i32>, error: Option<String>) -> String {
+    match (error, status) {
+        (Some(e), Some(s)) => format!("{s}: {e}"),
+        (Some(e), None) => e,
+        (None, Some(s)) => format!("HTTP {s}"),
+        (None, None) => "failed".to_string(),
+    }
+}
+
+const DELIVERY_COLUMNS: &str =
+    "d.id, d.subscriber_id, d.event_id, COALESCE(e.type, ''), d.status, \
+     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms";
+
+fn delivery_from_row(r: &Row) -> Result<DeliveryView, LedgerError> {
+    let status: String = r.try_get(4)?;
+    let next: i64 = r.try_get(6)?;
+    Ok(DeliveryView {
+        id: delivery_public_id(r.try_get(0)?),
+        subscriber_id: r.try_get(1)?,
+        event_id: r.try_get(2)?,
+        event_type: r.try_get(3)?,
+        next_attempt_at_ms: (status == "pending").then_some(next),
+        status,
+        attempt_count: r.try_get::<_, i32>(5)?.max(0) as u32,
+        last_error: r.try_get(7)?,
+        created_at_ms: r.try_get(8)?,
+        updated_at_ms: r.try_get(9)?,
+        attempts: None,
+    })
+}
+
+/// `WHERE …` for a delivery filter, numbering parameters after those in `params`.
+fn filter_sql(f: &DeliveryFilter, mut params: Vec<Param>) -> (String, Vec<Param>) {
+    let mut clauses = Vec::new();
+    if let Some(s) = f.status {
+        params.push(Box::new(s.as_str().to_string()));
+        clauses.push(format!("d.status = ${}", params.len()));
+    }
+    if let Some(s) = &f.subscriber {
+        params.push(Box::new(s.clone()));
+        clauses.push(format!("d.subscriber_id = ${}", params.len()));
+    }
+    if let Some(e) = &f.event {
+        params.push(Box::new(e.clone()));
+        clauses.push(format!("d.event_id = ${}", params.len()));
+    }
+    if let Some(t) = f.since_ms {
+        params.push(Box::new(t));
+        clauses.push(format!("d.created_ms >= ${}", params.len()));
+    }
+    if let Some(t) = f.until_ms {
+        params.push(Box::new(t));
+        clauses.push(format!("d.created_ms < ${}", params.len()));
+    }
+    if let Some(a) = f.after {
+        params.push(Box::new(a));
+        clauses.push(format!("d.id > ${}", params.len()));
+    }
+    let sql = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", clauses.join(" AND "))
+    };
+    (sql, params)
+}

@@ -1,0 +1,226 @@
+//! A throwaway PostgreSQL server per test: a data directory in a temp dir (copied from a cluster
+//! initialised once per build, under `CARGO_TARGET_TMPDIR`), a free port on 127.0.0.1, its unix
+//! socket in the same temp dir; stopped and removed when the handle drops. No service is assumed
+//! to be running. PostgreSQL refuses to run as root: as root, the files belong to `postgres` and
+//! every server command runs through `runuser -u postgres --`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+/// The directory holding `initdb`, `pg_ctl` and `postgres`: `FANOUT_PG_BIN`, or the newest
+/// `/usr/lib/postgresql/*/bin` (`scripts/setup.sh` installs it when missing).
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("FANOUT_PG_BIN") {
+        return PathBuf::from(dir);
+    }
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is not installed (run scripts/setup.sh)")
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let v: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((v, bin))
+        })
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .expect("no /usr/lib/postgresql/*/bin/postgres (run scripts/setup.sh)")
+        .1
+}
+
+fn is_root() -> bool {
+    // The effective uid, without libc: /proc/self/status has "Uid: real effective …".
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// `program args…` as the user PostgreSQL runs as.
+fn server_command(program: &str) -> Command {
+    let path = bin_dir().join(program);
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(path);
+        c
+    } else {
+        Command::new(path)
+    }
+}
+
+fn run(mut c: Command, what: &str) {
+    let out = c
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn give_to_postgres(path: &Path) {
+    if is_root() {
+        let mut c = Command::new("chown");
+        c.args(["-R", "postgres:postgres"]).arg(path);
+        run(c, "chown");
+    }
+}
+
+/// A cluster initialised once per build and copied for each server (initdb is the slow part).
+fn template() -> &'static Path {
+    static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
+    TEMPLATE.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let version = bin_dir()
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|v| v.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let done = root.join(format!("pg{version}-template"));
+        if done.join("PG_VERSION").exists() {
+            return done;
+        }
+        // initdb in /tmp (the server user can reach it), then move it into place atomically.
+        let scratch = tempfile::tempdir().unwrap();
+        give_to_postgres(scratch.path());
+        let data = scratch.path().join("data");
+        let mut init = server_command("initdb");
+        init.arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+            .arg("--locale=C");
+        run(init, "initdb");
+        let staged = root.join(format!("pg{version}-template.{}", std::process::id()));
+        let mut cp = Command::new("cp");
+        cp.arg("-a").arg(&data).arg(&staged);
+        run(cp, "copying the template cluster");
+        if std::fs::rename(&staged, &done).is_err() {
+            // Another test binary got there first.
+            let _ = std::fs::remove_dir_all(&staged);
+        }
+        done
+    })
+}
+
+/// A running throwaway server. Dropping it stops the server and removes its files.
+#[derive(Debug)]
+pub struct PgServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    stopped: bool,
+}
+
+impl PgServer {
+    /// Start a server with `fsync` off (tests): its data does not outlive it anyway.
+    pub fn start() -> PgServer {
+        PgServer::start_with(&["-c", "fsync=off", "-c", "synchronous_commit=off"])
+    }
+
+    /// Start a server with extra `postgres` options (`-c name=value` …).
+    pub fn start_with(options: &[&str]) -> PgServer {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let mut cp = Command::new("cp");
+        cp.arg("-a").arg(template()).arg(&data);
+        run(cp, "copying the template cluster");
+        std::fs::create_dir(dir.path().join("sock")).unwrap();
+        give_to_postgres(dir.path());
+        // A port that was free a moment ago: retry on the rare collision.
+        for _ in 0..5 {
+            let port = super::free_port();
+            let mut opts = format!(
+                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200",
+                dir.path().join("sock").display()
+            );
+            for o in options {
+                opts.push(' ');
+                opts.push_str(o);
+            }
+            let mut start = server_command("pg_ctl");
+            start
+                .arg("-D")
+                .arg(&data)
+                .arg("-l")
+                .arg(dir.path().join("log"))
+                .args(["-w", "-t", "60", "-o", &opts, "start"]);
+            let ok = start
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ok {
+                return PgServer {
+                    port,
+                    dir,
+                    stopped: false,
+                };
+            }
+        }
+        let log = std::fs::read_to_string(dir.path().join("log")).unwrap_or_default();
+        panic!("the throwaway PostgreSQL server did not start:\n{log}");
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/DB`.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// A new, empty database on this server; returns its URL.
+    pub async fn database(&self, name: &str) -> String {
+        let client = self.connect("postgres").await;
+        client
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .unwrap();
+        self.url(name)
+    }
+
+    /// A plain client (the tests' own view of the database).
+    pub async fn connect(&self, db: &str) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(&self.url(db), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        client
+    }
+
+    /// The server's log so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    /// Stop now (also done on drop).
+    pub fn stop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        let mut stop = server_command("pg_ctl");
+        stop.arg("-D")
+            .arg(self.dir.path().join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let _ = stop.status();
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

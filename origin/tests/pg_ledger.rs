@@ -649,3 +649,114 @@ async fn apply_records_every_transition_and_its_attempt() {
     let counts: HashMap<String, i64> = l.status_counts().await.unwrap().into_iter().collect();
     assert_eq!(counts.get("in_flight"), None);
 }
+
+/// `fanout ledger copy` moves a SQLite ledger with its history: statuses, attempts, limiter
+/// state and ids survive, in-flight work comes over pending, and a second copy into the now
+/// non-empty database is refused.
+#[tokio::test]
+async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
+    use fanout_origin::ledger::{self as sq, Ledger};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fanout.db");
+    let n = 12_000; // more than one copy chunk
+    {
+        let ledger = Ledger::open(&path).unwrap();
+        let (a, b) = (
+            sub("a", &["*"], 1e6, 1_000_000, 100_000),
+            sub("gone", &["*"], 5.0, 9, 3),
+        );
+        ledger
+            .tx(move |c| {
+                sq::create_subscriber(c, &a, "whsec_a")?;
+                sq::create_subscriber(c, &b, "whsec_b")?;
+                sq::ingest(c, &evs("e", n), 1)?;
+                // Dead and sent deliveries with attempts, some still in flight.
+                let claims = sq::claim(c, &[("a".into(), 3)], &[], 2, 100_000)?;
+                let ids: Vec<i64> = claims[0].claimed.iter().map(|d| d.rowid).collect();
+                let mut o0 = sent(ids[0], None, 3).outcome;
+                let mut o1 = sent(ids[1], None, 3).outcome;
+                o1.transition = Transition::Dead {
+                    reason: "410".into(),
+                };
+                o0.transition = Transition::Sent;
+                sq::apply(c, &[o0, o1], &[], 4)?;
+                let limiter = fanout_core::limiter::LimiterState {
+                    paused_until_ms: Some(123_456),
+                    ..Default::default()
+                };
+                sq::store_limiters(c, &[("a".into(), limiter)])?;
+                sq::delete_subscriber(c, "gone", 5)?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+    }
+    let server = PgServer::start();
+    let url = server.database("copy").await;
+    let copy = |url: String| {
+        let path = path.clone();
+        std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(["ledger", "copy", "--from"])
+            .arg(&path)
+            .args(["--to", &url])
+            .output()
+            .unwrap()
+    };
+    let out = copy(url.clone());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("events: {n}/{n}")), "{stderr}");
+    assert!(
+        stderr.contains("deliveries: 10000/"),
+        "progress by chunks: {stderr}"
+    );
+    assert!(stderr.contains("1 were in flight"), "{stderr}");
+
+    let pg = PgLedger::open(&url, "after-copy").await.unwrap();
+    let counts: HashMap<String, i64> = pg.status_counts().await.unwrap().into_iter().collect();
+    assert_eq!(counts.get("sent"), Some(&1));
+    assert_eq!(counts.get("in_flight"), None);
+    // The removed subscriber's deliveries went dead with it (n) plus the 410 one.
+    assert_eq!(counts.get("dead"), Some(&(n as i64 + 1)));
+    assert_eq!(counts.get("pending"), Some(&(n as i64 - 2)));
+    let subs = pg.list_subscribers().await.unwrap();
+    assert_eq!(subs.len(), 1, "removed subscribers stay removed");
+    assert_eq!(subs[0].secrets[0].secret, "whsec_a");
+    assert_eq!(
+        pg.load_limiter("a", 0).await.unwrap().paused_until_ms,
+        Some(123_456)
+    );
+    let dead = pg
+        .list_deliveries(&DeliveryFilter {
+            status: Some(Status::Dead),
+            subscriber: Some("a".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    let detail = pg
+        .get_delivery(dead[0].id.trim_start_matches("dlv_").parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(detail.attempts.map(|a| a.len()), Some(1));
+    assert_eq!(detail.last_error.as_deref(), Some("410"));
+    // New rows continue after the copied ids.
+    let (_, _) = pg.ingest(&[ev("new", "t")], 9).await.unwrap();
+    let newest = pg
+        .list_deliveries(&DeliveryFilter {
+            event: Some("new".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(newest[0].id, format!("dlv_{}", 2 * n + 1));
+
+    // Not into a ledger that holds anything.
+    let again = copy(url);
+    assert!(!again.status.success());
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(stderr.contains("not empty"), "{stderr}");
+}

@@ -88,23 +88,24 @@ const MIGRATION_LOCK: i64 = 0x6661_6e6f_7574; // "fanout"
 
 /// Bring the database to [`VERSION`]; refuses one that is newer. Returns the version.
 pub async fn migrate(client: &mut tokio_postgres::Client) -> Result<i32, LedgerError> {
-    client
-        .batch_execute(
+    loop {
+        let tx = client.transaction().await?;
+        // The lock first: daemons starting together would race even on IF NOT EXISTS.
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        tx.batch_execute(
             "CREATE TABLE IF NOT EXISTS schema_version (
                  one     BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
                  version INTEGER NOT NULL
              )",
         )
-        .await
-        .or_else(already_created)?;
-    loop {
-        let tx = client.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await?;
+        .await?;
         let current: i32 = tx
             .query_opt("SELECT version FROM schema_version", &[])
             .await?
-            .map_or(0, |r| r.get(0));
+            .map(|r| r.try_get(0))
+            .transpose()?
+            .unwrap_or(0);
         if current > VERSION {
             return Err(LedgerError::Schema(format!(
                 "the PostgreSQL ledger has schema version {current}, newer than this fanout \
@@ -123,15 +124,5 @@ pub async fn migrate(client: &mut tokio_postgres::Client) -> Result<i32, LedgerE
         )
         .await?;
         tx.commit().await?;
-    }
-}
-
-/// Two daemons creating `schema_version` at the same instant: one of them gets a unique
-/// violation on the catalog; the table exists either way.
-fn already_created(e: tokio_postgres::Error) -> Result<(), tokio_postgres::Error> {
-    match e.code() {
-        Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
-        | Some(&tokio_postgres::error::SqlState::DUPLICATE_TABLE) => Ok(()),
-        _ => Err(e),
     }
 }

@@ -105,6 +105,22 @@ else
   $sudo_cmd apt-get install -y chromium
 fi
 
+# --- PostgreSQL server binaries for the PostgreSQL ledger's tests (origin/tests/pg_ledger.rs) ---
+# The tests start a throwaway server of their own (initdb into a temp dir); only the binaries
+# are needed, no running service.
+pg_postgres="$(ls /usr/lib/postgresql/*/bin/postgres 2>/dev/null | sort -V | tail -n 1 || true)"
+if [ -n "$pg_postgres" ]; then
+  say "skip: PostgreSQL server already installed ($pg_postgres)"
+else
+  command -v apt-get >/dev/null 2>&1 || die "no /usr/lib/postgresql/*/bin/postgres and no apt-get: install Debian's postgresql package"
+  say "installing the PostgreSQL server (apt-get)"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update
+  # The package starts a cluster of its own on Debian; the tests never use it.
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y postgresql
+fi
+
 # --- schemathesis for the OpenAPI check (tests/openapi.test.mjs) -----------------------------
 SCHEMATHESIS_VERSION="4.32.5"
 have_st="$( (schemathesis --version || python3 -m schemathesis --version) 2>/dev/null | awk '{print $NF}' | tail -n 1 || true)"

@@ -90,16 +90,22 @@ const MIGRATION_LOCK: i64 = 0x6661_6e6f_7574; // "fanout"
 pub async fn migrate(client: &mut tokio_postgres::Client) -> Result<i32, LedgerError> {
     loop {
         let tx = client.transaction().await?;
-        // The lock first: daemons starting together would race even on IF NOT EXISTS.
+        // The lock first: daemons starting together would race to create the table.
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
             .await?;
-        tx.batch_execute(
-            "CREATE TABLE IF NOT EXISTS schema_version (
-                 one     BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
-                 version INTEGER NOT NULL
-             )",
-        )
-        .await?;
+        let exists: bool = tx
+            .query_one("SELECT to_regclass('schema_version') IS NOT NULL", &[])
+            .await?
+            .try_get(0)?;
+        if !exists {
+            tx.batch_execute(
+                "CREATE TABLE schema_version (
+                     one     BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+                     version INTEGER NOT NULL
+                 )",
+            )
+            .await?;
+        }
         let current: i32 = tx
             .query_opt("SELECT version FROM schema_version", &[])
             .await?

@@ -159,16 +159,24 @@ pub fn classify_error(e: &reqwest::Error) -> TransportError {
             if io.kind() == std::io::ErrorKind::TimedOut {
                 return TransportError::Timeout;
             }
-            if io
-                .get_ref()
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
-            {
-                return TransportError::Tls;
-            }
         }
-        cause = c.source();
+        cause = next_cause(c);
     }
     TransportError::Connect
+}
+
+/// The next cause of an error. An `io::Error` wrapping another error reports that error's own
+/// source as its source, skipping the wrapped error itself: step into it instead.
+fn next_cause<'a>(
+    c: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a (dyn std::error::Error + 'static)> {
+    if let Some(inner) = c
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+    {
+        return Some(inner);
+    }
+    c.source()
 }
 
 /// The daemon's outbound client. Cheap to clone.

@@ -901,3 +901,655 @@ fn note_health(
     }));
     st.health = after.health;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Claim;
+    use fanout_core::wire::TransportError;
+
+    /// The scenario's ledger: how many deliveries each subscriber has pending, handed out with
+    /// fresh row ids when a turn claims them. (What the state is told, not a stand-in for
+    /// SQLite: the ledger's own behaviour is tested against SQLite in `ledger`.)
+    #[derive(Debug, Default)]
+    struct Queue {
+        pending: HashMap<String, usize>,
+        next_rowid: i64,
+    }
+
+    impl Queue {
+        fn with(subs: &[(&str, usize)]) -> Queue {
+            Queue {
+                pending: subs.iter().map(|(s, n)| (s.to_string(), *n)).collect(),
+                next_rowid: 1,
+            }
+        }
+
+        fn answer(&mut self, turn: &Turn) -> Recorded {
+            let mut claims = Vec::new();
+            for (sub, n) in &turn.claims {
+                let left = self.pending.entry(sub.clone()).or_default();
+                let k = (*n).min(*left);
+                *left -= k;
+                let claimed = (0..k)
+                    .map(|_| {
+                        self.next_rowid += 1;
+                        Claimed {
+                            rowid: self.next_rowid,
+                            event_id: format!("e{}", self.next_rowid),
+                            event_type: "t".into(),
+                            body: "{}".into(),
+                            attempt: 1,
+                        }
+                    })
+                    .collect();
+                claims.push(Claim {
+                    subscriber_id: sub.clone(),
+                    claimed,
+                    next_due_ms: (*left > 0).then_some(0),
+                });
+            }
+            Recorded {
+                claims,
+                notices: turn.notices.clone(),
+            }
+        }
+    }
+
+    fn settings(max_total: usize) -> Settings {
+        Settings {
+            rules: RetryRules {
+                max_attempts: 3,
+                backoff_scale: 1.0,
+            },
+            breaker: BreakerConfig::default(),
+            edge: false,
+            edge_batch: 100,
+            max_total_in_flight: max_total,
+            alert_rules: AlertRules::default(),
+        }
+    }
+
+    fn subscriber(id: &str, max_in_flight: u32) -> Subscriber {
+        let mut s = crate::ledger::test_subscriber(id, &["*"]);
+        s.limits.max_in_flight = max_in_flight;
+        s.limits.burst = 1000;
+        s.limits.rate_per_sec = 1000.0;
+        s
+    }
+
+    fn on(state: &mut State, event: Event, now: i64) -> Vec<Effect> {
+        state.handle(event, now, &mut || 0.0)
+    }
+
+    /// Tick and record the turn as the queue answers it; the launched deliveries by subscriber.
+    fn tick(state: &mut State, q: &mut Queue, now: i64) -> Vec<(String, Vec<Meta>)> {
+        let mut launched = Vec::new();
+        for effect in on(state, Event::Tick, now) {
+            let Effect::Record(turn) = effect else {
+                panic!("a tick only records: {effect:?}");
+            };
+            for e in on(state, Event::Recorded(q.answer(&turn)), now) {
+                if let Effect::Launch {
+                    target, deliveries, ..
+                } = e
+                {
+                    launched.push((
+                        target.id.to_string(),
+                        deliveries.iter().map(Meta::of).collect(),
+                    ));
+                }
+            }
+        }
+        launched
+    }
+
+    fn delivered(sub: &str, metas: &[Meta], at: i64) -> Event {
+        Event::Results {
+            sub: Arc::from(sub),
+            lane: "origin",
+            items: metas
+                .iter()
+                .map(|m| {
+                    (
+                        m.clone(),
+                        DeliveryResult::Delivered {
+                            id: format!("dlv_{}", m.rowid),
+                            status: 200,
+                            latency_ms: 1,
+                        },
+                    )
+                })
+                .collect(),
+            at_ms: at,
+        }
+    }
+
+    fn count(launched: &[(String, Vec<Meta>)], sub: &str) -> usize {
+        launched
+            .iter()
+            .filter(|(s, _)| s == sub)
+            .map(|(_, m)| m.len())
+            .sum()
+    }
+
+    /// What happens to the subscriber while its sends are out.
+    #[derive(Debug, Clone, Copy)]
+    enum Change {
+        Edit {
+            max_in_flight: u32,
+        },
+        Delete,
+        DeleteAndRecreate,
+        /// Its results arrive twice.
+        DuplicateResults,
+    }
+
+    /// In-flight accounting stays exact whatever happens to a subscriber while its sends are
+    /// out: no cap is exceeded (the subscriber's, or the global one shared with `b`), and once
+    /// every result is back no slot is held.
+    #[test]
+    fn in_flight_stays_exact_while_sends_are_out() {
+        // (change, a's sends out when the change comes, then the most a may launch before its
+        // results are back; a and b share the 2 slots left under the global cap of 10)
+        let cases: &[(Change, usize, usize)] = &[
+            (Change::Edit { max_in_flight: 3 }, 8, 0),
+            (Change::Edit { max_in_flight: 12 }, 8, 4),
+            (Change::Delete, 8, 0),
+            (Change::DeleteAndRecreate, 8, 0),
+            (Change::DuplicateResults, 8, 0),
+        ];
+        for &(change, first, a_more) in cases {
+            let mut state = State::new(settings(10));
+            let mut q = Queue::with(&[("a", 100), ("b", 100)]);
+            let limiter = LimiterState::default();
+            on(
+                &mut state,
+                Event::Loaded(vec![(subscriber("a", 8), limiter)]),
+                0,
+            );
+            let out = tick(&mut state, &mut q, 0);
+            assert_eq!(count(&out, "a"), first, "{change:?}: first launch");
+            let a_out = out[0].1.clone();
+            on(
+                &mut state,
+                Event::Loaded(vec![(subscriber("b", 8), limiter)]),
+                1,
+            );
+            match change {
+                Change::Edit { max_in_flight } => {
+                    let found = Some((subscriber("a", max_in_flight), limiter));
+                    on(
+                        &mut state,
+                        Event::Changed {
+                            id: "a".into(),
+                            found,
+                        },
+                        1,
+                    );
+                }
+                Change::Delete | Change::DeleteAndRecreate => {
+                    on(
+                        &mut state,
+                        Event::Changed {
+                            id: "a".into(),
+                            found: None,
+                        },
+                        1,
+                    );
+                    if matches!(change, Change::DeleteAndRecreate) {
+                        let found = Some((subscriber("a", 8), LimiterState::default()));
+                        on(
+                            &mut state,
+                            Event::Changed {
+                                id: "a".into(),
+                                found,
+                            },
+                            2,
+                        );
+                    }
+                }
+                Change::DuplicateResults => {}
+            }
+            let more = tick(&mut state, &mut q, 3);
+            assert!(
+                count(&more, "a") <= a_more,
+                "{change:?}: a while its sends are out"
+            );
+            assert_eq!(
+                count(&more, "a") + count(&more, "b"),
+                2,
+                "{change:?}: the global cap's last slots"
+            );
+            assert!(state.in_flight() <= 10, "{change:?}: global cap");
+            // The results come back late (and, in one case, twice).
+            on(&mut state, delivered("a", &a_out, 50), 50);
+            if matches!(change, Change::DuplicateResults) {
+                on(&mut state, delivered("a", &a_out, 51), 51);
+            }
+            let more_a: Vec<Meta> = more
+                .iter()
+                .filter(|(s, _)| s == "a")
+                .flat_map(|(_, m)| m.clone())
+                .collect();
+            let b_metas: Vec<Meta> = more
+                .iter()
+                .filter(|(s, _)| s == "b")
+                .flat_map(|(_, m)| m.clone())
+                .collect();
+            assert_eq!(
+                state.in_flight(),
+                more_a.len() + b_metas.len(),
+                "{change:?}: exactly what is still out"
+            );
+            on(&mut state, delivered("a", &more_a, 60), 60);
+            on(&mut state, delivered("b", &b_metas, 60), 60);
+            assert_eq!(state.in_flight(), 0, "{change:?}: no slot leaks");
+            assert_eq!(state.in_flight_of("a"), 0, "{change:?}");
+            // Whatever still exists can be sent its full share again.
+            let again = tick(&mut state, &mut q, 100);
+            let a_cap = match change {
+                Change::Edit { max_in_flight } => max_in_flight as usize,
+                Change::Delete => 0,
+                _ => 8,
+            };
+            assert!(count(&again, "a") <= a_cap, "{change:?}: a afterwards");
+            assert_eq!(
+                count(&again, "a") + count(&again, "b"),
+                (a_cap + 8).min(10),
+                "{change:?}: every slot usable afterwards"
+            );
+        }
+    }
+
+    /// A turn the ledger could not record comes back whole: its results go first into the next
+    /// turn (none lost, none twice), its health changes and alerts too, and the tokens its claims
+    /// reserved are given back exactly.
+    #[test]
+    fn a_turn_not_recorded_is_retried_whole() {
+        let mut state = State::new(settings(100));
+        let mut q = Queue::with(&[("a", 3)]);
+        on(
+            &mut state,
+            Event::Loaded(vec![(subscriber("a", 8), LimiterState::default())]),
+            0,
+        );
+        let out = tick(&mut state, &mut q, 0);
+        let metas = out[0].1.clone();
+        assert_eq!(metas.len(), 3);
+        // Two results, one failing (a health change), then the turn that records them fails.
+        on(&mut state, delivered("a", &metas[..1], 10), 10);
+        on(
+            &mut state,
+            Event::Results {
+                sub: Arc::from("a"),
+                lane: "origin",
+                items: vec![(
+                    metas[1].clone(),
+                    DeliveryResult::Failed {
+                        id: "d".into(),
+                        status: Some(500),
+                        retry_after_ms: None,
+                        response_body: None,
+                        error: None,
+                        latency_ms: Some(1),
+                    },
+                )],
+                at_ms: 10,
+            },
+            10,
+        );
+        q.pending.insert("a".into(), 5);
+        on(&mut state, Event::Due(vec!["a".into()]), 10);
+        let limiter_before = state.limiter_of("a");
+        let effects = on(&mut state, Event::Tick, 20);
+        let [Effect::Record(turn)] = effects.as_slice() else {
+            panic!("{effects:?}");
+        };
+        assert_eq!(turn.outcomes.len(), 2);
+        assert_eq!(turn.health.len(), 1);
+        assert_eq!(turn.claims, vec![("a".to_string(), 7)]);
+        let first = turn.clone();
+        on(
+            &mut state,
+            Event::NotRecorded(TurnError {
+                turn: first.clone(),
+                error: crate::ledger::LedgerError::Closed,
+            }),
+            20,
+        );
+        // The reserved tokens are back: the limiter is as before the tick, refilled to 20.
+        let mut expected = limiter_before.unwrap_or_default();
+        let _ = expected.plan(
+            subscriber("a", 8).limits.core(BreakerConfig::default()),
+            1,
+            20,
+            0,
+        );
+        assert_eq!(state.limiter_of("a"), Some(expected), "tokens given back");
+        assert_eq!(state.in_flight(), 1, "nothing launched");
+        // Nothing is retried before the ledger's retry time; then the same writes go first.
+        assert!(on(&mut state, Event::Tick, 21).is_empty());
+        on(&mut state, delivered("a", &metas[2..], 22), 22);
+        let effects = on(&mut state, Event::Tick, 20 + LEDGER_RETRY_MS);
+        let [Effect::Record(retried)] = effects.as_slice() else {
+            panic!("{effects:?}");
+        };
+        let rowids: Vec<i64> = retried.outcomes.iter().map(|o| o.rowid).collect();
+        assert_eq!(rowids, vec![metas[0].rowid, metas[1].rowid, metas[2].rowid]);
+        assert_eq!(retried.outcomes[..2], first.outcomes[..]);
+        assert_eq!(retried.health[..1], first.health[..]);
+        assert_eq!(retried.claims, vec![("a".to_string(), 8)]);
+        let launched = on(
+            &mut state,
+            Event::Recorded(q.answer(retried)),
+            20 + LEDGER_RETRY_MS,
+        );
+        assert_eq!(launched.len(), 1);
+        assert_eq!(state.in_flight(), 5);
+        // Everything was recorded once: the next turn carries no result again.
+        let effects = on(&mut state, Event::Tick, 21 + LEDGER_RETRY_MS);
+        let [Effect::Record(next)] = effects.as_slice() else {
+            panic!("{effects:?}");
+        };
+        assert!(
+            next.outcomes.is_empty() && next.health.is_empty(),
+            "{next:?}"
+        );
+    }
+
+    fn unsendable(sub: &str, meta: &Meta) -> Event {
+        Event::Unsendable {
+            sub: Arc::from(sub),
+            lane: "origin",
+            items: vec![meta.clone()],
+            error: "the subscriber has no usable signing secret".into(),
+        }
+    }
+
+    /// A delivery the daemon itself cannot send counts attempts like a failed send and goes
+    /// dead at the limit with the reason; the subscriber's limiter and health are untouched,
+    /// and the dispatcher goes on sending the others.
+    #[test]
+    fn poison_goes_dead_after_the_attempt_limit() {
+        let mut state = State::new(settings(100));
+        let mut q = Queue::with(&[("a", 2)]);
+        on(
+            &mut state,
+            Event::Loaded(vec![(subscriber("a", 8), LimiterState::default())]),
+            0,
+        );
+        let out = tick(&mut state, &mut q, 0);
+        let (poison, good) = (out[0].1[0].clone(), out[0].1[1].clone());
+        let limiter = state.limiter_of("a");
+        // (attempt, expected transition)
+        let cases: Vec<(u32, Transition)> = vec![
+            (
+                1,
+                Transition::Retry {
+                    at_ms: 1_000 + 1_000,
+                    error: "not sent: the subscriber has no usable signing secret".into(),
+                },
+            ),
+            (
+                3,
+                Transition::Dead {
+                    reason: "gave up after 3 attempts; last: not sent: the subscriber has no usable signing secret".into(),
+                },
+            ),
+        ];
+        for (attempt, expected) in cases {
+            let mut state = State::new(settings(100));
+            let mut q = Queue::with(&[("a", 1)]);
+            on(
+                &mut state,
+                Event::Loaded(vec![(subscriber("a", 8), LimiterState::default())]),
+                0,
+            );
+            let out = tick(&mut state, &mut q, 0);
+            let mut meta = out[0].1[0].clone();
+            meta.attempt = attempt;
+            on(&mut state, unsendable("a", &meta), 1_000);
+            let effects = on(&mut state, Event::Tick, 1_000);
+            let [Effect::Record(turn)] = effects.as_slice() else {
+                panic!("{effects:?}");
+            };
+            assert_eq!(turn.outcomes.len(), 1);
+            assert_eq!(turn.outcomes[0].transition, expected, "attempt {attempt}");
+            let rec = turn.outcomes[0]
+                .attempt
+                .as_ref()
+                .map(|a| (a.attempt, a.outcome));
+            assert_eq!(
+                rec,
+                Some((attempt, "failed")),
+                "attempt {attempt} is recorded"
+            );
+            assert!(turn.health.is_empty(), "not the subscriber's failure");
+            assert_eq!(state.in_flight(), 0);
+        }
+        // In the first state: the poison fails, the good one is delivered, both recorded.
+        on(&mut state, unsendable("a", &poison), 5);
+        on(&mut state, delivered("a", &[good], 5), 5);
+        assert_eq!(
+            state.limiter_of("a").map(|l| l.breaker),
+            limiter.map(|l| l.breaker)
+        );
+        assert_eq!(state.in_flight(), 0);
+    }
+
+    fn edge_settings() -> Settings {
+        Settings {
+            edge: true,
+            edge_batch: 8,
+            ..settings(100)
+        }
+    }
+
+    fn edge_failed(sub: &str, metas: &[Meta], failure: EdgeFailure) -> Event {
+        Event::EdgeFailed {
+            sub: Arc::from(sub),
+            items: metas.to_vec(),
+            failure,
+        }
+    }
+
+    /// Launch a's due work on the edge lane and the call sizes asked for.
+    fn edge_tick(state: &mut State, q: &mut Queue, now: i64) -> (Vec<Meta>, usize) {
+        let mut metas = Vec::new();
+        let mut per = 0;
+        for effect in on(state, Event::Tick, now) {
+            let Effect::Record(turn) = effect else {
+                continue;
+            };
+            for e in on(state, Event::Recorded(q.answer(&turn)), now) {
+                if let Effect::Launch {
+                    deliveries,
+                    per_call,
+                    ..
+                } = e
+                {
+                    metas.extend(deliveries.iter().map(Meta::of));
+                    per = per_call;
+                }
+            }
+        }
+        (metas, per)
+    }
+
+    /// A batch the edge refuses with a 4xx that retrying cannot change is split until one
+    /// delivery is refused alone; that one counts attempts and goes dead with the edge's error.
+    /// A transient failure defers without spending an attempt. Every delivery put back has a
+    /// due time.
+    #[test]
+    fn edge_refusals_split_then_count_attempts() {
+        let mut state = State::new(edge_settings());
+        let mut q = Queue::with(&[("a", 8)]);
+        let mut sub = subscriber("a", 8);
+        sub.lane = Lane::Edge;
+        on(
+            &mut state,
+            Event::Loaded(vec![(sub, LimiterState::default())]),
+            0,
+        );
+        let refused = || EdgeFailure::Refused {
+            status: 413,
+            error: "payload_too_large: too big".into(),
+        };
+        let (metas, per) = edge_tick(&mut state, &mut q, 0);
+        assert_eq!((metas.len(), per), (8, 6));
+        // The whole batch refused: it goes back due now, and the next calls are half as big.
+        on(&mut state, edge_failed("a", &metas, refused()), 10);
+        let effects = on(&mut state, Event::Tick, 10);
+        let [Effect::Record(turn)] = effects.as_slice() else {
+            panic!("{effects:?}");
+        };
+        assert!(turn
+            .outcomes
+            .iter()
+            .all(|o| o.transition == Transition::Defer { at_ms: 10 } && o.attempt.is_none()));
+        q.pending.insert("a".into(), 8);
+        let launched = on(&mut state, Event::Recorded(q.answer(turn)), 10);
+        let pers: Vec<usize> = launched
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Launch { per_call, .. } => Some(*per_call),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(pers, vec![4], "split in half");
+        let metas: Vec<Meta> = launched
+            .iter()
+            .flat_map(|e| match e {
+                Effect::Launch { deliveries, .. } => deliveries.iter().map(Meta::of).collect(),
+                _ => Vec::new(),
+            })
+            .collect();
+        // One delivery refused alone: a failed attempt with the edge's status and error.
+        on(&mut state, edge_failed("a", &metas[..1], refused()), 20);
+        // A transient failure: deferred with a due time, no attempt.
+        on(
+            &mut state,
+            edge_failed(
+                "a",
+                &metas[1..2],
+                EdgeFailure::Transient {
+                    error: "edge answered 503".into(),
+                },
+            ),
+            20,
+        );
+        // The last attempt refused: dead with the edge's error.
+        let mut last = metas[2].clone();
+        last.attempt = 3;
+        on(&mut state, edge_failed("a", &[last], refused()), 20);
+        let effects = on(&mut state, Event::Tick, 20);
+        let turn = effects
+            .iter()
+            .find_map(|e| match e {
+                Effect::Record(t) => Some(t),
+                _ => None,
+            })
+            .unwrap();
+        let got: Vec<(Transition, Option<Option<u16>>)> = turn
+            .outcomes
+            .iter()
+            .map(|o| (o.transition.clone(), o.attempt.as_ref().map(|a| a.status)))
+            .collect();
+        let error = "edge refused the delivery: status 413: payload_too_large: too big";
+        assert_eq!(
+            got,
+            vec![
+                (
+                    Transition::Retry {
+                        at_ms: 20 + 1_000,
+                        error: error.into()
+                    },
+                    Some(Some(413))
+                ),
+                (Transition::Defer { at_ms: 20 + 500 }, None),
+                (
+                    Transition::Dead {
+                        reason: format!("gave up after 3 attempts; last: {error}")
+                    },
+                    Some(Some(413))
+                ),
+            ]
+        );
+        assert_eq!(
+            turn.dead,
+            vec!["a".to_string()],
+            "its dead count is checked"
+        );
+        // An endpoint the edge refuses: dead at once, every delivery.
+        let ep = EdgeFailure::EndpointRefused {
+            error: "private address".into(),
+        };
+        on(&mut state, edge_failed("a", &metas[3..], ep), 30);
+        assert_eq!(state.in_flight(), 0);
+    }
+
+    #[test]
+    fn edge_calls_per_grant_table() {
+        // (granted, cap) -> per call
+        let cases: &[(usize, usize, usize)] = &[
+            (1, 100, 6),
+            (16, 100, 6),
+            (96, 100, 6),
+            (97, 100, 7),
+            (500, 100, 32),
+            (500, 20, 20),
+            (16, 4, 4),
+            (0, 100, 6),
+            (10, 0, 1),
+        ];
+        for &(n, cap, expected) in cases {
+            assert_eq!(edge_per_call(n, cap), expected, "{n} granted, cap {cap}");
+        }
+    }
+
+    /// Backoff comes from the clock the test moves: a 500 at t is retried at t + 1 s (jitter
+    /// 0), a timeout likewise, and the tick before that time sends nothing.
+    #[test]
+    fn retries_wait_for_the_clock() {
+        let mut state = State::new(settings(100));
+        let mut q = Queue::with(&[("a", 1)]);
+        on(
+            &mut state,
+            Event::Loaded(vec![(subscriber("a", 8), LimiterState::default())]),
+            0,
+        );
+        let out = tick(&mut state, &mut q, 0);
+        let failed = DeliveryResult::Failed {
+            id: "d".into(),
+            status: None,
+            retry_after_ms: None,
+            response_body: None,
+            error: Some(TransportError::Timeout),
+            latency_ms: Some(1),
+        };
+        on(
+            &mut state,
+            Event::Results {
+                sub: Arc::from("a"),
+                lane: "origin",
+                items: vec![(out[0].1[0].clone(), failed)],
+                at_ms: 5_000,
+            },
+            5_000,
+        );
+        let effects = on(&mut state, Event::Tick, 5_000);
+        let [Effect::Record(turn)] = effects.as_slice() else {
+            panic!("{effects:?}");
+        };
+        assert_eq!(
+            turn.outcomes[0].transition,
+            Transition::Retry {
+                at_ms: 6_000,
+                error: "timeout".into()
+            }
+        );
+        on(&mut state, Event::Recorded(Recorded::default()), 5_000);
+        assert_eq!(state.next_wake(5_001, 100_000), 6_000);
+    }
+}

@@ -71,9 +71,7 @@ async fn a_batch_the_edge_refuses_is_split_and_the_refused_delivery_goes_dead() 
     let api = d.api.clone();
     wait_for("everything settled", Duration::from_secs(20), || {
         let api = api.clone();
-        async move {
-            api.count("status=sent").await == 20 && api.count("status=dead").await == 1
-        }
+        async move { api.count("status=sent").await == 20 && api.count("status=dead").await == 1 }
     })
     .await;
     assert_eq!(d.api.count("status=pending").await, 0);

@@ -147,26 +147,30 @@ impl DispatchLedger for Ledger {
     }
 
     async fn record_turn(&self, turn: Turn) -> Result<Recorded, TurnError> {
-        // The turn travels to the writer thread and back: on failure it is handed back whole.
-        let (back_tx, back_rx) = std::sync::mpsc::channel::<Turn>();
+        // The turn travels to the writer thread in a slot it is put back into after running, so
+        // a failure — of the writes, of the commit, or a ledger that never ran it — hands it
+        // back whole, without a copy.
+        let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(turn)));
+        let held = slot.clone();
         let result = self
             .tx(move |c| {
-                let out = record_turn_sql(c, &turn);
-                // Kept until the commit is known: a failed commit hands the turn back too.
-                let _ = back_tx.send(turn);
-                out
+                let guard = held.lock().unwrap_or_else(|p| p.into_inner());
+                match guard.as_ref() {
+                    Some(turn) => record_turn_sql(c, turn),
+                    None => Err(LedgerError::Closed),
+                }
             })
             .await;
         match result {
             Ok(recorded) => Ok(recorded),
-            Err(error) => match back_rx.try_recv() {
-                Ok(turn) => Err(TurnError { turn, error }),
-                // The closure never ran (the ledger is closed): the turn went with it.
-                Err(_) => Err(TurnError {
-                    turn: Turn::default(),
-                    error,
-                }),
-            },
+            Err(error) => {
+                let turn = slot
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or_default();
+                Err(TurnError { turn, error })
+            }
         }
     }
 
@@ -214,4 +218,118 @@ fn record_turn_sql(c: &rusqlite::Connection, turn: &Turn) -> Result<Recorded, Le
         .collect();
     let claims = super::claim(c, &asks, &turn.limiters, now, turn.lease_until_ms)?;
     Ok(Recorded { claims, notices })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{create_subscriber, get_delivery, ingest, test_events, test_subscriber};
+    use crate::model::{AttemptRecord, Transition};
+
+    fn attempt(n: u32, body: &str) -> Option<AttemptRecord> {
+        Some(AttemptRecord {
+            attempt: n,
+            at_ms: 10,
+            lane: "origin",
+            outcome: "failed",
+            status: Some(500),
+            latency_ms: Some(1),
+            response_body: Some(body.to_string()),
+            error: None,
+        })
+    }
+
+    /// A turn the ledger cannot write (the file is full) comes back whole and nothing of it is
+    /// written; retried once there is room, each result counts once — and recording it yet
+    /// again (an answer lost after the commit) changes nothing.
+    #[tokio::test]
+    async fn a_refused_turn_comes_back_whole_and_counts_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("l.db")).unwrap();
+        ledger
+            .tx(|c| {
+                create_subscriber(c, &test_subscriber("a", &["*"]), "s")?;
+                ingest(c, &test_events(3), 0).map(|_| ())
+            })
+            .await
+            .unwrap();
+        let leased = ledger
+            .record_turn(Turn {
+                now_ms: 1,
+                claims: vec![("a".into(), 3)],
+                lease_until_ms: 100_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let rows: Vec<i64> = leased.claims[0].claimed.iter().map(|d| d.rowid).collect();
+        assert_eq!(rows.len(), 3);
+        // Big attempt records, so the turn needs pages the full file does not have.
+        let big = "x".repeat(4000);
+        let turn = Turn {
+            now_ms: 10,
+            outcomes: vec![
+                Outcome {
+                    rowid: rows[0],
+                    transition: Transition::Retry {
+                        at_ms: 50,
+                        error: "status 500".into(),
+                    },
+                    attempt: attempt(1, &big),
+                },
+                Outcome {
+                    rowid: rows[1],
+                    transition: Transition::Dead {
+                        reason: "gone".into(),
+                    },
+                    attempt: attempt(1, &big),
+                },
+            ],
+            ..Default::default()
+        };
+        let pages: i64 = ledger
+            .call(|c| Ok(c.query_row("PRAGMA page_count", [], |r| r.get(0))?))
+            .await
+            .unwrap();
+        ledger
+            .call(move |c| {
+                c.pragma_update(None, "max_page_count", pages)?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let failed = ledger.record_turn(turn.clone()).await.unwrap_err();
+        assert_eq!(failed.turn, turn, "handed back whole");
+        let first = rows[0];
+        let d0 = ledger
+            .read(move |c| get_delivery(c, first))
+            .await
+            .unwrap();
+        assert_eq!(
+            (d0.status.as_str(), d0.attempt_count),
+            ("in_flight", 0),
+            "nothing written"
+        );
+        ledger
+            .call(|c| {
+                c.pragma_update(None, "max_page_count", 1_000_000_000)?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        ledger.record_turn(failed.turn.clone()).await.unwrap();
+        ledger.record_turn(failed.turn).await.unwrap();
+        for (row, status) in [(rows[0], "pending"), (rows[1], "dead")] {
+            let d = ledger.read(move |c| get_delivery(c, row)).await.unwrap();
+            assert_eq!(
+                (
+                    d.status.as_str(),
+                    d.attempt_count,
+                    d.attempts.map(|a| a.len())
+                ),
+                (status, 1, Some(1)),
+                "delivery {row}: one attempt, recorded once"
+            );
+        }
+    }
 }

@@ -301,10 +301,7 @@ mod tests {
         let failed = ledger.record_turn(turn.clone()).await.unwrap_err();
         assert_eq!(failed.turn, turn, "handed back whole");
         let first = rows[0];
-        let d0 = ledger
-            .read(move |c| get_delivery(c, first))
-            .await
-            .unwrap();
+        let d0 = ledger.read(move |c| get_delivery(c, first)).await.unwrap();
         assert_eq!(
             (d0.status.as_str(), d0.attempt_count),
             ("in_flight", 0),

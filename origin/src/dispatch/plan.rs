@@ -6,7 +6,7 @@ use fanout_core::limiter::{LimiterState, Limits};
 use fanout_core::retry::{classify, next_step, Attempt, Class, Next};
 use fanout_core::wire::{DeferReason, DeliveryResult, TransportError};
 
-use crate::ledger::{AttemptRecord, Transition};
+use crate::model::{AttemptRecord, Transition};
 
 /// The retry rules in force (DESIGN.md's, with a scale for tests).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -15,6 +15,13 @@ pub struct RetryRules {
     /// Multiplies computed backoff delays (never a subscriber's `Retry-After`). 1.0 in
     /// production; tests use a small value.
     pub backoff_scale: f64,
+}
+
+impl RetryRules {
+    /// A computed backoff delay, scaled.
+    pub fn scale(&self, delay_ms: i64) -> i64 {
+        (delay_ms.max(0) as f64 * self.backoff_scale).round() as i64
+    }
 }
 
 impl Default for RetryRules {
@@ -26,36 +33,84 @@ impl Default for RetryRules {
     }
 }
 
-/// What a subscriber may be sent right now.
+/// Tokens (and possibly the breaker's probe) taken from a limiter for deliveries about to be
+/// leased: [`ReserveCommit::commit`] keeps what was used and gives back the rest exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Grant {
-    /// Send up to this many now.
-    Send(usize),
-    /// Nothing before this many ms from now (rate, pause, breaker).
-    Wait(u64),
-    /// The in-flight cap is reached: wait for a result.
-    Full,
+#[must_use = "a reservation must be committed (or its tokens stay taken)"]
+pub struct Reservation {
+    granted: usize,
+    /// The breaker's probe before this reservation started one.
+    probe_before: Option<Option<i64>>,
+    wait_ms: Option<u64>,
 }
 
-/// Ask the limiter, without changing it, how many of up to `want` deliveries may go now.
-pub fn grant(
-    limiter: &LimiterState,
-    limits: Limits,
-    in_flight: u32,
-    now_ms: i64,
-    want: usize,
-) -> Grant {
-    if want == 0 {
-        return Grant::Full;
+impl Reservation {
+    /// How many deliveries it holds tokens for.
+    pub fn granted(&self) -> usize {
+        self.granted
     }
-    let mut trial = *limiter;
-    let plan = trial.plan(limits, in_flight, now_ms, want);
-    if plan.send > 0 {
-        return Grant::Send(plan.send);
+
+    /// When nothing was granted: how long until something may be (rate, pause, breaker);
+    /// `None` when only a result can free a slot (the in-flight cap).
+    pub fn wait_ms(&self) -> Option<u64> {
+        self.wait_ms
     }
-    match plan.deferred.first() {
-        Some((DeferReason::InFlight, _)) | None => Grant::Full,
-        Some((_, wait)) => Grant::Wait((*wait).max(1)),
+}
+
+/// The limiter's reserve/commit protocol.
+pub trait ReserveCommit {
+    /// Take what the limiter allows now of up to `want` deliveries, `in_flight` being out.
+    fn reserve(&mut self, limits: Limits, in_flight: u32, now_ms: i64, want: usize) -> Reservation;
+    /// Give back `n` of the reserved tokens at once.
+    fn release(&mut self, limits: Limits, r: &mut Reservation, n: usize);
+    /// `used` of the reservation were sent: keep those, give back the rest exactly (and the
+    /// breaker's probe when none was used).
+    fn commit(&mut self, limits: Limits, r: Reservation, used: usize);
+}
+
+impl ReserveCommit for LimiterState {
+    fn reserve(&mut self, limits: Limits, in_flight: u32, now_ms: i64, want: usize) -> Reservation {
+        if want == 0 {
+            return Reservation {
+                granted: 0,
+                probe_before: None,
+                wait_ms: None,
+            };
+        }
+        let probe = self.breaker.probe_started_ms;
+        let plan = self.plan(limits, in_flight, now_ms, want);
+        let wait_ms = match plan.deferred.first() {
+            _ if plan.send > 0 => None,
+            Some((DeferReason::InFlight, _)) | None => None,
+            Some((_, wait)) => Some((*wait).max(1)),
+        };
+        Reservation {
+            granted: plan.send,
+            probe_before: (self.breaker.probe_started_ms != probe).then_some(probe),
+            wait_ms,
+        }
+    }
+
+    fn release(&mut self, limits: Limits, r: &mut Reservation, n: usize) {
+        let n = n.min(r.granted);
+        if n == 0 {
+            return;
+        }
+        if let Some(b) = self.bucket.as_mut() {
+            b.tokens = (b.tokens + n as f64).min(f64::from(limits.rate.burst));
+        }
+        r.granted -= n;
+    }
+
+    fn commit(&mut self, limits: Limits, mut r: Reservation, used: usize) {
+        let used = used.min(r.granted);
+        let unused = r.granted - used;
+        self.release(limits, &mut r, unused);
+        if used == 0 {
+            if let Some(before) = r.probe_before {
+                self.breaker.probe_started_ms = before;
+            }
+        }
     }
 }
 
@@ -173,7 +228,7 @@ pub fn transition_for(
                         Class::Retryable {
                             retry_after_ms: Some(_),
                         } => delay,
-                        _ => (delay as f64 * rules.backoff_scale).round() as i64,
+                        _ => rules.scale(delay),
                     };
                     Transition::Retry {
                         at_ms: now_ms + scaled,
@@ -242,6 +297,14 @@ mod tests {
     use fanout_core::breaker::BreakerConfig;
     use fanout_core::bucket::Rate;
 
+    /// What a reservation amounts to, for the table.
+    #[derive(Debug, PartialEq)]
+    enum Grant {
+        Send(usize),
+        Wait(u64),
+        Full,
+    }
+
     const LIMITS: Limits = Limits {
         rate: Rate {
             per_sec: 10.0,
@@ -255,7 +318,7 @@ mod tests {
     };
 
     #[test]
-    fn grant_table() {
+    fn reserve_commit_table() {
         let fresh = LimiterState::default();
         let mut drained = LimiterState::default();
         drained.plan(
@@ -302,13 +365,36 @@ mod tests {
             ("pause over", paused, 0, 2_000, 5, Grant::Send(5)),
         ];
         for (name, state, in_flight, now, want, expected) in cases {
-            let before = state;
+            let mut held = state;
+            let r = held.reserve(LIMITS, in_flight, now, want);
+            let got = match (r.granted(), r.wait_ms()) {
+                (0, Some(ms)) => Grant::Wait(ms),
+                (0, None) => Grant::Full,
+                (k, _) => Grant::Send(k),
+            };
+            assert_eq!(got, expected, "{name}");
+            // Nothing used: the limiter is as it was, refilled to `now`, nothing taken.
+            let mut unused = held;
+            unused.commit(LIMITS, r, 0);
+            let mut expected_state = state;
+            if want > 0 {
+                let _ = expected_state.plan(LIMITS, in_flight, now, 0);
+            }
             assert_eq!(
-                grant(&state, LIMITS, in_flight, now, want),
-                expected,
-                "{name}"
+                unused, expected_state,
+                "{name}: an unused reservation gives all back"
             );
-            assert_eq!(state, before, "{name}: grant must not change the limiter");
+            let tokens = |s: &LimiterState| s.bucket.map(|b| b.tokens);
+            // One used: exactly one token kept.
+            if r.granted() > 0 {
+                let mut one = held;
+                one.commit(LIMITS, r, 1);
+                assert_eq!(
+                    tokens(&one).map(|t| t.round()),
+                    tokens(&unused).map(|t| (t - 1.0).round()),
+                    "{name}: one used keeps one token"
+                );
+            }
         }
     }
 

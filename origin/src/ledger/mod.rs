@@ -9,6 +9,7 @@
 //! `in_flight` only while leased by the dispatcher; nothing is ever deleted.
 
 mod health;
+pub mod ops;
 pub mod pg;
 mod queries;
 mod schema;
@@ -65,9 +66,12 @@ use std::sync::mpsc;
 use rusqlite::{Connection, OpenFlags};
 
 pub use health::*;
+pub use ops::{DispatchLedger, Recorded, Turn, TurnError};
 pub use queries::*;
 pub use schema::VERSION as SCHEMA_VERSION;
 pub use stats::{subscriber_stats, SubscriberStats};
+// The dispatcher's domain types live in the model; these names are kept for existing callers.
+pub use crate::model::{AttemptRecord, Claim, Claimed, HealthWrite, Outcome, Transition};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {

@@ -1,8 +1,9 @@
-//! Fanout's origin daemon: the SQLite ledger that never loses an event, the fair dispatcher
+//! Fanout's origin daemon: the ledger that never loses an event (embedded SQLite, or
+//! PostgreSQL shared by several daemons), the fair dispatcher
 //! with its edge and origin lanes, and the HTTP API. [`run`] starts all of it on a listener the
 //! caller binds (tests bind port 0) and stops when `shutdown` resolves.
 //!
-//! Layout: [`model`] (domain types, pure), [`ledger`] (SQLite), [`dispatch`] (scheduling:
+//! Layout: [`model`] (domain types, pure), [`ledger`] (SQLite; PostgreSQL in `ledger::pg`), [`dispatch`] (scheduling:
 //! `plan` is pure, the lanes do the I/O), [`api`] (axum), [`config`], [`cli`].
 
 pub mod alert;
@@ -28,6 +29,8 @@ use crate::config::{Config, LedgerLocation};
 use crate::dispatch::edge_lane::EdgeClient;
 use crate::dispatch::plan::RetryRules;
 use crate::dispatch::{DispatchConfig, Dispatcher};
+use crate::ledger::pg::PgLedger;
+use crate::ledger::store::Store;
 use crate::ledger::{DispatchLedger, Ledger, LedgerError};
 
 #[derive(Debug, thiserror::Error)]
@@ -38,8 +41,6 @@ pub enum RunError {
     Http(#[from] reqwest::Error),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
-    #[error("{0}")]
-    Unsupported(String),
 }
 
 /// Start the ledger, the dispatcher and the API on `listener`; return after `shutdown`
@@ -49,18 +50,77 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
-    let path = match &cfg.db {
-        LedgerLocation::Sqlite(path) => path.clone(),
-        LedgerLocation::Postgres(_) => {
-            return Err(RunError::Unsupported(format!(
-                "--db {}: this fanout does not serve from a PostgreSQL ledger yet (the \
-                 PostgreSQL ledger, its migrations and `fanout ledger copy` exist; the daemon \
-                 runs on SQLite)",
-                cfg.db.redacted()
-            )))
+    match cfg.db.clone() {
+        LedgerLocation::Sqlite(path) => {
+            let ledger = Ledger::open(&path)?;
+            let store = Store::Sqlite(ledger.clone());
+            serve(cfg, listener, shutdown, ledger.clone(), store, None).await?;
+            // Wait for the ledger to finish everything queued before this point.
+            ledger.call(|_| Ok(())).await?;
+            Ok(())
         }
-    };
-    let ledger = Ledger::open(&path)?;
+        LedgerLocation::Postgres(url) => {
+            let name = daemon_name(listener.local_addr()?);
+            let pg = PgLedger::open(&url, &name).await?;
+            tracing::info!(daemon = %name, "sharing a PostgreSQL ledger");
+            let store = Store::Postgres(pg.clone());
+            serve(cfg, listener, shutdown, pg.clone(), store, Some(pg)).await
+        }
+    }
+}
+
+/// This daemon's name in the leases it takes on a shared ledger: host and port, so a daemon
+/// restarted in the same place recognises (and releases) the leases of its previous run.
+fn daemon_name(listen: std::net::SocketAddr) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}:{}", listen.port())
+}
+
+/// Hand the dispatcher what other daemons announce (new events, replays), listening again
+/// after a lost connection; the dispatcher's periodic rescan covers any gap.
+fn forward_announcements(
+    pg: PgLedger,
+    control: tokio::sync::mpsc::UnboundedSender<dispatch::Control>,
+) {
+    tokio::spawn(async move {
+        loop {
+            match pg.listen().await {
+                Ok(mut heard) => {
+                    while let Some(subs) = heard.recv().await {
+                        let msg = if subs.is_empty() {
+                            dispatch::Control::Rescan
+                        } else {
+                            dispatch::Control::Due(subs)
+                        };
+                        if control.send(msg).is_err() {
+                            return;
+                        }
+                    }
+                    tracing::warn!("lost the PostgreSQL LISTEN connection: listening again");
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot LISTEN for new work"),
+            }
+            if control.is_closed() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+    });
+}
+
+async fn serve<L: DispatchLedger>(
+    cfg: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    ledger: L,
+    store: Store,
+    announcements: Option<PgLedger>,
+) -> Result<(), RunError> {
     let now = time::now_ms();
     let released = ledger.release_all_leases(now).await?;
     if released > 0 {
@@ -95,12 +155,15 @@ pub async fn run(
         metrics.clone(),
     );
     let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
+    if let Some(pg) = announcements {
+        forward_announcements(pg, control_tx.clone());
+    }
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let dispatcher_task = tokio::spawn(dispatcher.run(control_rx, async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
     }));
     let state = api::AppState::new(
-        ledger.clone(),
+        store,
         control_tx,
         api::ApiConfig {
             api_token: cfg.api_token.clone(),
@@ -125,8 +188,6 @@ pub async fn run(
     if let Err(e) = dispatcher_task.await {
         tracing::error!(error = %e, "the dispatcher task failed");
     }
-    // Wait for the ledger to finish everything queued before this point.
-    ledger.call(|_| Ok(())).await?;
     served?;
     Ok(())
 }

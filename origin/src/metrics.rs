@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use fanout_core::wire::{DeferReason, DeliveryResult};
 
-use crate::ledger::{self, Ledger, LedgerError, SubscriberStats};
+use crate::ledger::store::Store;
+use crate::ledger::{LedgerError, SubscriberStats};
 
 const LANES: [&str; 2] = ["origin", "edge"];
 const REASONS: [DeferReason; 4] = [
@@ -72,22 +73,14 @@ pub struct Snapshot {
 
 /// Read the gauges from one consistent snapshot of the ledger (its reader connection, so a
 /// scrape never holds up the dispatcher's writes) and render everything.
-pub async fn scrape(ledger: &Ledger, metrics: &Metrics) -> Result<String, LedgerError> {
+pub async fn scrape(ledger: &Store, metrics: &Metrics) -> Result<String, LedgerError> {
     let now_ms = crate::time::now_ms();
-    let snap = ledger
-        .read(move |c| {
-            let snapshot = c.transaction()?;
-            Ok(Snapshot {
-                status_counts: ledger::status_counts(&snapshot)?,
-                subscribers: ledger::subscriber_stats(
-                    &snapshot,
-                    fanout_core::breaker::BreakerConfig::default(),
-                    now_ms,
-                )?,
-                now_ms,
-            })
-        })
-        .await?;
+    let (status_counts, subscribers) = ledger.metrics_snapshot(now_ms).await?;
+    let snap = Snapshot {
+        status_counts,
+        subscribers,
+        now_ms,
+    };
     Ok(metrics.render(&snap))
 }
 

@@ -28,7 +28,8 @@ pub use error::ApiError;
 use extract::PathId;
 
 use crate::dispatch::Control;
-use crate::ledger::{self, DeliveryFilter, Ledger, NewEvent};
+use crate::ledger::store::Store;
+use crate::ledger::{self, DeliveryFilter, NewEvent};
 use crate::metrics::Metrics;
 use crate::model::{
     parse_delivery_id, validate_event_id, validate_id, validate_pattern, Disabled, Lane, Limits,
@@ -53,7 +54,7 @@ pub struct ApiConfig {
 
 #[derive(Debug, Clone)]
 pub struct AppState {
-    ledger: Ledger,
+    ledger: Store,
     control: UnboundedSender<Control>,
     cfg: Arc<ApiConfig>,
     metrics: Arc<Metrics>,
@@ -61,7 +62,7 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(
-        ledger: Ledger,
+        ledger: Store,
         control: UnboundedSender<Control>,
         cfg: ApiConfig,
         metrics: Arc<Metrics>,
@@ -252,10 +253,7 @@ async fn post_events(
     let bytes = read_body(&headers, body, limit).await?;
     let (events, is_array) = parse_events(&bytes, state.cfg.max_event_bytes)?;
     let now = now_ms();
-    let (results, touched) = state
-        .ledger
-        .tx(move |c| ledger::ingest(c, &events, now))
-        .await?;
+    let (results, touched) = state.ledger.ingest(events, now).await?;
     let dups = results.iter().filter(|r| r.duplicate).count() as u64;
     state.metrics.events_ingested.fetch_add(
         results.len() as u64 - dups,
@@ -461,15 +459,7 @@ async fn create_subscriber(
         Some(s) => s,
         None => new_secret()?,
     };
-    let stored = sub.clone();
-    let first = secret.clone();
-    let created = state
-        .ledger
-        .tx(move |c| {
-            ledger::create_subscriber(c, &stored, &first)?;
-            ledger::get_subscriber(c, &stored.id)
-        })
-        .await?;
+    let created = state.ledger.create_subscriber(sub, secret.clone()).await?;
     state.tell(Control::Changed(created.id.clone()));
     Ok((
         StatusCode::CREATED,
@@ -483,23 +473,7 @@ async fn subscribers_with_stats(
     only: Option<String>,
     with_stats: bool,
 ) -> Result<Vec<stats::ViewWithStats>, ledger::LedgerError> {
-    let (subs, counts) = state
-        .ledger
-        .read(move |c| {
-            let snapshot = c.transaction()?;
-            let subs = match &only {
-                Some(id) => vec![ledger::get_subscriber(&snapshot, id)?],
-                None => ledger::list_subscribers(&snapshot)?,
-            };
-            let counts = if with_stats {
-                let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
-                Some(ledger::status::subscriber_counts(&snapshot, &ids)?)
-            } else {
-                None
-            };
-            Ok((subs, counts))
-        })
-        .await?;
+    let (subs, counts) = state.ledger.subscribers(only, with_stats).await?;
     Ok(stats::views(&subs, counts.as_ref(), now_ms()))
 }
 
@@ -536,21 +510,11 @@ async fn patch_subscriber(
     let input: SubscriberInput = parse_json(&bytes)?;
     let allow_loopback = state.cfg.allow_loopback;
     let now = now_ms();
-    let lookup = id.clone();
     let result = state
         .ledger
-        .tx(move |c| {
-            let current = ledger::get_subscriber(c, &lookup)?;
+        .update_subscriber(id.clone(), move |current| {
             let toggled = input.disabled.is_some();
-            let next = match patched(current, input, allow_loopback, now) {
-                Ok(s) => s,
-                Err(e) => return Ok(Err(e)),
-            };
-            ledger::update_subscriber(c, &next)?;
-            if toggled {
-                ledger::set_disabled(c, &next.id, next.health.disabled.as_ref())?;
-            }
-            Ok(Ok(next))
+            patched(current, input, allow_loopback, now).map(|next| (next, toggled))
         })
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
@@ -564,10 +528,9 @@ async fn delete_subscriber(
     PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let now = now_ms();
-    let lookup = id.clone();
     let dead = state
         .ledger
-        .tx(move |c| ledger::delete_subscriber(c, &lookup, now))
+        .delete_subscriber(id.clone(), now)
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     state.tell(Control::Changed(id.clone()));
@@ -583,11 +546,9 @@ async fn rotate_secret(
     let now = now_ms();
     let secret = new_secret()?;
     let grace = state.cfg.rotation_grace_ms;
-    let lookup = id.clone();
-    let stored = secret.clone();
     state
         .ledger
-        .tx(move |c| ledger::rotate_secret(c, &lookup, &stored, now, grace))
+        .rotate_secret(id.clone(), secret.clone(), now, grace)
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     state.tell(Control::Changed(id.clone()));
@@ -684,10 +645,7 @@ async fn list_deliveries(
     }
     let filter = filter_from(query)?;
     let limit = filter.limit;
-    let rows = state
-        .ledger
-        .read(move |c| ledger::list_deliveries(c, &filter))
-        .await?;
+    let rows = state.ledger.list_deliveries(filter).await?;
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|d| d.id.clone()))
         .flatten();
@@ -703,10 +661,7 @@ async fn get_delivery(
     PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let rowid = delivery_id(&id)?;
-    let d = state
-        .ledger
-        .read(move |c| ledger::get_delivery(c, rowid))
-        .await?;
+    let d = state.ledger.get_delivery(rowid).await?;
     Ok(Json(d))
 }
 
@@ -716,10 +671,7 @@ async fn replay_one(
 ) -> Result<impl IntoResponse, ApiError> {
     let rowid = delivery_id(&id)?;
     let now = now_ms();
-    let sub = state
-        .ledger
-        .tx(move |c| ledger::replay_one(c, rowid, now))
-        .await?;
+    let sub = state.ledger.replay_one(rowid, now).await?;
     state.tell(Control::Replayed(vec![sub]));
     Ok((
         StatusCode::ACCEPTED,
@@ -742,12 +694,7 @@ async fn replay_bulk(
     let now = now_ms();
     let (n, subs) = state
         .ledger
-        .tx(move |c| {
-            if let Some(s) = &filter.subscriber {
-                ledger::get_subscriber(c, s)?;
-            }
-            ledger::replay_bulk(c, &filter, now)
-        })
+        .replay_bulk(filter, now)
         .await
         .map_err(|e| match e {
             ledger::LedgerError::NotFound(m) => ApiError::UnknownSubscriber(m),
@@ -763,11 +710,7 @@ async fn replay_bulk(
 // Health and metrics
 
 async fn healthz(State(state): State<AppState>) -> Response {
-    match state
-        .ledger
-        .call(|c| Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))?))
-        .await
-    {
+    match state.ledger.ping().await {
         Ok(_) => Json(json!({ "status": "ok" })).into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,

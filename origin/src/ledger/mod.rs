@@ -15,6 +15,7 @@ mod queries;
 mod schema;
 mod stats;
 pub mod status;
+pub mod store;
 mod writer;
 
 /// An empty, migrated in-memory ledger for the ledger's unit tests.

@@ -268,12 +268,31 @@ impl Api {
     }
 }
 
+/// The ledger the daemon tests run on: SQLite, or with `FANOUT_TEST_LEDGER=postgres` a
+/// throwaway PostgreSQL server per daemon (scripts/test.sh runs the suite both ways).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+pub fn backend() -> Backend {
+    match std::env::var("FANOUT_TEST_LEDGER").as_deref() {
+        Ok("postgres") => Backend::Postgres,
+        Ok("sqlite") | Err(_) => Backend::Sqlite,
+        Ok(other) => panic!("FANOUT_TEST_LEDGER={other:?}: expected sqlite or postgres"),
+    }
+}
+
 /// The daemon running in-process on port 0.
 pub struct Daemon {
     pub api: Api,
     pub dir: tempfile::TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// The PostgreSQL server of its ledger, when the tests run on PostgreSQL (stopped after
+    /// the daemon).
+    pub pg: Option<pg::PgServer>,
 }
 
 pub fn settings(dir: &std::path::Path) -> Settings {
@@ -295,7 +314,16 @@ impl Daemon {
 
     pub async fn start_with(adjust: impl FnOnce(Settings) -> Settings) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
-        let (cfg, _) = Config::from_settings(adjust(settings(dir.path()))).unwrap();
+        let mut base = settings(dir.path());
+        let pg = match backend() {
+            Backend::Sqlite => None,
+            Backend::Postgres => {
+                let server = pg::PgServer::start();
+                base.db = Some(server.database("fanout").await.into());
+                Some(server)
+            }
+        };
+        let (cfg, _) = Config::from_settings(adjust(base)).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -318,6 +346,7 @@ impl Daemon {
             dir,
             stop: Some(tx),
             task: Some(task),
+            pg,
         }
     }
 

@@ -23,6 +23,7 @@
 //! rows first, in id order; delivery rows are skipped when locked), so claims never deadlock.
 
 pub mod copy;
+mod dispatch;
 mod ops;
 mod schema;
 
@@ -32,6 +33,7 @@ use std::sync::Arc;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
+pub use dispatch::merge_limiter;
 pub use ops::*;
 pub use schema::VERSION as SCHEMA_VERSION;
 
@@ -90,6 +92,8 @@ pub struct PgLedger {
     pool: Pool,
     config: tokio_postgres::Config,
     owner: Arc<str>,
+    /// The breaker settings the shared limiter is asked with (the daemon's).
+    breaker: fanout_core::breaker::BreakerConfig,
 }
 
 impl std::fmt::Debug for PgLedger {
@@ -129,10 +133,17 @@ impl PgLedger {
             pool,
             config,
             owner: Arc::from(owner),
+            breaker: fanout_core::breaker::BreakerConfig::default(),
         };
         let mut client = ledger.pool.get().await?;
         schema::migrate(&mut client).await?;
         Ok(ledger)
+    }
+
+    /// The breaker settings the dispatcher's claims use (the default otherwise).
+    pub fn with_breaker(mut self, breaker: fanout_core::breaker::BreakerConfig) -> PgLedger {
+        self.breaker = breaker;
+        self
     }
 
     /// This daemon's name in its leases.

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use deadpool_postgres::Transaction;
 use fanout_core::breaker::{Breaker, BreakerConfig};
 use fanout_core::bucket::Bucket;
 use fanout_core::limiter::LimiterState;
@@ -84,7 +85,7 @@ fn event_types_json(s: &Subscriber) -> String {
 
 /// The stored limiter, or — when it does not decode (another version wrote it) — an empty
 /// bucket, never a full one, with a warning an operator sees.
-fn decode_limiter(id: &str, raw: Option<&str>, now_ms: i64) -> LimiterState {
+pub(super) fn decode_limiter(id: &str, raw: Option<&str>, now_ms: i64) -> LimiterState {
     match raw.map(serde_json::from_str::<LimiterState>) {
         None => LimiterState::default(),
         Some(Ok(state)) => state,
@@ -102,7 +103,7 @@ fn decode_limiter(id: &str, raw: Option<&str>, now_ms: i64) -> LimiterState {
     }
 }
 
-fn encode_limiter(state: &LimiterState) -> String {
+pub(super) fn encode_limiter(state: &LimiterState) -> String {
     serde_json::to_string(state).unwrap_or_default()
 }
 
@@ -598,15 +599,30 @@ impl PgLedger {
         now_ms: i64,
         lease_ms: i64,
     ) -> Result<Vec<PgClaim>, LedgerError> {
+        let lease_until = now_ms.saturating_add(lease_ms);
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let out = Self::claim_in(&tx, &self.owner, wants, breaker, now_ms, lease_until).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// [`PgLedger::claim`] inside the caller's transaction, leasing to `owner` until
+    /// `lease_until`.
+    pub(super) async fn claim_in(
+        tx: &Transaction<'_>,
+        owner: &str,
+        wants: &[(String, usize)],
+        breaker: BreakerConfig,
+        now_ms: i64,
+        lease_until: i64,
+    ) -> Result<Vec<PgClaim>, LedgerError> {
         let mut wanted: BTreeMap<&str, usize> = BTreeMap::new();
         for (id, most) in wants {
             let w = wanted.entry(id.as_str()).or_default();
             *w = (*w).max(*most);
         }
         let ids: Vec<&str> = wanted.keys().copied().collect();
-        let lease_until = now_ms.saturating_add(lease_ms);
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
         // 1. The subscribers' rows, locked in id order: one claimer per subscriber at a time.
         let subs = tx
             .query(
@@ -716,7 +732,7 @@ impl PgLedger {
                      FROM events e
                      WHERE d.id = ANY($1) AND e.id = d.event_id
                      RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts",
-                    &[&lease_ids, &&*self.owner, &lease_until, &now_ms],
+                    &[&lease_ids, &owner, &lease_until, &now_ms],
                 )
                 .await?
             {
@@ -759,7 +775,6 @@ impl PgLedger {
         {
             next_due.insert(r.try_get(0)?, r.try_get(1)?);
         }
-        tx.commit().await?;
         Ok(live
             .into_iter()
             .map(|id| PgClaim {
@@ -786,6 +801,20 @@ impl PgLedger {
     ) -> Result<Applied, LedgerError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
+        let out = Self::apply_in(&tx, &self.owner, outcomes, feedback, breaker, now_ms).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// [`PgLedger::apply`] inside the caller's transaction, for `owner`'s leases.
+    pub(super) async fn apply_in(
+        tx: &Transaction<'_>,
+        owner: &str,
+        outcomes: &[LeasedOutcome],
+        feedback: &[Feedback],
+        breaker: BreakerConfig,
+        now_ms: i64,
+    ) -> Result<Applied, LedgerError> {
         // Subscriber rows first, in id order (the claim's order): no deadlock with a claim.
         if !feedback.is_empty() {
             let mut ids: Vec<&str> = feedback.iter().map(|f| f.subscriber_id.as_str()).collect();
@@ -872,7 +901,7 @@ impl PgLedger {
                         &errors,
                         &keep_error,
                         &now_ms,
-                        &&*self.owner,
+                        &owner,
                     ],
                 )
                 .await?
@@ -920,7 +949,6 @@ impl PgLedger {
             )
             .await?;
         }
-        tx.commit().await?;
         Ok(Applied {
             recorded: recorded.len(),
             stale: ids
@@ -1132,6 +1160,12 @@ impl PgLedger {
         Ok((n, subs))
     }
 
+    /// Answers when the database does.
+    pub async fn ping(&self) -> Result<(), LedgerError> {
+        self.client().await?.query_one("SELECT 1", &[]).await?;
+        Ok(())
+    }
+
     /// Deliveries per status, for `/metrics`.
     pub async fn status_counts(&self) -> Result<Vec<(String, i64)>, LedgerError> {
         let c = self.client().await?;
@@ -1284,6 +1318,15 @@ impl PgLedger {
     pub async fn apply_health(&self, writes: &[HealthWrite]) -> Result<(), LedgerError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
+        Self::apply_health_in(&tx, writes).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn apply_health_in(
+        tx: &Transaction<'_>,
+        writes: &[HealthWrite],
+    ) -> Result<(), LedgerError> {
         let mut latest = HashSet::new();
         for w in writes.iter().rev() {
             match w {
@@ -1313,7 +1356,6 @@ impl PgLedger {
                 }
             };
         }
-        tx.commit().await?;
         Ok(())
     }
 
@@ -1331,11 +1373,22 @@ impl PgLedger {
         threshold: u64,
         now_ms: i64,
     ) -> Result<Vec<Notice>, LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let out = Self::check_dead_counts_in(&tx, subs, threshold, now_ms).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    pub(super) async fn check_dead_counts_in(
+        tx: &Transaction<'_>,
+        subs: &[String],
+        threshold: u64,
+        now_ms: i64,
+    ) -> Result<Vec<Notice>, LedgerError> {
         let mut sorted: Vec<&String> = subs.iter().collect();
         sorted.sort();
         sorted.dedup();
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
         let mut out = Vec::new();
         for sub in sorted {
             let Some(row) = tx
@@ -1349,7 +1402,7 @@ impl PgLedger {
                 continue;
             };
             let alerted_ms: Option<i64> = row.try_get(0)?;
-            let dead = dead_count_on(&tx, sub, threshold).await?;
+            let dead = dead_count_on(tx, sub, threshold).await?;
             let (alerted, alert) = after_dead_count(alerted_ms.is_some(), dead, threshold);
             if alerted != alerted_ms.is_some() {
                 tx.execute(
@@ -1366,7 +1419,6 @@ impl PgLedger {
                 });
             }
         }
-        tx.commit().await?;
         Ok(out)
     }
 

@@ -1,0 +1,258 @@
+//! The dispatcher's typed ledger operations ([`DispatchLedger`]) on PostgreSQL, for one daemon
+//! among several.
+//!
+//! What differs from SQLite, and why:
+//! - The limiter a turn carries is this daemon's view. It is folded into the subscriber's shared
+//!   row ([`merge_limiter`]) under the row's lock; the bucket in that row is spent only by
+//!   claims, which ask the shared limiter again (so the daemon's own reservation is an upper
+//!   bound, and what it is refused it gives back when fewer deliveries come than it asked).
+//! - Outcomes count only for deliveries this daemon still holds (`lease_owner`): a daemon that
+//!   comes back after its leases expired and were taken over records nothing for them.
+//! - At start-up a daemon releases only its own leases (those of its previous run, under the
+//!   same name); other daemons' leases are theirs until they expire.
+
+use fanout_core::limiter::LimiterState;
+
+use super::super::ops::{DispatchLedger, Recorded, Turn, TurnError};
+use super::super::LedgerError;
+use super::{decode_limiter, encode_limiter, LeasedOutcome, PgLedger};
+use crate::model::{Claim, Subscriber};
+
+/// A daemon's limiter for a subscriber folded into the shared one: the bucket stays the shared
+/// one (only claims spend it, under the row lock); a Retry-After pause lasts until the later of
+/// the two; the breaker is the daemon's (it comes from the results it just recorded).
+pub fn merge_limiter(shared: LimiterState, mine: LimiterState) -> LimiterState {
+    LimiterState {
+        bucket: shared.bucket,
+        paused_until_ms: match (shared.paused_until_ms, mine.paused_until_ms) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        },
+        breaker: mine.breaker,
+    }
+}
+
+impl PgLedger {
+    async fn record_turn_pg(&self, turn: &Turn) -> Result<Recorded, LedgerError> {
+        let now = turn.now_ms;
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        // Subscriber rows first, in id order, as every transaction here takes them.
+        if !turn.limiters.is_empty() {
+            let mut ids: Vec<&str> = turn.limiters.iter().map(|(id, _)| id.as_str()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            let rows = tx
+                .query(
+                    "SELECT id, limiter FROM subscribers WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+                    &[&ids],
+                )
+                .await?;
+            let mut store_ids: Vec<String> = Vec::with_capacity(rows.len());
+            let mut store_states: Vec<String> = Vec::with_capacity(rows.len());
+            for r in rows {
+                let id: String = r.try_get(0)?;
+                let raw: Option<String> = r.try_get(1)?;
+                let shared = decode_limiter(&id, raw.as_deref(), now);
+                // The latest of this turn's states for the subscriber.
+                if let Some((_, mine)) = turn.limiters.iter().rev().find(|(s, _)| *s == id) {
+                    store_states.push(encode_limiter(&merge_limiter(shared, *mine)));
+                    store_ids.push(id);
+                }
+            }
+            tx.execute(
+                "UPDATE subscribers s SET limiter = u.l
+                 FROM unnest($1::text[], $2::text[]) AS u(id, l) WHERE s.id = u.id",
+                &[&store_ids, &store_states],
+            )
+            .await?;
+        }
+        if !turn.outcomes.is_empty() {
+            let outcomes: Vec<LeasedOutcome> = turn
+                .outcomes
+                .iter()
+                .map(|o| LeasedOutcome {
+                    outcome: o.clone(),
+                    lease_expires_ms: None,
+                })
+                .collect();
+            let applied =
+                Self::apply_in(&tx, &self.owner, &outcomes, &[], self.breaker, now).await?;
+            if !applied.stale.is_empty() {
+                tracing::warn!(
+                    stale = applied.stale.len(),
+                    "results for deliveries another daemon took over were not recorded"
+                );
+            }
+        }
+        if !turn.health.is_empty() {
+            Self::apply_health_in(&tx, &turn.health).await?;
+        }
+        let mut notices = turn.notices.clone();
+        if !turn.dead.is_empty() {
+            notices.extend(
+                Self::check_dead_counts_in(&tx, &turn.dead, turn.dead_threshold, now).await?,
+            );
+        }
+        let asks: Vec<(String, usize)> = turn
+            .claims
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .cloned()
+            .collect();
+        let mut claims = if asks.is_empty() {
+            Vec::new()
+        } else {
+            Self::claim_in(
+                &tx,
+                &self.owner,
+                &asks,
+                self.breaker,
+                now,
+                turn.lease_until_ms,
+            )
+            .await?
+        };
+        tx.commit().await?;
+        // In the order asked.
+        let mut ordered = Vec::with_capacity(claims.len());
+        for (id, _) in &asks {
+            if let Some(k) = claims.iter().position(|c| &c.subscriber_id == id) {
+                let c = claims.swap_remove(k);
+                ordered.push(Claim {
+                    subscriber_id: c.subscriber_id,
+                    claimed: c.claimed,
+                    next_due_ms: c.next_due_ms,
+                });
+            }
+        }
+        Ok(Recorded {
+            claims: ordered,
+            notices,
+        })
+    }
+
+    /// Leases of any daemon that expired before `now_ms` back to pending, due at `now_ms`
+    /// (one being recorded right now is left to that transaction). Returns the subscribers.
+    pub async fn release_expired_leases(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
+        let c = self.client().await?;
+        let mut subs: Vec<String> = c
+            .query(
+                "UPDATE deliveries SET status = 'pending', lease_owner = NULL,
+                     lease_expires_ms = NULL, next_attempt_ms = $1, updated_ms = $1
+                 WHERE id IN (SELECT id FROM deliveries
+                              WHERE status = 'in_flight' AND lease_expires_ms < $1
+                              FOR UPDATE SKIP LOCKED)
+                 RETURNING subscriber_id",
+                &[&now_ms],
+            )
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        subs.sort();
+        subs.dedup();
+        Ok(subs)
+    }
+}
+
+impl DispatchLedger for PgLedger {
+    async fn dispatch_subscribers(&self) -> Result<Vec<(Subscriber, LimiterState)>, LedgerError> {
+        let subs = self.list_subscribers().await?;
+        let now = crate::time::now_ms();
+        let mut out = Vec::with_capacity(subs.len());
+        for s in subs {
+            let limiter = self.load_limiter(&s.id, now).await?;
+            out.push((s, limiter));
+        }
+        Ok(out)
+    }
+
+    async fn dispatch_subscriber(
+        &self,
+        id: &str,
+    ) -> Result<Option<(Subscriber, LimiterState)>, LedgerError> {
+        match self.get_subscriber(id).await {
+            Ok(s) => {
+                let limiter = self.load_limiter(id, crate::time::now_ms()).await?;
+                Ok(Some((s, limiter)))
+            }
+            Err(LedgerError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn record_turn(&self, turn: Turn) -> Result<Recorded, TurnError> {
+        match self.record_turn_pg(&turn).await {
+            Ok(recorded) => Ok(recorded),
+            Err(error) => Err(TurnError { turn, error }),
+        }
+    }
+
+    async fn due_work(&self, dead_threshold: u64) -> Result<Vec<(String, i64)>, LedgerError> {
+        self.rearm_dead_alerts(dead_threshold).await?;
+        self.due_summary().await
+    }
+
+    async fn release_expired_leases(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
+        PgLedger::release_expired_leases(self, now_ms).await
+    }
+
+    async fn release_all_leases(&self, now_ms: i64) -> Result<usize, LedgerError> {
+        Ok(self.release_own_leases(now_ms).await? as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fanout_core::breaker::Breaker;
+    use fanout_core::bucket::Bucket;
+
+    #[test]
+    fn merging_a_daemons_limiter_into_the_shared_one() {
+        let bucket = |tokens| {
+            Some(Bucket {
+                tokens,
+                updated_ms: 5,
+            })
+        };
+        let open = Breaker {
+            consecutive_failures: 20,
+            open_until_ms: Some(99),
+            probe_started_ms: None,
+        };
+        let state = |tokens, paused, breaker| LimiterState {
+            bucket: bucket(tokens),
+            paused_until_ms: paused,
+            breaker,
+        };
+        let closed = Breaker::default();
+        let cases = [
+            // (shared, mine, merged)
+            (
+                state(3.0, None, closed),
+                state(40.0, None, closed),
+                state(3.0, None, closed),
+            ),
+            (
+                state(3.0, Some(10), closed),
+                state(40.0, None, open),
+                state(3.0, Some(10), open),
+            ),
+            (
+                state(3.0, Some(10), open),
+                state(0.0, Some(20), closed),
+                state(3.0, Some(20), closed),
+            ),
+            (
+                state(3.0, Some(30), closed),
+                state(0.0, Some(20), closed),
+                state(3.0, Some(30), closed),
+            ),
+        ];
+        for (shared, mine, merged) in cases {
+            assert_eq!(merge_limiter(shared, mine), merged, "{shared:?} + {mine:?}");
+        }
+    }
+}

@@ -29,7 +29,7 @@ use crate::config::{Config, LedgerLocation};
 use crate::dispatch::edge_lane::EdgeClient;
 use crate::dispatch::plan::RetryRules;
 use crate::dispatch::{DispatchConfig, Dispatcher};
-use crate::ledger::pg::PgLedger;
+use crate::ledger::pg::{Announcement, PgLedger};
 use crate::ledger::store::Store;
 use crate::ledger::{DispatchLedger, Ledger, LedgerError};
 
@@ -64,6 +64,8 @@ pub async fn run(
             let pg = PgLedger::open(&url, &name).await?;
             tracing::info!(daemon = %name, "sharing a PostgreSQL ledger");
             let store = Store::Postgres(pg.clone());
+            let (_renewing, stop_renewing) = tokio::sync::oneshot::channel();
+            pg.keep_leases(stop_renewing);
             serve(cfg, listener, shutdown, pg.clone(), store, Some(pg)).await
         }
     }
@@ -91,11 +93,11 @@ fn forward_announcements(
         loop {
             match pg.listen().await {
                 Ok(mut heard) => {
-                    while let Some(subs) = heard.recv().await {
-                        let msg = if subs.is_empty() {
-                            dispatch::Control::Rescan
-                        } else {
-                            dispatch::Control::Due(subs)
+                    while let Some(announced) = heard.recv().await {
+                        let msg = match announced {
+                            Announcement::Due(subs) => dispatch::Control::Due(subs),
+                            Announcement::DueAll => dispatch::Control::Rescan,
+                            Announcement::Changed(id) => dispatch::Control::Changed(id),
                         };
                         if control.send(msg).is_err() {
                             return;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::pg::PgServer;
 use fanout_core::breaker::BreakerConfig;
 use fanout_core::retry::Attempt;
-use fanout_origin::ledger::pg::{Feedback, LeasedOutcome, PgLedger};
+use fanout_origin::ledger::pg::{Announcement, Feedback, LeasedOutcome, PgLedger};
 use fanout_origin::ledger::{
     AttemptRecord, DeliveryFilter, HealthWrite, LedgerError, NewEvent, Outcome, Transition,
 };
@@ -153,7 +153,17 @@ async fn ingest_fans_out_once_per_subscriber_and_event_and_wakes_other_daemons()
         .await
         .expect("no notification")
         .unwrap();
-    assert_eq!(heard, vec!["a".to_string(), "b".to_string()]);
+    assert_eq!(
+        heard,
+        Announcement::Due(vec!["a".to_string(), "b".to_string()])
+    );
+    // A change to a subscriber is announced too.
+    l[0].rotate_secret("c", "s2", 7, 0).await.unwrap();
+    let heard = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
+        .await
+        .expect("no notification")
+        .unwrap();
+    assert_eq!(heard, Announcement::Changed("c".into()));
     // Re-sending through the other daemon creates nothing.
     let (again, touched) = l[1].ingest(&[ev("e2", "video.new")], 6).await.unwrap();
     assert_eq!((again[0].deliveries, again[0].duplicate), (0, true));
@@ -759,4 +769,38 @@ async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
     assert!(!again.status.success());
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert!(stderr.contains("not empty"), "{stderr}");
+}
+
+/// A live daemon's leases are renewed; a dead one's lapse after `LEASE_MS` and are taken over.
+#[tokio::test]
+async fn renewed_leases_hold_and_lapsed_ones_are_taken_over() {
+    use fanout_origin::ledger::pg::LEASE_MS;
+    let server = PgServer::start();
+    let l = ledgers(&server, "renew", 2).await;
+    l[0].create_subscriber(&sub("a", &["*"], 1e6, 1_000_000, 100), "s")
+        .await
+        .unwrap();
+    l[0].ingest(&evs("e", 4), 0).await.unwrap();
+    let t0 = 1_000;
+    let c = l[0].claim(&[("a".into(), 4)], BREAKER, t0, LEASE_MS).await.unwrap();
+    assert_eq!(c[0].claimed.len(), 4);
+    // Alive: renewed just before expiry, so the other daemon gets nothing after it.
+    assert_eq!(l[0].renew_leases(t0 + LEASE_MS - 1).await.unwrap(), 4);
+    assert_eq!(l[1].renew_leases(t0 + LEASE_MS - 1).await.unwrap(), 0);
+    let held = l[1]
+        .claim(&[("a".into(), 4)], BREAKER, t0 + LEASE_MS + 1, LEASE_MS)
+        .await
+        .unwrap();
+    assert!(held[0].claimed.is_empty());
+    // Dead (no more renewals): lapsed, swept, and taken over.
+    let lapsed = t0 + 2 * LEASE_MS;
+    assert_eq!(
+        l[1].release_expired_leases(lapsed).await.unwrap(),
+        vec!["a".to_string()]
+    );
+    let taken = l[1]
+        .claim(&[("a".into(), 4)], BREAKER, lapsed, LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(taken[0].claimed.len(), 4);
 }

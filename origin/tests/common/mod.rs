@@ -376,7 +376,11 @@ pub fn free_port() -> u16 {
 
 impl Binary {
     pub async fn start(db: &std::path::Path, extra: &[&str]) -> Binary {
-        let port = free_port();
+        Binary::start_at(free_port(), db, extra).await
+    }
+
+    /// On a given port (a daemon restarted in the same place).
+    pub async fn start_at(port: u16, db: &std::path::Path, extra: &[&str]) -> Binary {
         let listen = format!("127.0.0.1:{port}");
         let mut args = vec![
             "serve",

@@ -8,6 +8,9 @@
 //!   bound, and what it is refused it gives back when fewer deliveries come than it asked).
 //! - Outcomes count only for deliveries this daemon still holds (`lease_owner`): a daemon that
 //!   comes back after its leases expired and were taken over records nothing for them.
+//! - Leases are short ([`LEASE_MS`]) and renewed while the daemon lives ([`RENEW_EVERY_MS`]),
+//!   instead of lasting as long as the longest send could: a daemon that dies has its work
+//!   taken over within seconds, not minutes.
 //! - At start-up a daemon releases only its own leases (those of its previous run, under the
 //!   same name); other daemons' leases are theirs until they expire.
 
@@ -17,6 +20,12 @@ use super::super::ops::{DispatchLedger, Recorded, Turn, TurnError};
 use super::super::LedgerError;
 use super::{decode_limiter, encode_limiter, LeasedOutcome, PgLedger};
 use crate::model::{Claim, Subscriber};
+
+/// How long a lease lasts without renewal: the longest a dead daemon's work waits.
+pub const LEASE_MS: i64 = 15_000;
+/// A live daemon renews its leases this often (a third of their length: two renewals may
+/// fail before one lapses).
+pub const RENEW_EVERY_MS: i64 = 5_000;
 
 /// A daemon's limiter for a subscriber folded into the shared one: the bucket stays the shared
 /// one (only claims spend it, under the row lock); a Retry-After pause lasts until the later of
@@ -109,7 +118,7 @@ impl PgLedger {
                 &asks,
                 self.breaker,
                 now,
-                turn.lease_until_ms,
+                turn.lease_until_ms.min(now.saturating_add(LEASE_MS)),
             )
             .await?
         };
@@ -130,6 +139,36 @@ impl PgLedger {
             claims: ordered,
             notices,
         })
+    }
+
+    /// Push this daemon's leases out to `now_ms + LEASE_MS` (it is alive, its sends are still
+    /// out). Returns how many.
+    pub async fn renew_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
+        let until = now_ms.saturating_add(LEASE_MS);
+        let c = self.client().await?;
+        Ok(c.execute(
+            "UPDATE deliveries SET lease_expires_ms = $2
+             WHERE status = 'in_flight' AND lease_owner = $1 AND lease_expires_ms < $2",
+            &[&&*self.owner, &until],
+        )
+        .await?)
+    }
+
+    /// Renew this daemon's leases every [`RENEW_EVERY_MS`] until `stop` is dropped.
+    pub fn keep_leases(&self, stop: tokio::sync::oneshot::Receiver<()>) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::pin!(stop);
+            loop {
+                tokio::select! {
+                    _ = &mut stop => return,
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(RENEW_EVERY_MS as u64)) => {}
+                }
+                if let Err(e) = me.renew_leases(crate::time::now_ms()).await {
+                    tracing::warn!(error = %e, "could not renew this daemon's leases");
+                }
+            }
+        });
     }
 
     /// Leases of any daemon that expired before `now_ms` back to pending, due at `now_ms`

@@ -33,15 +33,29 @@ use std::sync::Arc;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
-pub use dispatch::merge_limiter;
+pub use dispatch::{merge_limiter, LEASE_MS, RENEW_EVERY_MS};
 pub use ops::*;
 pub use schema::VERSION as SCHEMA_VERSION;
 
 use super::LedgerError;
 
-/// The channel on which ingest announces new work: the payload is the subscriber ids, one per
-/// line.
+/// The channel on which ingest and replays announce new work: the payload is the subscriber
+/// ids, one per line (empty: look at every subscriber).
 pub const DUE_CHANNEL: &str = "fanout_due";
+/// The channel on which a subscriber's change (created, edited, rotated, disabled, removed) is
+/// announced: the payload is its id.
+pub const CHANGED_CHANNEL: &str = "fanout_changed";
+
+/// What another daemon (or this one) announced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Announcement {
+    /// These subscribers have new work due now.
+    Due(Vec<String>),
+    /// Every subscriber may have new work (too many to name).
+    DueAll,
+    /// This subscriber changed: read it again.
+    Changed(String),
+}
 
 /// Errors of the PostgreSQL driver and pool (cheap to clone, like every `LedgerError`).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -165,13 +179,14 @@ impl PgLedger {
             loop {
                 match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
                     Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
-                        let subs = n
-                            .payload()
-                            .lines()
-                            .filter(|l| !l.is_empty())
-                            .map(str::to_string)
-                            .collect();
-                        if tx.send(subs).is_err() {
+                        let heard = if n.channel() == CHANGED_CHANNEL {
+                            Announcement::Changed(n.payload().to_string())
+                        } else if n.payload().is_empty() {
+                            Announcement::DueAll
+                        } else {
+                            Announcement::Due(n.payload().lines().map(str::to_string).collect())
+                        };
+                        if tx.send(heard).is_err() {
                             return;
                         }
                     }
@@ -185,7 +200,7 @@ impl PgLedger {
             }
         });
         client
-            .batch_execute(&format!("LISTEN {DUE_CHANNEL}"))
+            .batch_execute(&format!("LISTEN {DUE_CHANNEL}; LISTEN {CHANGED_CHANNEL}"))
             .await?;
         Ok(Listener {
             _client: client,
@@ -198,13 +213,12 @@ impl PgLedger {
 #[derive(Debug)]
 pub struct Listener {
     _client: tokio_postgres::Client,
-    rx: tokio::sync::mpsc::UnboundedReceiver<Vec<String>>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Announcement>,
 }
 
 impl Listener {
-    /// The subscribers of the next announcement; `None` once the connection has failed (listen
-    /// again).
-    pub async fn recv(&mut self) -> Option<Vec<String>> {
+    /// The next announcement; `None` once the connection has failed (listen again).
+    pub async fn recv(&mut self) -> Option<Announcement> {
         self.rx.recv().await
     }
 }

@@ -18,7 +18,7 @@ use super::super::{
     Claimed, DeliveryFilter, DeliveryView, Ingested, LedgerError, NewEvent, Outcome,
     SubscriberStats, Transition,
 };
-use super::{PgLedger, DUE_CHANNEL};
+use super::{PgLedger, CHANGED_CHANNEL, DUE_CHANNEL};
 use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
 use crate::ledger::{AttemptRecordView, HealthWrite};
@@ -235,6 +235,7 @@ impl PgLedger {
             &[&s.id, &secret, &s.created_ms],
         )
         .await?;
+        announce_change(&tx, &s.id).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -266,6 +267,7 @@ impl PgLedger {
         if n == 0 {
             return Err(LedgerError::NotFound(format!("subscriber {}", s.id)));
         }
+        announce_change(&c, &s.id).await?;
         Ok(())
     }
 
@@ -292,6 +294,7 @@ impl PgLedger {
                 &[&id, &now_ms],
             )
             .await?;
+        announce_change(&tx, &id).await?;
         tx.commit().await?;
         Ok(dead)
     }
@@ -333,6 +336,7 @@ impl PgLedger {
             &[&id, &secret, &now_ms],
         )
         .await?;
+        announce_change(&tx, &id).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -381,6 +385,7 @@ impl PgLedger {
             )
             .await?;
         }
+        announce_change(&tx, &id).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -1347,6 +1352,7 @@ impl PgLedger {
                     subscriber,
                     disabled,
                 } => {
+                    announce_change(tx, subscriber).await?;
                     tx.execute(
                         "UPDATE subscribers SET disabled_ms = $2, disabled_reason = $3
                          WHERE id = $1 AND disabled_ms IS NULL",
@@ -1447,6 +1453,16 @@ impl PgLedger {
         }
         Ok(n)
     }
+}
+
+/// Tell every daemon (on commit) that a subscriber's definition or state changed.
+async fn announce_change(
+    c: &impl deadpool_postgres::GenericClient,
+    id: &str,
+) -> Result<(), LedgerError> {
+    c.execute("SELECT pg_notify($1, $2)", &[&CHANGED_CHANNEL, &id])
+        .await?;
+    Ok(())
 }
 
 async fn dead_count_on(

@@ -1,0 +1,228 @@
+//! Several real `fanout` daemons over one PostgreSQL ledger (a throwaway server), killed with
+//! SIGKILL and restarted while they deliver: nothing is lost, duplicates stay within what was in
+//! flight at the kills, a limited subscriber's rate holds across daemons, nothing is left stuck.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::pg::PgServer;
+use common::*;
+use serde_json::json;
+
+const FAST: [&str; 4] = ["f1", "f2", "f3", "f4"];
+const FAST_IN_FLIGHT: usize = 64;
+const SLOW_RATE: f64 = 20.0;
+const SLOW_BURST: f64 = 40.0;
+const SLOW_IN_FLIGHT: usize = 8;
+
+/// A subscriber that keeps its own token bucket of `rate`/s and `burst`, measured at arrival,
+/// and answers 429 (with Retry-After) to whatever arrives beyond it; it counts those.
+async fn strict_partner(rate: f64, burst: f64) -> (Subscriber, Arc<Mutex<usize>>) {
+    let bucket = Arc::new(Mutex::new((burst, Instant::now())));
+    let refused = Arc::new(Mutex::new(0usize));
+    let r = refused.clone();
+    let sub = Subscriber::start(move |rec, _| {
+        let mut b = bucket.lock().unwrap();
+        let elapsed = rec.at.saturating_duration_since(b.1).as_secs_f64();
+        b.0 = (b.0 + elapsed * rate).min(burst);
+        b.1 = b.1.max(rec.at);
+        if b.0 >= 1.0 - 1e-9 {
+            b.0 -= 1.0;
+            Answer::status(200)
+        } else {
+            *r.lock().unwrap() += 1;
+            Answer::status(429).header("retry-after", "1")
+        }
+    })
+    .await;
+    (sub, refused)
+}
+
+/// Deliveries per status, read from the database itself.
+async fn statuses(pg: &tokio_postgres::Client) -> HashMap<String, i64> {
+    pg.query("SELECT status, COUNT(*) FROM deliveries GROUP BY status", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// The most requests in any window of arrivals, less what `burst + rate × t` allows for that
+/// window: positive means the rate was exceeded somewhere.
+fn worst_excess(arrivals: &[Instant], rate: f64, burst: f64) -> f64 {
+    let mut worst = f64::MIN;
+    for i in 0..arrivals.len() {
+        for j in i..arrivals.len() {
+            let t = arrivals[j].duration_since(arrivals[i]).as_secs_f64();
+            let n = (j - i + 1) as f64;
+            worst = worst.max(n - (burst + rate * t));
+        }
+    }
+    worst
+}
+
+async fn ingest_anywhere(daemons: &[Binary], batch: serde_json::Value) {
+    for d in daemons.iter().cycle().take(daemons.len() * 3) {
+        let (status, _) = d.api.post("/v1/events", batch.clone()).await;
+        if status == 202 {
+            return;
+        }
+    }
+    panic!("no daemon took the batch");
+}
+
+/// Three daemons, 20,000 events to four fast subscribers and 400 of them to one limited to
+/// 20/s burst 40 that answers 429 past that; one daemon killed with SIGKILL every few seconds
+/// and restarted in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_daemons_killed_and_restarted_lose_nothing_and_hold_the_rate() {
+    let server = PgServer::start();
+    let url = server.database("multi").await;
+    let db = Path::new(&url);
+    let extra = ["--max-attempts", "20", "--backoff-scale", "0.01"];
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let mut daemons = Vec::new();
+    for &p in &ports {
+        daemons.push(Binary::start_at(p, db, &extra).await);
+    }
+    let mut fast = Vec::new();
+    for id in FAST {
+        let s = Subscriber::ok().await;
+        daemons[0]
+            .api
+            .subscriber(json!({ "id": id, "url": s.url, "event_types": ["*"],
+                "rate_per_sec": 100000, "burst": 100000, "max_in_flight": FAST_IN_FLIGHT,
+                "lane": "origin" }))
+            .await;
+        fast.push(s);
+    }
+    let (slow, refused) = strict_partner(SLOW_RATE, SLOW_BURST).await;
+    daemons[1]
+        .api
+        .subscriber(json!({ "id": "slow", "url": slow.url, "event_types": ["slow.*"],
+            "rate_per_sec": SLOW_RATE, "burst": SLOW_BURST as u32,
+            "max_in_flight": SLOW_IN_FLIGHT, "lane": "origin" }))
+        .await;
+    let (n_events, n_slow) = (20_000usize, 400usize);
+    let every = n_events / n_slow;
+    for chunk in 0..(n_events / 500) {
+        let batch: Vec<serde_json::Value> = (chunk * 500..(chunk + 1) * 500)
+            .map(|i| {
+                let ty = if i % every == 0 { "slow.x" } else { "fast.x" };
+                json!({ "id": format!("e{i:05}"), "type": ty })
+            })
+            .collect();
+        ingest_anywhere(&daemons, serde_json::Value::Array(batch)).await;
+    }
+    let expected = (n_events * FAST.len() + n_slow) as i64;
+    let pg = server.connect("multi").await;
+
+    // Kill one daemon every few seconds and restart it in place, until everything is sent.
+    let started = Instant::now();
+    let mut kills = 0usize;
+    let mut k = 0;
+    loop {
+        let s = statuses(&pg).await;
+        if s.get("sent").copied().unwrap_or(0) == expected {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "not finished after 300 s: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        if kills < 8 {
+            daemons[k].kill9();
+            kills += 1;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            daemons[k] = Binary::start_at(ports[k], db, &extra).await;
+            k = (k + 1) % daemons.len();
+        }
+    }
+    let s = statuses(&pg).await;
+    assert_eq!(s.get("sent").copied(), Some(expected), "{s:?}");
+    assert_eq!(s.len(), 1, "nothing pending, in flight or dead: {s:?}");
+
+    // Every delivery arrived at least once; duplicates only from what was in flight at a kill.
+    let mut dupes = 0;
+    for (id, sub) in FAST.iter().zip(&fast) {
+        let (ids, d) = sub.distinct_ids();
+        assert_eq!(ids.len(), n_events, "{id}");
+        dupes += d;
+    }
+    let (slow_ids, slow_dupes) = slow.distinct_ids();
+    assert_eq!(slow_ids.len(), n_slow);
+    dupes += slow_dupes;
+    let bound = kills * (FAST.len() * FAST_IN_FLIGHT + SLOW_IN_FLIGHT);
+    eprintln!(
+        "{kills} kills, {dupes} duplicates (bound {bound}), {} s",
+        started.elapsed().as_secs()
+    );
+    assert!(dupes <= bound, "{dupes} duplicates > {bound}");
+
+    // The limited subscriber: within burst + rate × t in every window, never a 429.
+    let arrivals: Vec<Instant> = slow.received().iter().map(|r| r.at).collect();
+    let excess = worst_excess(&arrivals, SLOW_RATE, SLOW_BURST);
+    assert!(excess <= 0.0, "the limited subscriber got {excess} too many in some window");
+    assert_eq!(*refused.lock().unwrap(), 0, "the limited subscriber answered 429");
+}
+
+/// Two daemons; one dies for good mid-way: the other finishes everything, its leases included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn when_one_of_two_daemons_dies_for_good_the_other_finishes_everything() {
+    let server = PgServer::start();
+    let url = server.database("two").await;
+    let db = Path::new(&url);
+    let extra = ["--max-attempts", "20", "--backoff-scale", "0.01"];
+    let mut a = Binary::start(db, &extra).await;
+    let b = Binary::start(db, &extra).await;
+    // Slow answers keep many sends out when the first daemon dies.
+    let mut sinks = Vec::new();
+    for id in ["s1", "s2"] {
+        let sink =
+            Subscriber::start(|_, _| Answer::status(200).delay(Duration::from_millis(50))).await;
+        a.api
+            .subscriber(json!({ "id": id, "url": sink.url, "event_types": ["*"],
+                "rate_per_sec": 100000, "burst": 100000, "max_in_flight": 32,
+                "lane": "origin" }))
+            .await;
+        sinks.push(sink);
+    }
+    let n = 3_000usize;
+    for chunk in 0..(n / 500) {
+        a.api
+            .events(events(&format!("c{chunk}"), 500, "t"))
+            .await;
+    }
+    let pg = server.connect("two").await;
+    wait_for("some sent", Duration::from_secs(30), || async {
+        statuses(&pg).await.get("sent").copied().unwrap_or(0) > 200
+    })
+    .await;
+    let held: i64 = pg
+        .query_one(
+            "SELECT COUNT(*) FROM deliveries WHERE status = 'in_flight' AND lease_owner LIKE $1",
+            &[&format!("%:{}", a.api.base.rsplit(':').next().unwrap())],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    a.kill9();
+    eprintln!("the first daemon died holding {held} leases");
+    wait_for("everything sent by the survivor", Duration::from_secs(120), || async {
+        statuses(&pg).await.get("sent").copied().unwrap_or(0) == 2 * n as i64
+    })
+    .await;
+    let s = statuses(&pg).await;
+    assert_eq!(s.len(), 1, "nothing pending, in flight or dead: {s:?}");
+    for sink in &sinks {
+        let (ids, _) = sink.distinct_ids();
+        assert_eq!(ids.len(), n);
+    }
+    drop(b);
+}

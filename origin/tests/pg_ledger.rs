@@ -782,7 +782,10 @@ async fn renewed_leases_hold_and_lapsed_ones_are_taken_over() {
         .unwrap();
     l[0].ingest(&evs("e", 4), 0).await.unwrap();
     let t0 = 1_000;
-    let c = l[0].claim(&[("a".into(), 4)], BREAKER, t0, LEASE_MS).await.unwrap();
+    let c = l[0]
+        .claim(&[("a".into(), 4)], BREAKER, t0, LEASE_MS)
+        .await
+        .unwrap();
     assert_eq!(c[0].claimed.len(), 4);
     // Alive: renewed just before expiry, so the other daemon gets nothing after it.
     assert_eq!(l[0].renew_leases(t0 + LEASE_MS - 1).await.unwrap(), 4);

@@ -44,12 +44,15 @@ async fn strict_partner(rate: f64, burst: f64) -> (Subscriber, Arc<Mutex<usize>>
 
 /// Deliveries per status, read from the database itself.
 async fn statuses(pg: &tokio_postgres::Client) -> HashMap<String, i64> {
-    pg.query("SELECT status, COUNT(*) FROM deliveries GROUP BY status", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
+    pg.query(
+        "SELECT status, COUNT(*) FROM deliveries GROUP BY status",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
 }
 
 /// The most requests in any window of arrivals, less what `burst + rate × t` allows for that
@@ -104,9 +107,11 @@ async fn three_daemons_killed_and_restarted_lose_nothing_and_hold_the_rate() {
     let (slow, refused) = strict_partner(SLOW_RATE, SLOW_BURST).await;
     daemons[1]
         .api
-        .subscriber(json!({ "id": "slow", "url": slow.url, "event_types": ["slow.*"],
+        .subscriber(
+            json!({ "id": "slow", "url": slow.url, "event_types": ["slow.*"],
             "rate_per_sec": SLOW_RATE, "burst": SLOW_BURST as u32,
-            "max_in_flight": SLOW_IN_FLIGHT, "lane": "origin" }))
+            "max_in_flight": SLOW_IN_FLIGHT, "lane": "origin" }),
+        )
         .await;
     let (n_events, n_slow) = (20_000usize, 400usize);
     let every = n_events / n_slow;
@@ -168,8 +173,15 @@ async fn three_daemons_killed_and_restarted_lose_nothing_and_hold_the_rate() {
     // The limited subscriber: within burst + rate × t in every window, never a 429.
     let arrivals: Vec<Instant> = slow.received().iter().map(|r| r.at).collect();
     let excess = worst_excess(&arrivals, SLOW_RATE, SLOW_BURST);
-    assert!(excess <= 0.0, "the limited subscriber got {excess} too many in some window");
-    assert_eq!(*refused.lock().unwrap(), 0, "the limited subscriber answered 429");
+    assert!(
+        excess <= 0.0,
+        "the limited subscriber got {excess} too many in some window"
+    );
+    assert_eq!(
+        *refused.lock().unwrap(),
+        0,
+        "the limited subscriber answered 429"
+    );
 }
 
 /// Two daemons; one dies for good mid-way: the other finishes everything, its leases included.
@@ -195,9 +207,7 @@ async fn when_one_of_two_daemons_dies_for_good_the_other_finishes_everything() {
     }
     let n = 3_000usize;
     for chunk in 0..(n / 500) {
-        a.api
-            .events(events(&format!("c{chunk}"), 500, "t"))
-            .await;
+        a.api.events(events(&format!("c{chunk}"), 500, "t")).await;
     }
     let pg = server.connect("two").await;
     wait_for("some sent", Duration::from_secs(30), || async {
@@ -214,9 +224,11 @@ async fn when_one_of_two_daemons_dies_for_good_the_other_finishes_everything() {
         .get(0);
     a.kill9();
     eprintln!("the first daemon died holding {held} leases");
-    wait_for("everything sent by the survivor", Duration::from_secs(120), || async {
-        statuses(&pg).await.get("sent").copied().unwrap_or(0) == 2 * n as i64
-    })
+    wait_for(
+        "everything sent by the survivor",
+        Duration::from_secs(120),
+        || async { statuses(&pg).await.get("sent").copied().unwrap_or(0) == 2 * n as i64 },
+    )
     .await;
     let s = statuses(&pg).await;
     assert_eq!(s.len(), 1, "nothing pending, in flight or dead: {s:?}");

@@ -9,7 +9,7 @@
 // startEdge uses the Worker already built in build/ (scripts/build-worker.sh; scripts/test.sh
 // builds it once): it sets FANOUT_SKIP_BUILD=1 so wrangler's [build] command returns at once.
 
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import fsp from 'node:fs/promises';
@@ -426,4 +426,55 @@ export async function strictPartner(rate, burst) {
     return 200;
   });
   return Object.assign(sub, { stats });
+}
+
+/**
+ * A throwaway PostgreSQL server (as origin/tests/common/pg.rs): initdb into a temp dir, a free
+ * port on 127.0.0.1, its unix socket in the same dir; as root, the files belong to `postgres`
+ * and the server runs through `runuser -u postgres --` (PostgreSQL refuses root). `options` are
+ * extra `-c name=value` settings. Returns {port, url(db), createDatabase(name), postmasterPid(),
+ * stop()} — stop() stops it and removes its files.
+ */
+export async function startPostgres({ options = [] } = {}) {
+  const bin =
+    process.env.FANOUT_PG_BIN ??
+    fs
+      .readdirSync('/usr/lib/postgresql')
+      .filter((v) => fs.existsSync(`/usr/lib/postgresql/${v}/bin/postgres`))
+      .sort((a, b) => Number(a) - Number(b))
+      .map((v) => `/usr/lib/postgresql/${v}/bin`)
+      .pop();
+  if (!bin) throw new Error('no /usr/lib/postgresql/*/bin/postgres: run scripts/setup.sh');
+  const root = process.getuid?.() === 0;
+  const run = (prog, args) => {
+    const [cmd, argv] = root ? ['runuser', ['-u', 'postgres', '--', path.join(bin, prog), ...args]] : [path.join(bin, prog), args];
+    const r = spawnSync(cmd, argv, { encoding: 'utf8' });
+    if (r.status !== 0) throw new Error(`${prog} failed: ${r.stdout}${r.stderr}`);
+  };
+  const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-pg-'));
+  const data = path.join(dir, 'data');
+  const sock = path.join(dir, 'sock');
+  await fsp.mkdir(sock);
+  if (root) spawnSync('chown', ['-R', 'postgres:postgres', dir]);
+  run('initdb', ['-D', data, '-U', 'postgres', '--auth=trust', '-E', 'UTF8', '--locale=C', '--no-sync']);
+  const port = await freePort();
+  const opts = [`-p ${port}`, `-k ${sock}`, '-c listen_addresses=127.0.0.1', '-c max_connections=300', ...options.map((o) => `-c ${o}`)];
+  run('pg_ctl', ['-D', data, '-l', path.join(dir, 'log'), '-w', '-t', '60', '-o', opts.join(' '), 'start']);
+  const url = (db) => `postgres://postgres@127.0.0.1:${port}/${db}`;
+  return {
+    port,
+    url,
+    createDatabase: (name) => {
+      run('createdb', ['-h', '127.0.0.1', '-p', String(port), '-U', 'postgres', name]);
+      return url(name);
+    },
+    postmasterPid: () => Number(fs.readFileSync(path.join(data, 'postmaster.pid'), 'utf8').split('\n')[0]),
+    stop: async () => {
+      try {
+        run('pg_ctl', ['-D', data, '-m', 'immediate', '-w', 'stop']);
+      } finally {
+        await fsp.rm(dir, { recursive: true, force: true });
+      }
+    },
+  };
 }

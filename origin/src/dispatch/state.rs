@@ -27,11 +27,11 @@ use super::plan::{
     attempt_of, attempt_record, edge_retry_ms, share, transition_for, Reservation, ReserveCommit,
     RetryRules,
 };
-use crate::alert::rules::{after_attempt, AfterAttempt, Seen};
+use crate::alert::rules::{after_attempt, AfterAttempt, Alert, Seen};
 use crate::alert::{AlertRules, Notice};
 use crate::ledger::ops::{Recorded, Turn, TurnError};
 use crate::model::{
-    AttemptRecord, Claimed, Health, HealthWrite, Lane, Limits, Outcome, StoredSecret, Subscriber,
+    delivery_public_id, AttemptRecord, Claimed, Health, HealthWrite, Lane, Limits, Outcome, StoredSecret, Subscriber,
     Transition,
 };
 
@@ -844,6 +844,17 @@ impl State {
                     },
                     Next::Sent => Transition::Sent,
                 };
+            if let Transition::Dead { reason } = &transition {
+                self.notices.push(Notice {
+                    subscriber: sub.to_string(),
+                    at_ms: now,
+                    alert: Alert::DeliveryNotSent {
+                        delivery: delivery_public_id(meta.rowid),
+                        event_id: meta.event_id.clone(),
+                        reason: reason.clone(),
+                    },
+                });
+            }
             let attempt = AttemptRecord {
                 attempt: meta.attempt,
                 at_ms: now,
@@ -1326,6 +1337,13 @@ mod tests {
                 "attempt {attempt} is recorded"
             );
             assert!(turn.health.is_empty(), "not the subscriber's failure");
+            let alerts: Vec<&str> = turn.notices.iter().map(|n| n.alert.kind()).collect();
+            let dead = matches!(expected, Transition::Dead { .. });
+            assert_eq!(
+                alerts,
+                if dead { vec!["fanout.delivery.not_sent"] } else { vec![] },
+                "attempt {attempt}: an alert when it goes dead"
+            );
             assert_eq!(state.in_flight(), 0);
         }
         // In the first state: the poison fails, the good one is delivered, both recorded.

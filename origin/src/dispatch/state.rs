@@ -19,14 +19,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use fanout_core::breaker::BreakerConfig;
-use fanout_core::limiter::LimiterState;
+use fanout_core::limiter::{LimiterState, Reservation};
 use fanout_core::retry::{next_step, Class, Next};
 use fanout_core::wire::{DeferReason, DeliveryResult};
 
-use super::plan::{
-    attempt_of, attempt_record, edge_retry_ms, share, transition_for, Reservation, ReserveCommit,
-    RetryRules,
-};
+use super::plan::{attempt_of, attempt_record, edge_retry_ms, share, transition_for, RetryRules};
 use crate::alert::rules::{after_attempt, AfterAttempt, Alert, Seen};
 use crate::alert::{AlertRules, Notice};
 use crate::ledger::ops::{Recorded, Turn, TurnError};
@@ -653,13 +650,18 @@ impl State {
             .retain(|_, s| !(s.removed && s.in_flight == 0 && s.reserved.is_none()));
     }
 
-    /// A delivery's send is back: free its slot, exactly once. `false` when it was not out
-    /// (a second or stale result), which is then ignored.
-    fn returned(&mut self, rowid: i64) -> bool {
+    /// A delivery's send is over at `at_ms` (answered, failed, handed back): free its slot,
+    /// exactly once, after bringing its limiter up to then under the room that held while the
+    /// send was open (`LimiterState::settle`). `false` when it was not out (a second or stale
+    /// result), which is then ignored.
+    fn returned(&mut self, rowid: i64, at_ms: i64) -> bool {
         let Some(sub) = self.out.remove(&rowid) else {
             return false;
         };
         if let Some(st) = self.subs.get_mut(&sub) {
+            st.limiter
+                .settle(st.target.limits.core(self.cfg.breaker), st.in_flight, at_ms);
+            st.limiter_dirty = true;
             st.in_flight = st.in_flight.saturating_sub(1);
             if st.removed && st.in_flight == 0 && st.reserved.is_none() {
                 self.subs.remove(&sub);
@@ -705,7 +707,7 @@ impl State {
             }
         }
         for (meta, result) in items {
-            if !self.returned(meta.rowid) {
+            if !self.returned(meta.rowid, at_ms) {
                 continue;
             }
             self.suspects.remove(&meta.rowid);
@@ -764,7 +766,7 @@ impl State {
     ) {
         let items: Vec<Meta> = items
             .into_iter()
-            .filter(|m| self.returned(m.rowid))
+            .filter(|m| self.returned(m.rowid, now))
             .collect();
         if items.is_empty() {
             return;
@@ -841,7 +843,7 @@ impl State {
     ) {
         let items: Vec<Meta> = items
             .into_iter()
-            .filter(|m| self.returned(m.rowid))
+            .filter(|m| self.returned(m.rowid, now))
             .collect();
         let text = format!("not sent: {error}");
         self.fail_attempts(sub, lane, items, &text, None, now, jitter);

@@ -1,7 +1,17 @@
 //! A subscriber's limiter: token bucket, in-flight cap, Retry-After pause and breaker combined.
-//! [`LimiterState::plan`] grants a whole batch at once; [`LimiterState::record`] folds each
-//! attempt's outcome back in. The edge keeps this state in its Durable Object, the origin lane in
-//! SQLite; both call the same functions.
+//! [`LimiterState::plan`] grants a whole batch at once; [`LimiterState::settle`] closes each send
+//! and [`LimiterState::record`] folds its outcome back in. The edge keeps this state in its
+//! Durable Object, the origin in SQLite; both call the same functions.
+//!
+//! Rates as the subscriber measures them: a subscriber limits on the arrival times it sees, and a
+//! request arrives at some unknown instant between the start of its send and its answer. So a send
+//! counts against the burst for that whole time: while `n` sends are open the bucket holds at
+//! most `burst - n` tokens, and the refill that would have gone above that is not kept. Then
+//! whatever the latencies, any window of arrivals holds at most `burst + rate × w` requests (the
+//! simulation test below checks it against latencies from 10 to 500 ms), and a subscriber whose
+//! answers are slow gets at most `burst` requests per round trip. A deferred delivery's
+//! `retry_after_ms` stays exact as of the grant: it is when its token exists if the open sends
+//! have been answered by then.
 
 use serde::{Deserialize, Serialize};
 
@@ -68,7 +78,8 @@ impl LimiterState {
         let bucket = self
             .bucket
             .get_or_insert_with(|| Bucket::full(limits.rate, now_ms));
-        let granted = bucket.take(limits.rate, now_ms, want) as usize;
+        let room = limits.rate.room(in_flight);
+        let granted = bucket.take(limits.rate, room, now_ms, want) as usize;
         if probe && granted > 0 {
             self.breaker.start_probe(now_ms);
         }
@@ -89,6 +100,16 @@ impl LimiterState {
         Plan {
             send: granted,
             deferred,
+        }
+    }
+
+    /// A send granted by [`plan`](Self::plan) is over (answered, failed, timed out, or handed
+    /// back): bring the bucket up to `now_ms` under the room that held while it was open.
+    /// `in_flight` counts the sends open just before this one ended, this one included. Call it
+    /// once per ended send, before the caller's own in-flight count drops.
+    pub fn settle(&mut self, limits: Limits, in_flight: u32, now_ms: i64) {
+        if let Some(bucket) = self.bucket.as_mut() {
+            bucket.refill(limits.rate, limits.rate.room(in_flight), now_ms);
         }
     }
 
@@ -117,10 +138,10 @@ impl LimiterState {
     ) -> SubscriberStatus {
         let tokens = match self.bucket {
             Some(mut b) => {
-                b.refill(limits.rate, now_ms);
+                b.refill(limits.rate, limits.rate.room(in_flight), now_ms);
                 b.tokens
             }
-            None => f64::from(limits.rate.burst),
+            None => limits.rate.room(in_flight),
         };
         SubscriberStatus {
             id: id.to_string(),
@@ -130,6 +151,91 @@ impl LimiterState {
             in_flight,
             paused_until_ms: self.paused_until_ms.filter(|&p| p > now_ms),
             breaker: self.breaker.view(limits.breaker, now_ms),
+        }
+    }
+}
+
+/// Tokens (and possibly the breaker's probe) taken from a limiter for deliveries about to be
+/// sent: [`LimiterState::commit`] keeps what was used and gives back the rest exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a reservation must be committed (or its tokens stay taken)"]
+pub struct Reservation {
+    granted: usize,
+    /// The breaker's probe before this reservation started one.
+    probe_before: Option<Option<i64>>,
+    wait_ms: Option<u64>,
+}
+
+impl Reservation {
+    /// How many deliveries it holds tokens for.
+    pub fn granted(&self) -> usize {
+        self.granted
+    }
+
+    /// When nothing was granted: how long until something may be (rate, pause, breaker);
+    /// `None` when only a result can free a slot (the in-flight cap).
+    pub fn wait_ms(&self) -> Option<u64> {
+        self.wait_ms
+    }
+}
+
+/// The reserve/commit protocol: [`LimiterState::reserve`] takes what the limiter grants now,
+/// [`LimiterState::commit`] keeps what was used and gives back the rest exactly — one pair
+/// instead of planning on a copy, planning again and refunding by hand.
+impl LimiterState {
+    /// Take what the limiter allows now of up to `want` deliveries, `in_flight` being out
+    /// (what [`plan`](Self::plan) grants, with the same refill and room).
+    pub fn reserve(
+        &mut self,
+        limits: Limits,
+        in_flight: u32,
+        now_ms: i64,
+        want: usize,
+    ) -> Reservation {
+        if want == 0 {
+            return Reservation {
+                granted: 0,
+                probe_before: None,
+                wait_ms: None,
+            };
+        }
+        let probe = self.breaker.probe_started_ms;
+        let plan = self.plan(limits, in_flight, now_ms, want);
+        let wait_ms = match plan.deferred.first() {
+            _ if plan.send > 0 => None,
+            Some((DeferReason::InFlight, _)) | None => None,
+            Some((_, wait)) => Some((*wait).max(1)),
+        };
+        Reservation {
+            granted: plan.send,
+            probe_before: (self.breaker.probe_started_ms != probe).then_some(probe),
+            wait_ms,
+        }
+    }
+
+    /// Give back `n` of the reserved tokens at once (no time passes: the bucket holds them as
+    /// if they had never been taken).
+    pub fn release(&mut self, limits: Limits, r: &mut Reservation, n: usize) {
+        let n = n.min(r.granted);
+        if n == 0 {
+            return;
+        }
+        if let Some(b) = self.bucket.as_mut() {
+            b.tokens = (b.tokens + n as f64).min(f64::from(limits.rate.burst));
+        }
+        r.granted -= n;
+    }
+
+    /// `used` of the reservation were sent: keep those, give back the rest exactly, and the
+    /// breaker's probe too when none was used.
+    pub fn commit(&mut self, limits: Limits, mut r: Reservation, used: usize) {
+        let used = used.min(r.granted);
+        let unused = r.granted - used;
+        self.release(limits, &mut r, unused);
+        if used == 0 {
+            if let Some(before) = r.probe_before {
+                self.breaker.probe_started_ms = before;
+            }
         }
     }
 }
@@ -283,5 +389,212 @@ mod tests {
         assert!((view.tokens - 5.0).abs() < 1e-9);
         assert_eq!(view.in_flight, 3);
         assert_eq!(s.bucket.map(|b| b.updated_ms), Some(0));
+    }
+
+    #[test]
+    fn open_sends_hold_back_the_refill() {
+        let wide = Limits {
+            max_in_flight: 100,
+            ..LIMITS
+        };
+        let mut s = LimiterState::default();
+        assert_eq!(s.plan(wide, 0, 0, 20).send, 20);
+        // The burst is still out 300 ms later: what accrued meanwhile is not ours to spend,
+        // the subscriber may not have seen those 20 yet.
+        let p = s.plan(wide, 20, 300, 5);
+        assert_eq!(p.send, 0);
+        assert_eq!(p.deferred[0].0, RATE);
+        // All 20 answered at 500 ms: the bucket starts refilling from there.
+        for open in (1..=20).rev() {
+            s.settle(wide, open, 500);
+        }
+        assert_eq!(s.plan(wide, 0, 599, 5).send, 0);
+        assert_eq!(s.plan(wide, 0, 600, 5).send, 1);
+        // Settling a send of a subscriber never planned does nothing.
+        let mut fresh = LimiterState::default();
+        fresh.settle(wide, 3, 1_000);
+        assert_eq!(fresh, LimiterState::default());
+    }
+
+    /// The subscriber's own limiter (capacity `burst`, refill `rate`, full at the start) over the
+    /// arrival times it sees: how many it would refuse.
+    fn refused_by_subscriber(arrivals: &mut [f64], rate: Rate) -> usize {
+        arrivals.sort_by(f64::total_cmp);
+        let (mut tokens, mut last, mut refused) = (f64::from(rate.burst), 0.0, 0);
+        for &at in arrivals.iter() {
+            tokens = (tokens + (at - last) * rate.per_sec / 1000.0).min(f64::from(rate.burst));
+            last = at;
+            if tokens + 1e-9 < 1.0 {
+                refused += 1;
+            } else {
+                tokens -= 1.0;
+            }
+        }
+        refused
+    }
+
+    /// Sends `backlog` deliveries through the limiter, one planning step per millisecond; each
+    /// send takes a latency drawn from [10, 500] ms and reaches the subscriber at a random
+    /// instant within it. Returns (delivered, arrival times). `hold` false replays the old
+    /// behaviour (the bucket refills to `burst` whatever is open) for the failure check.
+    fn simulate(seed: u64, backlog: usize, run_ms: i64, hold: bool) -> (usize, Vec<f64>) {
+        let limits = Limits {
+            max_in_flight: 100,
+            ..LIMITS
+        };
+        let mut rng = seed;
+        let mut draw = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut s = LimiterState::default();
+        let mut open: Vec<i64> = Vec::new(); // answer times of the sends still open
+        let (mut sent, mut arrivals) = (0usize, Vec::new());
+        for now in 0..run_ms {
+            open.sort_unstable();
+            while open.first().is_some_and(|&end| end <= now) {
+                let n = open.len() as u32;
+                if hold {
+                    s.settle(limits, n, open[0]);
+                }
+                open.remove(0);
+            }
+            let in_flight = if hold { open.len() as u32 } else { 0 };
+            let want = (backlog - sent).min(limits.max_in_flight as usize - open.len());
+            let p = s.plan(limits, in_flight, now, want);
+            for _ in 0..p.send {
+                let latency = 10.0 + draw() * 490.0;
+                arrivals.push(now as f64 + draw() * latency);
+                open.push(now + latency.ceil() as i64);
+            }
+            sent += p.send;
+        }
+        (sent, arrivals)
+    }
+
+    #[test]
+    fn arrivals_stay_within_the_limit_when_latencies_vary() {
+        for seed in [1u64, 7, 42, 1234, 99_991] {
+            let (sent, mut arrivals) = simulate(seed, 400, 20_000, true);
+            assert_eq!(
+                refused_by_subscriber(&mut arrivals, LIMITS.rate),
+                0,
+                "seed {seed}"
+            );
+            // Still the full rate: 20 + 10/s over 20 s, less what the last answers hold back.
+            assert!(sent >= 210, "seed {seed}: only {sent} sent in 20 s");
+        }
+        // Without holding the refill back, the same latencies get refusals.
+        let refused: usize = [1u64, 7, 42, 1234, 99_991]
+            .iter()
+            .map(|&seed| {
+                refused_by_subscriber(&mut simulate(seed, 400, 20_000, false).1, LIMITS.rate)
+            })
+            .sum();
+        assert!(refused > 0, "the check can fail");
+    }
+
+    /// What a reservation amounts to, for the table.
+    #[derive(Debug, PartialEq)]
+    enum Grant {
+        Send(usize),
+        Wait(u64),
+        Full,
+    }
+
+    #[test]
+    fn reserve_commit_table() {
+        let fresh = LimiterState::default();
+        let mut drained = LimiterState::default();
+        drained.plan(
+            Limits {
+                max_in_flight: 100,
+                ..LIMITS
+            },
+            0,
+            0,
+            20,
+        );
+        let mut paused = LimiterState::default();
+        paused.record(
+            LIMITS,
+            &Attempt::Status {
+                status: 429,
+                retry_after_ms: Some(2_000),
+            },
+            0,
+        );
+        let mut broken = LimiterState::default();
+        for i in 0..20 {
+            broken.record(LIMITS, &st(500, None), i);
+        }
+        let cases: Vec<(&str, LimiterState, u32, i64, usize, Grant)> = vec![
+            (
+                "fresh: capped by in-flight",
+                fresh,
+                0,
+                0,
+                100,
+                Grant::Send(8),
+            ),
+            ("fresh: fewer wanted", fresh, 0, 0, 3, Grant::Send(3)),
+            ("partly in flight", fresh, 6, 0, 100, Grant::Send(2)),
+            ("cap reached", fresh, 8, 0, 100, Grant::Full),
+            ("nothing wanted", fresh, 0, 0, 0, Grant::Full),
+            (
+                "bucket empty: wait for the next token",
+                drained,
+                0,
+                0,
+                5,
+                Grant::Wait(100),
+            ),
+            ("bucket refilled", drained, 0, 250, 5, Grant::Send(2)),
+            ("paused by 429", paused, 0, 500, 5, Grant::Wait(1_500)),
+            ("pause over", paused, 0, 2_000, 5, Grant::Send(5)),
+            ("breaker open", broken, 0, 100, 5, Grant::Wait(29_919)),
+            (
+                "breaker half-open: one probe",
+                broken,
+                0,
+                30_019,
+                5,
+                Grant::Send(1),
+            ),
+        ];
+        for (name, state, in_flight, now, want, expected) in cases {
+            let mut held = state;
+            let r = held.reserve(LIMITS, in_flight, now, want);
+            let got = match (r.granted(), r.wait_ms()) {
+                (0, Some(ms)) => Grant::Wait(ms),
+                (0, None) => Grant::Full,
+                (k, _) => Grant::Send(k),
+            };
+            assert_eq!(got, expected, "{name}");
+            // Nothing used: the limiter is as it was, refilled to `now`, nothing taken.
+            let mut unused = held;
+            unused.commit(LIMITS, r, 0);
+            let mut expected_state = state;
+            if want > 0 {
+                let _ = expected_state.plan(LIMITS, in_flight, now, 0);
+            }
+            assert_eq!(
+                unused, expected_state,
+                "{name}: an unused reservation gives all back"
+            );
+            let tokens = |s: &LimiterState| s.bucket.map(|b| b.tokens);
+            // One used: exactly one token kept.
+            if r.granted() > 0 {
+                let mut one = held;
+                one.commit(LIMITS, r, 1);
+                assert_eq!(
+                    tokens(&one).map(|t| t.round()),
+                    tokens(&unused).map(|t| (t - 1.0).round()),
+                    "{name}: one used keeps one token"
+                );
+            }
+        }
     }
 }

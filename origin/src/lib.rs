@@ -137,6 +137,8 @@ async fn serve<L: DispatchLedger>(
         .edge
         .as_ref()
         .map(|(url, key)| EdgeClient::new(url, key.clone(), outbound.clone()));
+    // The dispatcher's liveness (unix ms of its loop's last turn), for `/healthz`.
+    let heartbeat = dispatch::Heartbeat::default();
     let dispatcher = Dispatcher::new(
         ledger.clone(),
         DispatchConfig {
@@ -152,7 +154,7 @@ async fn serve<L: DispatchLedger>(
             alert_rules: cfg.alert_rules,
             alerter: alert::Alerter::start(cfg.alert.clone(), outbound.clone()),
             outbound,
-            heartbeat: dispatch::Heartbeat::default(),
+            heartbeat: heartbeat.clone(),
         },
         metrics.clone(),
     );

@@ -3,6 +3,9 @@
 //! `max_in_flight`, and a batch the edge can never take split until the one delivery it refuses
 //! goes dead with the edge's error.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::{Arc, Mutex};

@@ -5,6 +5,9 @@
 //!   `DELETE FROM <table>` by file, with the reason. Deliveries, events and attempts are never
 //!   deleted except by retention (add its module here, with its reason, when it lands).
 
+// Test code: a failed expect is a failed test.
+#![allow(clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 
 /// `(file under origin/src, table, why)`.

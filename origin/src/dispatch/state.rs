@@ -19,20 +19,17 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use fanout_core::breaker::BreakerConfig;
-use fanout_core::limiter::LimiterState;
+use fanout_core::limiter::{LimiterState, Reservation};
 use fanout_core::retry::{next_step, Class, Next};
 use fanout_core::wire::{DeferReason, DeliveryResult};
 
-use super::plan::{
-    attempt_of, attempt_record, edge_retry_ms, share, transition_for, Reservation, ReserveCommit,
-    RetryRules,
-};
-use crate::alert::rules::{after_attempt, AfterAttempt, Seen};
+use super::plan::{attempt_of, attempt_record, edge_retry_ms, share, transition_for, RetryRules};
+use crate::alert::rules::{after_attempt, AfterAttempt, Alert, Seen};
 use crate::alert::{AlertRules, Notice};
 use crate::ledger::ops::{Recorded, Turn, TurnError};
 use crate::model::{
-    AttemptRecord, Claimed, Health, HealthWrite, Lane, Limits, Outcome, StoredSecret, Subscriber,
-    Transition,
+    delivery_public_id, AttemptRecord, Claimed, Health, HealthWrite, Lane, Limits, Outcome,
+    StoredSecret, Subscriber, Transition,
 };
 
 /// How long a lease lasts: longer than any send can take (the longest subscriber timeout plus
@@ -184,9 +181,6 @@ struct Sub {
     /// Nothing is sent before this (rate, pause, breaker, edge trouble).
     not_before: i64,
     edge_failures: u32,
-    /// Most deliveries per edge call: halved each time the edge refuses a batch as a whole
-    /// (so the refused batch is sent again split), doubled back by each answered call.
-    edge_call_cap: usize,
     health: Health,
     /// Removed from the ledger: nothing more is claimed for it; it is forgotten once its last
     /// send is back, and a re-created subscriber of the same id takes its place and its slots.
@@ -196,7 +190,7 @@ struct Sub {
 }
 
 impl Sub {
-    fn new(target: Arc<Target>, limiter: LimiterState, health: Health, edge_batch: usize) -> Sub {
+    fn new(target: Arc<Target>, limiter: LimiterState, health: Health) -> Sub {
         Sub {
             target,
             limiter,
@@ -205,7 +199,6 @@ impl Sub {
             next_due: Some(0),
             not_before: 0,
             edge_failures: 0,
-            edge_call_cap: edge_batch.max(1),
             health,
             removed: false,
             reserved: None,
@@ -227,6 +220,11 @@ pub struct State {
     rr: usize,
     /// Every delivery out, by row id, with its subscriber.
     out: HashMap<i64, Arc<str>>,
+    /// Deliveries that were in an edge call refused as a whole, by row id, with the most
+    /// deliveries their next call may hold (half the refused call): each is sent again in ever
+    /// smaller calls until the one the edge refuses is alone. Cleared by the delivery's next
+    /// result.
+    suspects: HashMap<i64, usize>,
     /// Results processed but not yet written (they go with the next turn).
     unrecorded: Vec<Outcome>,
     /// The earliest retry among the unrecorded results, per subscriber (a rescan of the ledger
@@ -250,6 +248,7 @@ impl State {
             order: Vec::new(),
             rr: 0,
             out: HashMap::new(),
+            suspects: HashMap::new(),
             unrecorded: Vec::new(),
             unrecorded_due: HashMap::new(),
             health: Vec::new(),
@@ -370,7 +369,12 @@ impl State {
         if self.ledger_retry_at > now {
             return wake.min(self.ledger_retry_at);
         }
-        if self.has_unrecorded() {
+        if !self.unrecorded.is_empty()
+            || !self.health.is_empty()
+            || !self.dead.is_empty()
+            || !self.notices.is_empty()
+        {
+            // Results are written at once; a limiter alone waits for the next turn.
             return now;
         }
         if self.out.len() >= self.cfg.max_total_in_flight {
@@ -422,10 +426,8 @@ impl State {
             }
             None => {
                 let id = target.id.clone();
-                self.subs.insert(
-                    id.clone(),
-                    Sub::new(target, stored, s.health, self.cfg.edge_batch),
-                );
+                self.subs
+                    .insert(id.clone(), Sub::new(target, stored, s.health));
                 self.order.push(id);
                 self.order.sort();
             }
@@ -564,12 +566,40 @@ impl State {
             for d in &claim.claimed {
                 self.out.insert(d.rowid, id.clone());
             }
-            let per_call = edge_per_call(got, st.edge_call_cap.min(self.cfg.edge_batch.max(1)));
-            effects.push(Effect::Launch {
-                target: st.target.clone(),
-                deliveries: claim.claimed,
-                per_call,
-            });
+            let edge_batch = self.cfg.edge_batch.max(1);
+            if st.target.lane != Lane::Edge || self.suspects.is_empty() {
+                effects.push(Effect::Launch {
+                    target: st.target.clone(),
+                    deliveries: claim.claimed,
+                    per_call: edge_per_call(got, edge_batch),
+                });
+                continue;
+            }
+            // Suspects of a refused call go in calls of their own size, the rest as usual.
+            let mut by_size: std::collections::BTreeMap<usize, Vec<Claimed>> =
+                std::collections::BTreeMap::new();
+            let mut rest = Vec::new();
+            for d in claim.claimed {
+                match self.suspects.get(&d.rowid) {
+                    Some(&size) => by_size.entry(size).or_default().push(d),
+                    None => rest.push(d),
+                }
+            }
+            if !rest.is_empty() {
+                let n = rest.len();
+                effects.push(Effect::Launch {
+                    target: st.target.clone(),
+                    deliveries: rest,
+                    per_call: edge_per_call(n, edge_batch),
+                });
+            }
+            for (size, deliveries) in by_size {
+                effects.push(Effect::Launch {
+                    target: st.target.clone(),
+                    deliveries,
+                    per_call: size,
+                });
+            }
         }
         // A reservation the answer did not mention (cannot happen with a well-behaved ledger)
         // goes back whole.
@@ -620,13 +650,18 @@ impl State {
             .retain(|_, s| !(s.removed && s.in_flight == 0 && s.reserved.is_none()));
     }
 
-    /// A delivery's send is back: free its slot, exactly once. `false` when it was not out
-    /// (a second or stale result), which is then ignored.
-    fn returned(&mut self, rowid: i64) -> bool {
+    /// A delivery's send is over at `at_ms` (answered, failed, handed back): free its slot,
+    /// exactly once, after bringing its limiter up to then under the room that held while the
+    /// send was open (`LimiterState::settle`). `false` when it was not out (a second or stale
+    /// result), which is then ignored.
+    fn returned(&mut self, rowid: i64, at_ms: i64) -> bool {
         let Some(sub) = self.out.remove(&rowid) else {
             return false;
         };
         if let Some(st) = self.subs.get_mut(&sub) {
+            st.limiter
+                .settle(st.target.limits.core(self.cfg.breaker), st.in_flight, at_ms);
+            st.limiter_dirty = true;
             st.in_flight = st.in_flight.saturating_sub(1);
             if st.removed && st.in_flight == 0 && st.reserved.is_none() {
                 self.subs.remove(&sub);
@@ -669,13 +704,13 @@ impl State {
         if lane == "edge" {
             if let Some(st) = self.subs.get_mut(sub) {
                 st.edge_failures = 0;
-                st.edge_call_cap = (st.edge_call_cap * 2).min(self.cfg.edge_batch.max(1));
             }
         }
         for (meta, result) in items {
-            if !self.returned(meta.rowid) {
+            if !self.returned(meta.rowid, at_ms) {
                 continue;
             }
+            self.suspects.remove(&meta.rowid);
             let transition = transition_for(&result, meta.attempt, rules, at_ms, jitter());
             if let Some(st) = self.subs.get_mut(sub).filter(|s| !s.removed) {
                 if let Some(a) = attempt_of(&result) {
@@ -731,7 +766,7 @@ impl State {
     ) {
         let items: Vec<Meta> = items
             .into_iter()
-            .filter(|m| self.returned(m.rowid))
+            .filter(|m| self.returned(m.rowid, now))
             .collect();
         if items.is_empty() {
             return;
@@ -759,6 +794,7 @@ impl State {
             }
             EdgeFailure::EndpointRefused { error } => {
                 for meta in items {
+                    self.suspects.remove(&meta.rowid);
                     self.push_outcome(
                         sub,
                         Outcome {
@@ -774,11 +810,10 @@ impl State {
             EdgeFailure::Refused { status, error } if items.len() > 1 => {
                 // Sending the same batch again cannot help: send it again split, at once.
                 let half = items.len().div_ceil(2);
-                if let Some(st) = self.subs.get_mut(sub) {
-                    st.edge_call_cap = st.edge_call_cap.min(half).max(1);
-                }
                 let _ = (status, error);
                 for meta in items {
+                    let size = self.suspects.entry(meta.rowid).or_insert(half);
+                    *size = (*size).min(half);
                     self.push_outcome(
                         sub,
                         Outcome {
@@ -808,7 +843,7 @@ impl State {
     ) {
         let items: Vec<Meta> = items
             .into_iter()
-            .filter(|m| self.returned(m.rowid))
+            .filter(|m| self.returned(m.rowid, now))
             .collect();
         let text = format!("not sent: {error}");
         self.fail_attempts(sub, lane, items, &text, None, now, jitter);
@@ -830,6 +865,7 @@ impl State {
     ) {
         let rules = self.cfg.rules;
         for meta in items {
+            self.suspects.remove(&meta.rowid);
             let class = Class::Retryable {
                 retry_after_ms: None,
             };
@@ -844,6 +880,17 @@ impl State {
                     },
                     Next::Sent => Transition::Sent,
                 };
+            if let Transition::Dead { reason } = &transition {
+                self.notices.push(Notice {
+                    subscriber: sub.to_string(),
+                    at_ms: now,
+                    alert: Alert::DeliveryNotSent {
+                        delivery: delivery_public_id(meta.rowid),
+                        event_id: meta.event_id.clone(),
+                        reason: reason.clone(),
+                    },
+                });
+            }
             let attempt = AttemptRecord {
                 attempt: meta.attempt,
                 at_ms: now,
@@ -1326,6 +1373,17 @@ mod tests {
                 "attempt {attempt} is recorded"
             );
             assert!(turn.health.is_empty(), "not the subscriber's failure");
+            let alerts: Vec<&str> = turn.notices.iter().map(|n| n.alert.kind()).collect();
+            let dead = matches!(expected, Transition::Dead { .. });
+            assert_eq!(
+                alerts,
+                if dead {
+                    vec!["fanout.delivery.not_sent"]
+                } else {
+                    vec![]
+                },
+                "attempt {attempt}: an alert when it goes dead"
+            );
             assert_eq!(state.in_flight(), 0);
         }
         // In the first state: the poison fails, the good one is delivered, both recorded.
@@ -1398,35 +1456,82 @@ mod tests {
         };
         let (metas, per) = edge_tick(&mut state, &mut q, 0);
         assert_eq!((metas.len(), per), (8, 6));
-        // The whole batch refused: it goes back due now, and the next calls are half as big.
-        on(&mut state, edge_failed("a", &metas, refused()), 10);
-        let effects = on(&mut state, Event::Tick, 10);
-        let [Effect::Record(turn)] = effects.as_slice() else {
-            panic!("{effects:?}");
+        // The whole call refused: its deliveries go back due now, and are sent again in calls
+        // half as big — however the answers of other calls are ordered — until alone.
+        let claimed: Vec<Claimed> = metas
+            .iter()
+            .map(|m| Claimed {
+                rowid: m.rowid,
+                event_id: m.event_id.clone(),
+                event_type: m.event_type.clone(),
+                body: "{}".into(),
+                attempt: m.attempt,
+            })
+            .collect();
+        let relaunch = |state: &mut State, rows: &[Claimed], now: i64| -> Vec<(usize, usize)> {
+            let effects = on(state, Event::Tick, now);
+            let [Effect::Record(turn)] = effects.as_slice() else {
+                panic!("{effects:?}");
+            };
+            let deferred: Vec<&Outcome> = turn
+                .outcomes
+                .iter()
+                .filter(|o| matches!(o.transition, Transition::Defer { .. }))
+                .collect();
+            assert_eq!(deferred.len(), rows.len());
+            assert!(deferred
+                .iter()
+                .all(|o| o.transition == Transition::Defer { at_ms: now } && o.attempt.is_none()));
+            // Claimed again, with a newcomer that was never refused.
+            let mut again = rows.to_vec();
+            again.push(Claimed {
+                rowid: 1_000 + now,
+                ..rows[0].clone()
+            });
+            let recorded = Recorded {
+                claims: vec![Claim {
+                    subscriber_id: "a".into(),
+                    claimed: again,
+                    next_due_ms: None,
+                }],
+                notices: vec![],
+            };
+            on(state, Event::Recorded(recorded), now)
+                .iter()
+                .filter_map(|e| match e {
+                    Effect::Launch {
+                        deliveries,
+                        per_call,
+                        ..
+                    } => Some((deliveries.len(), *per_call)),
+                    _ => None,
+                })
+                .collect()
         };
-        assert!(turn
-            .outcomes
-            .iter()
-            .all(|o| o.transition == Transition::Defer { at_ms: 10 } && o.attempt.is_none()));
-        q.pending.insert("a".into(), 8);
-        let launched = on(&mut state, Event::Recorded(q.answer(turn)), 10);
-        let pers: Vec<usize> = launched
-            .iter()
-            .filter_map(|e| match e {
-                Effect::Launch { per_call, .. } => Some(*per_call),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(pers, vec![4], "split in half");
-        let metas: Vec<Meta> = launched
-            .iter()
-            .flat_map(|e| match e {
-                Effect::Launch { deliveries, .. } => deliveries.iter().map(Meta::of).collect(),
-                _ => Vec::new(),
-            })
-            .collect();
+        on(&mut state, edge_failed("a", &metas, refused()), 10);
+        assert_eq!(
+            relaunch(&mut state, &claimed, 10),
+            vec![(1, 6), (8, 4)],
+            "the newcomer as usual, the refused 8 in calls of 4"
+        );
+        // The half without the culprit is delivered (answered last, say); the other half is
+        // refused again: calls of 2.
+        let half: Vec<Meta> = metas[..4].to_vec();
+        let newcomer = Meta {
+            rowid: 1_010,
+            ..metas[0].clone()
+        };
+        on(&mut state, delivered("a", &[newcomer], 25), 25);
+        on(&mut state, edge_failed("a", &half, refused()), 30);
+        on(&mut state, delivered("a", &metas[4..], 30), 30);
+        assert_eq!(
+            relaunch(&mut state, &claimed[..4], 30),
+            vec![(1, 6), (4, 2)],
+            "the refused 4 in calls of 2"
+        );
+        let metas = half;
         // One delivery refused alone: a failed attempt with the edge's status and error.
-        on(&mut state, edge_failed("a", &metas[..1], refused()), 20);
+        on(&mut state, edge_failed("a", &metas[..1], refused()), 40);
         // A transient failure: deferred with a due time, no attempt.
         on(
             &mut state,
@@ -1437,13 +1542,13 @@ mod tests {
                     error: "edge answered 503".into(),
                 },
             ),
-            20,
+            40,
         );
         // The last attempt refused: dead with the edge's error.
         let mut last = metas[2].clone();
         last.attempt = 3;
-        on(&mut state, edge_failed("a", &[last], refused()), 20);
-        let effects = on(&mut state, Event::Tick, 20);
+        on(&mut state, edge_failed("a", &[last], refused()), 40);
+        let effects = on(&mut state, Event::Tick, 40);
         let turn = effects
             .iter()
             .find_map(|e| match e {
@@ -1462,12 +1567,12 @@ mod tests {
             vec![
                 (
                     Transition::Retry {
-                        at_ms: 20 + 1_000,
+                        at_ms: 40 + 1_000,
                         error: error.into()
                     },
                     Some(Some(413))
                 ),
-                (Transition::Defer { at_ms: 20 + 500 }, None),
+                (Transition::Defer { at_ms: 40 + 500 }, None),
                 (
                     Transition::Dead {
                         reason: format!("gave up after 3 attempts; last: {error}")
@@ -1485,7 +1590,12 @@ mod tests {
         let ep = EdgeFailure::EndpointRefused {
             error: "private address".into(),
         };
-        on(&mut state, edge_failed("a", &metas[3..], ep), 30);
+        on(&mut state, edge_failed("a", &metas[3..], ep), 50);
+        let late = Meta {
+            rowid: 1_030,
+            ..metas[0].clone()
+        };
+        on(&mut state, delivered("a", &[late], 50), 50);
         assert_eq!(state.in_flight(), 0);
     }
 

@@ -18,6 +18,9 @@ use fanout_core::limiter::LimiterState;
 
 use super::super::ops::{DispatchLedger, Recorded, Turn, TurnError};
 use super::super::LedgerError;
+use std::collections::HashMap;
+
+use super::ops::core_limits;
 use super::{decode_limiter, encode_limiter, LeasedOutcome, PgLedger};
 use crate::model::{Claim, Subscriber};
 
@@ -46,28 +49,68 @@ impl PgLedger {
         let now = turn.now_ms;
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
+        // The subscribers whose sends this turn ends (those this daemon still holds).
+        let rowids: Vec<i64> = turn.outcomes.iter().map(|o| o.rowid).collect();
+        let mut ended: Vec<String> = if rowids.is_empty() {
+            Vec::new()
+        } else {
+            tx.query(
+                "SELECT DISTINCT subscriber_id FROM deliveries
+                 WHERE id = ANY($1) AND status = 'in_flight' AND lease_owner = $2",
+                &[&rowids, &&*self.owner],
+            )
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?
+        };
+        ended.sort();
         // Subscriber rows first, in id order, as every transaction here takes them.
-        if !turn.limiters.is_empty() {
-            let mut ids: Vec<&str> = turn.limiters.iter().map(|(id, _)| id.as_str()).collect();
-            ids.sort_unstable();
-            ids.dedup();
+        let mut ids: Vec<&str> = turn.limiters.iter().map(|(id, _)| id.as_str()).collect();
+        ids.extend(ended.iter().map(String::as_str));
+        ids.sort_unstable();
+        ids.dedup();
+        if !ids.is_empty() {
             let rows = tx
                 .query(
-                    "SELECT id, limiter FROM subscribers WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+                    "SELECT id, rate_per_sec, burst, max_in_flight, limiter FROM subscribers
+                     WHERE id = ANY($1) ORDER BY id FOR UPDATE",
                     &[&ids],
                 )
                 .await?;
+            // Sends open just before these ended, every daemon's (these included).
+            let mut open: HashMap<String, u32> = HashMap::new();
+            if !ended.is_empty() {
+                for r in tx
+                    .query(
+                        "SELECT subscriber_id, COUNT(*) FROM deliveries
+                         WHERE subscriber_id = ANY($1) AND status = 'in_flight'
+                         GROUP BY subscriber_id",
+                        &[&ended],
+                    )
+                    .await?
+                {
+                    open.insert(r.try_get(0)?, r.try_get::<_, i64>(1)?.max(0) as u32);
+                }
+            }
             let mut store_ids: Vec<String> = Vec::with_capacity(rows.len());
             let mut store_states: Vec<String> = Vec::with_capacity(rows.len());
             for r in rows {
-                let id: String = r.try_get(0)?;
-                let raw: Option<String> = r.try_get(1)?;
-                let shared = decode_limiter(&id, raw.as_deref(), now);
+                let id: String = r.try_get("id")?;
+                let raw: Option<String> = r.try_get("limiter")?;
+                let mut shared = decode_limiter(&id, raw.as_deref(), now);
+                if ended.binary_search(&id).is_ok() {
+                    // The bucket catches up to now under the room that held while they were
+                    // open (the core's pacing on arrival times), before they stop counting.
+                    let limits = core_limits(&r, self.breaker)?;
+                    shared.settle(limits, open.get(&id).copied().unwrap_or(0), now);
+                }
                 // The latest of this turn's states for the subscriber.
                 if let Some((_, mine)) = turn.limiters.iter().rev().find(|(s, _)| *s == id) {
-                    store_states.push(encode_limiter(&merge_limiter(shared, *mine)));
-                    store_ids.push(id);
+                    shared = merge_limiter(shared, *mine);
                 }
+                store_states.push(encode_limiter(&shared));
+                store_ids.push(id);
             }
             tx.execute(
                 "UPDATE subscribers s SET limiter = u.l

@@ -579,7 +579,7 @@ pub struct Applied {
     pub stale: Vec<i64>,
 }
 
-fn core_limits(
+pub(super) fn core_limits(
     row: &Row,
     breaker: BreakerConfig,
 ) -> Result<fanout_core::limiter::Limits, LedgerError> {

@@ -3,6 +3,9 @@
 //! leases and their owners, the shared limiter, the API's reads and writes, and
 //! `fanout ledger copy`.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::{BTreeSet, HashMap};
@@ -285,7 +288,7 @@ async fn concurrent_claimers_never_get_the_same_delivery() {
     l[0].ingest(&evs("e", n), 0).await.unwrap();
     let got: Arc<std::sync::Mutex<Vec<i64>>> = Arc::default();
     let mut tasks = Vec::new();
-    for ledger in l.iter().cloned() {
+    for ledger in l.clone() {
         let got = got.clone();
         tasks.push(tokio::spawn(async move {
             let mut now = 1;

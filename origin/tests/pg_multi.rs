@@ -2,6 +2,9 @@
 //! SIGKILL and restarted while they deliver: nothing is lost, duplicates stay within what was in
 //! flight at the kills, a limited subscriber's rate holds across daemons, nothing is left stuck.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::HashMap;

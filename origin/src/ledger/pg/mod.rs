@@ -104,7 +104,7 @@ const POOL_SIZE: usize = 16;
 #[derive(Clone)]
 pub struct PgLedger {
     pool: Pool,
-    config: tokio_postgres::Config,
+    config: Arc<tokio_postgres::Config>,
     owner: Arc<str>,
     /// The breaker settings the shared limiter is asked with (the daemon's).
     breaker: fanout_core::breaker::BreakerConfig,
@@ -145,7 +145,7 @@ impl PgLedger {
             .map_err(|e| LedgerError::Postgres(PgError::Config(e.to_string())))?;
         let ledger = PgLedger {
             pool,
-            config,
+            config: Arc::new(config),
             owner: Arc::from(owner),
             breaker: fanout_core::breaker::BreakerConfig::default(),
         };

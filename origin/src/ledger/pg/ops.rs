@@ -294,7 +294,7 @@ impl PgLedger {
                 &[&id, &now_ms],
             )
             .await?;
-        announce_change(&tx, &id).await?;
+        announce_change(&tx, id).await?;
         tx.commit().await?;
         Ok(dead)
     }
@@ -336,7 +336,7 @@ impl PgLedger {
             &[&id, &secret, &now_ms],
         )
         .await?;
-        announce_change(&tx, &id).await?;
+        announce_change(&tx, id).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -385,7 +385,7 @@ impl PgLedger {
             )
             .await?;
         }
-        announce_change(&tx, &id).await?;
+        announce_change(&tx, id).await?;
         tx.commit().await?;
         Ok(true)
     }

@@ -195,7 +195,6 @@ async fn when_one_of_two_daemons_dies_for_good_the_other_finishes_everything() {
     let db = Path::new(&url);
     let extra = ["--max-attempts", "20", "--backoff-scale", "0.01"];
     let mut a = Binary::start(db, &extra).await;
-    let b = Binary::start(db, &extra).await;
     // Slow answers keep many sends out when the first daemon dies.
     let mut sinks = Vec::new();
     for id in ["s1", "s2"] {
@@ -217,22 +216,51 @@ async fn when_one_of_two_daemons_dies_for_good_the_other_finishes_everything() {
         statuses(&pg).await.get("sent").copied().unwrap_or(0) > 200
     })
     .await;
-    let held: i64 = pg
-        .query_one(
-            "SELECT COUNT(*) FROM deliveries WHERE status = 'in_flight' AND lease_owner LIKE $1",
-            &[&format!("%:{}", a.api.base.rsplit(':').next().unwrap())],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    a.kill9();
-    eprintln!("the first daemon died holding {held} leases");
+    // Kill it while it holds leases (sends out), so the survivor must take them over.
+    let port = a.api.base.rsplit(':').next().unwrap().to_string();
+    let held = || {
+        let pg = &pg;
+        let pattern = format!("%:{port}");
+        async move {
+            pg.query_one(
+                "SELECT COUNT(*) FROM deliveries WHERE status = 'in_flight' AND lease_owner LIKE $1",
+                &[&pattern],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+        }
+    };
     wait_for(
-        "everything sent by the survivor",
-        Duration::from_secs(120),
-        || async { statuses(&pg).await.get("sent").copied().unwrap_or(0) == 2 * n as i64 },
+        "the first daemon holding leases",
+        Duration::from_secs(30),
+        || async { held().await > 0 },
     )
     .await;
+    // The second daemon comes up while the first holds leases; then the first dies.
+    let b = Binary::start(db, &extra).await;
+    a.kill9();
+    let orphaned = held().await;
+    eprintln!("the first daemon died holding {orphaned} leases");
+    assert!(orphaned > 0, "it died holding none: nothing to take over");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while statuses(&pg).await.get("sent").copied().unwrap_or(0) < 2 * n as i64 {
+        if Instant::now() > deadline {
+            let rows: Vec<String> = pg
+                .query(
+                    "SELECT status || ' ' || COALESCE(lease_owner, '-') || ' ' || COUNT(*)
+                     FROM deliveries GROUP BY status, lease_owner",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            panic!("the survivor did not finish in 120 s: {rows:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let s = statuses(&pg).await;
     assert_eq!(s.len(), 1, "nothing pending, in flight or dead: {s:?}");
     for sink in &sinks {

@@ -19,6 +19,7 @@ impl Default for BreakerConfig {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Breaker {
     pub consecutive_failures: u32,
     /// Open until this unix ms; `None` when closed.

@@ -28,6 +28,7 @@ pub use error::ApiError;
 use extract::PathId;
 
 use crate::dispatch::Control;
+use crate::health::Health;
 use crate::ledger::{self, DeliveryFilter, Ledger, NewEvent};
 use crate::metrics::Metrics;
 use crate::model::{
@@ -49,6 +50,8 @@ pub struct ApiConfig {
     pub allow_loopback: bool,
     pub max_event_bytes: usize,
     pub rotation_grace_ms: i64,
+    /// A request body must arrive within this long (408 otherwise).
+    pub body_timeout: std::time::Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -57,6 +60,7 @@ pub struct AppState {
     control: UnboundedSender<Control>,
     cfg: Arc<ApiConfig>,
     metrics: Arc<Metrics>,
+    health: Health,
 }
 
 impl AppState {
@@ -65,12 +69,14 @@ impl AppState {
         control: UnboundedSender<Control>,
         cfg: ApiConfig,
         metrics: Arc<Metrics>,
+        health: Health,
     ) -> Self {
         AppState {
             ledger,
             control,
             cfg: Arc::new(cfg),
             metrics,
+            health,
         }
     }
 
@@ -138,6 +144,7 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
 }
 
 async fn read_body(
+    cfg: &ApiConfig,
     headers: &HeaderMap,
     body: Body,
     limit: usize,
@@ -150,9 +157,13 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_large())
+    match tokio::time::timeout(cfg.body_timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(read) => read.map_err(|_| too_large()),
+        Err(_) => Err(ApiError::Timeout(format!(
+            "the request body did not arrive within {} ms",
+            cfg.body_timeout.as_millis()
+        ))),
+    }
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
@@ -249,7 +260,7 @@ async fn post_events(
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
     let limit = MAX_REQUEST_BYTES.max(state.cfg.max_event_bytes);
-    let bytes = read_body(&headers, body, limit).await?;
+    let bytes = read_body(&state.cfg, &headers, body, limit).await?;
     let (events, is_array) = parse_events(&bytes, state.cfg.max_event_bytes)?;
     let now = now_ms();
     let (results, touched) = state
@@ -453,7 +464,7 @@ async fn create_subscriber(
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
     let input: SubscriberInput = parse_json(&bytes)?;
     let now = now_ms();
     let (sub, given) = subscriber_from(input, state.cfg.allow_loopback, now)?;
@@ -483,6 +494,7 @@ async fn subscribers_with_stats(
     only: Option<String>,
     with_stats: bool,
 ) -> Result<Vec<stats::ViewWithStats>, ledger::LedgerError> {
+    let now = now_ms();
     let (subs, counts) = state
         .ledger
         .read(move |c| {
@@ -493,7 +505,7 @@ async fn subscribers_with_stats(
             };
             let counts = if with_stats {
                 let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
-                Some(ledger::status::subscriber_counts(&snapshot, &ids)?)
+                Some(ledger::status::subscriber_counts(&snapshot, &ids, now)?)
             } else {
                 None
             };
@@ -532,7 +544,7 @@ async fn patch_subscriber(
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
     let input: SubscriberInput = parse_json(&bytes)?;
     let allow_loopback = state.cfg.allow_loopback;
     let now = now_ms();
@@ -732,7 +744,7 @@ async fn replay_bulk(
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
     let q: DeliveryQuery = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         DeliveryQuery::default()
     } else {
@@ -762,22 +774,27 @@ async fn replay_bulk(
 // ---------------------------------------------------------------------------------------------
 // Health and metrics
 
+/// 200 when the dispatcher turns and the ledger can write; 503 with the reasons otherwise.
+/// Reads atomics only: it answers at once even while the writer is busy.
 async fn healthz(State(state): State<AppState>) -> Response {
-    match state
-        .ledger
-        .call(|c| Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))?))
-        .await
-    {
-        Ok(_) => Json(json!({ "status": "ok" })).into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(fanout_core::wire::ErrorBody::new(
-                "unavailable",
-                e.to_string(),
-            )),
-        )
-            .into_response(),
+    let problems = crate::health::verdict(state.health.snapshot(), now_ms());
+    if problems.is_empty() {
+        return Json(json!({ "status": "ok" })).into_response();
     }
+    let message = problems
+        .iter()
+        .map(|p| p.message.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({
+            "status": "unavailable",
+            "error": { "code": "unavailable", "message": message },
+            "problems": problems,
+        })),
+    )
+        .into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {

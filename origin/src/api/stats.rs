@@ -23,6 +23,10 @@ pub struct SubscriberStats {
     pub breaker: BreakerView,
     pub last_error: Option<String>,
     pub last_error_at_ms: Option<i64>,
+    /// Present when the stored limiter state does not decode (the subscriber starts from an
+    /// empty bucket).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limiter_error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -78,6 +82,7 @@ fn stats(s: &Subscriber, c: &SubscriberCounts, now_ms: i64) -> SubscriberStats {
         breaker: limiter.breaker,
         last_error: c.last_error.as_ref().map(|(_, e)| e.clone()),
         last_error_at_ms: c.last_error.as_ref().map(|(at, _)| *at),
+        limiter_error: c.limiter_error.clone(),
     }
 }
 

@@ -270,7 +270,7 @@ impl Dispatcher {
             .call(|c| {
                 let mut out = Vec::new();
                 for s in ledger::list_subscribers(c)? {
-                    let limiter = ledger::load_limiter(c, &s.id)?;
+                    let limiter = ledger::load_limiter(c, &s.id, now_ms())?;
                     out.push((s, limiter));
                 }
                 Ok(out)
@@ -334,7 +334,7 @@ impl Dispatcher {
                     .ledger
                     .call(move |c| match ledger::get_subscriber(c, &lookup) {
                         Ok(s) => {
-                            let limiter = ledger::load_limiter(c, &lookup)?;
+                            let limiter = ledger::load_limiter(c, &lookup, now_ms())?;
                             Ok(Some((s, limiter)))
                         }
                         Err(LedgerError::NotFound(_)) => Ok(None),
@@ -655,20 +655,22 @@ impl Dispatcher {
         wake.max(now + 1)
     }
 
-    /// Run until `shutdown`, then wait (a little) for sends in flight to be recorded.
+    /// Run until `shutdown`, then wait (a little) for sends in flight to be recorded. Stores
+    /// the time in `heartbeat` at every turn of its loop (`/healthz` reads it). Fails if it
+    /// cannot read the ledger at start: a dispatcher that cannot start must not look running.
     pub async fn run(
         mut self,
         mut control: mpsc::UnboundedReceiver<Control>,
+        heartbeat: std::sync::Arc<std::sync::atomic::AtomicI64>,
         shutdown: impl std::future::Future<Output = ()>,
-    ) {
-        if let Err(e) = self.load_all().await {
-            tracing::error!(error = %e, "dispatcher cannot read the ledger");
-        }
+    ) -> Result<(), LedgerError> {
+        self.load_all().await?;
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         tokio::pin!(shutdown);
         let mut sweep_at = now_ms() + SWEEP_EVERY_MS;
         let mut rescan_at = now_ms() + RESCAN_EVERY_MS;
         loop {
+            heartbeat.store(now_ms(), std::sync::atomic::Ordering::Release);
             if let Err(e) = self.tick(&done_tx).await {
                 tracing::error!(error = %e, "dispatch tick failed");
             }
@@ -741,6 +743,7 @@ impl Dispatcher {
         if let Err(e) = self.flush().await {
             tracing::error!(error = %e, "could not record results at shutdown");
         }
+        Ok(())
     }
 }
 

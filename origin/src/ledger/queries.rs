@@ -224,15 +224,47 @@ pub fn rotate_secret(
     Ok(())
 }
 
-pub fn load_limiter(c: &Connection, id: &str) -> Result<LimiterState, LedgerError> {
+/// A subscriber's limiter as stored by the dispatcher.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoredLimiter {
+    /// Nothing stored yet: a new subscriber, which starts with a full burst.
+    Never,
+    Decoded(LimiterState),
+    /// A state that does not decode (written by another version, or damaged): why.
+    Undecodable(String),
+}
+
+pub fn read_limiter(c: &Connection, id: &str) -> Result<StoredLimiter, LedgerError> {
     let raw: Option<Option<String>> = c
         .prepare_cached("SELECT limiter FROM subscribers WHERE id = ?1")?
         .query_row([id], |r| r.get(0))
         .optional()?;
-    Ok(raw
-        .flatten()
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or_default())
+    Ok(match raw.flatten() {
+        None => StoredLimiter::Never,
+        Some(text) => match serde_json::from_str::<LimiterState>(&text) {
+            Ok(state) => StoredLimiter::Decoded(state),
+            Err(e) => StoredLimiter::Undecodable(e.to_string()),
+        },
+    })
+}
+
+/// The limiter the dispatcher starts a subscriber from. A stored state that does not decode
+/// is logged (WARN, naming the subscriber) and replaced by an EMPTY bucket as of `now_ms`,
+/// never a full one: trusting nothing, the subscriber gets only what accrues from now.
+pub fn load_limiter(c: &Connection, id: &str, now_ms: i64) -> Result<LimiterState, LedgerError> {
+    Ok(match read_limiter(c, id)? {
+        StoredLimiter::Never => LimiterState::default(),
+        StoredLimiter::Decoded(state) => state,
+        StoredLimiter::Undecodable(why) => {
+            tracing::warn!(
+                subscriber = %id,
+                error = %why,
+                "the stored limiter state does not decode (written by another version?); \
+                 the subscriber starts from an empty bucket"
+            );
+            LimiterState::empty(now_ms)
+        }
+    })
 }
 
 pub fn store_limiters(

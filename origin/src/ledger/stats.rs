@@ -68,7 +68,7 @@ pub fn subscriber_stats(
     }
     let mut out = Vec::new();
     for s in list_subscribers(c)? {
-        let limiter = load_limiter(c, &s.id)?;
+        let limiter = load_limiter(c, &s.id, now_ms)?;
         let c = counts.remove(&s.id).unwrap_or_default();
         let n = |status: &str| c.by_status.get(status).copied().unwrap_or(0);
         let view = limiter.breaker.view(breaker, now_ms);

@@ -333,9 +333,11 @@ impl Config {
             None => None,
             Some(text) => match parse_size(text) {
                 Some(n) if n >= MIN_DB_SIZE => Some(n),
-                _ => return err(format!(
+                _ => {
+                    return err(format!(
                     "--max-db-size {text:?} is not a size of at least 64KiB like 500MiB or 20GiB"
-                )),
+                ))
+                }
             },
         };
         let header_timeout = duration_setting(

@@ -415,3 +415,86 @@ impl Ledger {
         r
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// The writer syncs the WAL at every commit (`synchronous = FULL` is 2): an answered
+    /// operation survives a power loss, not only a crash of the process.
+    #[tokio::test]
+    async fn the_writer_commits_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("l.db")).unwrap();
+        let (mode, sync): (String, i64) = ledger
+            .call(|c| {
+                let mode = c.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+                let sync = c.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+                Ok((mode, sync))
+            })
+            .await
+            .unwrap();
+        assert_eq!((mode.as_str(), sync), ("wal", 2));
+    }
+
+    /// Past its size cap a write fails as `Unavailable::Full` (by SQLite's result code), the
+    /// write state says so, and once there is room again (here: the cap raised) the probe
+    /// notices by itself and writes succeed, with everything answered before still there.
+    #[tokio::test]
+    async fn a_full_ledger_is_unavailable_then_writable_again_by_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open_with(
+            &dir.path().join("l.db"),
+            LedgerOptions {
+                max_bytes: Some(256 * 1024),
+            },
+        )
+        .unwrap();
+        let mut kept = 0usize;
+        let failure = loop {
+            let events: Vec<NewEvent> = (0..10)
+                .map(|i| NewEvent {
+                    id: format!("e{kept}_{i}"),
+                    event_type: "t".into(),
+                    body: format!("{{\"pad\":\"{}\"}}", "x".repeat(2000)),
+                })
+                .collect();
+            match ledger.tx(move |c| ingest(c, &events, 0)).await {
+                Ok(_) => kept += 10,
+                Err(e) => break e,
+            }
+            assert!(kept < 10_000, "the cap never filled");
+        };
+        assert!(
+            matches!(failure, LedgerError::Unavailable(Unavailable::Full)),
+            "{failure:?}"
+        );
+        assert!(kept > 0);
+        let state = ledger.write_state();
+        assert_eq!(state.failing().map(|(why, _)| why), Some(Unavailable::Full));
+        // Still full: the probe keeps reporting it.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(state.failing().is_some());
+        ledger
+            .call(|c| Ok(c.execute_batch("PRAGMA max_page_count = 100000")?))
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while state.failing().is_some() {
+            assert!(Instant::now() < deadline, "the probe never saw room");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let events = vec![NewEvent {
+            id: "after".into(),
+            event_type: "t".into(),
+            body: "{}".into(),
+        }];
+        ledger.tx(move |c| ingest(c, &events, 0)).await.unwrap();
+        let stored: i64 = ledger
+            .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))?))
+            .await
+            .unwrap();
+        assert_eq!(stored as usize, kept + 1);
+    }
+}

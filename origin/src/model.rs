@@ -143,24 +143,15 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// The bounds are the shared core's ([`fanout_core::limits`]), the same the edge checks.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.rate_per_sec.is_finite() && self.rate_per_sec > 0.0) {
-            return Err("rate_per_sec must be a positive number".into());
-        }
-        if self.burst == 0 {
-            return Err("burst must be at least 1".into());
-        }
-        if self.max_in_flight == 0 {
-            return Err("max_in_flight must be at least 1".into());
-        }
-        let (lo, hi) = (
-            fanout_core::wire::MIN_TIMEOUT_MS,
-            fanout_core::wire::MAX_TIMEOUT_MS,
-        );
-        if !(lo..=hi).contains(&self.timeout_ms) {
-            return Err(format!("timeout_ms must be between {lo} and {hi}"));
-        }
-        Ok(())
+        fanout_core::limits::check(
+            self.rate_per_sec,
+            self.burst,
+            self.max_in_flight,
+            self.timeout_ms,
+        )
+        .map_err(|e| e.to_string())
     }
 
     /// The default burst for a rate: one second's worth, at least 1.

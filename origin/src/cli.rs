@@ -20,6 +20,15 @@ use crate::config::{Settings, DEFAULT_LISTEN};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log format on stderr: text (colour only on a terminal) or json (one object per line)
+    #[arg(long, env = "FANOUT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]

@@ -231,8 +231,10 @@ impl Config {
                         if u.scheme() == "http"
                             && !matches!(u.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"))
                         {
-                            warnings
-                                .push(format!("the edge URL {url} is plain http beyond loopback"));
+                            warnings.push(format!(
+                                "the edge URL {} is plain http beyond loopback",
+                                crate::redact::url(&url)
+                            ));
                         }
                     }
                     _ => return err(format!("--edge-url {url:?} is not an http(s) URL")),

@@ -16,6 +16,7 @@ pub mod ledger;
 pub mod load;
 pub mod metrics;
 pub mod model;
+pub mod redact;
 pub mod server;
 pub mod term;
 pub mod time;
@@ -119,7 +120,7 @@ pub async fn run(
         listen = %listener.local_addr()?,
         db = %cfg.db.display(),
         lock = %owner.path().display(),
-        edge = cfg.edge.as_ref().map(|(u, _)| redact_url(u)).unwrap_or_else(|| "(none: origin lane only)".into()),
+        edge = cfg.edge.as_ref().map(|(u, _)| redact::url(u)).unwrap_or_else(|| "(none: origin lane only)".into()),
         "fanout serving"
     );
     // The server stops on `shutdown` or when the dispatcher ends, whichever comes first.
@@ -172,17 +173,5 @@ pub async fn run(
     match failed {
         Some(why) => Err(RunError::Dispatcher(why)),
         None => Ok(()),
-    }
-}
-
-/// `scheme://host:port` of a URL, for logs: never its path, query or credentials.
-pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(u) => match (u.host_str(), u.port_or_known_default()) {
-            (Some(h), Some(p)) => format!("{}://{h}:{p}", u.scheme()),
-            (Some(h), None) => format!("{}://{h}", u.scheme()),
-            _ => format!("{}:", u.scheme()),
-        },
-        Err(_) => "(an unparsable URL)".into(),
     }
 }

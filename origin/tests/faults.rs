@@ -292,3 +292,135 @@ async fn a_thousand_half_open_connections_do_not_stop_the_api_and_are_closed() {
     );
     assert!(opened.elapsed() < Duration::from_secs(15));
 }
+
+/// Every error path we can provoke, at `FANOUT_LOG=trace`: the log holds no URL path or query,
+/// no response body, no secret, no token, and (stderr being a file) no colour escape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_at_trace_hold_no_secret_path_query_or_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fanout.db");
+    let failing = Subscriber::start(|_, _| Answer::status(500).body("BODY-SECRET-500")).await;
+    let limited = Subscriber::start(|_, _| {
+        Answer::status(429)
+            .header("retry-after", "1")
+            .body("BODY-SECRET-429")
+    })
+    .await;
+    let slow = Subscriber::start(|_, _| Answer::status(200).delay(Duration::from_secs(3))).await;
+    let edge_key = "whsec_ZWRnZS1rZXktZWRnZS1rZXktZWRnZS1rZXkx";
+    let alert_secret = "whsec_YWxlcnQta2V5LWFsZXJ0LWtleS1hbGVydC0x";
+    let run = Run::start(
+        &db,
+        &[
+            "--max-attempts",
+            "1",
+            "--dead-alert-threshold",
+            "1",
+            "--alert-url",
+            "http://127.0.0.1:9/alert-secret-path?key=QUERY-SECRET-ALERT",
+            "--alert-secret",
+            alert_secret,
+            "--edge-url",
+            "http://127.0.0.1:9/edge-secret-path?k=QUERY-SECRET-EDGE",
+            "--edge-key",
+            edge_key,
+        ],
+        &[("FANOUT_LOG", "trace")],
+    )
+    .await;
+    let mut secrets = vec![];
+    for (id, url, timeout) in [
+        (
+            "s_500",
+            format!("{}/hook-secret-a?tok=QUERY-SECRET-A", failing.url),
+            10_000,
+        ),
+        (
+            "s_429",
+            format!("{}/hook-secret-b?tok=QUERY-SECRET-B", limited.url),
+            10_000,
+        ),
+        (
+            "s_slow",
+            format!("{}/hook-secret-c?tok=QUERY-SECRET-C", slow.url),
+            200,
+        ),
+        (
+            "s_refused",
+            "http://127.0.0.1:9/hook-secret-d?tok=QUERY-SECRET-D".into(),
+            10_000,
+        ),
+    ] {
+        let mut spec = sub_spec(id, &url, &["t.*"]);
+        spec["timeout_ms"] = json!(timeout);
+        secrets.push(run.api.subscriber(spec).await);
+    }
+    let mut spec = sub_spec(
+        "s_edge",
+        &format!("{}/hook-secret-e?tok=QUERY-SECRET-E", failing.url),
+        &["t.*"],
+    );
+    spec["lane"] = json!("edge");
+    secrets.push(run.api.subscriber(spec).await);
+    run.api.events(events("evt_log", 3, "t.x")).await;
+    // A wrong token.
+    let mut wrong = run.api.clone();
+    wrong.token = "WRONG-TOKEN-SECRET-0123".into();
+    assert_eq!(wrong.get("/v1/subscribers").await.0, 401);
+    // Wait until every path has run: deaths (500, timeout, refused), the 429, an edge call
+    // that failed, and the alert given up after its retries (1 s + 5 s + 30 s).
+    wait_for("every error path logged", Duration::from_secs(60), || {
+        let log = run.log();
+        async move {
+            log.contains("edge call failed")
+                && log.contains("alert not delivered")
+                && log.contains("s_refused")
+                && log.contains("s_slow")
+        }
+    })
+    .await;
+    assert!(failing.count() > 0 && limited.count() > 0 && slow.count() > 0);
+    let log = run.log();
+    assert!(
+        log.contains("TRACE") || log.contains("DEBUG"),
+        "not at trace?"
+    );
+    let mut forbidden: Vec<String> = [
+        "secret-path",
+        "hook-secret",
+        "QUERY-SECRET",
+        "BODY-SECRET",
+        "WRONG-TOKEN",
+        TOKEN,
+        edge_key,
+        alert_secret,
+        "\u{1b}",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    forbidden.extend(secrets);
+    for f in &forbidden {
+        if let Some(line) = log.lines().find(|l| l.contains(f.as_str())) {
+            panic!("the log holds {f:?}: {line}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fanout.db");
+    let run = Run::start(&db, &["--log-format", "json"], &[]).await;
+    let log = run.log();
+    let lines: Vec<&str> = log.lines().collect();
+    assert!(!lines.is_empty());
+    for line in lines {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(
+            v["level"].is_string() && v["fields"]["message"].is_string(),
+            "{line}"
+        );
+    }
+    assert!(log.contains("fanout serving"));
+}

@@ -168,7 +168,7 @@ async fn send_once(
         .body(body.to_string())
         .send()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(crate::redact::http_error)?;
     if resp.status().is_success() {
         Ok(())
     } else {

@@ -13,7 +13,9 @@ use crate::time::now_ms;
 pub enum EdgeError {
     #[error("edge unreachable: {0}")]
     Unreachable(String),
-    #[error("edge answered {status}: {body}")]
+    /// `body` (its first 512 bytes) is kept for classification, never displayed: it is not
+    /// for the logs.
+    #[error("edge answered {status}")]
     Status { status: u16, body: String },
     #[error("edge answered something that is not a batch response: {0}")]
     BadResponse(String),
@@ -70,12 +72,12 @@ impl EdgeClient {
             .body(body)
             .send()
             .await
-            .map_err(|e| EdgeError::Unreachable(e.to_string()))?;
+            .map_err(|e| EdgeError::Unreachable(crate::redact::http_error(e)))?;
         let status = resp.status().as_u16();
         let bytes = resp
             .bytes()
             .await
-            .map_err(|e| EdgeError::Unreachable(e.to_string()))?;
+            .map_err(|e| EdgeError::Unreachable(crate::redact::http_error(e)))?;
         if status != 200 && status != 202 {
             let body = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
             return Err(EdgeError::Status { status, body });

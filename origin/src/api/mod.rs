@@ -806,6 +806,61 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
 mod tests {
     use super::*;
 
+    /// `/healthz` reads atomics only: it answers at once while the writer is held, and says
+    /// 503 with the reason before the dispatcher's first turn.
+    #[tokio::test]
+    async fn healthz_never_waits_behind_the_writer_and_tells_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("l.db")).unwrap();
+        let health = Health::new(ledger.write_state());
+        let state = AppState::new(
+            ledger.clone(),
+            tokio::sync::mpsc::unbounded_channel().0,
+            ApiConfig {
+                api_token: "t".repeat(16),
+                allow_loopback: false,
+                max_event_bytes: 1024,
+                rotation_grace_ms: 0,
+                body_timeout: std::time::Duration::from_secs(1),
+            },
+            Arc::new(Metrics::new(false)),
+            health.clone(),
+        );
+        let ask = |state: AppState| async move {
+            let r =
+                tokio::time::timeout(std::time::Duration::from_millis(500), healthz(State(state)))
+                    .await
+                    .expect("healthz waited");
+            let status = r.status().as_u16();
+            let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+            (
+                status,
+                serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+            )
+        };
+        let (status, body) = ask(state.clone()).await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["problems"][0]["code"], "dispatcher_not_running");
+        health
+            .heartbeat()
+            .store(now_ms(), std::sync::atomic::Ordering::Release);
+        let held = tokio::spawn({
+            let ledger = ledger.clone();
+            async move {
+                ledger
+                    .call(|_| {
+                        std::thread::sleep(std::time::Duration::from_secs(2));
+                        Ok(())
+                    })
+                    .await
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let (status, body) = ask(state).await;
+        assert_eq!(status, 200, "{body}");
+        held.await.unwrap().unwrap();
+    }
+
     fn check(body: &str, expected: Result<Vec<(&str, &str)>, &str>) {
         let got = parse_events(body.as_bytes(), 64)
             .map(|(evs, _)| evs.into_iter().map(|e| (e.id, e.body)).collect::<Vec<_>>());

@@ -69,10 +69,15 @@ mod tests {
     use super::*;
     use crate::bucket::{Bucket, Rate};
 
+    /// (rate_per_sec, burst, max_in_flight, timeout_ms)
+    type Input = (f64, u32, u32, u64);
+    /// The field refused and words its message holds; `None`: accepted.
+    type Refusal = Option<(&'static str, &'static str)>;
+
     #[test]
     fn bounds_table() {
         let ok = (10.0, 20, 8, 10_000);
-        let cases: &[((f64, u32, u32, u64), Option<(&str, &str)>)] = &[
+        let cases: &[(Input, Refusal)] = &[
             (ok, None),
             ((MIN_RATE_PER_SEC, 1, 1, MIN_TIMEOUT_MS), None),
             (

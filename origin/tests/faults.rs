@@ -18,6 +18,8 @@ struct Run {
     log: PathBuf,
 }
 
+// Test support: a failed unwrap is a failed test.
+#[allow(clippy::unwrap_used)]
 impl Run {
     fn spawn(db: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Run {
         let port = free_port();
@@ -99,6 +101,8 @@ async fn healthz(api: &Api) -> (u16, Value) {
     }
 }
 
+// Test support: a failed unwrap is a failed test.
+#[allow(clippy::unwrap_used)]
 /// Events with ~2 KB bodies, so that a small ledger fills in a few requests.
 fn padded(prefix: &str, n: usize) -> Value {
     let pad = "x".repeat(2000);

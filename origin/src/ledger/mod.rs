@@ -253,7 +253,7 @@ fn spawn_checkpointer(
                     tracing::warn!(error = %e, "checkpoint failed");
                 }
                 turn = turn.wrapping_add(1);
-                if turn % PROBE_EVERY_CHECKPOINTS == 0 && writes.failing().is_some() {
+                if turn.is_multiple_of(PROBE_EVERY_CHECKPOINTS) && writes.failing().is_some() {
                     let writes = writes.clone();
                     let _ = writer.send(Job::Call(Box::new(move |c| {
                         if probe_room(c).is_ok() {

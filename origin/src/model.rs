@@ -48,6 +48,37 @@ impl Lane {
     }
 }
 
+/// What one attempt came to, as the attempts table records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    Delivered,
+    Deferred,
+    Failed,
+    Rejected,
+}
+
+impl AttemptOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Delivered => "delivered",
+            AttemptOutcome::Deferred => "deferred",
+            AttemptOutcome::Failed => "failed",
+            AttemptOutcome::Rejected => "rejected",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<AttemptOutcome> {
+        match s {
+            "delivered" => Some(AttemptOutcome::Delivered),
+            "deferred" => Some(AttemptOutcome::Deferred),
+            "failed" => Some(AttemptOutcome::Failed),
+            "rejected" => Some(AttemptOutcome::Rejected),
+            _ => None,
+        }
+    }
+}
+
 /// A delivery's state, mirrored by the ledger's `status` column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -233,8 +264,9 @@ pub fn active_secrets(secrets: &[StoredSecret], now_ms: i64) -> Vec<String> {
     live.into_iter().map(|s| s.secret.clone()).collect()
 }
 
-/// The API's view of a subscriber (secrets are shown only when created or rotated).
-#[derive(Debug, Clone, Serialize)]
+/// The API's view of a subscriber (secrets are shown only when created or rotated). The CLI
+/// reads it back with the same type.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SubscriberView {
     pub id: String,
     pub url: String,
@@ -256,7 +288,7 @@ pub struct SubscriberView {
     pub disabled_at_ms: Option<i64>,
     /// Start of the current unbroken run of failed attempts, if the last attempt failed.
     pub failing_since_ms: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
 

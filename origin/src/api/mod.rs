@@ -6,6 +6,7 @@ mod error;
 mod extract;
 mod openapi;
 mod stats;
+pub mod views;
 
 use std::sync::Arc;
 
@@ -280,32 +281,46 @@ async fn post_events(
         state.tell(Control::Due(touched));
     }
     let body = if is_array {
-        json!({ "events": results })
+        serde_json::to_value(views::IngestedBatch { events: results })
     } else {
-        serde_json::to_value(&results[0]).unwrap_or_default()
-    };
+        serde_json::to_value(&results[0])
+    }
+    .unwrap_or_default();
     Ok((StatusCode::ACCEPTED, Json(body)))
 }
 
 // ---------------------------------------------------------------------------------------------
 // Subscribers
 
-#[derive(Debug, Default, Deserialize)]
+/// The body of `POST /v1/subscribers` and `PATCH /v1/subscribers/{id}` (the CLI writes it
+/// with the same type).
+#[derive(Debug, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
-struct SubscriberInput {
-    id: Option<String>,
-    url: Option<String>,
-    event_types: Option<Vec<String>>,
-    rate_per_sec: Option<f64>,
-    burst: Option<u32>,
-    max_in_flight: Option<u32>,
-    timeout_ms: Option<u64>,
-    lane: Option<Lane>,
-    legacy_signature: Option<bool>,
+pub struct SubscriberInput {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_types: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_per_sec: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lane: Option<Lane>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub legacy_signature: Option<bool>,
     /// Optional on creation: a `whsec_` secret to use instead of a generated one.
-    secret: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
     /// PATCH only: `false` re-enables a disabled subscriber, `true` disables it.
-    disabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<bool>,
 }
 
 fn new_secret() -> Result<String, ApiError> {
@@ -520,7 +535,7 @@ async fn list_subscribers(
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<impl IntoResponse, ApiError> {
     let views = subscribers_with_stats(&state, None, stats::wants_stats(&q)?).await?;
-    Ok(Json(json!({ "subscribers": views })))
+    Ok(Json(views::SubscriberList { subscribers: views }))
 }
 
 async fn get_subscriber(
@@ -583,9 +598,11 @@ async fn delete_subscriber(
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     state.tell(Control::Changed(id.clone()));
-    Ok(Json(
-        json!({ "id": id, "deleted": true, "deliveries_dead": dead }),
-    ))
+    Ok(Json(views::Deleted {
+        id,
+        deleted: true,
+        deliveries_dead: dead as u64,
+    }))
 }
 
 async fn rotate_secret(
@@ -603,11 +620,11 @@ async fn rotate_secret(
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     state.tell(Control::Changed(id.clone()));
-    Ok(Json(json!({
-        "id": id,
-        "secret": secret,
-        "previous_secrets_expire_at_ms": now + grace,
-    })))
+    Ok(Json(views::Rotated {
+        id,
+        secret,
+        previous_secrets_expire_at_ms: now + grace,
+    }))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -703,7 +720,10 @@ async fn list_deliveries(
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|d| d.id.clone()))
         .flatten();
-    Ok(Json(json!({ "deliveries": rows, "next": next })))
+    Ok(Json(views::DeliveryList {
+        deliveries: rows,
+        next,
+    }))
 }
 
 fn delivery_id(id: &str) -> Result<i64, ApiError> {
@@ -735,7 +755,10 @@ async fn replay_one(
     state.tell(Control::Replayed(vec![sub]));
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "id": id, "status": "pending" })),
+        Json(views::ReplayedOne {
+            id,
+            status: Status::Pending,
+        }),
     ))
 }
 
@@ -768,7 +791,10 @@ async fn replay_bulk(
     if !subs.is_empty() {
         state.tell(Control::Replayed(subs));
     }
-    Ok((StatusCode::ACCEPTED, Json(json!({ "replayed": n }))))
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(views::Replayed { replayed: n as u64 }),
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------

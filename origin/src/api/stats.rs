@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use fanout_core::breaker::{BreakerConfig, BreakerView};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::ApiError;
 use crate::ledger::status::SubscriberCounts;
@@ -12,7 +12,7 @@ use crate::model::{Subscriber, SubscriberView};
 
 /// One subscriber's figures. `tokens`, `paused_until_ms` and `breaker` are the limiter as last
 /// stored by the dispatcher (the origin lane's limiter; the edge keeps its own per subscriber).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SubscriberStats {
     pub pending: i64,
     pub in_flight: i64,
@@ -25,15 +25,15 @@ pub struct SubscriberStats {
     pub last_error_at_ms: Option<i64>,
     /// Present when the stored limiter state does not decode (the subscriber starts from an
     /// empty bucket).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limiter_error: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ViewWithStats {
     #[serde(flatten)]
     pub view: SubscriberView,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats: Option<SubscriberStats>,
 }
 

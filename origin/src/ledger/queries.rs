@@ -5,12 +5,12 @@ use std::fmt::Write as _;
 
 use fanout_core::limiter::LimiterState;
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::LedgerError;
 use crate::model::{
-    any_type_matches, delivery_public_id, Disabled, Health, Lane, Limits, Status, StoredSecret,
-    Subscriber,
+    any_type_matches, delivery_public_id, AttemptOutcome, Disabled, Health, Lane, Limits, Status,
+    StoredSecret, Subscriber,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -290,7 +290,7 @@ pub struct NewEvent {
     pub body: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ingested {
     pub id: String,
     /// Deliveries this call created for the event (0 for a duplicate).
@@ -721,28 +721,29 @@ pub struct DeliveryFilter {
     pub limit: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// A delivery as the API shows it (and the CLI reads it back: one type both ways).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeliveryView {
     pub id: String,
     pub subscriber_id: String,
     pub event_id: String,
     pub event_type: String,
-    pub status: String,
+    pub status: Status,
     pub attempt_count: u32,
     pub next_attempt_at_ms: Option<i64>,
     pub last_error: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<Vec<AttemptRecordView>>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttemptRecordView {
     pub attempt: u32,
     pub at_ms: i64,
-    pub lane: String,
-    pub outcome: String,
+    pub lane: Lane,
+    pub outcome: AttemptOutcome,
     pub status: Option<u16>,
     pub latency_ms: Option<i64>,
     pub response_body: Option<String>,
@@ -753,15 +754,27 @@ const DELIVERY_COLUMNS: &str =
     "d.id, d.subscriber_id, d.event_id, COALESCE(e.type, ''), d.status, \
      d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms";
 
+/// A text column that must hold one of an enum's names.
+fn enum_column<T>(r: &Row<'_>, i: usize, parse: fn(&str) -> Option<T>) -> rusqlite::Result<T> {
+    let text: String = r.get(i)?;
+    parse(&text).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            i,
+            rusqlite::types::Type::Text,
+            format!("unknown value {text:?}").into(),
+        )
+    })
+}
+
 fn delivery_from_row(r: &Row<'_>) -> rusqlite::Result<DeliveryView> {
-    let status: String = r.get(4)?;
+    let status = enum_column(r, 4, Status::parse)?;
     let next: i64 = r.get(6)?;
     Ok(DeliveryView {
         id: delivery_public_id(r.get(0)?),
         subscriber_id: r.get(1)?,
         event_id: r.get(2)?,
         event_type: r.get(3)?,
-        next_attempt_at_ms: (status == "pending").then_some(next),
+        next_attempt_at_ms: (status == Status::Pending).then_some(next),
         status,
         attempt_count: r.get(5)?,
         last_error: r.get(7)?,
@@ -841,8 +854,8 @@ pub fn get_delivery(c: &Connection, rowid: i64) -> Result<DeliveryView, LedgerEr
             Ok(AttemptRecordView {
                 attempt: r.get(0)?,
                 at_ms: r.get(1)?,
-                lane: r.get(2)?,
-                outcome: r.get(3)?,
+                lane: enum_column(r, 2, Lane::parse)?,
+                outcome: enum_column(r, 3, AttemptOutcome::parse)?,
                 status: r.get(4)?,
                 latency_ms: r.get(5)?,
                 response_body: r.get(6)?,

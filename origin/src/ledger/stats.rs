@@ -83,7 +83,7 @@ pub fn subscriber_stats(
             dead: n("dead"),
             oldest_pending_at_ms: c.oldest_open,
             paused_until_ms: limiter.paused_until_ms.filter(|&p| p > now_ms),
-            breaker: view.state,
+            breaker: view.state.as_str().to_string(),
             consecutive_failures: view.consecutive_failures,
             disabled: s.health.disabled.is_some(),
             id: s.id,

@@ -15,7 +15,7 @@ pub const PREFIX: &str = "fpt_";
 pub const DEFAULT_TTL_SECS: u64 = 3600;
 /// A link lives at most a week; the operator's product asks for a fresh one when it shows it.
 pub const MAX_TTL_SECS: u64 = 7 * 24 * 3600;
-pub const MIN_TTL_SECS: u64 = 10;
+pub const MIN_TTL_SECS: u64 = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claims {

@@ -48,6 +48,21 @@ impl CustomerView {
     }
 }
 
+/// `POST /v1/customers/{id}/portal`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortalLink {
+    /// The portal page with the token in its fragment.
+    pub url: String,
+    pub token: String,
+    pub expires_at_ms: i64,
+}
+
+/// `GET /v1/customers`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CustomerList {
+    pub customers: Vec<CustomerView>,
+}
+
 pub fn validate_weight(w: u32) -> Result<(), String> {
     if (1..=MAX_WEIGHT).contains(&w) {
         Ok(())

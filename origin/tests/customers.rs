@@ -182,7 +182,10 @@ async fn a_portal_token_sees_and_changes_only_its_own_customer() {
 
     // Reads: only acme's.
     let (s, list) = a.get("/v1/subscribers?stats=true").await;
-    assert_eq!((s, ids(&list, "subscribers")), (200, vec!["a1".to_string()]));
+    assert_eq!(
+        (s, ids(&list, "subscribers")),
+        (200, vec!["a1".to_string()])
+    );
     let (s, list) = a.get("/v1/deliveries").await;
     assert_eq!(s, 200);
     let seen: Vec<&str> = list["deliveries"]
@@ -210,7 +213,9 @@ async fn a_portal_token_sees_and_changes_only_its_own_customer() {
     foreign.push("dlv_999999".into());
     for id in &foreign {
         assert_eq!(a.get(&format!("/v1/deliveries/{id}")).await.0, 404, "{id}");
-        let (s, _) = a.post(&format!("/v1/deliveries/{id}/replay"), json!({})).await;
+        let (s, _) = a
+            .post(&format!("/v1/deliveries/{id}/replay"), json!({}))
+            .await;
         assert_eq!(s, 404, "replay {id}");
     }
     for sub in ["b1", "op", "nobody"] {
@@ -237,19 +242,37 @@ async fn a_portal_token_sees_and_changes_only_its_own_customer() {
     }
     // Routes outside the portal's: 403, whatever the ids.
     let forbidden: &[(&str, &str, Option<Value>)] = &[
-        ("POST", "/v1/events", Some(json!({ "id": "x", "type": "order.x" }))),
-        ("POST", "/v1/subscribers", Some(spec("a2", &a_sub.url, Some("acme")))),
+        (
+            "POST",
+            "/v1/events",
+            Some(json!({ "id": "x", "type": "order.x" })),
+        ),
+        (
+            "POST",
+            "/v1/subscribers",
+            Some(spec("a2", &a_sub.url, Some("acme"))),
+        ),
         ("DELETE", "/v1/subscribers/a1", None),
         ("GET", "/v1/customers", None),
         ("GET", "/v1/customers/acme", None),
-        ("PATCH", "/v1/customers/acme", Some(json!({ "weight": 1000 }))),
+        (
+            "PATCH",
+            "/v1/customers/acme",
+            Some(json!({ "weight": 1000 })),
+        ),
         ("DELETE", "/v1/customers/globex", None),
         ("POST", "/v1/customers/acme/portal", Some(json!({}))),
         ("POST", "/v1/customers/globex/portal", Some(json!({}))),
     ];
     for (m, path, body) in forbidden {
-        let (s, body) = a.raw(m, path, body.as_ref().map(Value::to_string), true).await;
-        assert_eq!((s, body["error"]["code"].clone()), (403, json!("forbidden")), "{m} {path}");
+        let (s, body) = a
+            .raw(m, path, body.as_ref().map(Value::to_string), true)
+            .await;
+        assert_eq!(
+            (s, body["error"]["code"].clone()),
+            (403, json!("forbidden")),
+            "{m} {path}"
+        );
     }
     // Its own endpoint: pause and resume only.
     for field in [
@@ -284,9 +307,7 @@ async fn a_portal_token_sees_and_changes_only_its_own_customer() {
         )
         .await;
     assert_eq!((s, body["disabled"].clone()), (200, json!(false)));
-    let (s, body) = a
-        .post("/v1/subscribers/a1/rotate-secret", json!({}))
-        .await;
+    let (s, body) = a.post("/v1/subscribers/a1/rotate-secret", json!({})).await;
     assert_eq!(s, 200);
     assert!(body["secret"].as_str().unwrap().starts_with("whsec_"));
 
@@ -294,7 +315,10 @@ async fn a_portal_token_sees_and_changes_only_its_own_customer() {
     let (s, body) = a.post("/v1/replay", json!({ "dry_run": true })).await;
     assert_eq!((s, body["count"].clone()), (200, json!(2)), "{body}");
     let (s, body) = a
-        .post("/v1/replay", json!({ "type": "order.paid", "dry_run": true }))
+        .post(
+            "/v1/replay",
+            json!({ "type": "order.paid", "dry_run": true }),
+        )
         .await;
     assert_eq!((s, body["count"].clone()), (200, json!(1)), "{body}");
     let received = a_sub.count();
@@ -337,7 +361,10 @@ async fn list_first(api: &Api, query: &str) -> String {
 async fn changed_expired_and_orphaned_tokens_are_refused() {
     let d = Daemon::start().await;
     let api = &d.api;
-    assert_eq!(api.post("/v1/customers", json!({ "id": "acme" })).await.0, 201);
+    assert_eq!(
+        api.post("/v1/customers", json!({ "id": "acme" })).await.0,
+        201
+    );
     let (token, _) = portal(api, "acme", None).await;
     assert_eq!(as_token(api, &token).get("/v1/subscribers").await.0, 200);
     // One character changed, anywhere.
@@ -346,7 +373,11 @@ async fn changed_expired_and_orphaned_tokens_are_refused() {
         b[i] = if b[i] == b'x' { b'y' } else { b'x' };
         let changed = String::from_utf8(b).unwrap();
         let (s, body) = as_token(api, &changed).get("/v1/subscribers").await;
-        assert_eq!((s, body["error"]["code"].clone()), (401, json!("unauthorized")), "at {i}");
+        assert_eq!(
+            (s, body["error"]["code"].clone()),
+            (401, json!("unauthorized")),
+            "at {i}"
+        );
     }
     // Out-of-range lifetimes are refused; a short one expires.
     for ttl in [0, 7 * 24 * 3600 + 1] {
@@ -361,11 +392,20 @@ async fn changed_expired_and_orphaned_tokens_are_refused() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let (s, body) = as_token(api, &short).get("/v1/subscribers").await;
     assert_eq!(s, 401);
-    assert!(body["error"]["message"].as_str().unwrap().contains("expired"));
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("expired"));
     // The customer removed: its links stop, and stay stopped if the id comes back.
-    assert_eq!(api.raw("DELETE", "/v1/customers/acme", None, true).await.0, 200);
+    assert_eq!(
+        api.raw("DELETE", "/v1/customers/acme", None, true).await.0,
+        200
+    );
     assert_eq!(as_token(api, &token).get("/v1/subscribers").await.0, 401);
-    assert_eq!(api.post("/v1/customers", json!({ "id": "acme" })).await.0, 201);
+    assert_eq!(
+        api.post("/v1/customers", json!({ "id": "acme" })).await.0,
+        201
+    );
     assert_eq!(as_token(api, &token).get("/v1/subscribers").await.0, 401);
     d.stop().await;
 }
@@ -376,9 +416,89 @@ async fn a_link_outlives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("fanout.db");
     let mut first = Binary::start(&db, &[]).await;
-    assert_eq!(first.api.post("/v1/customers", json!({ "id": "acme" })).await.0, 201);
+    assert_eq!(
+        first
+            .api
+            .post("/v1/customers", json!({ "id": "acme" }))
+            .await
+            .0,
+        201
+    );
     let (token, _) = portal(&first.api, "acme", None).await;
     first.kill9();
     let second = Binary::start(&db, &[]).await;
-    assert_eq!(as_token(&second.api, &token).get("/v1/subscribers").await.0, 200);
+    assert_eq!(
+        as_token(&second.api, &token).get("/v1/subscribers").await.0,
+        200
+    );
+}
+
+/// `fanout customer add|list|show|portal|remove` against a running daemon.
+#[tokio::test]
+async fn customer_commands() {
+    let d = Daemon::start().await;
+    let run = |args: Vec<String>| {
+        let base = d.api.base.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let out = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+                    .args(&args)
+                    .args(["--server", &base])
+                    .env("FANOUT_API_TOKEN", TOKEN)
+                    .output()
+                    .unwrap();
+                (
+                    out.status.success(),
+                    String::from_utf8_lossy(&out.stdout).into_owned(),
+                    String::from_utf8_lossy(&out.stderr).into_owned(),
+                )
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let (ok, out, err) = run(args(&[
+        "customer",
+        "add",
+        "acme",
+        "--weight",
+        "4",
+        "--max-in-flight",
+        "20",
+    ]))
+    .await;
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["id"].clone(), v["weight"].clone()),
+        (json!("acme"), json!(4))
+    );
+    let (ok, _, err) = run(args(&["customer", "add", "acme"])).await;
+    assert!(!ok && err.contains("409"), "{err}");
+    let (ok, out, _) = run(args(&["customer", "list"])).await;
+    assert!(ok);
+    let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row, ["acme", "4", "20", "0"]);
+    let (ok, out, _) = run(args(&["customer", "show", "acme"])).await;
+    assert!(ok);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["max_in_flight"],
+        20
+    );
+    let (ok, out, err) = run(args(&["customer", "portal", "acme", "--ttl-secs", "60"])).await;
+    assert!(ok, "{err}");
+    let url = out.trim();
+    let token = url.split("#token=").nth(1).unwrap();
+    assert!(
+        url.starts_with(&format!("{}/portal#token=fpt_", d.api.base)),
+        "{url}"
+    );
+    assert_eq!(as_token(&d.api, token).get("/v1/subscribers").await.0, 200);
+    let (ok, _, err) = run(args(&["customer", "remove", "acme"])).await;
+    assert!(ok, "{err}");
+    assert_eq!(as_token(&d.api, token).get("/v1/subscribers").await.0, 401);
+    let (ok, _, err) = run(args(&["customer", "show", "acme"])).await;
+    assert!(!ok && err.contains("404"), "{err}");
+    d.stop().await;
 }

@@ -13,7 +13,8 @@ use serde_json::json;
 use super::extract::PathId;
 use super::{parse_json, read_body, ApiError, AppState};
 use crate::customer::{
-    validate_max_in_flight, validate_weight, Customer, CustomerView, DEFAULT_WEIGHT,
+    validate_max_in_flight, validate_weight, Customer, CustomerList, CustomerView, PortalLink,
+    DEFAULT_WEIGHT,
 };
 use crate::dispatch::Control;
 use crate::ledger::{self, LedgerError};
@@ -130,7 +131,7 @@ async fn list(State(state): State<AppState>) -> Result<impl IntoResponse, ApiErr
                 .collect::<Vec<_>>())
         })
         .await?;
-    Ok(Json(json!({ "customers": views })))
+    Ok(Json(CustomerList { customers: views }))
 }
 
 async fn read(
@@ -249,7 +250,11 @@ async fn portal_link(
     let url = format!("{}/portal#token={t}", portal_base(&headers));
     Ok((
         StatusCode::CREATED,
-        Json(json!({ "url": url, "token": t, "expires_at_ms": expires_at_ms })),
+        Json(PortalLink {
+            url,
+            token: t,
+            expires_at_ms,
+        }),
     ))
 }
 

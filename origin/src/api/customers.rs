@@ -262,6 +262,13 @@ async fn portal_link(
 mod tests {
     use super::*;
 
+    /// (name, input, the weight and cap, or the error code)
+    type Case = (
+        &'static str,
+        CustomerInput,
+        Result<(u32, Option<u32>), &'static str>,
+    );
+
     #[test]
     fn customer_input_table() {
         let input =
@@ -270,7 +277,7 @@ mod tests {
                 weight,
                 max_in_flight: cap,
             };
-        let cases: Vec<(&str, CustomerInput, Result<(u32, Option<u32>), &str>)> = vec![
+        let cases: Vec<Case> = vec![
             ("defaults", input(Some("acme"), None, None), Ok((1, None))),
             (
                 "weighted",

@@ -112,6 +112,9 @@ pub fn fair_share(groups: &[Group], budget: usize, start: usize) -> Vec<Vec<usiz
 mod tests {
     use super::*;
 
+    /// (name, groups, budget, start, expected grants)
+    type Case = (&'static str, Vec<Group>, usize, usize, Vec<Vec<usize>>);
+
     fn group(weight: u32, in_flight: usize, wants: &[usize]) -> Group {
         Group {
             weight,
@@ -128,7 +131,7 @@ mod tests {
     #[test]
     fn share_table() {
         // (name, groups, budget, start, expected grants)
-        let cases: Vec<(&str, Vec<Group>, usize, usize, Vec<Vec<usize>>)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "nothing to share",
                 vec![group(1, 0, &[5])],

@@ -87,6 +87,15 @@ pub fn ttl_secs(asked: Option<u64>) -> Result<u64, String> {
 mod tests {
     use super::*;
 
+    /// (name, token, key, now, expected)
+    type Case<'a> = (
+        &'static str,
+        String,
+        &'a [u8],
+        i64,
+        Result<Claims, TokenError>,
+    );
+
     fn claims() -> Claims {
         Claims {
             customer: "acme".into(),
@@ -107,7 +116,7 @@ mod tests {
         let key = b"portal-key-portal-key-portal-key";
         let t = sign(key, &claims());
         assert!(t.starts_with(PREFIX));
-        let cases: Vec<(&str, String, &[u8], i64, Result<Claims, TokenError>)> = vec![
+        let cases: Vec<Case> = vec![
             ("valid", t.clone(), key, 9_999, Ok(claims())),
             (
                 "at expiry",

@@ -502,3 +502,76 @@ async fn customer_commands() {
     assert!(!ok && err.contains("404"), "{err}");
     d.stop().await;
 }
+
+/// Under contention (a small global in-flight budget, slow endpoints, deep backlogs for both),
+/// a weight-4 customer is served four times as much as a weight-1 customer; with equal weights,
+/// as much. Printed side by side; the split is taken over the first deliveries received, while
+/// both customers still have plenty queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_share_under_contention() {
+    let mut ratios = Vec::new();
+    for (heavy_weight, expected) in [(4u32, 4.0f64), (1, 1.0)] {
+        let d = Daemon::start_with(|s| fanout_origin::config::Settings {
+            max_total_in_flight: Some(10),
+            ..s
+        })
+        .await;
+        let api = &d.api;
+        for (id, w) in [("big", heavy_weight), ("small", 1)] {
+            let (s, body) = api
+                .post("/v1/customers", json!({ "id": id, "weight": w }))
+                .await;
+            assert_eq!(s, 201, "{body}");
+        }
+        let mut subs = Vec::new();
+        for customer in ["big", "small"] {
+            for k in 0..5 {
+                let sub =
+                    Subscriber::start(|_, _| Answer::status(200).delay(Duration::from_millis(50)))
+                        .await;
+                let mut spec = sub_spec(
+                    &format!("{customer}_{k}"),
+                    &sub.url,
+                    &[&format!("{customer}.*")],
+                );
+                spec["customer"] = json!(customer);
+                api.subscriber(spec).await;
+                subs.push((customer, sub));
+            }
+        }
+        for customer in ["big", "small"] {
+            let events: Vec<Value> = (0..120)
+                .map(|i| json!({ "id": format!("{customer}-{i}"), "type": format!("{customer}.tick") }))
+                .collect();
+            api.events(Value::Array(events)).await;
+        }
+        let total = 200;
+        wait_for("200 deliveries received", LONG, || async {
+            subs.iter().map(|(_, s)| s.count()).sum::<usize>() >= total
+        })
+        .await;
+        let mut arrivals: Vec<(std::time::Instant, &str)> = subs
+            .iter()
+            .flat_map(|(c, s)| s.received().into_iter().map(move |r| (r.at, *c)))
+            .collect();
+        arrivals.sort_by_key(|(at, _)| *at);
+        let first = &arrivals[..total];
+        let big = first.iter().filter(|(_, c)| *c == "big").count();
+        let small = total - big;
+        let ratio = big as f64 / small.max(1) as f64;
+        ratios.push((heavy_weight, big, small, ratio, expected));
+        d.stop().await;
+    }
+    for (w, big, small, ratio, expected) in &ratios {
+        println!(
+            "weights {w}:1 -> first 200 deliveries: big {big}, small {small}, ratio {ratio:.2} (expected {expected})"
+        );
+    }
+    for (w, big, small, ratio, expected) in ratios {
+        assert!(small > 0, "the small customer got nothing");
+        assert!(
+            (ratio / expected - 1.0).abs() < 0.25,
+            "weights {w}:1: big {big}, small {small}, ratio {ratio:.2}, expected about {expected}"
+        );
+    }
+}

@@ -356,6 +356,30 @@ mod tests {
         let parsed: Settings = toml::from_str(&example).unwrap();
         assert_eq!(parsed.max_attempts, Some(8));
         assert_eq!(parsed.edge_url.as_deref(), Some("http://127.0.0.1:8787"));
+        assert_eq!(
+            parsed.portal_frame_ancestors,
+            Some(vec!["https://app.example.com".to_string()])
+        );
+    }
+
+    #[test]
+    fn portal_frame_ancestors_are_validated() {
+        let with = |v: &[&str]| Settings {
+            portal_frame_ancestors: Some(v.iter().map(|s| s.to_string()).collect()),
+            ..base()
+        };
+        let (cfg, _) = Config::from_settings(base()).unwrap();
+        assert_eq!(cfg.portal_frame_ancestors, "'none'");
+        let (cfg, warnings) =
+            Config::from_settings(with(&["https://app.example.com", "http://localhost:3000"]))
+                .unwrap();
+        assert_eq!(
+            cfg.portal_frame_ancestors,
+            "https://app.example.com http://localhost:3000"
+        );
+        assert!(warnings.iter().any(|w| w.contains("plain-http")));
+        let err = Config::from_settings(with(&["app.example.com/x"])).unwrap_err();
+        assert!(err.0.contains("--portal-frame-ancestors"), "{err}");
     }
 
     #[test]

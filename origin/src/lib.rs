@@ -59,8 +59,11 @@ pub async fn run(
             "deliveries leased by a previous run returned to the queue"
         );
     }
-    let fresh_key = time::random_bytes::<32>()
-        .map_err(|e| LedgerError::Schema(format!("no randomness for the portal key: {e}")))?;
+    let fresh_key = time::random_bytes::<32>().map_err(|e| {
+        RunError::Io(std::io::Error::other(format!(
+            "no randomness for the portal key: {e}"
+        )))
+    })?;
     let portal_key = ledger
         .tx(move |c| ledger::portal_key(c, &fresh_key, now))
         .await?;

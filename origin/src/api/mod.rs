@@ -1204,6 +1204,21 @@ mod tests {
     }
 
     #[test]
+    fn test_events_are_valid_events_of_their_type() {
+        let e = test_event("sub_a", 1_700, [0xab; 8]);
+        assert_eq!(e.id, "evt_test_1700_abababababababab");
+        validate_event_id("id", &e.id).unwrap();
+        let (parsed, _) = parse_events(e.body.as_bytes(), 64 * 1024).unwrap();
+        assert_eq!(
+            (parsed[0].id.as_str(), parsed[0].event_type.as_str()),
+            (e.id.as_str(), TEST_EVENT_TYPE)
+        );
+        let body: serde_json::Value = serde_json::from_str(&e.body).unwrap();
+        assert_eq!(body["data"]["subscriber"], "sub_a");
+        assert_ne!(test_event("sub_a", 1_700, [1; 8]).id, e.id);
+    }
+
+    #[test]
     fn filter_table() {
         let q = |status: Option<&str>, since: Option<&str>| DeliveryQuery {
             status: status.map(Into::into),

@@ -90,6 +90,10 @@ pub struct Settings {
     /// Most connections open at once; past it new ones wait [default: 4096]
     #[arg(long, env = "FANOUT_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Origins allowed to frame the customer portal, comma-separated
+    /// (https://app.example.com); without it nobody may frame it
+    #[arg(long, env = "FANOUT_PORTAL_FRAME_ANCESTORS", value_delimiter = ',')]
+    pub portal_frame_ancestors: Option<Vec<String>>,
 }
 
 impl Settings {
@@ -116,6 +120,7 @@ impl Settings {
             header_timeout: self.header_timeout.or(lower.header_timeout),
             body_timeout: self.body_timeout.or(lower.body_timeout),
             max_connections: self.max_connections.or(lower.max_connections),
+            portal_frame_ancestors: self.portal_frame_ancestors.or(lower.portal_frame_ancestors),
         }
     }
 
@@ -153,6 +158,8 @@ pub struct Config {
     pub max_db_bytes: Option<u64>,
     pub server_limits: ServerLimits,
     pub body_timeout: Duration,
+    /// The portal's CSP `frame-ancestors` source list (`'none'` unless configured).
+    pub portal_frame_ancestors: String,
 }
 
 /// Bytes in a size like `500MiB`, `20GiB`, `64KiB` or `4096` (units are powers of 1024; `KB`,
@@ -358,6 +365,19 @@ impl Config {
         if max_connections == 0 {
             return err("--max-connections must be at least 1".into());
         }
+        let portal_frame_ancestors =
+            crate::portal::frame_ancestors(&s.portal_frame_ancestors.unwrap_or_default())
+                .map_err(ConfigError)?;
+        if portal_frame_ancestors
+            .split(' ')
+            .any(|o| o.starts_with("http://"))
+        {
+            warnings.push(
+                "--portal-frame-ancestors lists a plain-http origin: a portal link framed there \
+                 travels unencrypted"
+                    .into(),
+            );
+        }
         Ok((
             Config {
                 max_db_bytes,
@@ -382,6 +402,7 @@ impl Config {
                     dead_threshold,
                     disable_after_ms,
                 },
+                portal_frame_ancestors,
             },
             warnings,
         ))
@@ -434,6 +455,30 @@ mod tests {
         assert_eq!(parsed.max_attempts, Some(8));
         assert_eq!(parsed.edge_url.as_deref(), Some("http://127.0.0.1:8787"));
         assert_eq!(parsed.max_db_size.as_deref(), Some("20GiB"));
+        assert_eq!(
+            parsed.portal_frame_ancestors,
+            Some(vec!["https://app.example.com".to_string()])
+        );
+    }
+
+    #[test]
+    fn portal_frame_ancestors_are_validated() {
+        let with = |v: &[&str]| Settings {
+            portal_frame_ancestors: Some(v.iter().map(|s| s.to_string()).collect()),
+            ..base()
+        };
+        let (cfg, _) = Config::from_settings(base()).unwrap();
+        assert_eq!(cfg.portal_frame_ancestors, "'none'");
+        let (cfg, warnings) =
+            Config::from_settings(with(&["https://app.example.com", "http://localhost:3000"]))
+                .unwrap();
+        assert_eq!(
+            cfg.portal_frame_ancestors,
+            "https://app.example.com http://localhost:3000"
+        );
+        assert!(warnings.iter().any(|w| w.contains("plain-http")));
+        let err = Config::from_settings(with(&["app.example.com/x"])).unwrap_err();
+        assert!(err.0.contains("--portal-frame-ancestors"), "{err}");
     }
 
     #[test]

@@ -10,12 +10,14 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod console;
+pub mod customer;
 pub mod dispatch;
 pub mod health;
 pub mod ledger;
 pub mod load;
 pub mod metrics;
 pub mod model;
+pub mod portal;
 pub mod redact;
 pub mod server;
 pub mod term;
@@ -74,6 +76,14 @@ pub async fn run(
             "deliveries leased by a previous run returned to the queue"
         );
     }
+    let fresh_key = time::random_bytes::<32>().map_err(|e| {
+        RunError::Io(std::io::Error::other(format!(
+            "no randomness for the portal key: {e}"
+        )))
+    })?;
+    let portal_key = ledger
+        .tx(move |c| ledger::portal_key(c, &fresh_key, now))
+        .await?;
     let metrics = Arc::new(metrics::Metrics::new(cfg.edge.is_some()));
     let health = health::Health::new(ledger.write_state());
     let edge = match &cfg.edge {
@@ -112,6 +122,8 @@ pub async fn run(
             max_event_bytes: cfg.max_event_bytes,
             rotation_grace_ms: (cfg.rotation_grace_secs.min(i64::MAX as u64 / 1000) * 1000) as i64,
             body_timeout: cfg.body_timeout,
+            portal_key,
+            portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
         },
         metrics,
         health.clone(),

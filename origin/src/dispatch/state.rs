@@ -43,8 +43,11 @@ const LEDGER_RETRY_MS: i64 = 100;
 const LEDGER_RETRY_MAX_MS: i64 = 5_000;
 /// The edge keeps this many sends of one call open at once (its `MAX_OPEN_SENDS` default).
 pub const EDGE_OPEN_SENDS: usize = 6;
-/// A subscriber's grant is spread over at most this many edge calls at once.
-pub const EDGE_CALLS_AT_ONCE: usize = 16;
+/// A subscriber's grant is spread over at most this many edge calls at once (beyond what the
+/// `--edge-batch` cap needs): enough that a small `max_in_flight` is not throttled by one
+/// call's open sends, few enough that a large grant still goes in large batches (each call
+/// costs the edge a signature check and a Durable Object round trip).
+pub const EDGE_CALLS_AT_ONCE: usize = 4;
 
 /// The dispatcher's settings that its decisions depend on.
 #[derive(Debug, Clone)]
@@ -913,9 +916,8 @@ impl State {
     }
 }
 
-/// Deliveries per edge call for a grant of `n`: spread over enough calls that the edge keeps
-/// every one of them open at once ([`EDGE_OPEN_SENDS`] per call), but over no more than
-/// [`EDGE_CALLS_AT_ONCE`] calls, and never more than `cap` per call.
+/// Deliveries per edge call for a grant of `n`: a share of [`EDGE_CALLS_AT_ONCE`] calls, at
+/// least [`EDGE_OPEN_SENDS`] (what one call keeps open at once), never more than `cap`.
 pub fn edge_per_call(n: usize, cap: usize) -> usize {
     let spread = n.div_ceil(EDGE_CALLS_AT_ONCE).max(EDGE_OPEN_SENDS);
     spread.min(cap).max(1)
@@ -1605,9 +1607,10 @@ mod tests {
         let cases: &[(usize, usize, usize)] = &[
             (1, 100, 6),
             (16, 100, 6),
-            (96, 100, 6),
-            (97, 100, 7),
-            (500, 100, 32),
+            (24, 100, 6),
+            (25, 100, 7),
+            (100, 100, 25),
+            (500, 100, 100),
             (500, 20, 20),
             (16, 4, 4),
             (0, 100, 6),

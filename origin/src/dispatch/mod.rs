@@ -12,6 +12,7 @@
 //! subscriber that hangs holds only its own in-flight slots.
 
 pub mod edge_lane;
+pub mod fair;
 pub mod origin_lane;
 pub mod plan;
 pub mod state;
@@ -57,6 +58,8 @@ pub enum Control {
     Changed(String),
     /// Re-read the whole queue (after a bulk replay).
     Rescan,
+    /// A customer was created, changed or removed: re-read their weights and caps.
+    Customers,
 }
 
 /// The executor's liveness, for `/healthz`: the time (unix ms) its loop last began a turn, 0
@@ -228,6 +231,10 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 self.step(Event::Changed { id, found }).await;
             }
             Control::Rescan => self.rescan().await?,
+            Control::Customers => {
+                let all = self.ledger.dispatch_customers().await?;
+                self.step(Event::Customers(all)).await;
+            }
         }
         Ok(())
     }
@@ -249,6 +256,10 @@ impl<L: DispatchLedger> Dispatcher<L> {
         mut control: mpsc::UnboundedReceiver<Control>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
+        match self.ledger.dispatch_customers().await {
+            Ok(all) => self.step(Event::Customers(all)).await,
+            Err(e) => tracing::error!(error = %e, "dispatcher cannot read the customers"),
+        }
         match self.ledger.dispatch_subscribers().await {
             Ok(subs) => {
                 for (s, _) in &subs {

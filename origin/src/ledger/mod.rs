@@ -8,6 +8,7 @@
 //! Invariants: a delivery exists at most once per `(subscriber_id, event_id)`; a delivery is
 //! `in_flight` only while leased by the dispatcher; nothing is ever deleted.
 
+mod customers;
 mod health;
 pub mod ops;
 mod queries;
@@ -56,6 +57,7 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         created_ms: 0,
         updated_ms: 0,
         health: Default::default(),
+        customer: None,
     }
 }
 
@@ -64,6 +66,7 @@ use std::sync::mpsc;
 
 use rusqlite::{Connection, OpenFlags};
 
+pub use customers::*;
 pub use health::*;
 pub use ops::{DispatchLedger, Recorded, Turn, TurnError};
 pub use queries::*;

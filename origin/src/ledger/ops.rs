@@ -86,6 +86,12 @@ pub trait DispatchLedger: Clone + Send + Sync + 'static {
         id: &str,
     ) -> impl Future<Output = Result<Option<(Subscriber, LimiterState)>, LedgerError>> + Send;
 
+    /// Every customer's share settings: `(id, weight, max_in_flight)`, ordered by id. Reads
+    /// only. (Added for weighted fairness; subscribers name their customer.)
+    fn dispatch_customers(
+        &self,
+    ) -> impl Future<Output = Result<Vec<(String, u32, Option<u32>)>, LedgerError>> + Send;
+
     /// Record a turn and lease its claims, in one transaction: apply the outcomes (idempotent
     /// per lease, see the module), store the limiters and health changes, check the dead
     /// counts, then lease up to the asked number of due (`next_attempt_ms <= now_ms`) pending
@@ -142,6 +148,17 @@ impl DispatchLedger for Ledger {
             }
             Err(LedgerError::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
+        })
+        .await
+    }
+
+    async fn dispatch_customers(&self) -> Result<Vec<(String, u32, Option<u32>)>, LedgerError> {
+        // On the writer: the change that prompted this read has just committed there.
+        self.call(|c| {
+            Ok(super::list_customers(c)?
+                .into_iter()
+                .map(|c| (c.id, c.weight, c.max_in_flight))
+                .collect())
         })
         .await
     }

@@ -241,10 +241,11 @@
     if (!confirm(`Rotate the signing secret of ${id}? The new secret is shown once.`)) return;
     try {
       const r = await call('POST', `/v1/subscribers/${encodeURIComponent(id)}/rotate-secret`, {});
+      // The cards are redrawn first (hiding any shown secret), then the new one is shown.
+      await loadEndpoints().catch(report);
       $('#secret-endpoint').textContent = id;
       $('#new-secret').textContent = r.secret;
       $('#secret-box').hidden = false;
-      await loadEndpoints();
     } catch (e) {
       report(e);
     }

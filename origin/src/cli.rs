@@ -591,8 +591,12 @@ async fn load(a: LoadArgs) -> Result<(), ClientError> {
             };
             Target::Edge {
                 base_url: edge.clone(),
-                client: crate::dispatch::edge_lane::EdgeClient::new(edge, key)
-                    .map_err(|e| input(format!("cannot build the HTTP client: {e}")))?,
+                client: crate::dispatch::edge_lane::EdgeClient::new(
+                    edge,
+                    key,
+                    crate::outbound::Outbound::new(false)
+                        .map_err(|e| input(format!("cannot build the HTTP client: {e}")))?,
+                ),
                 subscriber: fanout_core::wire::SubscriberSpec {
                     id: a.subscriber.clone().unwrap_or_else(|| load::run_id("load")),
                     url: sink,

@@ -346,6 +346,82 @@ pub fn parse_delivery_id(s: &str) -> Option<i64> {
         .filter(|n: &i64| *n > 0)
 }
 
+// ---------------------------------------------------------------------------------------------
+// Dispatching: what the dispatcher leases, decides and records (the ledger stores these; it
+// does not define them).
+
+/// A delivery leased to the dispatcher, with what it needs to send it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    pub rowid: i64,
+    pub event_id: String,
+    pub event_type: String,
+    pub body: String,
+    /// The number of the attempt about to be made (1-based).
+    pub attempt: u32,
+}
+
+/// What one subscriber's claim leased.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    pub subscriber_id: String,
+    pub claimed: Vec<Claimed>,
+    /// When the subscriber's earliest remaining pending delivery is due, if it has one.
+    pub next_due_ms: Option<i64>,
+}
+
+/// What happens to a leased delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Transition {
+    Sent,
+    /// Retry at `at_ms`; the attempt counts.
+    Retry {
+        at_ms: i64,
+        error: String,
+    },
+    Dead {
+        reason: String,
+    },
+    /// Back to pending at `at_ms` without spending an attempt (edge deferral, edge down).
+    Defer {
+        at_ms: i64,
+    },
+}
+
+/// One attempt as the ledger records it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AttemptRecord {
+    pub attempt: u32,
+    pub at_ms: i64,
+    pub lane: &'static str,
+    pub outcome: &'static str,
+    pub status: Option<u16>,
+    pub latency_ms: Option<u64>,
+    pub response_body: Option<String>,
+    pub error: Option<String>,
+}
+
+/// A leased delivery's result: its transition and, when something was attempted, the record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub rowid: i64,
+    pub transition: Transition,
+    pub attempt: Option<AttemptRecord>,
+}
+
+/// A change to a subscriber's health decided by the dispatcher.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HealthWrite {
+    FailingSince {
+        subscriber: String,
+        since_ms: Option<i64>,
+    },
+    Disable {
+        subscriber: String,
+        disabled: Disabled,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,11 +5,12 @@
 //!
 //! The verdict is a pure function of those figures and `now` ([`verdict`]), tested by a table.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::dispatch::Heartbeat;
 use crate::ledger::{Unavailable, WriteState};
 
 /// The dispatcher's loop turns at least every few seconds (its rescan); one that has not beaten
@@ -19,24 +20,24 @@ pub const STALL_AFTER_MS: i64 = 30_000;
 /// The shared health handle: cheap to clone, read with atomics only.
 #[derive(Debug, Clone)]
 pub struct Health {
-    /// Unix ms of the dispatcher loop's last turn; 0 before its first.
-    heartbeat: Arc<AtomicI64>,
+    /// The dispatcher loop's last turn (unix ms; 0 before its first).
+    heartbeat: Heartbeat,
     /// Set by the supervisor when the dispatcher task has ended (returned or panicked).
     dispatcher_ended: Arc<AtomicBool>,
     writes: Arc<WriteState>,
 }
 
 impl Health {
-    pub fn new(writes: Arc<WriteState>) -> Health {
+    pub fn new(writes: Arc<WriteState>, heartbeat: Heartbeat) -> Health {
         Health {
-            heartbeat: Arc::new(AtomicI64::new(0)),
+            heartbeat,
             dispatcher_ended: Arc::new(AtomicBool::new(false)),
             writes,
         }
     }
 
-    /// The dispatcher's heartbeat: it stores `now_ms` at every turn of its loop.
-    pub fn heartbeat(&self) -> Arc<AtomicI64> {
+    /// The dispatcher's heartbeat: it beats `now_ms` at every turn of its loop.
+    pub fn heartbeat(&self) -> Heartbeat {
         self.heartbeat.clone()
     }
 
@@ -48,7 +49,7 @@ impl Health {
     /// The figures as of now, for [`verdict`].
     pub fn snapshot(&self) -> Figures {
         Figures {
-            heartbeat_ms: self.heartbeat.load(Ordering::Acquire),
+            heartbeat_ms: self.heartbeat.last_ms(),
             dispatcher_ended: self.dispatcher_ended.load(Ordering::Acquire),
             ledger_failing: self.writes.failing(),
         }

@@ -36,7 +36,7 @@ use crate::ledger::{self, DeliveryFilter, Ledger, NewEvent};
 use crate::metrics::Metrics;
 use crate::model::{
     parse_delivery_id, validate_event_id, validate_id, validate_pattern, Disabled, Lane, Limits,
-    Status, Subscriber, SubscriberView, DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC,
+    SecretsView, Status, Subscriber, SubscriberView, DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC,
     DEFAULT_TIMEOUT_MS, MAX_ID_LEN,
 };
 use crate::time::{now_ms, parse_time, random_bytes};
@@ -107,6 +107,7 @@ pub fn router(state: AppState) -> Router {
                 .delete(delete_subscriber),
         )
         .route("/v1/subscribers/{id}/rotate-secret", post(rotate_secret))
+        .route("/v1/subscribers/{id}/secret", get(get_secrets))
         .route("/v1/subscribers/{id}/test", post(send_test))
         .route("/v1/deliveries", get(list_deliveries))
         .route("/v1/deliveries/{id}", get(get_delivery))
@@ -558,9 +559,13 @@ async fn create_subscriber(
     state.tell(Control::Changed(created.id.clone()));
     Ok((
         StatusCode::CREATED,
+        NO_STORE,
         Json(SubscriberView::of(&created, now, Some(secret))),
     ))
 }
+
+/// On every response that carries a secret: no cache keeps it.
+const NO_STORE: [(header::HeaderName, &str); 1] = [(header::CACHE_CONTROL, "no-store")];
 
 /// Subscribers (one, or every live one), with their figures when `with_stats`.
 async fn subscribers_with_stats(
@@ -709,11 +714,31 @@ async fn rotate_secret(
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     state.tell(Control::Changed(id.clone()));
-    Ok(Json(views::Rotated {
-        id,
-        secret,
-        previous_secrets_expire_at_ms: now + grace,
-    }))
+    Ok((
+        NO_STORE,
+        Json(views::Rotated {
+            id,
+            secret,
+            previous_secrets_expire_at_ms: now + grace,
+        }),
+    ))
+}
+
+/// `GET /v1/subscribers/{id}/secret`: the secrets that sign its deliveries now, newest first,
+/// a rotated-out one with the end of its grace period.
+async fn get_secrets(
+    State(state): State<AppState>,
+    who: Principal,
+    PathId(id): PathId,
+) -> Result<impl IntoResponse, ApiError> {
+    let now = now_ms();
+    let lookup = id.clone();
+    let sub = state
+        .ledger
+        .read(move |c| visible_subscriber(c, &who, &lookup))
+        .await
+        .map_err(|e| unknown_subscriber(e, &id))?;
+    Ok((NO_STORE, Json(SecretsView::of(&sub, now))))
 }
 
 /// The event type of a test event (`POST /v1/subscribers/{id}/test`).
@@ -1035,7 +1060,7 @@ mod tests {
     async fn healthz_never_waits_behind_the_writer_and_tells_why() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(&dir.path().join("l.db")).unwrap();
-        let health = Health::new(ledger.write_state());
+        let health = Health::new(ledger.write_state(), crate::dispatch::Heartbeat::default());
         let state = AppState::new(
             ledger.clone(),
             tokio::sync::mpsc::unbounded_channel().0,
@@ -1066,9 +1091,7 @@ mod tests {
         let (status, body) = ask(state.clone()).await;
         assert_eq!(status, 503, "{body}");
         assert_eq!(body["problems"][0]["code"], "dispatcher_not_running");
-        health
-            .heartbeat()
-            .store(now_ms(), std::sync::atomic::Ordering::Release);
+        health.heartbeat().beat(now_ms());
         let held = tokio::spawn({
             let ledger = ledger.clone();
             async move {

@@ -10,6 +10,7 @@
 
 mod customers;
 mod health;
+pub mod ops;
 pub mod owner;
 mod queries;
 mod schema;
@@ -69,9 +70,12 @@ use rusqlite::{Connection, OpenFlags};
 
 pub use customers::*;
 pub use health::*;
+pub use ops::{DispatchLedger, Recorded, Turn, TurnError};
 pub use queries::*;
 pub use schema::VERSION as SCHEMA_VERSION;
 pub use stats::{subscriber_stats, SubscriberStats};
+// The dispatcher's domain types live in the model; these names are kept for existing callers.
+pub use crate::model::{AttemptRecord, Claim, Claimed, HealthWrite, Outcome, Transition};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {

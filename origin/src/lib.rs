@@ -11,12 +11,17 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod console;
+pub mod customer;
 pub mod dispatch;
+pub mod health;
 pub mod ledger;
 pub mod load;
 pub mod metrics;
 pub mod model;
 pub mod outbound;
+pub mod portal;
+pub mod redact;
+pub mod server;
 pub mod term;
 pub mod time;
 
@@ -41,10 +46,18 @@ pub enum RunError {
     Http(#[from] reqwest::Error),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    /// The dispatcher ended while the daemon was serving: the daemon stops rather than accept
+    /// events it would never send.
+    #[error("the dispatcher stopped: {0}")]
+    Dispatcher(String),
 }
 
 /// Start the ledger, the dispatcher and the API on `listener`; return after `shutdown`
 /// resolves and in-flight work has been recorded (or left leased for the next start).
+///
+/// The dispatcher is supervised: if it fails to start, returns or panics while the daemon
+/// serves, the error is logged, `/healthz` turns 503, the server stops and `run` returns
+/// [`RunError::Dispatcher`] (the binary exits non-zero, for its service manager to restart).
 pub async fn run(
     cfg: Config,
     listener: TcpListener,
@@ -52,12 +65,31 @@ pub async fn run(
 ) -> Result<(), RunError> {
     match cfg.db.clone() {
         LedgerLocation::Sqlite(path) => {
-            let ledger = Ledger::open(&path)?;
+            let owner = ledger::owner::OwnerLock::acquire(&path, time::now_ms())?;
+            let ledger = Ledger::open_with(
+                &path,
+                ledger::LedgerOptions {
+                    max_bytes: cfg.max_db_bytes,
+                },
+            )?;
+            let fresh_key = portal_key_bytes()?;
+            let now = time::now_ms();
+            let portal_key = ledger
+                .tx(move |c| ledger::portal_key(c, &fresh_key, now))
+                .await?;
             let store = Store::Sqlite(ledger.clone());
-            serve(cfg, listener, shutdown, ledger.clone(), store, None).await?;
+            let lock = owner.path().display().to_string();
+            let served = Served {
+                portal_key,
+                writes: ledger.write_state(),
+                lock: Some(lock),
+            };
+            let failed =
+                serve(cfg, listener, shutdown, ledger.clone(), store, None, served).await?;
             // Wait for the ledger to finish everything queued before this point.
             ledger.call(|_| Ok(())).await?;
-            Ok(())
+            drop(owner);
+            stopped(failed)
         }
         LedgerLocation::Postgres(url) => {
             let name = daemon_name(listener.local_addr()?);
@@ -66,8 +98,42 @@ pub async fn run(
             let store = Store::Postgres(pg.clone());
             let (_renewing, stop_renewing) = tokio::sync::oneshot::channel();
             pg.keep_leases(stop_renewing);
-            serve(cfg, listener, shutdown, pg.clone(), store, Some(pg)).await
+            // No customers on PostgreSQL in this version: the portal key only has to outlive
+            // this run (no token can name a customer that exists).
+            let served = Served {
+                portal_key: portal_key_bytes()?.to_vec(),
+                writes: Arc::default(),
+                lock: None,
+            };
+            let failed =
+                serve(cfg, listener, shutdown, pg.clone(), store, Some(pg), served).await?;
+            stopped(failed)
         }
+    }
+}
+
+/// Fresh randomness for a portal key.
+fn portal_key_bytes() -> Result<[u8; 32], RunError> {
+    time::random_bytes::<32>().map_err(|e| {
+        RunError::Io(std::io::Error::other(format!(
+            "no randomness for the portal key: {e}"
+        )))
+    })
+}
+
+/// What the ledger's kind gives `serve`: the portal key, whether the ledger can write, the
+/// owner lock's path (SQLite).
+struct Served {
+    portal_key: Vec<u8>,
+    writes: Arc<ledger::WriteState>,
+    lock: Option<String>,
+}
+
+/// `run`'s answer once `serve` returned: an error when the dispatcher stopped on its own.
+fn stopped(failed: Option<String>) -> Result<(), RunError> {
+    match failed {
+        Some(why) => Err(RunError::Dispatcher(why)),
+        None => Ok(()),
     }
 }
 
@@ -122,7 +188,8 @@ async fn serve<L: DispatchLedger>(
     ledger: L,
     store: Store,
     announcements: Option<PgLedger>,
-) -> Result<(), RunError> {
+    served: Served,
+) -> Result<Option<String>, RunError> {
     let now = time::now_ms();
     let released = ledger.release_all_leases(now).await?;
     if released > 0 {
@@ -131,6 +198,7 @@ async fn serve<L: DispatchLedger>(
             "deliveries leased by a previous run returned to the queue"
         );
     }
+    let portal_key = served.portal_key;
     let metrics = Arc::new(metrics::Metrics::new(cfg.edge.is_some()));
     let outbound = outbound::Outbound::new(cfg.allow_loopback)?;
     let edge = cfg
@@ -139,6 +207,7 @@ async fn serve<L: DispatchLedger>(
         .map(|(url, key)| EdgeClient::new(url, key.clone(), outbound.clone()));
     // The dispatcher's liveness (unix ms of its loop's last turn), for `/healthz`.
     let heartbeat = dispatch::Heartbeat::default();
+    let health = health::Health::new(served.writes, heartbeat.clone());
     let dispatcher = Dispatcher::new(
         ledger.clone(),
         DispatchConfig {
@@ -163,7 +232,7 @@ async fn serve<L: DispatchLedger>(
         forward_announcements(pg, control_tx.clone());
     }
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let dispatcher_task = tokio::spawn(dispatcher.run(control_rx, async move {
+    let mut dispatcher_task = tokio::spawn(dispatcher.run(control_rx, async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
     }));
     let state = api::AppState::new(
@@ -174,24 +243,63 @@ async fn serve<L: DispatchLedger>(
             allow_loopback: cfg.allow_loopback,
             max_event_bytes: cfg.max_event_bytes,
             rotation_grace_ms: (cfg.rotation_grace_secs.min(i64::MAX as u64 / 1000) * 1000) as i64,
+            body_timeout: cfg.body_timeout,
+            portal_key,
+            portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
         },
         metrics,
+        health.clone(),
     );
     tracing::info!(
         listen = %listener.local_addr()?,
         db = %cfg.db.redacted(),
-        edge = cfg.edge.as_ref().map(|(u, _)| u.as_str()).unwrap_or("(none: origin lane only)"),
+        lock = served.lock.as_deref().unwrap_or("(none: a shared PostgreSQL ledger)"),
+        edge = cfg.edge.as_ref().map(|(u, _)| redact::url(u)).unwrap_or_else(|| "(none: origin lane only)".into()),
         "fanout serving"
     );
-    let served = axum::serve(listener, api::router(state))
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            let _ = stop_tx.send(true);
-        })
-        .await;
-    if let Err(e) = dispatcher_task.await {
-        tracing::error!(error = %e, "the dispatcher task failed");
+    // The server stops on `shutdown` or when the dispatcher ends, whichever comes first.
+    let (dispatcher_gone_tx, dispatcher_gone_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(server::serve(
+        listener,
+        api::router(state),
+        cfg.server_limits,
+        async move {
+            tokio::select! {
+                () = shutdown => {}
+                _ = dispatcher_gone_rx => {}
+            }
+        },
+    ));
+    let failed = tokio::select! {
+        ended = &mut dispatcher_task => {
+            // The dispatcher ended on its own while the daemon serves.
+            health.dispatcher_ended();
+            let why = match ended {
+                Ok(Ok(())) => "its loop ended".to_string(),
+                Ok(Err(e)) => e.to_string(),
+                Err(e) if e.is_panic() => "it panicked".to_string(),
+                Err(e) => e.to_string(),
+            };
+            tracing::error!(error = %why, "the dispatcher stopped; the daemon stops too rather than accept events it would not send");
+            let _ = dispatcher_gone_tx.send(());
+            Some(why)
+        }
+        served = &mut server => {
+            if let Err(e) = served {
+                tracing::error!(error = %e, "the HTTP server task failed");
+            }
+            None
+        }
+    };
+    let _ = stop_tx.send(true);
+    if failed.is_some() {
+        let _ = server.await;
+    } else {
+        match dispatcher_task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "the dispatcher failed while stopping"),
+            Err(e) => tracing::error!(error = %e, "the dispatcher task failed"),
+        }
     }
-    served?;
-    Ok(())
+    Ok(failed)
 }

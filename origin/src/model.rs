@@ -48,6 +48,37 @@ impl Lane {
     }
 }
 
+/// What one attempt came to, as the attempts table records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    Delivered,
+    Deferred,
+    Failed,
+    Rejected,
+}
+
+impl AttemptOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Delivered => "delivered",
+            AttemptOutcome::Deferred => "deferred",
+            AttemptOutcome::Failed => "failed",
+            AttemptOutcome::Rejected => "rejected",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<AttemptOutcome> {
+        match s {
+            "delivered" => Some(AttemptOutcome::Delivered),
+            "deferred" => Some(AttemptOutcome::Deferred),
+            "failed" => Some(AttemptOutcome::Failed),
+            "rejected" => Some(AttemptOutcome::Rejected),
+            _ => None,
+        }
+    }
+}
+
 /// A delivery's state, mirrored by the ledger's `status` column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -143,24 +174,15 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// The bounds are the shared core's ([`fanout_core::limits`]), the same the edge checks.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.rate_per_sec.is_finite() && self.rate_per_sec > 0.0) {
-            return Err("rate_per_sec must be a positive number".into());
-        }
-        if self.burst == 0 {
-            return Err("burst must be at least 1".into());
-        }
-        if self.max_in_flight == 0 {
-            return Err("max_in_flight must be at least 1".into());
-        }
-        let (lo, hi) = (
-            fanout_core::wire::MIN_TIMEOUT_MS,
-            fanout_core::wire::MAX_TIMEOUT_MS,
-        );
-        if !(lo..=hi).contains(&self.timeout_ms) {
-            return Err(format!("timeout_ms must be between {lo} and {hi}"));
-        }
-        Ok(())
+        fanout_core::limits::check(
+            self.rate_per_sec,
+            self.burst,
+            self.max_in_flight,
+            self.timeout_ms,
+        )
+        .map_err(|e| e.to_string())
     }
 
     /// The default burst for a rate: one second's worth, at least 1.
@@ -200,6 +222,8 @@ pub struct Subscriber {
     pub created_ms: i64,
     pub updated_ms: i64,
     pub health: Health,
+    /// The customer that owns this endpoint (`crate::customer`); `None`: the operator's own.
+    pub customer: Option<String>,
 }
 
 /// Why and since when a subscriber gets nothing sent.
@@ -234,16 +258,52 @@ impl Subscriber {
 }
 
 pub fn active_secrets(secrets: &[StoredSecret], now_ms: i64) -> Vec<String> {
+    live_secrets(secrets, now_ms)
+        .into_iter()
+        .map(|s| s.secret.clone())
+        .collect()
+}
+
+/// The stored secrets that sign at `now_ms`, newest first.
+fn live_secrets(secrets: &[StoredSecret], now_ms: i64) -> Vec<&StoredSecret> {
     let mut live: Vec<&StoredSecret> = secrets
         .iter()
         .filter(|s| s.expires_ms.is_none_or(|e| e > now_ms))
         .collect();
     live.sort_by_key(|s| std::cmp::Reverse(s.created_ms));
-    live.into_iter().map(|s| s.secret.clone()).collect()
+    live
 }
 
-/// The API's view of a subscriber (secrets are shown only when created or rotated).
-#[derive(Debug, Clone, Serialize)]
+/// `GET /v1/subscribers/{id}/secret`: the secrets that sign at `now_ms`, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecretsView {
+    pub secrets: Vec<SecretView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecretView {
+    pub secret: String,
+    /// When a rotated-out secret stops signing; `None` for the current one.
+    pub expires_at_ms: Option<i64>,
+}
+
+impl SecretsView {
+    pub fn of(s: &Subscriber, now_ms: i64) -> Self {
+        SecretsView {
+            secrets: live_secrets(&s.secrets, now_ms)
+                .into_iter()
+                .map(|x| SecretView {
+                    secret: x.secret.clone(),
+                    expires_at_ms: x.expires_ms,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The API's view of a subscriber (its secret only in the answer to its creation; the active
+/// ones from `GET /v1/subscribers/{id}/secret`, [`SecretsView`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SubscriberView {
     pub id: String,
     pub url: String,
@@ -265,7 +325,9 @@ pub struct SubscriberView {
     pub disabled_at_ms: Option<i64>,
     /// Start of the current unbroken run of failed attempts, if the last attempt failed.
     pub failing_since_ms: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The customer that owns this endpoint, if any.
+    pub customer: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
 
@@ -288,6 +350,7 @@ impl SubscriberView {
             disabled_reason: s.health.disabled.as_ref().map(|d| d.reason.clone()),
             disabled_at_ms: s.health.disabled.as_ref().map(|d| d.at_ms),
             failing_since_ms: s.health.failing_since_ms,
+            customer: s.customer.clone(),
             secret,
         }
     }
@@ -533,6 +596,16 @@ mod tests {
         ];
         for &(now, expected) in cases {
             assert_eq!(active_secrets(&secrets, now), expected, "at {now}");
+            // What GET /v1/subscribers/{id}/secret shows: the same, the old one with its end.
+            let shown: Vec<(&str, Option<i64>)> = live_secrets(&secrets, now)
+                .iter()
+                .map(|s| (s.secret.as_str(), s.expires_ms))
+                .collect();
+            let ends: Vec<(&str, Option<i64>)> = expected
+                .iter()
+                .map(|&e| (e, (e == "old").then_some(100)))
+                .collect();
+            assert_eq!(shown, ends, "view at {now}");
         }
     }
 }

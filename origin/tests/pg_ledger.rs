@@ -43,6 +43,7 @@ fn sub(id: &str, types: &[&str], rate: f64, burst: u32, max_in_flight: u32) -> S
         created_ms: 0,
         updated_ms: 0,
         health: Default::default(),
+        customer: None,
     }
 }
 
@@ -254,7 +255,7 @@ async fn leases_carry_their_owner_and_a_stale_result_is_ignored() {
         .unwrap();
     assert_eq!(twice.recorded, 0, "a result recorded twice counts once");
     let d = l[0].get_delivery(ids[0]).await.unwrap();
-    assert_eq!(d.status, "sent");
+    assert_eq!(d.status, Status::Sent);
     assert_eq!(d.attempt_count, 1);
     assert_eq!(d.attempts.map(|a| a.len()), Some(1));
     // A daemon restarting under its name gives back what it held.
@@ -660,23 +661,20 @@ async fn apply_records_every_transition_and_its_attempt() {
     let (d0, d1, d2, d3) = (view(0).await, view(1).await, view(2).await, view(3).await);
     let summary = |d: &fanout_origin::ledger::DeliveryView| {
         (
-            d.status.clone(),
+            d.status,
             d.attempt_count,
             d.next_attempt_at_ms,
             d.last_error.clone(),
             d.attempts.as_ref().map_or(0, |a| a.len()),
         )
     };
-    assert_eq!(summary(&d0), ("sent".into(), 1, None, None, 1));
+    assert_eq!(summary(&d0), (Status::Sent, 1, None, None, 1));
     assert_eq!(
         summary(&d1),
-        ("pending".into(), 1, Some(99), Some("status 500".into()), 1)
+        (Status::Pending, 1, Some(99), Some("status 500".into()), 1)
     );
-    assert_eq!(summary(&d2), ("pending".into(), 0, Some(77), None, 0));
-    assert_eq!(
-        summary(&d3),
-        ("dead".into(), 1, None, Some("410".into()), 1)
-    );
+    assert_eq!(summary(&d2), (Status::Pending, 0, Some(77), None, 0));
+    assert_eq!(summary(&d3), (Status::Dead, 1, None, Some("410".into()), 1));
     let counts: HashMap<String, i64> = l.status_counts().await.unwrap().into_iter().collect();
     assert_eq!(counts.get("in_flight"), None);
 }
@@ -827,4 +825,59 @@ async fn renewed_leases_hold_and_lapsed_ones_are_taken_over() {
         .await
         .unwrap();
     assert_eq!(taken[0].claimed.len(), 4);
+}
+
+/// A daemon on PostgreSQL refuses what needs customers (501 `not_supported`, saying why) and
+/// serves the rest; with PostgreSQL gone, ingest answers 503 `unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn customers_are_refused_on_postgres_and_a_lost_server_is_unavailable() {
+    let mut server = PgServer::start();
+    let url = server.database("c").await;
+    let daemon = common::Daemon::start_with(|mut s| {
+        s.db = Some(url.clone().into());
+        s
+    })
+    .await;
+    let api = &daemon.api;
+    let refused = |(s, body): (u16, serde_json::Value)| {
+        assert_eq!(s, 501, "{body}");
+        assert_eq!(body["error"]["code"], "not_supported", "{body}");
+        assert_eq!(
+            body["error"]["message"],
+            "customers need the SQLite ledger in this version"
+        );
+    };
+    refused(
+        api.post("/v1/customers", serde_json::json!({ "id": "acme" }))
+            .await,
+    );
+    refused(api.get("/v1/customers").await);
+    let spec = serde_json::json!({ "id": "s1", "url": "http://127.0.0.1:9/h", "customer": "acme" });
+    refused(api.post("/v1/subscribers", spec).await);
+    let plain =
+        serde_json::json!({ "id": "s2", "url": "http://127.0.0.1:9/h", "rate_per_sec": 0.001 });
+    let (s, body) = api.post("/v1/subscribers", plain).await;
+    assert_eq!(
+        (s, body["customer"].clone()),
+        (201, serde_json::Value::Null),
+        "{body}"
+    );
+    let patch = serde_json::json!({ "customer": "acme" }).to_string();
+    refused(
+        api.raw("PATCH", "/v1/subscribers/s2", Some(patch), true)
+            .await,
+    );
+
+    server.stop();
+    let (s, body) = api
+        .post(
+            "/v1/events",
+            serde_json::json!([{ "id": "e1", "type": "t", "data": {} }]),
+        )
+        .await;
+    assert_eq!(
+        (s, body["error"]["code"].clone()),
+        (503, "unavailable".into()),
+        "{body}"
+    );
 }

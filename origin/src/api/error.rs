@@ -12,6 +12,14 @@ use crate::ledger::LedgerError;
 pub enum ApiError {
     #[error("missing or wrong bearer token")]
     Unauthorized,
+    /// A portal token that is not (or no longer) valid.
+    #[error("{0}")]
+    PortalToken(String),
+    /// A valid token that may not do this (a portal link outside its routes or fields).
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    UnknownCustomer(String),
     #[error("{0}")]
     Malformed(String),
     #[error("{0}")]
@@ -26,6 +34,8 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     InvalidUrl(String),
+    #[error("{0}")]
+    Timeout(String),
     #[error("method not allowed")]
     MethodNotAllowed,
     #[error(transparent)]
@@ -47,7 +57,11 @@ impl ApiError {
 
     pub fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
-            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Unauthorized | ApiError::PortalToken(_) => {
+                (StatusCode::UNAUTHORIZED, "unauthorized")
+            }
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::UnknownCustomer(_) => (StatusCode::NOT_FOUND, "unknown_customer"),
             ApiError::Malformed(_) => (StatusCode::BAD_REQUEST, "malformed_json"),
             ApiError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
             ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
@@ -55,11 +69,21 @@ impl ApiError {
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::InvalidUrl(_) => (StatusCode::BAD_REQUEST, "invalid_url"),
+            ApiError::Timeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::Ledger(LedgerError::NotFound(_)) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Ledger(LedgerError::Conflict(_)) => (StatusCode::CONFLICT, "conflict"),
             ApiError::Ledger(LedgerError::Invalid(_)) => {
                 (StatusCode::BAD_REQUEST, "invalid_request")
+            }
+            ApiError::Ledger(LedgerError::Unavailable(_)) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
+            ApiError::Ledger(LedgerError::Postgres(e)) if e.is_unreachable() => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
+            ApiError::Ledger(LedgerError::NotSupported(_)) => {
+                (StatusCode::NOT_IMPLEMENTED, "not_supported")
             }
             ApiError::Ledger(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -73,12 +97,26 @@ impl IntoResponse for ApiError {
             ApiError::Ledger(
                 LedgerError::NotFound(m) | LedgerError::Conflict(m) | LedgerError::Invalid(m),
             ) => m.clone(),
+            ApiError::Ledger(LedgerError::Unavailable(why)) => {
+                format!("the ledger cannot write ({why}); nothing of this request was kept, retry later")
+            }
+            ApiError::Ledger(LedgerError::Postgres(e)) if e.is_unreachable() => {
+                format!("the ledger cannot be reached ({e}); nothing of this request was kept, retry later")
+            }
+            ApiError::Ledger(LedgerError::NotSupported(m)) => m.clone(),
             ApiError::Ledger(e) => {
                 tracing::error!(error = %e, "ledger failure while serving a request");
                 "internal error".to_string()
             }
             other => other.to_string(),
         };
-        (status, Json(ErrorBody::new(code, message))).into_response()
+        let mut response = (status, Json(ErrorBody::new(code, message))).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }

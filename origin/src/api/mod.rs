@@ -2,17 +2,19 @@
 //! replay, health and metrics. Handlers parse and validate (pure), then apply one ledger
 //! operation, then tell the dispatcher what changed.
 
+pub mod auth;
+mod customers;
 mod error;
 mod extract;
 mod openapi;
 mod stats;
+pub mod views;
 
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Query, Request, State};
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -25,15 +27,17 @@ use tokio::sync::mpsc::UnboundedSender;
 
 pub use error::ApiError;
 
+use auth::Principal;
 use extract::PathId;
 
 use crate::dispatch::Control;
+use crate::health::Health;
 use crate::ledger::store::Store;
 use crate::ledger::{self, DeliveryFilter, NewEvent};
 use crate::metrics::Metrics;
 use crate::model::{
     parse_delivery_id, validate_event_id, validate_id, validate_pattern, Disabled, Lane, Limits,
-    Status, Subscriber, SubscriberView, DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC,
+    SecretsView, Status, Subscriber, SubscriberView, DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC,
     DEFAULT_TIMEOUT_MS, MAX_ID_LEN,
 };
 use crate::time::{now_ms, parse_time, random_bytes};
@@ -50,6 +54,12 @@ pub struct ApiConfig {
     pub allow_loopback: bool,
     pub max_event_bytes: usize,
     pub rotation_grace_ms: i64,
+    /// A request body must arrive within this long (408 otherwise).
+    pub body_timeout: std::time::Duration,
+    /// The HMAC key that signs portal tokens (`crate::portal::token`), kept in the ledger.
+    pub portal_key: Vec<u8>,
+    /// The portal's `frame-ancestors` source list (`'none'` unless configured).
+    pub portal_frame_ancestors: String,
 }
 
 #[derive(Debug, Clone)]
@@ -58,6 +68,7 @@ pub struct AppState {
     control: UnboundedSender<Control>,
     cfg: Arc<ApiConfig>,
     metrics: Arc<Metrics>,
+    health: Health,
 }
 
 impl AppState {
@@ -66,12 +77,14 @@ impl AppState {
         control: UnboundedSender<Control>,
         cfg: ApiConfig,
         metrics: Arc<Metrics>,
+        health: Health,
     ) -> Self {
         AppState {
             ledger,
             control,
             cfg: Arc::new(cfg),
             metrics,
+            health,
         }
     }
 
@@ -95,16 +108,23 @@ pub fn router(state: AppState) -> Router {
                 .delete(delete_subscriber),
         )
         .route("/v1/subscribers/{id}/rotate-secret", post(rotate_secret))
+        .route("/v1/subscribers/{id}/secret", get(get_secrets))
+        .route("/v1/subscribers/{id}/test", post(send_test))
         .route("/v1/deliveries", get(list_deliveries))
         .route("/v1/deliveries/{id}", get(get_delivery))
         .route("/v1/deliveries/{id}/replay", post(replay_one))
         .route("/v1/replay", post(replay_bulk))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
+        .merge(customers::routes())
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi::document))
         .merge(crate::console::routes())
+        .merge(crate::portal::routes(&state.cfg.portal_frame_ancestors))
         .merge(v1)
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
@@ -112,33 +132,8 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Constant-time comparison of the bearer token.
-fn token_matches(given: &[u8], expected: &[u8]) -> bool {
-    if given.len() != expected.len() {
-        return false;
-    }
-    given
-        .iter()
-        .zip(expected)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-        == 0
-}
-
-async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let ok = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| token_matches(t.trim().as_bytes(), state.cfg.api_token.as_bytes()));
-    if ok {
-        next.run(req).await
-    } else {
-        ApiError::Unauthorized.into_response()
-    }
-}
-
 async fn read_body(
+    cfg: &ApiConfig,
     headers: &HeaderMap,
     body: Body,
     limit: usize,
@@ -151,9 +146,13 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_large())
+    match tokio::time::timeout(cfg.body_timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(read) => read.map_err(|_| too_large()),
+        Err(_) => Err(ApiError::Timeout(format!(
+            "the request body did not arrive within {} ms",
+            cfg.body_timeout.as_millis()
+        ))),
+    }
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
@@ -250,7 +249,7 @@ async fn post_events(
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
     let limit = MAX_REQUEST_BYTES.max(state.cfg.max_event_bytes);
-    let bytes = read_body(&headers, body, limit).await?;
+    let bytes = read_body(&state.cfg, &headers, body, limit).await?;
     let (events, is_array) = parse_events(&bytes, state.cfg.max_event_bytes)?;
     let now = now_ms();
     let (results, touched) = state.ledger.ingest(events, now).await?;
@@ -267,32 +266,111 @@ async fn post_events(
         state.tell(Control::Due(touched));
     }
     let body = if is_array {
-        json!({ "events": results })
+        serde_json::to_value(views::IngestedBatch { events: results })
     } else {
-        serde_json::to_value(&results[0]).unwrap_or_default()
-    };
+        serde_json::to_value(&results[0])
+    }
+    .unwrap_or_default();
     Ok((StatusCode::ACCEPTED, Json(body)))
 }
 
 // ---------------------------------------------------------------------------------------------
 // Subscribers
 
-#[derive(Debug, Default, Deserialize)]
+/// The body of `POST /v1/subscribers` and `PATCH /v1/subscribers/{id}` (the CLI writes it
+/// with the same type).
+#[derive(Debug, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
-struct SubscriberInput {
-    id: Option<String>,
-    url: Option<String>,
-    event_types: Option<Vec<String>>,
-    rate_per_sec: Option<f64>,
-    burst: Option<u32>,
-    max_in_flight: Option<u32>,
-    timeout_ms: Option<u64>,
-    lane: Option<Lane>,
-    legacy_signature: Option<bool>,
+pub struct SubscriberInput {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_types: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_per_sec: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lane: Option<Lane>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub legacy_signature: Option<bool>,
     /// Optional on creation: a `whsec_` secret to use instead of a generated one.
-    secret: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
     /// PATCH only: `false` re-enables a disabled subscriber, `true` disables it.
-    disabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<bool>,
+    /// The owning customer; in a PATCH, `null` detaches the subscriber from its customer.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub customer: Option<Option<String>>,
+}
+
+/// `Some(value)` for a field that is present, `null` included (`Some(None)`).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+impl SubscriberInput {
+    /// The names of the fields this input sets.
+    fn fields(&self) -> Vec<&'static str> {
+        let set: [(&'static str, bool); 12] = [
+            ("id", self.id.is_some()),
+            ("url", self.url.is_some()),
+            ("event_types", self.event_types.is_some()),
+            ("rate_per_sec", self.rate_per_sec.is_some()),
+            ("burst", self.burst.is_some()),
+            ("max_in_flight", self.max_in_flight.is_some()),
+            ("timeout_ms", self.timeout_ms.is_some()),
+            ("lane", self.lane.is_some()),
+            ("legacy_signature", self.legacy_signature.is_some()),
+            ("secret", self.secret.is_some()),
+            ("disabled", self.disabled.is_some()),
+            ("customer", self.customer.is_some()),
+        ];
+        set.into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(f, _)| f)
+            .collect()
+    }
+}
+
+fn validate_customer_ref(customer: &Option<Option<String>>) -> Result<(), ApiError> {
+    if let Some(Some(c)) = customer {
+        validate_id("customer", c).map_err(ApiError::Invalid)?;
+    }
+    Ok(())
+}
+
+/// A subscriber may only name a customer that exists: 400 otherwise, saying which.
+fn check_customer_exists(
+    c: &rusqlite::Connection,
+    customer: Option<&str>,
+) -> Result<(), ledger::LedgerError> {
+    match customer {
+        Some(id) => ledger::get_customer(c, id)
+            .map(|_| ())
+            .map_err(|e| match e {
+                ledger::LedgerError::NotFound(_) => ledger::LedgerError::Invalid(format!(
+                    "customer {id} does not exist: create it with POST /v1/customers first"
+                )),
+                other => other,
+            }),
+        None => Ok(()),
+    }
 }
 
 fn new_secret() -> Result<String, ApiError> {
@@ -363,6 +441,7 @@ fn subscriber_from(
             "a subscriber is created enabled; PATCH {\"disabled\": true} disables it".into(),
         ));
     }
+    validate_customer_ref(&input.customer)?;
     Ok((
         Subscriber {
             id,
@@ -375,6 +454,7 @@ fn subscriber_from(
             created_ms: now,
             updated_ms: now,
             health: Default::default(),
+            customer: input.customer.flatten(),
         },
         input.secret,
     ))
@@ -386,6 +466,7 @@ fn patched(
     input: SubscriberInput,
     allow_loopback: bool,
     now: i64,
+    actor: &str,
 ) -> Result<Subscriber, ApiError> {
     if input.id.as_ref().is_some_and(|id| *id != s.id) {
         return Err(ApiError::Invalid("id cannot be changed".into()));
@@ -422,13 +503,17 @@ fn patched(
     if let Some(l) = input.legacy_signature {
         s.legacy_signature = l;
     }
+    validate_customer_ref(&input.customer)?;
+    if let Some(c) = input.customer {
+        s.customer = c;
+    }
     match input.disabled {
         // Re-enabled: a fresh start (no run of failures; the dispatcher closes the breaker).
         Some(false) if s.health.disabled.is_some() => s.health = Default::default(),
         Some(true) if s.health.disabled.is_none() => {
             s.health.disabled = Some(Disabled {
                 at_ms: now,
-                reason: "disabled by an operator".into(),
+                reason: format!("disabled by {actor}"),
             })
         }
         _ => {}
@@ -451,7 +536,7 @@ async fn create_subscriber(
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
     let input: SubscriberInput = parse_json(&bytes)?;
     let now = now_ms();
     let (sub, given) = subscriber_from(input, state.cfg.allow_loopback, now)?;
@@ -459,39 +544,87 @@ async fn create_subscriber(
         Some(s) => s,
         None => new_secret()?,
     };
-    let created = state.ledger.create_subscriber(sub, secret.clone()).await?;
+    let created = match &state.ledger {
+        Store::Sqlite(l) => {
+            let stored = sub.clone();
+            let first = secret.clone();
+            l.tx(move |c| {
+                check_customer_exists(c, stored.customer.as_deref())?;
+                ledger::create_subscriber(c, &stored, &first)?;
+                ledger::get_subscriber(c, &stored.id)
+            })
+            .await?
+        }
+        Store::Postgres(_) => {
+            Store::no_customer(sub.customer.as_deref())?;
+            state.ledger.create_subscriber(sub, secret.clone()).await?
+        }
+    };
     state.tell(Control::Changed(created.id.clone()));
     Ok((
         StatusCode::CREATED,
+        NO_STORE,
         Json(SubscriberView::of(&created, now, Some(secret))),
     ))
 }
 
+/// On every response that carries a secret: no cache keeps it.
+const NO_STORE: [(header::HeaderName, &str); 1] = [(header::CACHE_CONTROL, "no-store")];
+
 /// Subscribers (one, or every live one), with their figures when `with_stats`.
 async fn subscribers_with_stats(
     state: &AppState,
+    who: &Principal,
     only: Option<String>,
     with_stats: bool,
 ) -> Result<Vec<stats::ViewWithStats>, ledger::LedgerError> {
-    let (subs, counts) = state.ledger.subscribers(only, with_stats).await?;
+    let now = now_ms();
+    let who = who.clone();
+    let l = match &state.ledger {
+        Store::Sqlite(l) => l,
+        Store::Postgres(_) => {
+            Store::no_customer(who.customer())?;
+            let (subs, counts) = state.ledger.subscribers(only, with_stats).await?;
+            return Ok(stats::views(&subs, counts.as_ref(), now_ms()));
+        }
+    };
+    let (subs, counts) = l
+        .read(move |c| {
+            let snapshot = c.transaction()?;
+            let mut subs = match &only {
+                Some(id) => vec![ledger::get_subscriber(&snapshot, id)?],
+                None => ledger::list_subscribers(&snapshot)?,
+            };
+            subs.retain(|s| who.sees(s.customer.as_deref()));
+            let counts = if with_stats {
+                let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
+                Some(ledger::status::subscriber_counts(&snapshot, &ids, now)?)
+            } else {
+                None
+            };
+            Ok((subs, counts))
+        })
+        .await?;
     Ok(stats::views(&subs, counts.as_ref(), now_ms()))
 }
 
 async fn list_subscribers(
     State(state): State<AppState>,
+    who: Principal,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let views = subscribers_with_stats(&state, None, stats::wants_stats(&q)?).await?;
-    Ok(Json(json!({ "subscribers": views })))
+    let views = subscribers_with_stats(&state, &who, None, stats::wants_stats(&q)?).await?;
+    Ok(Json(views::SubscriberList { subscribers: views }))
 }
 
 async fn get_subscriber(
     State(state): State<AppState>,
+    who: Principal,
     PathId(id): PathId,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<impl IntoResponse, ApiError> {
     let with_stats = stats::wants_stats(&q)?;
-    let mut views = subscribers_with_stats(&state, Some(id.clone()), with_stats)
+    let mut views = subscribers_with_stats(&state, &who, Some(id.clone()), with_stats)
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     views
@@ -500,21 +633,69 @@ async fn get_subscriber(
         .ok_or_else(|| ApiError::UnknownSubscriber(format!("no subscriber {id}")))
 }
 
+/// The live subscriber `id`, if `who` may see it (`NotFound` otherwise, as for no subscriber).
+fn visible_subscriber(
+    c: &rusqlite::Connection,
+    who: &Principal,
+    id: &str,
+) -> Result<Subscriber, ledger::LedgerError> {
+    let s = ledger::get_subscriber(c, id)?;
+    if who.sees(s.customer.as_deref()) {
+        Ok(s)
+    } else {
+        Err(ledger::LedgerError::NotFound(format!("subscriber {id}")))
+    }
+}
+
 async fn patch_subscriber(
     State(state): State<AppState>,
+    who: Principal,
     PathId(id): PathId,
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
     let input: SubscriberInput = parse_json(&bytes)?;
+    who.may_patch(&input.fields())?;
     let allow_loopback = state.cfg.allow_loopback;
     let now = now_ms();
-    let result = state
-        .ledger
-        .update_subscriber(id.clone(), move |current| {
+    let lookup = id.clone();
+    let l = match &state.ledger {
+        Store::Sqlite(l) => l,
+        Store::Postgres(_) => {
+            Store::no_customer(who.customer())?;
+            Store::no_customer(input.customer.clone().flatten().as_deref())?;
+            let actor = who.actor();
+            let sub = state
+                .ledger
+                .update_subscriber(id.clone(), move |current| {
+                    let toggled = input.disabled.is_some();
+                    patched(current, input, allow_loopback, now, actor).map(|next| (next, toggled))
+                })
+                .await
+                .map_err(|e| unknown_subscriber(e, &id))??;
+            state.tell(Control::Changed(id));
+            return Ok(Json(SubscriberView::of(&sub, now, None)));
+        }
+    };
+    let result = l
+        .tx(move |c| {
+            let current = visible_subscriber(c, &who, &lookup)?;
             let toggled = input.disabled.is_some();
-            patched(current, input, allow_loopback, now).map(|next| (next, toggled))
+            if let Some(customer) = &input.customer {
+                if let Err(e) = check_customer_exists(c, customer.as_deref()) {
+                    return Ok(Err(e.into()));
+                }
+            }
+            let next = match patched(current, input, allow_loopback, now, who.actor()) {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            ledger::update_subscriber(c, &next)?;
+            if toggled {
+                ledger::set_disabled(c, &next.id, next.health.disabled.as_ref())?;
+            }
+            Ok(Ok(next))
         })
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
@@ -534,29 +715,120 @@ async fn delete_subscriber(
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     state.tell(Control::Changed(id.clone()));
-    Ok(Json(
-        json!({ "id": id, "deleted": true, "deliveries_dead": dead }),
-    ))
+    Ok(Json(views::Deleted {
+        id,
+        deleted: true,
+        deliveries_dead: dead as u64,
+    }))
 }
 
 async fn rotate_secret(
     State(state): State<AppState>,
+    who: Principal,
     PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let now = now_ms();
     let secret = new_secret()?;
     let grace = state.cfg.rotation_grace_ms;
-    state
+    let lookup = id.clone();
+    let stored = secret.clone();
+    match &state.ledger {
+        Store::Sqlite(l) => {
+            l.tx(move |c| {
+                visible_subscriber(c, &who, &lookup)?;
+                ledger::rotate_secret(c, &lookup, &stored, now, grace)
+            })
+            .await
+        }
+        Store::Postgres(_) => match Store::no_customer(who.customer()) {
+            Ok(()) => state.ledger.rotate_secret(lookup, stored, now, grace).await,
+            Err(e) => Err(e),
+        },
+    }
+    .map_err(|e| unknown_subscriber(e, &id))?;
+    state.tell(Control::Changed(id.clone()));
+    Ok((
+        NO_STORE,
+        Json(views::Rotated {
+            id,
+            secret,
+            previous_secrets_expire_at_ms: now + grace,
+        }),
+    ))
+}
+
+/// `GET /v1/subscribers/{id}/secret`: the secrets that sign its deliveries now, newest first,
+/// a rotated-out one with the end of its grace period.
+async fn get_secrets(
+    State(state): State<AppState>,
+    who: Principal,
+    PathId(id): PathId,
+) -> Result<impl IntoResponse, ApiError> {
+    let now = now_ms();
+    let lookup = id.clone();
+    let sub = match &state.ledger {
+        Store::Sqlite(l) => l.read(move |c| visible_subscriber(c, &who, &lookup)).await,
+        Store::Postgres(_) => match Store::no_customer(who.customer()) {
+            Ok(()) => state.ledger.subscriber(lookup).await,
+            Err(e) => Err(e),
+        },
+    }
+    .map_err(|e| unknown_subscriber(e, &id))?;
+    Ok((NO_STORE, Json(SecretsView::of(&sub, now))))
+}
+
+/// The event type of a test event (`POST /v1/subscribers/{id}/test`).
+pub const TEST_EVENT_TYPE: &str = "fanout.test";
+
+/// A test event for one subscriber (pure): a fresh id from `random`, the type
+/// [`TEST_EVENT_TYPE`], and who it is for.
+fn test_event(subscriber: &str, now: i64, random: [u8; 8]) -> NewEvent {
+    let suffix: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let id = format!("evt_test_{now}_{suffix}");
+    let body = json!({
+        "id": id,
+        "type": TEST_EVENT_TYPE,
+        "data": { "subscriber": subscriber, "sent_at_ms": now },
+    })
+    .to_string();
+    NewEvent {
+        id,
+        event_type: TEST_EVENT_TYPE.into(),
+        body,
+    }
+}
+
+/// `POST /v1/subscribers/{id}/test`: one `fanout.test` event delivered to this subscriber
+/// alone, through the usual queue (signed, rate-limited, retried, visible in its deliveries).
+async fn send_test(
+    State(state): State<AppState>,
+    who: Principal,
+    PathId(id): PathId,
+) -> Result<impl IntoResponse, ApiError> {
+    let now = now_ms();
+    let random = random_bytes::<8>().map_err(|e| {
+        ApiError::Ledger(ledger::LedgerError::Invalid(format!("no randomness: {e}")))
+    })?;
+    let event = test_event(&id, now, random);
+    let event_id = event.id.clone();
+    let lookup = id.clone();
+    let rowid = state
         .ledger
-        .rotate_secret(id.clone(), secret.clone(), now, grace)
+        .sqlite()?
+        .tx(move |c| {
+            visible_subscriber(c, &who, &lookup)?;
+            ledger::ingest_test(c, &lookup, &event, now)
+        })
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
-    state.tell(Control::Changed(id.clone()));
-    Ok(Json(json!({
-        "id": id,
-        "secret": secret,
-        "previous_secrets_expire_at_ms": now + grace,
-    })))
+    state.tell(Control::Due(vec![id]));
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({
+            "event_id": event_id,
+            "delivery_id": crate::model::delivery_public_id(rowid),
+        })),
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -568,10 +840,15 @@ struct DeliveryQuery {
     status: Option<String>,
     subscriber: Option<String>,
     event: Option<String>,
+    /// Only events of this type.
+    #[serde(rename = "type")]
+    event_type: Option<String>,
     since: Option<serde_json::Value>,
     until: Option<serde_json::Value>,
     after: Option<String>,
     limit: Option<usize>,
+    /// `POST /v1/replay` only: count what would be replayed, change nothing.
+    dry_run: Option<bool>,
 }
 
 fn time_arg(name: &str, v: Option<serde_json::Value>) -> Result<Option<i64>, ApiError> {
@@ -610,6 +887,8 @@ fn filter_from(q: DeliveryQuery) -> Result<DeliveryFilter, ApiError> {
         status,
         subscriber: q.subscriber.filter(|s| !s.is_empty()),
         event: q.event.filter(|s| !s.is_empty()),
+        event_type: q.event_type.filter(|s| !s.is_empty()),
+        customer: None,
         since_ms: time_arg("since", q.since)?,
         until_ms: time_arg("until", q.until)?,
         after,
@@ -619,6 +898,7 @@ fn filter_from(q: DeliveryQuery) -> Result<DeliveryFilter, ApiError> {
 
 async fn list_deliveries(
     State(state): State<AppState>,
+    who: Principal,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<impl IntoResponse, ApiError> {
     let mut query = DeliveryQuery::default();
@@ -627,6 +907,7 @@ async fn list_deliveries(
             "status" => query.status = Some(v),
             "subscriber" => query.subscriber = Some(v),
             "event" => query.event = Some(v),
+            "type" => query.event_type = Some(v),
             "since" => query.since = Some(serde_json::Value::String(v)),
             "until" => query.until = Some(serde_json::Value::String(v)),
             "after" => query.after = Some(v),
@@ -643,84 +924,181 @@ async fn list_deliveries(
             }
         }
     }
-    let filter = filter_from(query)?;
+    let mut filter = filter_from(query)?;
+    filter.customer = who.customer().map(str::to_string);
     let limit = filter.limit;
     let rows = state.ledger.list_deliveries(filter).await?;
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|d| d.id.clone()))
         .flatten();
-    Ok(Json(json!({ "deliveries": rows, "next": next })))
+    Ok(Json(views::DeliveryList {
+        deliveries: rows,
+        next,
+    }))
 }
 
 fn delivery_id(id: &str) -> Result<i64, ApiError> {
     parse_delivery_id(id).ok_or_else(|| ApiError::NotFound(format!("no delivery {id}")))
 }
 
+/// `NotFound` unless `who` may see delivery `rowid`.
+fn check_delivery_visible(
+    c: &rusqlite::Connection,
+    who: &Principal,
+    rowid: i64,
+) -> Result<(), ledger::LedgerError> {
+    let owner = ledger::delivery_owner(c, rowid)?;
+    if who.sees(owner.as_deref()) {
+        Ok(())
+    } else {
+        Err(ledger::LedgerError::NotFound(format!(
+            "delivery {}",
+            crate::model::delivery_public_id(rowid)
+        )))
+    }
+}
+
 async fn get_delivery(
     State(state): State<AppState>,
+    who: Principal,
     PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let rowid = delivery_id(&id)?;
-    let d = state.ledger.get_delivery(rowid).await?;
+    let d = match &state.ledger {
+        Store::Sqlite(l) => {
+            l.read(move |c| {
+                check_delivery_visible(c, &who, rowid)?;
+                ledger::get_delivery(c, rowid)
+            })
+            .await?
+        }
+        Store::Postgres(_) => {
+            Store::no_customer(who.customer())?;
+            state.ledger.get_delivery(rowid).await?
+        }
+    };
     Ok(Json(d))
 }
 
 async fn replay_one(
     State(state): State<AppState>,
+    who: Principal,
     PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let rowid = delivery_id(&id)?;
     let now = now_ms();
-    let sub = state.ledger.replay_one(rowid, now).await?;
+    let sub = match &state.ledger {
+        Store::Sqlite(l) => {
+            l.tx(move |c| {
+                check_delivery_visible(c, &who, rowid)?;
+                ledger::replay_one(c, rowid, now)
+            })
+            .await?
+        }
+        Store::Postgres(_) => {
+            Store::no_customer(who.customer())?;
+            state.ledger.replay_one(rowid, now).await?
+        }
+    };
     state.tell(Control::Replayed(vec![sub]));
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "id": id, "status": "pending" })),
+        Json(views::ReplayedOne {
+            id,
+            status: Status::Pending,
+        }),
     ))
 }
 
 async fn replay_bulk(
     State(state): State<AppState>,
+    who: Principal,
     headers: HeaderMap,
     body: Body,
-) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&headers, body, 64 * 1024).await?;
+) -> Result<Response, ApiError> {
+    let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
     let q: DeliveryQuery = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         DeliveryQuery::default()
     } else {
         parse_json(&bytes)?
     };
-    let filter = filter_from(q)?;
+    let dry_run = q.dry_run.unwrap_or(false);
+    let mut filter = filter_from(q)?;
+    filter.customer = who.customer().map(str::to_string);
     let now = now_ms();
-    let (n, subs) = state
-        .ledger
-        .replay_bulk(filter, now)
-        .await
-        .map_err(|e| match e {
-            ledger::LedgerError::NotFound(m) => ApiError::UnknownSubscriber(m),
-            other => ApiError::Ledger(other),
-        })?;
+    let check = move |c: &rusqlite::Connection, f: &DeliveryFilter| match &f.subscriber {
+        Some(s) => visible_subscriber(c, &who, s).map(|_| ()),
+        None => Ok(()),
+    };
+    if dry_run {
+        let n = state
+            .ledger
+            .sqlite()?
+            .read(move |c| {
+                check(c, &filter)?;
+                ledger::count_replayable(c, &filter)
+            })
+            .await
+            .map_err(|e| match e {
+                ledger::LedgerError::NotFound(m) => ApiError::UnknownSubscriber(m),
+                other => ApiError::Ledger(other),
+            })?;
+        return Ok(Json(json!({ "count": n })).into_response());
+    }
+    let (n, subs) = match &state.ledger {
+        Store::Sqlite(l) => l
+            .tx(move |c| {
+                check(c, &filter)?;
+                ledger::replay_bulk(c, &filter, now)
+            })
+            .await
+            .map(|(n, subs)| (n as u64, subs)),
+        Store::Postgres(_) => state.ledger.replay_bulk(filter, now).await,
+    }
+    .map_err(|e| match e {
+        ledger::LedgerError::NotFound(m) => ApiError::UnknownSubscriber(m),
+        other => ApiError::Ledger(other),
+    })?;
     if !subs.is_empty() {
         state.tell(Control::Replayed(subs));
     }
-    Ok((StatusCode::ACCEPTED, Json(json!({ "replayed": n }))))
+    Ok((StatusCode::ACCEPTED, Json(views::Replayed { replayed: n })).into_response())
 }
 
 // ---------------------------------------------------------------------------------------------
 // Health and metrics
 
+/// 200 when the dispatcher turns and the ledger can write; 503 with the reasons otherwise.
+/// Reads atomics only on SQLite: it answers at once even while the writer is busy (on
+/// PostgreSQL it also asks the server).
 async fn healthz(State(state): State<AppState>) -> Response {
-    match state.ledger.ping().await {
-        Ok(_) => Json(json!({ "status": "ok" })).into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(fanout_core::wire::ErrorBody::new(
-                "unavailable",
-                e.to_string(),
-            )),
-        )
-            .into_response(),
+    let mut problems = crate::health::verdict(state.health.snapshot(), now_ms());
+    if let Store::Postgres(_) = &state.ledger {
+        // A shared PostgreSQL ledger: healthy only while it answers.
+        if let Err(e) = state.ledger.ping().await {
+            problems.push(crate::health::Problem {
+                code: "ledger_unavailable",
+                message: format!("the PostgreSQL ledger does not answer: {e}"),
+            });
+        }
     }
+    if problems.is_empty() {
+        return Json(json!({ "status": "ok" })).into_response();
+    }
+    let message = problems
+        .iter()
+        .map(|p| p.message.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({
+            "status": "unavailable",
+            "error": { "code": "unavailable", "message": message },
+            "problems": problems,
+        })),
+    )
+        .into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
@@ -731,6 +1109,61 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `/healthz` reads atomics only: it answers at once while the writer is held, and says
+    /// 503 with the reason before the dispatcher's first turn.
+    #[tokio::test]
+    async fn healthz_never_waits_behind_the_writer_and_tells_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = ledger::Ledger::open(&dir.path().join("l.db")).unwrap();
+        let health = Health::new(ledger.write_state(), crate::dispatch::Heartbeat::default());
+        let state = AppState::new(
+            Store::Sqlite(ledger.clone()),
+            tokio::sync::mpsc::unbounded_channel().0,
+            ApiConfig {
+                api_token: "t".repeat(16),
+                allow_loopback: false,
+                max_event_bytes: 1024,
+                rotation_grace_ms: 0,
+                body_timeout: std::time::Duration::from_secs(1),
+                portal_key: vec![7; 32],
+                portal_frame_ancestors: "'none'".into(),
+            },
+            Arc::new(Metrics::new(false)),
+            health.clone(),
+        );
+        let ask = |state: AppState| async move {
+            let r =
+                tokio::time::timeout(std::time::Duration::from_millis(500), healthz(State(state)))
+                    .await
+                    .expect("healthz waited");
+            let status = r.status().as_u16();
+            let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+            (
+                status,
+                serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+            )
+        };
+        let (status, body) = ask(state.clone()).await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["problems"][0]["code"], "dispatcher_not_running");
+        health.heartbeat().beat(now_ms());
+        let held = tokio::spawn({
+            let ledger = ledger.clone();
+            async move {
+                ledger
+                    .call(|_| {
+                        std::thread::sleep(std::time::Duration::from_secs(2));
+                        Ok(())
+                    })
+                    .await
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let (status, body) = ask(state).await;
+        assert_eq!(status, 200, "{body}");
+        held.await.unwrap().unwrap();
+    }
 
     fn check(body: &str, expected: Result<Vec<(&str, &str)>, &str>) {
         let got = parse_events(body.as_bytes(), 64)
@@ -789,14 +1222,6 @@ mod tests {
             ),
             Err("too_large"),
         );
-    }
-
-    #[test]
-    fn token_comparison() {
-        assert!(token_matches(b"secret-token", b"secret-token"));
-        assert!(!token_matches(b"secret-tokem", b"secret-token"));
-        assert!(!token_matches(b"secret", b"secret-token"));
-        assert!(!token_matches(b"", b"secret-token"));
     }
 
     #[test]
@@ -939,6 +1364,7 @@ mod tests {
             },
             false,
             1,
+            "an operator",
         );
         assert!(p.is_err());
         // Disable, then re-enable: a fresh start.
@@ -946,19 +1372,34 @@ mod tests {
             disabled: Some(d),
             ..Default::default()
         };
-        let off = patched(s.clone(), toggle(true), false, 5).unwrap();
+        let off = patched(s.clone(), toggle(true), false, 5, "an operator").unwrap();
         let d = off.health.disabled.clone().unwrap();
         assert_eq!((d.at_ms, d.reason.as_str()), (5, "disabled by an operator"));
-        let again = patched(off.clone(), toggle(true), false, 9).unwrap();
+        let again = patched(off.clone(), toggle(true), false, 9, "an operator").unwrap();
         assert_eq!(again.health.disabled.map(|d| d.at_ms), Some(5));
         let mut failing = off;
         failing.health.failing_since_ms = Some(2);
-        let on = patched(failing, toggle(false), false, 6).unwrap();
+        let on = patched(failing, toggle(false), false, 6, "an operator").unwrap();
         assert_eq!(on.health, Default::default());
         let mut enabled_failing = s;
         enabled_failing.health.failing_since_ms = Some(2);
-        let still = patched(enabled_failing, toggle(false), false, 6).unwrap();
+        let still = patched(enabled_failing, toggle(false), false, 6, "an operator").unwrap();
         assert_eq!(still.health.failing_since_ms, Some(2));
+    }
+
+    #[test]
+    fn test_events_are_valid_events_of_their_type() {
+        let e = test_event("sub_a", 1_700, [0xab; 8]);
+        assert_eq!(e.id, "evt_test_1700_abababababababab");
+        validate_event_id("id", &e.id).unwrap();
+        let (parsed, _) = parse_events(e.body.as_bytes(), 64 * 1024).unwrap();
+        assert_eq!(
+            (parsed[0].id.as_str(), parsed[0].event_type.as_str()),
+            (e.id.as_str(), TEST_EVENT_TYPE)
+        );
+        let body: serde_json::Value = serde_json::from_str(&e.body).unwrap();
+        assert_eq!(body["data"]["subscriber"], "sub_a");
+        assert_ne!(test_event("sub_a", 1_700, [1; 8]).id, e.id);
     }
 
     #[test]

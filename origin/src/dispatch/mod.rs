@@ -12,6 +12,7 @@
 //! subscriber that hangs holds only its own in-flight slots.
 
 pub mod edge_lane;
+pub mod fair;
 pub mod origin_lane;
 pub mod plan;
 pub mod state;
@@ -57,6 +58,8 @@ pub enum Control {
     Changed(String),
     /// Re-read the whole queue (after a bulk replay).
     Rescan,
+    /// A customer was created, changed or removed: re-read their weights and caps.
+    Customers,
 }
 
 /// The executor's liveness, for `/healthz`: the time (unix ms) its loop last began a turn, 0
@@ -228,6 +231,10 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 self.step(Event::Changed { id, found }).await;
             }
             Control::Rescan => self.rescan().await?,
+            Control::Customers => {
+                let all = self.ledger.dispatch_customers().await?;
+                self.step(Event::Customers(all)).await;
+            }
         }
         Ok(())
     }
@@ -243,23 +250,25 @@ impl<L: DispatchLedger> Dispatcher<L> {
         batch
     }
 
-    /// Run until `shutdown`, then wait (a little) for sends in flight to be recorded.
+    /// Run until `shutdown`, then wait (a little) for sends in flight to be recorded. Fails if
+    /// it cannot read the subscribers at start: a dispatcher that cannot start must not look
+    /// running (`run` in lib.rs stops the daemon).
     pub async fn run(
         mut self,
         mut control: mpsc::UnboundedReceiver<Control>,
         shutdown: impl std::future::Future<Output = ()>,
-    ) {
-        match self.ledger.dispatch_subscribers().await {
-            Ok(subs) => {
-                for (s, _) in &subs {
-                    if s.lane == Lane::Edge && self.cfg.edge.is_none() {
-                        tracing::warn!(subscriber = %s.id, "lane is edge but no edge is configured: using the origin lane");
-                    }
-                }
-                self.step(Event::Loaded(subs)).await;
-            }
-            Err(e) => tracing::error!(error = %e, "dispatcher cannot read the ledger"),
+    ) -> Result<(), LedgerError> {
+        match self.ledger.dispatch_customers().await {
+            Ok(all) => self.step(Event::Customers(all)).await,
+            Err(e) => tracing::error!(error = %e, "dispatcher cannot read the customers"),
         }
+        let subs = self.ledger.dispatch_subscribers().await?;
+        for (s, _) in &subs {
+            if s.lane == Lane::Edge && self.cfg.edge.is_none() {
+                tracing::warn!(subscriber = %s.id, "lane is edge but no edge is configured: using the origin lane");
+            }
+        }
+        self.step(Event::Loaded(subs)).await;
         if let Err(e) = self.rescan().await {
             tracing::error!(error = %e, "dispatcher cannot read the queue");
         }
@@ -326,11 +335,12 @@ impl<L: DispatchLedger> Dispatcher<L> {
         for _ in 0..3 {
             self.step(Event::Flush).await;
             if !self.state.has_unrecorded() {
-                return;
+                return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         tracing::error!("could not record every result at shutdown; their deliveries are sent again after the restart");
+        Ok(())
     }
 
     /// Start sending leased deliveries by the subscriber's lane.

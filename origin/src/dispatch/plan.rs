@@ -1,6 +1,6 @@
-//! The dispatcher's pure decisions: how much a subscriber may be sent now (pacing), in what
-//! order subscribers are served (fairness), and what a result does to a delivery (state
-//! transitions). Time and jitter come in as arguments; nothing here does I/O.
+//! The dispatcher's pure decisions about results: what a result does to a delivery (state
+//! transitions), the attempt it records, and how long an edge in trouble is waited for.
+//! Time and jitter come in as arguments; nothing here does I/O.
 
 use fanout_core::retry::{classify, next_step, Attempt, Class, Next};
 use fanout_core::wire::{DeliveryResult, TransportError};
@@ -28,34 +28,6 @@ impl Default for RetryRules {
         RetryRules {
             max_attempts: fanout_core::retry::DEFAULT_MAX_ATTEMPTS,
             backoff_scale: 1.0,
-        }
-    }
-}
-
-/// Give `budget` sends to subscribers wanting `wants[i]`, one at a time round-robin from
-/// `start`, so a subscriber with a deep queue never crowds out the others.
-pub fn share(wants: &[usize], budget: usize, start: usize) -> Vec<usize> {
-    let n = wants.len();
-    let mut got = vec![0usize; n];
-    if n == 0 {
-        return got;
-    }
-    let mut left = budget;
-    loop {
-        let mut progressed = false;
-        for k in 0..n {
-            if left == 0 {
-                return got;
-            }
-            let i = (start + k) % n;
-            if got[i] < wants[i] {
-                got[i] += 1;
-                left -= 1;
-                progressed = true;
-            }
-        }
-        if !progressed {
-            return got;
         }
     }
 }
@@ -213,26 +185,6 @@ pub fn edge_retry_ms(consecutive_failures: u32) -> u64 {
 mod tests {
     use super::*;
     use fanout_core::wire::DeferReason;
-
-    #[test]
-    fn share_table() {
-        let cases: &[(&[usize], usize, usize, &[usize])] = &[
-            (&[10, 10, 10], 6, 0, &[2, 2, 2]),
-            (&[10, 1, 10], 7, 0, &[3, 1, 3]),
-            (&[10, 10, 10], 7, 1, &[2, 3, 2]),
-            (&[1000, 2, 3], 10, 0, &[5, 2, 3]),
-            (&[0, 0], 5, 0, &[0, 0]),
-            (&[3, 4], 100, 0, &[3, 4]),
-            (&[], 5, 0, &[]),
-        ];
-        for &(wants, budget, start, expected) in cases {
-            assert_eq!(
-                share(wants, budget, start),
-                expected,
-                "{wants:?} {budget} from {start}"
-            );
-        }
-    }
 
     fn failed(
         status: Option<u16>,

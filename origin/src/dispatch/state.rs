@@ -23,7 +23,8 @@ use fanout_core::limiter::{LimiterState, Reservation};
 use fanout_core::retry::{next_step, Class, Next};
 use fanout_core::wire::{DeferReason, DeliveryResult};
 
-use super::plan::{attempt_of, attempt_record, edge_retry_ms, share, transition_for, RetryRules};
+use super::fair;
+use super::plan::{attempt_of, attempt_record, edge_retry_ms, transition_for, RetryRules};
 use crate::alert::rules::{after_attempt, AfterAttempt, Alert, Seen};
 use crate::alert::{AlertRules, Notice};
 use crate::ledger::ops::{Recorded, Turn, TurnError};
@@ -43,8 +44,11 @@ const LEDGER_RETRY_MS: i64 = 100;
 const LEDGER_RETRY_MAX_MS: i64 = 5_000;
 /// The edge keeps this many sends of one call open at once (its `MAX_OPEN_SENDS` default).
 pub const EDGE_OPEN_SENDS: usize = 6;
-/// A subscriber's grant is spread over at most this many edge calls at once.
-pub const EDGE_CALLS_AT_ONCE: usize = 16;
+/// A subscriber's grant is spread over at most this many edge calls at once (beyond what the
+/// `--edge-batch` cap needs): enough that a small `max_in_flight` is not throttled by one
+/// call's open sends, few enough that a large grant still goes in large batches (each call
+/// costs the edge a signature check and a Durable Object round trip).
+pub const EDGE_CALLS_AT_ONCE: usize = 4;
 
 /// The dispatcher's settings that its decisions depend on.
 #[derive(Debug, Clone)]
@@ -70,6 +74,8 @@ pub struct Target {
     pub lane: Lane,
     pub legacy_signature: bool,
     pub secrets: Vec<StoredSecret>,
+    /// Its customer, whose weight sets its group's share (`super::fair`).
+    pub customer: Option<Arc<str>>,
 }
 
 /// A delivery out for sending, minus its body: what its result is recorded against.
@@ -121,6 +127,8 @@ pub enum Event {
         id: String,
         found: Option<(Subscriber, LimiterState)>,
     },
+    /// Every customer's `(id, weight, max_in_flight)` (at start, and after any change).
+    Customers(Vec<(String, u32, Option<u32>)>),
     /// These subscribers have work due now (new events, replays, expired leases).
     Due(Vec<String>),
     /// When each subscriber's earliest pending delivery is due, from the ledger (a rescan).
@@ -220,6 +228,8 @@ pub struct State {
     rr: usize,
     /// Every delivery out, by row id, with its subscriber.
     out: HashMap<i64, Arc<str>>,
+    /// Each customer's weight and in-flight cap.
+    customers: HashMap<String, (u32, Option<u32>)>,
     /// Deliveries that were in an edge call refused as a whole, by row id, with the most
     /// deliveries their next call may hold (half the refused call): each is sent again in ever
     /// smaller calls until the one the edge refuses is alone. Cleared by the delivery's next
@@ -248,6 +258,7 @@ impl State {
             order: Vec::new(),
             rr: 0,
             out: HashMap::new(),
+            customers: HashMap::new(),
             suspects: HashMap::new(),
             unrecorded: Vec::new(),
             unrecorded_due: HashMap::new(),
@@ -305,6 +316,10 @@ impl State {
                     Some((s, limiter)) => self.upsert(s, limiter, now),
                     None => self.remove(&id),
                 }
+                Vec::new()
+            }
+            Event::Customers(all) => {
+                self.customers = all.into_iter().map(|(id, w, cap)| (id, (w, cap))).collect();
                 Vec::new()
             }
             Event::Due(ids) => {
@@ -403,6 +418,7 @@ impl State {
             lane: s.lane.effective(self.cfg.edge),
             legacy_signature: s.legacy_signature,
             secrets: s.secrets,
+            customer: s.customer.as_deref().map(Arc::from),
         });
         match self.subs.get_mut(target.id.as_ref()) {
             Some(st) => {
@@ -512,11 +528,11 @@ impl State {
                 st.not_before = now + wait.max(1) as i64;
             }
         }
-        self.rr = self.rr.wrapping_add(1);
-        // Share the global in-flight budget round-robin; give back what is over it.
+        // Share the global in-flight budget: weighted between customers, round-robin within;
+        // give back what is over it.
         let budget = self.cfg.max_total_in_flight.saturating_sub(self.out.len());
-        let wants: Vec<usize> = candidates.iter().map(|(_, r)| r.granted()).collect();
-        let shares = share(&wants, budget, 0);
+        let shares = self.fair_shares(&candidates, budget);
+        self.rr = self.rr.wrapping_add(1);
         let mut asks = Vec::new();
         for ((id, mut r), k) in candidates.into_iter().zip(shares) {
             let Some(st) = self.subs.get_mut(&id) else {
@@ -533,6 +549,40 @@ impl State {
             asks.push((id.to_string(), k));
         }
         asks
+    }
+
+    /// Each candidate's share of `budget`: weighted between customers, round-robin between a
+    /// customer's subscribers (`fair::fair_share`); subscribers with no customer are one group
+    /// of weight 1. A group's in flight counts every send of its subscribers still out.
+    fn fair_shares(&self, candidates: &[(Arc<str>, Reservation)], budget: usize) -> Vec<usize> {
+        let key = |id: &Arc<str>| self.subs.get(id).and_then(|st| st.target.customer.clone());
+        let mut in_flight: HashMap<Option<Arc<str>>, usize> = HashMap::new();
+        for st in self.subs.values() {
+            *in_flight.entry(st.target.customer.clone()).or_default() += st.in_flight as usize;
+        }
+        let mut index: HashMap<Option<Arc<str>>, usize> = HashMap::new();
+        let mut groups: Vec<fair::Group> = Vec::new();
+        let mut place: Vec<(usize, usize)> = Vec::with_capacity(candidates.len());
+        for (id, r) in candidates {
+            let k = key(id);
+            let g = *index.entry(k.clone()).or_insert_with(|| {
+                let (weight, cap) = k
+                    .as_deref()
+                    .and_then(|c| self.customers.get(c).copied())
+                    .unwrap_or((1, None));
+                groups.push(fair::Group {
+                    weight,
+                    in_flight: in_flight.get(&k).copied().unwrap_or(0),
+                    cap: cap.map(|c| c as usize),
+                    wants: Vec::new(),
+                });
+                groups.len() - 1
+            });
+            place.push((g, groups[g].wants.len()));
+            groups[g].wants.push(r.granted());
+        }
+        let grants = fair::fair_share(&groups, budget, self.rr);
+        place.into_iter().map(|(g, s)| grants[g][s]).collect()
     }
 
     fn on_recorded(&mut self, recorded: Recorded, now: i64) -> Vec<Effect> {
@@ -913,9 +963,8 @@ impl State {
     }
 }
 
-/// Deliveries per edge call for a grant of `n`: spread over enough calls that the edge keeps
-/// every one of them open at once ([`EDGE_OPEN_SENDS`] per call), but over no more than
-/// [`EDGE_CALLS_AT_ONCE`] calls, and never more than `cap` per call.
+/// Deliveries per edge call for a grant of `n`: a share of [`EDGE_CALLS_AT_ONCE`] calls, at
+/// least [`EDGE_OPEN_SENDS`] (what one call keeps open at once), never more than `cap`.
 pub fn edge_per_call(n: usize, cap: usize) -> usize {
     let spread = n.div_ceil(EDGE_CALLS_AT_ONCE).max(EDGE_OPEN_SENDS);
     spread.min(cap).max(1)
@@ -1605,9 +1654,10 @@ mod tests {
         let cases: &[(usize, usize, usize)] = &[
             (1, 100, 6),
             (16, 100, 6),
-            (96, 100, 6),
-            (97, 100, 7),
-            (500, 100, 32),
+            (24, 100, 6),
+            (25, 100, 7),
+            (100, 100, 25),
+            (500, 100, 100),
             (500, 20, 20),
             (16, 4, 4),
             (0, 100, 6),

@@ -86,6 +86,12 @@ pub trait DispatchLedger: Clone + Send + Sync + 'static {
         id: &str,
     ) -> impl Future<Output = Result<Option<(Subscriber, LimiterState)>, LedgerError>> + Send;
 
+    /// Every customer's share settings: `(id, weight, max_in_flight)`, ordered by id. Reads
+    /// only. (Added for weighted fairness; subscribers name their customer.)
+    fn dispatch_customers(
+        &self,
+    ) -> impl Future<Output = Result<Vec<(String, u32, Option<u32>)>, LedgerError>> + Send;
+
     /// Record a turn and lease its claims, in one transaction: apply the outcomes (idempotent
     /// per lease, see the module), store the limiters and health changes, check the dead
     /// counts, then lease up to the asked number of due (`next_attempt_ms <= now_ms`) pending
@@ -118,10 +124,12 @@ pub trait DispatchLedger: Clone + Send + Sync + 'static {
 
 impl DispatchLedger for Ledger {
     async fn dispatch_subscribers(&self) -> Result<Vec<(Subscriber, LimiterState)>, LedgerError> {
-        self.read(|c| {
+        // A stored limiter that does not decode starts empty as of now (`load_limiter`).
+        let now = crate::time::now_ms();
+        self.read(move |c| {
             let mut out = Vec::new();
             for s in super::list_subscribers(c)? {
-                let limiter = super::load_limiter(c, &s.id)?;
+                let limiter = super::load_limiter(c, &s.id, now)?;
                 out.push((s, limiter));
             }
             Ok(out)
@@ -134,14 +142,26 @@ impl DispatchLedger for Ledger {
         id: &str,
     ) -> Result<Option<(Subscriber, LimiterState)>, LedgerError> {
         let id = id.to_string();
+        let now = crate::time::now_ms();
         // On the writer: the change that prompted this read has just committed there.
         self.call(move |c| match super::get_subscriber(c, &id) {
             Ok(s) => {
-                let limiter = super::load_limiter(c, &id)?;
+                let limiter = super::load_limiter(c, &id, now)?;
                 Ok(Some((s, limiter)))
             }
             Err(LedgerError::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
+        })
+        .await
+    }
+
+    async fn dispatch_customers(&self) -> Result<Vec<(String, u32, Option<u32>)>, LedgerError> {
+        // On the writer: the change that prompted this read has just committed there.
+        self.call(|c| {
+            Ok(super::list_customers(c)?
+                .into_iter()
+                .map(|c| (c.id, c.weight, c.max_in_flight))
+                .collect())
         })
         .await
     }

@@ -17,7 +17,35 @@ pub enum Store {
 /// What `/metrics` reads from the ledger.
 pub type MetricsSnapshot = (Vec<(String, i64)>, Vec<super::SubscriberStats>);
 
+/// What a PostgreSQL ledger answers to anything about customers: it has none in this version.
+pub const NO_CUSTOMERS: &str = "customers need the SQLite ledger in this version";
+
 impl Store {
+    /// The SQLite ledger, for what only it keeps (customers, portal tokens' nonces, test
+    /// events, replay counts); [`LedgerError::NotSupported`] on PostgreSQL.
+    pub fn sqlite(&self) -> Result<&Ledger, LedgerError> {
+        match self {
+            Store::Sqlite(l) => Ok(l),
+            Store::Postgres(_) => Err(LedgerError::NotSupported(NO_CUSTOMERS.into())),
+        }
+    }
+
+    /// On a PostgreSQL ledger: refuse anything that names a customer.
+    pub fn no_customer(customer: Option<&str>) -> Result<(), LedgerError> {
+        match customer {
+            Some(_) => Err(LedgerError::NotSupported(NO_CUSTOMERS.into())),
+            None => Ok(()),
+        }
+    }
+
+    /// One live subscriber as stored (with its secrets).
+    pub async fn subscriber(&self, id: String) -> Result<Subscriber, LedgerError> {
+        match self {
+            Store::Sqlite(l) => l.read(move |c| super::get_subscriber(c, &id)).await,
+            Store::Postgres(p) => p.get_subscriber(&id).await,
+        }
+    }
+
     /// Store events and fan them out; the per-event outcome and the subscribers with new work.
     pub async fn ingest(
         &self,
@@ -67,7 +95,11 @@ impl Store {
                     };
                     let counts = if with_stats {
                         let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
-                        Some(super::status::subscriber_counts(&snapshot, &ids)?)
+                        Some(super::status::subscriber_counts(
+                            &snapshot,
+                            &ids,
+                            crate::time::now_ms(),
+                        )?)
                     } else {
                         None
                     };
@@ -166,7 +198,10 @@ impl Store {
     ) -> Result<Vec<DeliveryView>, LedgerError> {
         match self {
             Store::Sqlite(l) => l.read(move |c| super::list_deliveries(c, &filter)).await,
-            Store::Postgres(p) => p.list_deliveries(&filter).await,
+            Store::Postgres(p) => {
+                Store::no_customer(filter.customer.as_deref())?;
+                p.list_deliveries(&filter).await
+            }
         }
     }
 
@@ -204,6 +239,7 @@ impl Store {
                 Ok((n as u64, subs))
             }
             Store::Postgres(p) => {
+                Store::no_customer(filter.customer.as_deref())?;
                 if let Some(s) = &filter.subscriber {
                     p.get_subscriber(s).await?;
                 }

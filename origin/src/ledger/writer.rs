@@ -87,12 +87,18 @@ fn again(e: &LedgerError) -> LedgerError {
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
             Some(other.to_string()),
         )),
+        LedgerError::Unavailable(u) => LedgerError::Unavailable(*u),
         LedgerError::Schema(m) => LedgerError::Schema(m.clone()),
         LedgerError::NotFound(m) => LedgerError::NotFound(m.clone()),
         LedgerError::Conflict(m) => LedgerError::Conflict(m.clone()),
         LedgerError::Invalid(m) => LedgerError::Invalid(m.clone()),
         LedgerError::Closed => LedgerError::Closed,
         LedgerError::Postgres(e) => LedgerError::Postgres(e.clone()),
+        LedgerError::NotSupported(m) => LedgerError::NotSupported(m.clone()),
+        LedgerError::Owned { db, owner } => LedgerError::Owned {
+            db: db.clone(),
+            owner: owner.clone(),
+        },
     }
 }
 

@@ -239,6 +239,12 @@ impl PgLedger {
 }
 
 impl DispatchLedger for PgLedger {
+    /// No customers on PostgreSQL in this version (creating one, or naming one on a
+    /// subscriber, is refused): every subscriber shares as if it had none.
+    async fn dispatch_customers(&self) -> Result<Vec<(String, u32, Option<u32>)>, LedgerError> {
+        Ok(Vec::new())
+    }
+
     async fn dispatch_subscribers(&self) -> Result<Vec<(Subscriber, LimiterState)>, LedgerError> {
         let subs = self.list_subscribers().await?;
         let now = crate::time::now_ms();

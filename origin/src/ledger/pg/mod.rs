@@ -69,6 +69,16 @@ pub enum PgError {
 }
 
 impl PgError {
+    /// PostgreSQL cannot be reached now (no pooled connection, or the connection itself
+    /// failed rather than the server refusing a statement): the request may succeed later.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            PgError::Pool(_) => true,
+            PgError::Db(e) => e.as_db_error().is_none() && e.is_closed(),
+            PgError::Config(_) => false,
+        }
+    }
+
     /// The server's SQLSTATE, when the server answered with an error.
     pub fn code(&self) -> Option<&tokio_postgres::error::SqlState> {
         match self {

@@ -23,8 +23,8 @@ use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
 use crate::ledger::{AttemptRecordView, HealthWrite};
 use crate::model::{
-    any_type_matches, delivery_public_id, Disabled, Health, Lane, Limits, Status, StoredSecret,
-    Subscriber,
+    any_type_matches, delivery_public_id, AttemptOutcome, Disabled, Health, Lane, Limits, Status,
+    StoredSecret, Subscriber,
 };
 
 type Param = Box<dyn ToSql + Sync + Send>;
@@ -46,6 +46,12 @@ fn unique_violation(e: &tokio_postgres::Error) -> bool {
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
      failing_since_ms";
+
+/// A text column holding one of an enum's names.
+fn enum_column<T>(r: &Row, i: usize, parse: fn(&str) -> Option<T>) -> Result<T, LedgerError> {
+    let text: String = r.try_get(i)?;
+    parse(&text).ok_or_else(|| LedgerError::Schema(format!("unknown value {text:?} in column {i}")))
+}
 
 fn subscriber_from_row(r: &Row) -> Result<Subscriber, LedgerError> {
     let types: String = r.try_get(2)?;
@@ -76,6 +82,8 @@ fn subscriber_from_row(r: &Row) -> Result<Subscriber, LedgerError> {
             }),
             failing_since_ms: r.try_get(13)?,
         },
+        // No customers on PostgreSQL in this version (see `ledger::store::NO_CUSTOMERS`).
+        customer: None,
     })
 }
 
@@ -1048,8 +1056,8 @@ impl PgLedger {
                 Ok(AttemptRecordView {
                     attempt: r.try_get::<_, i32>(0)?.max(0) as u32,
                     at_ms: r.try_get(1)?,
-                    lane: r.try_get(2)?,
-                    outcome: r.try_get(3)?,
+                    lane: enum_column(r, 2, Lane::parse)?,
+                    outcome: enum_column(r, 3, AttemptOutcome::parse)?,
                     status: r
                         .try_get::<_, Option<i32>>(4)?
                         .and_then(|s| u16::try_from(s).ok()),
@@ -1228,7 +1236,7 @@ impl PgLedger {
                     dead: n("dead"),
                     oldest_pending_at_ms: oldest,
                     paused_until_ms: limiter.paused_until_ms.filter(|&p| p > now_ms),
-                    breaker: view.state,
+                    breaker: view.state.as_str().to_string(),
                     consecutive_failures: view.consecutive_failures,
                     disabled: s.health.disabled.is_some(),
                     id: s.id,
@@ -1497,14 +1505,14 @@ const DELIVERY_COLUMNS: &str =
      d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms";
 
 fn delivery_from_row(r: &Row) -> Result<DeliveryView, LedgerError> {
-    let status: String = r.try_get(4)?;
+    let status = enum_column(r, 4, Status::parse)?;
     let next: i64 = r.try_get(6)?;
     Ok(DeliveryView {
         id: delivery_public_id(r.try_get(0)?),
         subscriber_id: r.try_get(1)?,
         event_id: r.try_get(2)?,
         event_type: r.try_get(3)?,
-        next_attempt_at_ms: (status == "pending").then_some(next),
+        next_attempt_at_ms: (status == Status::Pending).then_some(next),
         status,
         attempt_count: r.try_get::<_, i32>(5)?.max(0) as u32,
         last_error: r.try_get(7)?,

@@ -390,7 +390,7 @@ mod tests {
         };
         let check = |sig: &str| {
             verify(
-                &[key.clone()],
+                std::slice::from_ref(&key),
                 Some("call_1"),
                 Some("1000"),
                 Some(sig),

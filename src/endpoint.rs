@@ -96,8 +96,9 @@ fn forbidden_v6(ip: Ipv6Addr) -> bool {
     let compatible_or_mapped = seg[..5] == [0; 5] && (seg[5] == 0 || seg[5] == 0xffff);
     // ::ffff:0:a.b.c.d (IPv4-translated, RFC 2765)
     let translated = seg[..4] == [0; 4] && seg[4] == 0xffff && seg[5] == 0;
-    // 64:ff9b::/96 (well-known NAT64 prefix) and 64:ff9b:1::/48 (local-use NAT64)
-    let nat64 = seg[0] == 0x64 && seg[1] == 0xff9b && (seg[2..6] == [0; 4] || seg[2] == 1);
+    // 64:ff9b::/96 (well-known NAT64 prefix), 64:ff9b:1::/48 (local-use NAT64) and the rest of
+    // 64:ff9b::/32 that RFC 8215 keeps for translation
+    let nat64 = seg[0] == 0x64 && seg[1] == 0xff9b;
     let six_to_four = seg[0] == 0x2002; // 2002::/16
     let teredo = seg[0] == 0x2001 && seg[1] == 0; // 2001::/32
     let embeds_v4 = compatible_or_mapped || translated || nat64 || six_to_four || teredo;
@@ -177,7 +178,6 @@ mod tests {
             ("2606:4700::1", false),
             ("2001:4860:4860::8888", false), // 2001:4860::/32 is not Teredo
             ("2003::1", false),
-            ("64:ff9b:2::1", false), // outside both NAT64 prefixes
             // IPv4 ranges
             ("0.0.0.0", true),
             ("0.1.2.3", true), // 0.0.0.0/8
@@ -213,6 +213,7 @@ mod tests {
             ("64:ff9b::a9fe:a9fe", true),   // NAT64 of 169.254.169.254
             ("64:ff9b:1::5db8:d822", true), // local-use NAT64 64:ff9b:1::/48
             ("64:ff9b:1:ffff::1", true),
+            ("64:ff9b:2::1", true), // the rest of 64:ff9b::/32
             ("2002:5db8:d822::1", true), // 6to4 of 93.184.216.34
             ("2002:7f00:1::1", true),    // 6to4 of 127.0.0.1
             ("2001::1", true),           // Teredo 2001::/32

@@ -14,6 +14,7 @@ import {
   rawSubscriber,
   sleep,
   startEdge,
+  startOrigin,
   startSubscriber,
   streamBody,
   waitFor,
@@ -257,6 +258,28 @@ test('a Durable Object that throws (overloaded, reset, unreachable): 503 `object
     assert.equal(r.json.error.code, 'object_unavailable', r.text);
     assert.equal(r.headers.get('retry-after'), '1');
     assert.equal(sub.requests.length, 0);
+
+    // The origin keeps such a batch pending and spends no attempt on it.
+    const origin = await startOrigin({ edge: orphan });
+    try {
+      const created = await origin.api('/v1/subscribers', {
+        body: { id: 'sub_behind_broken_do', url: `${sub.url}/o`, event_types: ['video.*'], rate_per_sec: 100, burst: 10, max_in_flight: 8, lane: 'edge' },
+      });
+      assert.equal(created.status, 201, await created.text());
+      const ev = await origin.api('/v1/events', { body: { id: 'evt_broken_do_1', type: 'video.trending' } });
+      assert.equal(ev.status, 202, await ev.text());
+      await waitFor(() => origin.logs.some((l) => /edge call failed/.test(l) && /object_unavailable/.test(l)), 20_000, {
+        message: 'the origin saw the edge answer object_unavailable',
+      });
+      const list = await (await origin.api('/v1/deliveries?subscriber=sub_behind_broken_do')).json();
+      assert.equal(list.deliveries.length, 1, JSON.stringify(list));
+      const [d] = list.deliveries;
+      assert.equal(d.status, 'pending', JSON.stringify(d));
+      assert.equal(d.attempt_count, 0, JSON.stringify(d));
+      assert.equal(sub.requests.length, 0);
+    } finally {
+      await origin.stop();
+    }
   } finally {
     await sub.close();
     await orphan.stop();

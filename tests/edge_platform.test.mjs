@@ -100,6 +100,27 @@ test('a 200 whose body dribbles on: `delivered` once, at once, and its body is c
   }
 });
 
+test('a 200 that declares a short body and dribbles it: `delivered` at once; the slot is let go by its timeout', async () => {
+  const sub = await rawSubscriber((_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/plain', 'content-length': '20' });
+    const tick = setInterval(() => (res.destroyed ? clearInterval(tick) : res.write('.')), 400);
+    res.on('close', () => clearInterval(tick));
+  });
+  try {
+    const spec = subscriberSpec(`${sub.url}/hook`, { timeout_ms: 2_000 });
+    const t0 = Date.now();
+    const [r] = await send(edge, spec, deliveries(1));
+    const took = Date.now() - t0;
+    assert.equal(r.outcome, 'delivered', JSON.stringify(r));
+    assert.ok(took < 1_500, `answered after ${took} ms (timeout_ms is 2000, the body needs 8 s)`);
+    await waitFor(() => sub.state.open === 0, 5_000, { message: 'the edge let go of the connection' });
+    assert.ok(sub.state.records[0].closedAt - sub.state.records[0].time < 4_000, 'closed by the timeout, not by the body ending');
+    assert.equal(sub.state.received, 1);
+  } finally {
+    await sub.close();
+  }
+});
+
 test('two 200s and a 500 streaming 64 MiB each: the call is answered, bodies are not read, memory stays flat', async (tc) => {
   const BIG = 64 * 1024 * 1024;
   const sub = await rawSubscriber((req, res, record) => {

@@ -17,14 +17,17 @@
 //              arrived the item is aborted and reported as a timeout; when the status is known
 //              and only the body is still coming, it is reported with the body read so far.
 //   bodyLimit  at most this many bytes of a non-2xx response body are read and handed back
-//              (decoded lossily); the rest is never read. A 2xx body is never read: the status
-//              decides, and the body is cancelled at once (a subscriber that dribbles or streams
-//              gigabytes after its 200 costs nothing).
+//              (decoded lossily); the rest is never read. A 2xx is reported as soon as its status
+//              arrives: the status decides. Its body is cancelled unread, unless it declares a
+//              content-length of at most bodyLimit: then it is drained (within the timeout, the
+//              slot held meanwhile, the result not waiting) so the connection can be reused. A
+//              subscriber that dribbles or streams gigabytes after its 200 costs nothing.
 //   onDone(index, status, retryAfter, body, latencyMs) once per item as soon as it settles:
 //              status is the HTTP status, or CONNECT_ERROR / TIMEOUT / BAD_REQUEST below;
 //              retryAfter is the raw Retry-After header or null; body is null unless the status
 //              is an HTTP status outside 2xx; latencyMs counts from the item's own start. The
-//              promise resolves after the last onDone and never rejects.
+//              promise resolves after the last onDone (a draining slot may outlive it) and never
+//              rejects.
 //
 // readLimited(request, limit) -> Promise<Uint8Array | null>
 //   The request's body, or null as soon as more than `limit` bytes have arrived (the rest is
@@ -69,25 +72,39 @@ function decode(chunks) {
 }
 
 function sendOne(url, common, item, timeoutMs, bodyLimit, report) {
+  // Resolves when the item's slot is free again: reported, and its connection let go of.
   return new Promise((resolve) => {
     const started = Date.now();
     const controller = new AbortController();
     // status: set once the status line arrived; partial: the body chunks read so far.
     const state = { status: null, retryAfter: null, partial: [], reader: null };
-    let settled = false;
+    let reported = false;
+    let released = false;
     let timer;
-    const done = (status, retryAfter, body) => {
-      if (settled) return;
-      settled = true;
+    const release = () => {
+      if (released) return;
+      released = true;
       clearTimeout(timer);
+      resolve();
+    };
+    const tell = (status, retryAfter, body) => {
+      if (reported) return;
+      reported = true;
+      report(status, retryAfter, body, Date.now() - started);
+    };
+    const done = (status, retryAfter, body) => {
       try {
-        report(status, retryAfter, body, Date.now() - started);
+        tell(status, retryAfter, body);
       } finally {
-        resolve();
+        release();
       }
     };
     timer = setTimeout(() => {
-      if (state.status === null) {
+      if (reported) {
+        // Only the drain of a short 2xx body was left: let the connection go.
+        controller.abort();
+        release();
+      } else if (state.status === null) {
         controller.abort();
         done(TIMEOUT, null, null);
       } else {
@@ -115,8 +132,20 @@ function sendOne(url, common, item, timeoutMs, bodyLimit, report) {
         state.status = resp.status;
         state.retryAfter = resp.headers.get('retry-after');
         const success = resp.status >= 200 && resp.status <= 299;
-        if (success || !resp.body) {
-          resp.body?.cancel().catch(ignore);
+        if (success && resp.body) {
+          // The status decides, now. A short declared body (the usual "ok") is still drained,
+          // within the item's timeout and without holding up the result, so that the
+          // connection can be reused; any other body is cancelled unread.
+          tell(resp.status, state.retryAfter, null);
+          const declared = Number(resp.headers.get('content-length') ?? NaN);
+          if (declared <= bodyLimit) resp.arrayBuffer().then(release, release);
+          else {
+            resp.body.cancel().catch(ignore);
+            release();
+          }
+          return;
+        }
+        if (!resp.body) {
           done(resp.status, state.retryAfter, success ? null : '');
           return;
         }
@@ -134,18 +163,32 @@ function sendOne(url, common, item, timeoutMs, bodyLimit, report) {
 export function sendBatch(url, batchJson, timeoutMs, bodyLimit, maxOpen, onDone) {
   const { common, items } = JSON.parse(batchJson);
   let next = 0;
-  // One lane per open slot; each takes the next waiting item when its current one settles.
-  const lane = async () => {
-    while (next < items.length) {
-      const i = next;
-      next += 1;
-      await sendOne(url, common, items[i], timeoutMs, bodyLimit, (status, retryAfter, body, latency) =>
-        onDone(i, status, retryAfter, body, latency),
-      ).catch(ignore);
+  let left = items.length;
+  // The batch is done when every item is reported, even if a slot is still draining a body.
+  return new Promise((resolve) => {
+    if (left === 0) {
+      resolve();
+      return;
     }
-  };
-  const lanes = Math.max(1, Math.min(maxOpen, items.length));
-  return Promise.all(Array.from({ length: lanes }, lane)).then(ignore, ignore);
+    const reportOne = (i) => (status, retryAfter, body, latency) => {
+      try {
+        onDone(i, status, retryAfter, body, latency);
+      } finally {
+        left -= 1;
+        if (left === 0) resolve();
+      }
+    };
+    // One lane per open slot; each takes the next waiting item when its current one's slot frees.
+    const lane = async () => {
+      while (next < items.length) {
+        const i = next;
+        next += 1;
+        await sendOne(url, common, items[i], timeoutMs, bodyLimit, reportOne(i)).catch(ignore);
+      }
+    };
+    const lanes = Math.max(1, Math.min(maxOpen, items.length));
+    for (let k = 0; k < lanes; k += 1) lane();
+  });
 }
 
 export async function readLimited(request, limit) {

@@ -8,6 +8,7 @@
 //! Invariants: a delivery exists at most once per `(subscriber_id, event_id)`; a delivery is
 //! `in_flight` only while leased by the dispatcher; nothing is ever deleted.
 
+mod customers;
 mod health;
 mod queries;
 mod schema;
@@ -55,6 +56,7 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         created_ms: 0,
         updated_ms: 0,
         health: Default::default(),
+        customer: None,
     }
 }
 
@@ -63,6 +65,7 @@ use std::sync::mpsc;
 
 use rusqlite::{Connection, OpenFlags};
 
+pub use customers::*;
 pub use health::*;
 pub use queries::*;
 pub use schema::VERSION as SCHEMA_VERSION;

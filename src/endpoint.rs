@@ -213,7 +213,7 @@ mod tests {
             ("64:ff9b::a9fe:a9fe", true),   // NAT64 of 169.254.169.254
             ("64:ff9b:1::5db8:d822", true), // local-use NAT64 64:ff9b:1::/48
             ("64:ff9b:1:ffff::1", true),
-            ("64:ff9b:2::1", true), // the rest of 64:ff9b::/32
+            ("64:ff9b:2::1", true),      // the rest of 64:ff9b::/32
             ("2002:5db8:d822::1", true), // 6to4 of 93.184.216.34
             ("2002:7f00:1::1", true),    // 6to4 of 127.0.0.1
             ("2001::1", true),           // Teredo 2001::/32

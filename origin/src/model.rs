@@ -236,15 +236,51 @@ impl Subscriber {
 }
 
 pub fn active_secrets(secrets: &[StoredSecret], now_ms: i64) -> Vec<String> {
+    live_secrets(secrets, now_ms)
+        .into_iter()
+        .map(|s| s.secret.clone())
+        .collect()
+}
+
+/// The stored secrets that sign at `now_ms`, newest first.
+fn live_secrets(secrets: &[StoredSecret], now_ms: i64) -> Vec<&StoredSecret> {
     let mut live: Vec<&StoredSecret> = secrets
         .iter()
         .filter(|s| s.expires_ms.is_none_or(|e| e > now_ms))
         .collect();
     live.sort_by_key(|s| std::cmp::Reverse(s.created_ms));
-    live.into_iter().map(|s| s.secret.clone()).collect()
+    live
 }
 
-/// The API's view of a subscriber (secrets are shown only when created or rotated).
+/// `GET /v1/subscribers/{id}/secret`: the secrets that sign at `now_ms`, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecretsView {
+    pub secrets: Vec<SecretView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecretView {
+    pub secret: String,
+    /// When a rotated-out secret stops signing; `None` for the current one.
+    pub expires_at_ms: Option<i64>,
+}
+
+impl SecretsView {
+    pub fn of(s: &Subscriber, now_ms: i64) -> Self {
+        SecretsView {
+            secrets: live_secrets(&s.secrets, now_ms)
+                .into_iter()
+                .map(|x| SecretView {
+                    secret: x.secret.clone(),
+                    expires_at_ms: x.expires_ms,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The API's view of a subscriber (its secret only in the answer to its creation; the active
+/// ones from `GET /v1/subscribers/{id}/secret`, [`SecretsView`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct SubscriberView {
     pub id: String,
@@ -462,6 +498,16 @@ mod tests {
         ];
         for &(now, expected) in cases {
             assert_eq!(active_secrets(&secrets, now), expected, "at {now}");
+            // What GET /v1/subscribers/{id}/secret shows: the same, the old one with its end.
+            let shown: Vec<(&str, Option<i64>)> = live_secrets(&secrets, now)
+                .iter()
+                .map(|s| (s.secret.as_str(), s.expires_ms))
+                .collect();
+            let ends: Vec<(&str, Option<i64>)> = expected
+                .iter()
+                .map(|&e| (e, (e == "old").then_some(100)))
+                .collect();
+            assert_eq!(shown, ends, "view at {now}");
         }
     }
 }

@@ -26,6 +26,14 @@ struct Stored {
 }
 
 impl Stored {
+    /// State that could not be read: an empty bucket as of `now_ms`.
+    fn empty(now_ms: i64) -> Stored {
+        Stored {
+            limiter: LimiterState::empty(now_ms),
+            ..Stored::default()
+        }
+    }
+
     fn limits(&self) -> Option<Limits> {
         Some(Limits {
             rate: Rate {
@@ -75,10 +83,15 @@ impl SubscriberDO {
         let rows: Vec<Row> = sql
             .exec("SELECT state FROM limiter WHERE id = 1", None)?
             .to_array()?;
-        Ok(rows
-            .first()
-            .and_then(|r| serde_json::from_str(&r.state).ok())
-            .unwrap_or_default())
+        let Some(row) = rows.first() else {
+            return Ok(Stored::default()); // a new subscriber starts with its full burst
+        };
+        Ok(serde_json::from_str(&row.state).unwrap_or_else(|_| {
+            // Written by another version: say so, and start from an empty bucket, never a
+            // full one (a full one would send a whole burst the subscriber may not have room for).
+            worker::console_error!("{{\"error\":\"limiter_undecodable\"}}");
+            Stored::empty(now_ms())
+        }))
     }
 
     /// Write the current state. Synchronous: storage writes are coalesced by the runtime and
@@ -251,7 +264,7 @@ impl DurableObject for SubscriberDO {
             Ok(s) => s,
             Err(e) => {
                 worker::console_error!("{{\"error\":\"limiter_load\",\"detail\":\"{e}\"}}");
-                Stored::default()
+                Stored::empty(now_ms())
             }
         };
         Self {

@@ -38,6 +38,8 @@ step "the daemon's integration tests again, on a PostgreSQL ledger" \
   env FANOUT_TEST_LEDGER=postgres cargo test -p fanout-origin --test daemon --test alerts --test operators
 step "build origin binary for the e2e tests" cargo build -p fanout-origin
 step "build the Worker (worker-build --release)" bash scripts/build-worker.sh
+step "deploy dry run (wrangler bundle, gzipped size within the Free plan's 3 MiB)" \
+  bash scripts/deploy-check.sh
 
 export FANOUT_BIN="$PWD/target/debug/fanout"
 export FANOUT_SKIP_BUILD=1

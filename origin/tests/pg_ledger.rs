@@ -852,10 +852,9 @@ async fn customers_are_refused_on_postgres_and_a_lost_server_is_unavailable() {
             .await,
     );
     refused(api.get("/v1/customers").await);
-    let spec = serde_json::json!({ "id": "s1", "url": "http://127.0.0.1:9/h", "customer": "acme" });
+    let spec = serde_json::json!({ "id": "s1", "url": "http://127.0.0.1:9/h", "event_types": ["*"], "customer": "acme" });
     refused(api.post("/v1/subscribers", spec).await);
-    let plain =
-        serde_json::json!({ "id": "s2", "url": "http://127.0.0.1:9/h", "rate_per_sec": 0.001 });
+    let plain = serde_json::json!({ "id": "s2", "url": "http://127.0.0.1:9/h", "event_types": ["*"], "rate_per_sec": 0.001 });
     let (s, body) = api.post("/v1/subscribers", plain).await;
     assert_eq!(
         (s, body["customer"].clone()),

@@ -20,9 +20,9 @@ use super::super::ops::{DispatchLedger, Recorded, Turn, TurnError};
 use super::super::LedgerError;
 use std::collections::HashMap;
 
-use super::ops::core_limits;
-use super::{decode_limiter, encode_limiter, LeasedOutcome, PgLedger};
-use crate::model::{Claim, Subscriber};
+use super::ops::{core_limits, STORE_LIMITERS};
+use super::{decode_limiter, encode_limiter, PgLedger};
+use crate::model::{Claim, Outcome, Subscriber};
 
 /// How long a lease lasts without renewal: the longest a dead daemon's work waits.
 pub const LEASE_MS: i64 = 15_000;
@@ -44,66 +44,60 @@ pub fn merge_limiter(shared: LimiterState, mine: LimiterState) -> LimiterState {
     }
 }
 
+/// The rows of the subscribers whose limiters a turn stores (`$1`) and of those whose sends
+/// it ends (deliveries of `$2` still leased to `$3`), locked in id order as every transaction
+/// here takes them.
+const TURN_LOCK: &str = "SELECT id, rate_per_sec, burst, max_in_flight, limiter FROM subscribers s
+     WHERE id = ANY($1)
+        OR id IN (SELECT subscriber_id FROM deliveries
+                  WHERE id = ANY($2) AND status = 'in_flight' AND lease_owner = $3)
+     ORDER BY id FOR UPDATE OF s";
+
+/// Sends open (every daemon's) for each subscriber whose sends the turn ends, just before
+/// they end.
+const TURN_OPEN: &str = "SELECT subscriber_id, COUNT(*) FROM deliveries
+     WHERE status = 'in_flight'
+       AND subscriber_id IN (SELECT subscriber_id FROM deliveries
+                             WHERE id = ANY($1) AND status = 'in_flight' AND lease_owner = $2)
+     GROUP BY subscriber_id";
+
 impl PgLedger {
+    /// One turn in one transaction, in few round trips: the subscribers' locks and open
+    /// counts (one), their limiters and the results with their attempts (one), then the
+    /// claim (three, [`PgLedger::claim_in`]) and the commit.
     async fn record_turn_pg(&self, turn: &Turn) -> Result<Recorded, LedgerError> {
         let now = turn.now_ms;
+        let owner: &str = &self.owner;
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        // The subscribers whose sends this turn ends (those this daemon still holds).
         let rowids: Vec<i64> = turn.outcomes.iter().map(|o| o.rowid).collect();
-        let mut ended: Vec<String> = if rowids.is_empty() {
-            Vec::new()
-        } else {
-            tx.query(
-                "SELECT DISTINCT subscriber_id FROM deliveries
-                 WHERE id = ANY($1) AND status = 'in_flight' AND lease_owner = $2",
-                &[&rowids, &&*self.owner],
-            )
-            .await?
-            .iter()
-            .map(|r| r.try_get(0))
-            .collect::<Result<_, _>>()?
-        };
-        ended.sort();
-        // Subscriber rows first, in id order, as every transaction here takes them.
         let mut ids: Vec<&str> = turn.limiters.iter().map(|(id, _)| id.as_str()).collect();
-        ids.extend(ended.iter().map(String::as_str));
         ids.sort_unstable();
         ids.dedup();
-        if !ids.is_empty() {
-            let rows = tx
-                .query(
-                    "SELECT id, rate_per_sec, burst, max_in_flight, limiter FROM subscribers
-                     WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-                    &[&ids],
-                )
-                .await?;
-            // Sends open just before these ended, every daemon's (these included).
-            let mut open: HashMap<String, u32> = HashMap::new();
-            if !ended.is_empty() {
-                for r in tx
-                    .query(
-                        "SELECT subscriber_id, COUNT(*) FROM deliveries
-                         WHERE subscriber_id = ANY($1) AND status = 'in_flight'
-                         GROUP BY subscriber_id",
-                        &[&ended],
-                    )
-                    .await?
-                {
-                    open.insert(r.try_get(0)?, r.try_get::<_, i64>(1)?.max(0) as u32);
-                }
+        let mut store_ids: Vec<String> = Vec::new();
+        let mut store_states: Vec<String> = Vec::new();
+        if !ids.is_empty() || !rowids.is_empty() {
+            let (lock, open) =
+                tokio::try_join!(tx.prepare_cached(TURN_LOCK), tx.prepare_cached(TURN_OPEN))?;
+            let (rows, open_rows) = tokio::try_join!(
+                tx.query(&lock, &[&ids, &rowids, &owner]),
+                tx.query(&open, &[&rowids, &owner]),
+            )?;
+            // The subscribers whose sends this turn ends (those this daemon still holds),
+            // with the sends open just before, these included.
+            let mut ended: HashMap<String, u32> = HashMap::new();
+            for r in open_rows {
+                ended.insert(r.try_get(0)?, r.try_get::<_, i64>(1)?.max(0) as u32);
             }
-            let mut store_ids: Vec<String> = Vec::with_capacity(rows.len());
-            let mut store_states: Vec<String> = Vec::with_capacity(rows.len());
             for r in rows {
                 let id: String = r.try_get("id")?;
                 let raw: Option<String> = r.try_get("limiter")?;
                 let mut shared = decode_limiter(&id, raw.as_deref(), now);
-                if ended.binary_search(&id).is_ok() {
+                if let Some(&open) = ended.get(&id) {
                     // The bucket catches up to now under the room that held while they were
                     // open (the core's pacing on arrival times), before they stop counting.
                     let limits = core_limits(&r, self.breaker)?;
-                    shared.settle(limits, open.get(&id).copied().unwrap_or(0), now);
+                    shared.settle(limits, open, now);
                 }
                 // The latest of this turn's states for the subscriber.
                 if let Some((_, mine)) = turn.limiters.iter().rev().find(|(s, _)| *s == id) {
@@ -112,30 +106,27 @@ impl PgLedger {
                 store_states.push(encode_limiter(&shared));
                 store_ids.push(id);
             }
-            tx.execute(
-                "UPDATE subscribers s SET limiter = u.l
-                 FROM unnest($1::text[], $2::text[]) AS u(id, l) WHERE s.id = u.id",
-                &[&store_ids, &store_states],
-            )
-            .await?;
         }
-        if !turn.outcomes.is_empty() {
-            let outcomes: Vec<LeasedOutcome> = turn
-                .outcomes
-                .iter()
-                .map(|o| LeasedOutcome {
-                    outcome: o.clone(),
-                    lease_expires_ms: None,
-                })
-                .collect();
-            let applied =
-                Self::apply_in(&tx, &self.owner, &outcomes, &[], self.breaker, now).await?;
-            if !applied.stale.is_empty() {
-                tracing::warn!(
-                    stale = applied.stale.len(),
-                    "results for deliveries another daemon took over were not recorded"
-                );
+        // The limiters and the results, pipelined.
+        let outcomes: Vec<(&Outcome, Option<i64>)> =
+            turn.outcomes.iter().map(|o| (o, None)).collect();
+        let store = tx.prepare_cached(STORE_LIMITERS).await?;
+        let store_limiters = async {
+            if store_ids.is_empty() {
+                Ok(0)
+            } else {
+                tx.execute(&store, &[&store_ids, &store_states]).await
             }
+        };
+        let record = Self::record_outcomes(&tx, owner, &outcomes, now);
+        let (stored, applied) = tokio::join!(store_limiters, record);
+        stored?;
+        let applied = applied?;
+        if !applied.stale.is_empty() {
+            tracing::warn!(
+                stale = applied.stale.len(),
+                "results for deliveries another daemon took over were not recorded"
+            );
         }
         if !turn.health.is_empty() {
             Self::apply_health_in(&tx, &turn.health).await?;
@@ -157,7 +148,7 @@ impl PgLedger {
         } else {
             Self::claim_in(
                 &tx,
-                &self.owner,
+                owner,
                 &asks,
                 self.breaker,
                 now,

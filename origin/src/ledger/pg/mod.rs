@@ -4,11 +4,14 @@
 //!
 //! How several daemons share the work without exceeding a subscriber's rate:
 //! - A claim runs in one transaction: it locks the claimed subscribers' rows (`FOR UPDATE`, in id
-//!   order), counts their in-flight deliveries from live leases, picks due deliveries with
-//!   `FOR UPDATE SKIP LOCKED`, lets the shared core limiter (the stored bucket, pause and breaker
-//!   of that row) decide how many may go, leases those to this daemon until an expiry, and stores
-//!   the limiter back. Two daemons claiming for one subscriber take turns on its row, so their
-//!   grants add up to what one limiter allows.
+//!   order), counts their in-flight deliveries from live leases, lets the shared core limiter
+//!   (the stored bucket, pause and breaker of that row) reserve how many may go, picks and leases
+//!   that many due deliveries to this daemon until an expiry in one statement (`FOR UPDATE SKIP
+//!   LOCKED`), gives back what it did not find and stores the limiter back. Two daemons claiming
+//!   for one subscriber take turns on its row, so their grants add up to what one limiter
+//!   allows. A dispatcher turn (results, limiters, claim) is one transaction of about seven
+//!   round trips, whatever its size: statements are prepared once per connection and sent
+//!   several at a time where the next does not need the previous answer.
 //! - Leases carry their owner (the daemon's id) and expiry. A lease that expired is claimable by
 //!   anyone; a result is recorded only while its lease is still the one it was sent under (same
 //!   owner, same expiry), so a daemon that comes back after its work was taken over records

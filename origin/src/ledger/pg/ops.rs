@@ -423,12 +423,20 @@ impl PgLedger {
     ) -> Result<(Vec<Ingested>, Vec<String>), LedgerError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        let subs: Vec<(String, Vec<String>)> = tx
-            .query(
-                "SELECT id, event_types FROM subscribers WHERE deleted_ms IS NULL ORDER BY id",
-                &[],
-            )
-            .await?
+        let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+        let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+        let bodies: Vec<&str> = events.iter().map(|e| e.body.as_str()).collect();
+        // The live subscribers and the events' insert, pipelined (one round trip). WITH
+        // ORDINALITY keeps the call's order, so a repeated id stores its first occurrence.
+        let (list, insert) = tokio::try_join!(
+            tx.prepare_cached(INGEST_SUBSCRIBERS),
+            tx.prepare_cached(INGEST_EVENTS),
+        )?;
+        let (sub_rows, fresh_rows) = tokio::try_join!(
+            tx.query(&list, &[]),
+            tx.query(&insert, &[&ids, &types, &bodies, &now_ms]),
+        )?;
+        let subs: Vec<(String, Vec<String>)> = sub_rows
             .iter()
             .map(|r| {
                 let types: String = r.try_get(1)?;
@@ -438,19 +446,7 @@ impl PgLedger {
                 ))
             })
             .collect::<Result<_, LedgerError>>()?;
-        let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
-        let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
-        let bodies: Vec<&str> = events.iter().map(|e| e.body.as_str()).collect();
-        // WITH ORDINALITY keeps the call's order, so a repeated id stores its first occurrence.
-        let fresh: HashSet<String> = tx
-            .query(
-                "INSERT INTO events (id, type, body, received_ms)
-                 SELECT id, type, body, $4 FROM unnest($1::text[], $2::text[], $3::text[])
-                     WITH ORDINALITY AS u(id, type, body, n) ORDER BY n
-                 ON CONFLICT (id) DO NOTHING RETURNING id",
-                &[&ids, &types, &bodies, &now_ms],
-            )
-            .await?
+        let fresh: HashSet<String> = fresh_rows
             .iter()
             .map(|r| r.try_get(0))
             .collect::<Result<_, _>>()?;
@@ -482,16 +478,9 @@ impl PgLedger {
         let mut created: HashMap<String, u32> = HashMap::new();
         let mut touched: BTreeMap<String, ()> = BTreeMap::new();
         if !pair_subs.is_empty() {
+            let insert = tx.prepare_cached(INGEST_DELIVERIES).await?;
             let rows = tx
-                .query(
-                    "INSERT INTO deliveries (subscriber_id, event_id, status, next_attempt_ms,
-                         created_ms, updated_ms)
-                     SELECT s, e, 'pending', $3, $3, $3
-                     FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(s, e, n) ORDER BY n
-                     ON CONFLICT (subscriber_id, event_id) DO NOTHING
-                     RETURNING subscriber_id, event_id",
-                    &[&pair_subs, &pair_events, &now_ms],
-                )
+                .query(&insert, &[&pair_subs, &pair_events, &now_ms])
                 .await?;
             for r in rows {
                 let sub: String = r.try_get(0)?;
@@ -502,11 +491,9 @@ impl PgLedger {
         }
         let touched: Vec<String> = touched.into_keys().collect();
         if !touched.is_empty() {
-            tx.execute(
-                "SELECT pg_notify($1, $2)",
-                &[&DUE_CHANNEL, &notify_payload(&touched)],
-            )
-            .await?;
+            let notify = tx.prepare_cached(NOTIFY).await?;
+            tx.execute(&notify, &[&DUE_CHANNEL, &notify_payload(&touched)])
+                .await?;
         }
         tx.commit().await?;
         let mut seen: HashSet<&str> = HashSet::new();
@@ -529,6 +516,21 @@ impl PgLedger {
         Ok((out, touched))
     }
 }
+
+/// Ingest's statements (prepared once per connection).
+const INGEST_SUBSCRIBERS: &str =
+    "SELECT id, event_types FROM subscribers WHERE deleted_ms IS NULL ORDER BY id";
+const INGEST_EVENTS: &str = "INSERT INTO events (id, type, body, received_ms)
+     SELECT id, type, body, $4 FROM unnest($1::text[], $2::text[], $3::text[])
+         WITH ORDINALITY AS u(id, type, body, n) ORDER BY n
+     ON CONFLICT (id) DO NOTHING RETURNING id";
+const INGEST_DELIVERIES: &str = "INSERT INTO deliveries (subscriber_id, event_id, status,
+         next_attempt_ms, created_ms, updated_ms)
+     SELECT s, e, 'pending', $3, $3, $3
+     FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(s, e, n) ORDER BY n
+     ON CONFLICT (event_id, subscriber_id) DO NOTHING
+     RETURNING subscriber_id, event_id";
+const NOTIFY: &str = "SELECT pg_notify($1, $2)";
 
 /// A NOTIFY payload must stay under 8000 bytes: the subscriber ids one per line, or nothing
 /// at all (meaning "look at every subscriber") when they do not fit.
@@ -587,6 +589,78 @@ pub struct Applied {
     pub stale: Vec<i64>,
 }
 
+// The hot path's statements, prepared once per connection (`prepare_cached`): a turn sends
+// each as one Bind/Execute, several at once where the next does not need the previous answer.
+
+/// The rows of subscribers to claim for, locked in id order.
+const CLAIM_LOCK: &str = "SELECT id, rate_per_sec, burst, max_in_flight, limiter FROM subscribers
+     WHERE id = ANY($1) AND deleted_ms IS NULL AND disabled_ms IS NULL
+     ORDER BY id FOR UPDATE";
+
+/// Their expired leases, of any daemon, back to the queue due now (locked ones skipped).
+const CLAIM_EXPIRE: &str = "UPDATE deliveries SET status = 'pending', lease_owner = NULL,
+         lease_expires_ms = NULL, next_attempt_ms = $2, updated_ms = $2
+     WHERE id IN (SELECT id FROM deliveries
+                  WHERE subscriber_id = ANY($1) AND status = 'in_flight'
+                    AND lease_expires_ms <= $2
+                  FOR UPDATE SKIP LOCKED)";
+
+/// Their deliveries in flight, every daemon's.
+const CLAIM_COUNT: &str = "SELECT subscriber_id, COUNT(*) FROM deliveries
+     WHERE subscriber_id = ANY($1) AND status = 'in_flight' GROUP BY subscriber_id";
+
+/// Up to `$2[k]` due deliveries of subscriber `$1[k]`, oldest due first, rows another
+/// transaction holds skipped, leased to `$3` until `$4` — picked, locked, leased and read
+/// (with their event) by one statement.
+const CLAIM_LEASE: &str = "UPDATE deliveries d SET status = 'in_flight', lease_owner = $3,
+         lease_expires_ms = $4, updated_ms = $5
+     FROM events e
+     WHERE d.id = ANY(ARRAY(
+               SELECT c.id FROM unnest($1::text[], $2::bigint[]) AS w(sub, n)
+               CROSS JOIN LATERAL (
+                   SELECT id FROM deliveries
+                   WHERE subscriber_id = w.sub AND status = 'pending' AND next_attempt_ms <= $5
+                   ORDER BY next_attempt_ms, id LIMIT w.n
+                   FOR UPDATE SKIP LOCKED) c))
+       AND e.id = d.event_id
+     RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts, d.next_attempt_ms";
+
+/// Shared limiter states back in their (locked) rows.
+pub(super) const STORE_LIMITERS: &str = "UPDATE subscribers s SET limiter = u.l
+     FROM unnest($1::text[], $2::text[]) AS u(id, l) WHERE s.id = u.id";
+
+/// When each subscriber's earliest pending delivery is due: one index probe each.
+const CLAIM_NEXT_DUE: &str = "SELECT w.sub, n.due FROM unnest($1::text[]) AS w(sub)
+     CROSS JOIN LATERAL (
+         SELECT next_attempt_ms AS due FROM deliveries
+         WHERE subscriber_id = w.sub AND status = 'pending'
+         ORDER BY next_attempt_ms LIMIT 1) n";
+
+/// Results of deliveries still leased to `$9` (under lease `$2[k]` when not null), and the
+/// attempts (`$10..$18`, in order) of those recorded; returns the ids recorded.
+const RECORD_OUTCOMES: &str = "WITH done AS (
+         UPDATE deliveries d SET status = u.status, attempts = d.attempts + u.spent,
+             next_attempt_ms = COALESCE(u.next, d.next_attempt_ms),
+             last_error = CASE WHEN u.keep THEN d.last_error ELSE u.err END,
+             lease_owner = NULL, lease_expires_ms = NULL, updated_ms = $8
+         FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::int[], $5::bigint[],
+                     $6::text[], $7::bool[]) AS u(id, lease, status, spent, next, err, keep)
+         WHERE d.id = u.id AND d.status = 'in_flight' AND d.lease_owner = $9
+           AND (u.lease IS NULL OR d.lease_expires_ms = u.lease)
+         RETURNING d.id),
+     tried AS (
+         INSERT INTO attempts (delivery_id, attempt, at_ms, lane, outcome, status, latency_ms,
+             response_body, error)
+         SELECT x.delivery, x.number, x.at, x.lane, x.outcome, x.status, x.latency, x.body,
+             x.error
+         FROM unnest($10::bigint[], $11::int[], $12::bigint[], $13::text[], $14::text[],
+                     $15::int[], $16::bigint[], $17::text[], $18::text[])
+             WITH ORDINALITY AS x(delivery, number, at, lane, outcome, status, latency, body,
+                                  error, ord)
+         WHERE x.delivery IN (SELECT id FROM done)
+         ORDER BY x.ord)
+     SELECT id FROM done";
+
 pub(super) fn core_limits(
     row: &Row,
     breaker: BreakerConfig,
@@ -621,7 +695,8 @@ impl PgLedger {
     }
 
     /// [`PgLedger::claim`] inside the caller's transaction, leasing to `owner` until
-    /// `lease_until`.
+    /// `lease_until`. Three round trips, whatever the number of subscribers and deliveries:
+    /// the locks and counts, the lease, the limiters and what remains due.
     pub(super) async fn claim_in(
         tx: &Transaction<'_>,
         owner: &str,
@@ -636,123 +711,64 @@ impl PgLedger {
             *w = (*w).max(*most);
         }
         let ids: Vec<&str> = wanted.keys().copied().collect();
-        // 1. The subscribers' rows, locked in id order: one claimer per subscriber at a time.
-        let subs = tx
-            .query(
-                "SELECT id, rate_per_sec, burst, max_in_flight, limiter FROM subscribers
-                 WHERE id = ANY($1) AND deleted_ms IS NULL AND disabled_ms IS NULL
-                 ORDER BY id FOR UPDATE",
-                &[&ids],
-            )
-            .await?;
-        let live: Vec<String> = subs
-            .iter()
-            .map(|r| r.try_get(0))
-            .collect::<Result<_, _>>()?;
-        // 2. Expired leases (of any daemon) back to the queue, due now. One being recorded
-        // right now (locked) is left to that transaction.
-        tx.execute(
-            "UPDATE deliveries SET status = 'pending', lease_owner = NULL, lease_expires_ms = NULL,
-                 next_attempt_ms = $2, updated_ms = $2
-             WHERE id IN (SELECT id FROM deliveries
-                          WHERE subscriber_id = ANY($1) AND status = 'in_flight'
-                            AND lease_expires_ms <= $2
-                          FOR UPDATE SKIP LOCKED)",
-            &[&live, &now_ms],
-        )
-        .await?;
-        // 3. In flight, from the live leases.
+        // 1-3, pipelined (the server runs them in this order): the subscribers' rows, locked
+        // in id order (one claimer per subscriber at a time); their expired leases (of any
+        // daemon) back to the queue, due now — one being recorded right now (locked) is left
+        // to that transaction; then what is in flight, from the live leases.
+        let (lock, expire, count) = tokio::try_join!(
+            tx.prepare_cached(CLAIM_LOCK),
+            tx.prepare_cached(CLAIM_EXPIRE),
+            tx.prepare_cached(CLAIM_COUNT),
+        )?;
+        let (subs, _, counted) = tokio::try_join!(
+            tx.query(&lock, &[&ids]),
+            tx.execute(&expire, &[&ids, &now_ms]),
+            tx.query(&count, &[&ids]),
+        )?;
         let mut in_flight: HashMap<String, u32> = HashMap::new();
-        for r in tx
-            .query(
-                "SELECT subscriber_id, COUNT(*) FROM deliveries
-                 WHERE subscriber_id = ANY($1) AND status = 'in_flight' GROUP BY subscriber_id",
-                &[&live],
-            )
-            .await?
-        {
+        for r in counted {
             in_flight.insert(r.try_get(0)?, r.try_get::<_, i64>(1)?.max(0) as u32);
         }
-        // 4. Due candidates, at most what the in-flight cap leaves, rows another transaction
-        // holds skipped.
-        let mut limits = HashMap::new();
-        let mut limiters = HashMap::new();
-        let mut asks: Vec<i64> = Vec::with_capacity(live.len());
+        // 4. The shared limiter of each decides how many may go now, of what was asked and
+        // what the in-flight cap leaves: reserved here, committed below to what was found.
+        let mut held = Vec::with_capacity(subs.len());
+        let mut grant_ids: Vec<&str> = Vec::with_capacity(subs.len());
+        let mut grants: Vec<i64> = Vec::with_capacity(subs.len());
         for r in &subs {
             let id: String = r.try_get(0)?;
             let l = core_limits(r, breaker)?;
             let raw: Option<String> = r.try_get("limiter")?;
+            let mut limiter = decode_limiter(&id, raw.as_deref(), now_ms);
             let busy = in_flight.get(&id).copied().unwrap_or(0);
             let most = wanted.get(id.as_str()).copied().unwrap_or(0);
-            asks.push(most.min(l.max_in_flight.saturating_sub(busy) as usize) as i64);
-            limiters.insert(id.clone(), decode_limiter(&id, raw.as_deref(), now_ms));
-            limits.insert(id, l);
+            let most = most.min(l.max_in_flight.saturating_sub(busy) as usize);
+            let reservation = limiter.reserve(l, busy, now_ms, most);
+            held.push((id, l, limiter, reservation));
         }
-        let mut candidates: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-        for r in tx
-            .query(
-                "SELECT w.sub, d.id FROM unnest($1::text[], $2::bigint[]) AS w(sub, n)
-                 CROSS JOIN LATERAL (
-                     SELECT id, next_attempt_ms FROM deliveries
-                     WHERE subscriber_id = w.sub AND status = 'pending' AND next_attempt_ms <= $3
-                     ORDER BY next_attempt_ms, id LIMIT w.n
-                     FOR UPDATE SKIP LOCKED) d
-                 ORDER BY w.sub, d.next_attempt_ms, d.id",
-                &[&live, &asks, &now_ms],
-            )
-            .await?
-        {
-            candidates
-                .entry(r.try_get(0)?)
-                .or_default()
-                .push(r.try_get(1)?);
-        }
-        // 5. The shared limiter decides how many of them go now.
-        let mut lease_ids: Vec<i64> = Vec::new();
-        let mut waits: HashMap<String, u64> = HashMap::new();
-        let mut store_ids: Vec<&str> = Vec::new();
-        let mut store_states: Vec<String> = Vec::new();
-        for id in &live {
-            let Some(found) = candidates.get(id) else {
-                continue;
-            };
-            let (Some(limiter), Some(l)) = (limiters.get_mut(id), limits.get(id)) else {
-                continue;
-            };
-            let busy = in_flight.get(id).copied().unwrap_or(0);
-            let plan = limiter.plan(*l, busy, now_ms, found.len());
-            lease_ids.extend_from_slice(&found[..plan.send]);
-            if let Some(&(_, wait)) = plan.deferred.first() {
-                waits.insert(id.clone(), wait);
+        for (id, _, _, reservation) in &held {
+            if reservation.granted() > 0 {
+                grant_ids.push(id.as_str());
+                grants.push(reservation.granted() as i64);
             }
-            *in_flight.entry(id.clone()).or_default() += plan.send as u32;
-            store_ids.push(id);
-            store_states.push(encode_limiter(limiter));
         }
-        // 6. Lease them to this daemon.
-        let mut claimed: HashMap<String, Vec<Claimed>> = HashMap::new();
-        if !lease_ids.is_empty() {
-            let order: HashMap<i64, usize> = lease_ids
-                .iter()
-                .enumerate()
-                .map(|(k, &id)| (id, k))
-                .collect();
-            let mut rows: Vec<(usize, String, Claimed)> = Vec::with_capacity(lease_ids.len());
+        // 5. Lease that many due deliveries of each to this daemon, oldest due first, rows
+        // another transaction holds skipped: one statement picks, locks, leases and reads
+        // them.
+        let mut claimed: HashMap<String, Vec<(i64, i64, Claimed)>> = HashMap::new();
+        if !grant_ids.is_empty() {
+            let lease = tx.prepare_cached(CLAIM_LEASE).await?;
             for r in tx
                 .query(
-                    "UPDATE deliveries d SET status = 'in_flight', lease_owner = $2,
-                         lease_expires_ms = $3, updated_ms = $4
-                     FROM events e
-                     WHERE d.id = ANY($1) AND e.id = d.event_id
-                     RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts",
-                    &[&lease_ids, &owner, &lease_until, &now_ms],
+                    &lease,
+                    &[&grant_ids, &grants, &owner, &lease_until, &now_ms],
                 )
                 .await?
             {
                 let rowid: i64 = r.try_get(0)?;
-                rows.push((
-                    order.get(&rowid).copied().unwrap_or(usize::MAX),
-                    r.try_get(1)?,
+                let due: i64 = r.try_get(6)?;
+                claimed.entry(r.try_get(1)?).or_default().push((
+                    due,
+                    rowid,
                     Claimed {
                         rowid,
                         event_id: r.try_get(2)?,
@@ -762,43 +778,56 @@ impl PgLedger {
                     },
                 ));
             }
-            rows.sort_by_key(|(k, _, _)| *k);
-            for (_, sub, d) in rows {
-                claimed.entry(sub).or_default().push(d);
-            }
         }
-        // 7. The limiters that granted them, back in their rows.
-        if !store_ids.is_empty() {
-            tx.execute(
-                "UPDATE subscribers s SET limiter = u.l
-                 FROM unnest($1::text[], $2::text[]) AS u(id, l) WHERE s.id = u.id",
-                &[&store_ids, &store_states],
-            )
-            .await?;
+        // 6. Keep what was leased of each reservation, give back the rest exactly.
+        let mut store_ids: Vec<&str> = Vec::with_capacity(held.len());
+        let mut store_states: Vec<String> = Vec::with_capacity(held.len());
+        for (id, l, limiter, reservation) in &mut held {
+            let n = claimed.get(id.as_str()).map_or(0, Vec::len);
+            limiter.commit(*l, *reservation, n);
+            *in_flight.entry(id.clone()).or_default() += n as u32;
+            store_ids.push(id.as_str());
+            store_states.push(encode_limiter(limiter));
         }
-        // 8. What remains due, for the dispatcher's next wake-up.
+        // 7, 8, pipelined: the limiters back in their rows; what remains due, for the
+        // dispatcher's next wake-up (one index probe per subscriber).
+        let (store, next) = tokio::try_join!(
+            tx.prepare_cached(STORE_LIMITERS),
+            tx.prepare_cached(CLAIM_NEXT_DUE),
+        )?;
+        let (_, next_rows) = tokio::try_join!(
+            tx.execute(&store, &[&store_ids, &store_states]),
+            tx.query(&next, &[&store_ids]),
+        )?;
         let mut next_due: HashMap<String, i64> = HashMap::new();
-        for r in tx
-            .query(
-                "SELECT subscriber_id, MIN(next_attempt_ms) FROM deliveries
-                 WHERE subscriber_id = ANY($1) AND status = 'pending' GROUP BY subscriber_id",
-                &[&live],
-            )
-            .await?
-        {
+        for r in next_rows {
             next_due.insert(r.try_get(0)?, r.try_get(1)?);
         }
-        Ok(live
-            .into_iter()
-            .map(|id| PgClaim {
-                claimed: claimed.remove(&id).unwrap_or_default(),
+        let mut out = Vec::with_capacity(held.len());
+        for (id, l, limiter, _) in held {
+            let next_due_ms = next_due.get(&id).copied();
+            let busy = in_flight.get(&id).copied().unwrap_or(0);
+            // Due work left because the shared limiter says wait: how long, as the limiter
+            // would answer for one more (asked of a copy, nothing is taken).
+            let wait_ms = match next_due_ms {
+                Some(due) if due <= now_ms => {
+                    let mut probe = limiter;
+                    probe.plan(l, busy, now_ms, 1).deferred.first().map(|d| d.1)
+                }
+                _ => None,
+            };
+            let mut leased = claimed.remove(&id).unwrap_or_default();
+            leased.sort_by_key(|(due, rowid, _)| (*due, *rowid));
+            out.push(PgClaim {
+                claimed: leased.into_iter().map(|(_, _, d)| d).collect(),
                 lease_expires_ms: lease_until,
-                in_flight: in_flight.get(&id).copied().unwrap_or(0),
-                wait_ms: waits.get(&id).copied(),
-                next_due_ms: next_due.get(&id).copied(),
+                in_flight: busy,
+                wait_ms,
+                next_due_ms,
                 subscriber_id: id,
-            })
-            .collect())
+            });
+        }
+        Ok(out)
     }
 
     /// Record results and fold their answers into the shared limiters, in one transaction.
@@ -853,12 +882,26 @@ impl PgLedger {
                 store_states.push(encode_limiter(&limiter));
                 store_ids.push(id);
             }
-            tx.execute(
-                "UPDATE subscribers s SET limiter = u.l
-                 FROM unnest($1::text[], $2::text[]) AS u(id, l) WHERE s.id = u.id",
-                &[&store_ids, &store_states],
-            )
-            .await?;
+            let store = tx.prepare_cached(STORE_LIMITERS).await?;
+            tx.execute(&store, &[&store_ids, &store_states]).await?;
+        }
+        let outcomes: Vec<(&Outcome, Option<i64>)> = outcomes
+            .iter()
+            .map(|lo| (&lo.outcome, lo.lease_expires_ms))
+            .collect();
+        Self::record_outcomes(tx, owner, &outcomes, now_ms).await
+    }
+
+    /// Record results of deliveries leased to `owner` (under the given lease, when there is
+    /// one) and the attempts of those recorded, in order: one statement whatever their number.
+    pub(super) async fn record_outcomes(
+        tx: &Transaction<'_>,
+        owner: &str,
+        outcomes: &[(&Outcome, Option<i64>)],
+        now_ms: i64,
+    ) -> Result<Applied, LedgerError> {
+        if outcomes.is_empty() {
+            return Ok(Applied::default());
         }
         let n = outcomes.len();
         let mut ids = Vec::with_capacity(n);
@@ -868,10 +911,19 @@ impl PgLedger {
         let mut next: Vec<Option<i64>> = Vec::with_capacity(n);
         let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
         let mut keep_error: Vec<bool> = Vec::with_capacity(n);
-        for lo in outcomes {
-            let o = &lo.outcome;
+        // The attempts, of every outcome that made one (only those recorded are stored).
+        let mut a_ids: Vec<i64> = Vec::with_capacity(n);
+        let mut a_n: Vec<i32> = Vec::with_capacity(n);
+        let mut a_at: Vec<i64> = Vec::with_capacity(n);
+        let mut a_lane: Vec<&str> = Vec::with_capacity(n);
+        let mut a_outcome: Vec<&str> = Vec::with_capacity(n);
+        let mut a_status: Vec<Option<i32>> = Vec::with_capacity(n);
+        let mut a_latency: Vec<Option<i64>> = Vec::with_capacity(n);
+        let mut a_body: Vec<Option<&str>> = Vec::with_capacity(n);
+        let mut a_error: Vec<Option<&str>> = Vec::with_capacity(n);
+        for (o, lease) in outcomes {
             ids.push(o.rowid);
-            leases.push(lo.lease_expires_ms);
+            leases.push(*lease);
             let (status, s, at, err, keep) = match &o.transition {
                 Transition::Sent => ("sent", 1, None, None, false),
                 Transition::Retry { at_ms, error } => {
@@ -891,77 +943,47 @@ impl PgLedger {
             next.push(at);
             errors.push(err);
             keep_error.push(keep);
-        }
-        let mut recorded: HashSet<i64> = HashSet::new();
-        if !outcomes.is_empty() {
-            for r in tx
-                .query(
-                    "UPDATE deliveries d SET status = u.status, attempts = d.attempts + u.spent,
-                         next_attempt_ms = COALESCE(u.next, d.next_attempt_ms),
-                         last_error = CASE WHEN u.keep THEN d.last_error ELSE u.err END,
-                         lease_owner = NULL, lease_expires_ms = NULL, updated_ms = $8
-                     FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::int[], $5::bigint[],
-                                 $6::text[], $7::bool[]) AS u(id, lease, status, spent, next, err, keep)
-                     WHERE d.id = u.id AND d.status = 'in_flight' AND d.lease_owner = $9
-                       AND (u.lease IS NULL OR d.lease_expires_ms = u.lease)
-                     RETURNING d.id",
-                    &[
-                        &ids,
-                        &leases,
-                        &statuses,
-                        &spent,
-                        &next,
-                        &errors,
-                        &keep_error,
-                        &now_ms,
-                        &owner,
-                    ],
-                )
-                .await?
-            {
-                recorded.insert(r.try_get(0)?);
+            if let Some(a) = &o.attempt {
+                a_ids.push(o.rowid);
+                a_n.push(a.attempt.min(i32::MAX as u32) as i32);
+                a_at.push(a.at_ms);
+                a_lane.push(a.lane);
+                a_outcome.push(a.outcome);
+                a_status.push(a.status.map(i32::from));
+                a_latency.push(a.latency_ms.map(|l| l.min(i64::MAX as u64) as i64));
+                a_body.push(a.response_body.as_deref());
+                a_error.push(a.error.as_deref());
             }
         }
-        // The attempts of the recorded outcomes, in order.
-        let mut a_ids: Vec<i64> = Vec::new();
-        let mut a_n: Vec<i32> = Vec::new();
-        let mut a_at: Vec<i64> = Vec::new();
-        let mut a_lane: Vec<&str> = Vec::new();
-        let mut a_outcome: Vec<&str> = Vec::new();
-        let mut a_status: Vec<Option<i32>> = Vec::new();
-        let mut a_latency: Vec<Option<i64>> = Vec::new();
-        let mut a_body: Vec<Option<&str>> = Vec::new();
-        let mut a_error: Vec<Option<&str>> = Vec::new();
-        for lo in outcomes {
-            let o = &lo.outcome;
-            let Some(a) = o.attempt.as_ref().filter(|_| recorded.contains(&o.rowid)) else {
-                continue;
-            };
-            a_ids.push(o.rowid);
-            a_n.push(a.attempt.min(i32::MAX as u32) as i32);
-            a_at.push(a.at_ms);
-            a_lane.push(a.lane);
-            a_outcome.push(a.outcome);
-            a_status.push(a.status.map(i32::from));
-            a_latency.push(a.latency_ms.map(|l| l.min(i64::MAX as u64) as i64));
-            a_body.push(a.response_body.as_deref());
-            a_error.push(a.error.as_deref());
-        }
-        if !a_ids.is_empty() {
-            tx.execute(
-                "INSERT INTO attempts (delivery_id, attempt, at_ms, lane, outcome, status,
-                     latency_ms, response_body, error)
-                 SELECT d, a, t, l, o, s, ms, b, e
-                 FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::text[],
-                             $6::int[], $7::bigint[], $8::text[], $9::text[])
-                     WITH ORDINALITY AS u(d, a, t, l, o, s, ms, b, e, n) ORDER BY n",
+        let st = tx.prepare_cached(RECORD_OUTCOMES).await?;
+        let recorded: HashSet<i64> = tx
+            .query(
+                &st,
                 &[
-                    &a_ids, &a_n, &a_at, &a_lane, &a_outcome, &a_status, &a_latency, &a_body,
+                    &ids,
+                    &leases,
+                    &statuses,
+                    &spent,
+                    &next,
+                    &errors,
+                    &keep_error,
+                    &now_ms,
+                    &owner,
+                    &a_ids,
+                    &a_n,
+                    &a_at,
+                    &a_lane,
+                    &a_outcome,
+                    &a_status,
+                    &a_latency,
+                    &a_body,
                     &a_error,
                 ],
             )
-            .await?;
-        }
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
         Ok(Applied {
             recorded: recorded.len(),
             stale: ids

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 
 use super::ops::{core_limits, STORE_LIMITERS};
 use super::{decode_limiter, encode_limiter, PgLedger};
-use crate::model::{Claim, Outcome, Subscriber};
+use crate::model::{Claim, HealthWrite, Outcome, Subscriber};
 
 /// How long a lease lasts without renewal: the longest a dead daemon's work waits.
 pub const LEASE_MS: i64 = 15_000;
@@ -44,9 +44,9 @@ pub fn merge_limiter(shared: LimiterState, mine: LimiterState) -> LimiterState {
     }
 }
 
-/// The rows of the subscribers whose limiters a turn stores (`$1`) and of those whose sends
-/// it ends (deliveries of `$2` still leased to `$3`), locked in id order as every transaction
-/// here takes them.
+/// The rows of the subscribers a turn names (`$1`) and of those whose sends it ends
+/// (deliveries of `$2` still leased to `$3`), locked in id order as every transaction here
+/// takes them.
 const TURN_LOCK: &str = "SELECT id, rate_per_sec, burst, max_in_flight, limiter FROM subscribers s
      WHERE id = ANY($1)
         OR id IN (SELECT subscriber_id FROM deliveries
@@ -71,7 +71,16 @@ impl PgLedger {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let rowids: Vec<i64> = turn.outcomes.iter().map(|o| o.rowid).collect();
+        // Every subscriber row this turn will lock, locked at once in id order: whatever it
+        // locks later (health, dead counts, the claim) it already holds, so two daemons' turns
+        // never lock the same rows in different orders.
         let mut ids: Vec<&str> = turn.limiters.iter().map(|(id, _)| id.as_str()).collect();
+        ids.extend(turn.claims.iter().map(|(id, _)| id.as_str()));
+        ids.extend(turn.dead.iter().map(String::as_str));
+        ids.extend(turn.health.iter().map(|h| match h {
+            HealthWrite::FailingSince { subscriber, .. }
+            | HealthWrite::Disable { subscriber, .. } => subscriber.as_str(),
+        }));
         ids.sort_unstable();
         ids.dedup();
         let mut store_ids: Vec<String> = Vec::new();
@@ -91,16 +100,21 @@ impl PgLedger {
             }
             for r in rows {
                 let id: String = r.try_get("id")?;
+                let mine = turn.limiters.iter().rev().find(|(s, _)| *s == id);
+                let open = ended.get(&id).copied();
+                if mine.is_none() && open.is_none() {
+                    continue; // locked for what comes later in the turn
+                }
                 let raw: Option<String> = r.try_get("limiter")?;
                 let mut shared = decode_limiter(&id, raw.as_deref(), now);
-                if let Some(&open) = ended.get(&id) {
+                if let Some(open) = open {
                     // The bucket catches up to now under the room that held while they were
                     // open (the core's pacing on arrival times), before they stop counting.
                     let limits = core_limits(&r, self.breaker)?;
                     shared.settle(limits, open, now);
                 }
                 // The latest of this turn's states for the subscriber.
-                if let Some((_, mine)) = turn.limiters.iter().rev().find(|(s, _)| *s == id) {
+                if let Some((_, mine)) = mine {
                     shared = merge_limiter(shared, *mine);
                 }
                 store_states.push(encode_limiter(&shared));

@@ -12,8 +12,9 @@
 //   sqlite-1  one daemon on a fresh SQLite file (the default)
 //   pg-1/2/3  one, two or three daemons on one fresh PostgreSQL database (a throwaway server
 //             started here, default settings: fsync and synchronous_commit on)
-// Each: 5 origin-lane subscribers of one bench/sink, held (0.001/s) while `--events` events are
-// ingested (batches of 100 over 4 connections, spread over the daemons: events/s), then all five
+// Each: 5 origin-lane subscribers of one bench/sink (max_in_flight 100 each, or
+// --max-in-flight), held (0.001/s) while `--events` events are ingested (batches of 100 over 4
+// connections, spread over the daemons: events/s), then all five
 // released at once (PATCH to 1e6/s on the first daemon; the others hear it by NOTIFY) and the
 // clock runs until the ledger records every delivery `sent` (deliveries/s). CPU (user + system,
 // /proc) of the daemons and of every PostgreSQL process over each phase, per event and per
@@ -37,12 +38,14 @@ const { values: opts } = parseArgs({
     events: { type: 'string', default: '10000' },
     configs: { type: 'string', default: 'sqlite-1,pg-1,pg-2,pg-3' },
     'before-bin': { type: 'string' },
+    'max-in-flight': { type: 'string', default: '100' },
   },
 });
 const ROUNDS = Math.min(Math.max(Number(opts.rounds) || 1, 1), 5);
 const EVENTS = Math.min(Math.max(Number(opts.events) || 1000, 100), 100_000);
 const CONFIGS = opts.configs.split(',');
 const SUBSCRIBERS = 5;
+const MAX_IN_FLIGHT = Math.min(Math.max(Number(opts['max-in-flight']) || 100, 1), 10_000);
 const TOKEN = 'bench-token-0123456789';
 const DRAIN_LIMIT_MS = 300_000;
 
@@ -138,7 +141,7 @@ async function once(config, sink, pg, round) {
         url: `${sink.url}/lane/${i}`,
         event_types: ['video.*'],
         ...HELD,
-        max_in_flight: 100,
+        max_in_flight: MAX_IN_FLIGHT,
         lane: 'origin',
       });
     }
@@ -237,7 +240,7 @@ async function main() {
   }
   const base = median(results.filter((r) => r.config === CONFIGS[0]).map((r) => r.rate));
   const baseIngest = median(results.filter((r) => r.config === CONFIGS[0]).map((r) => r.ingestRate));
-  console.log(`\n${EVENTS} events x ${SUBSCRIBERS} subscribers, ${ROUNDS} rounds, medians; ratios against ${CONFIGS[0]}\n`);
+  console.log(`\n${EVENTS} events x ${SUBSCRIBERS} subscribers (max_in_flight ${MAX_IN_FLIGHT}), ${ROUNDS} rounds, medians; ratios against ${CONFIGS[0]}\n`);
   console.log('| ledger | ingest events/s | ratio | deliveries/s | ratio | daemon CPU/delivery | PostgreSQL CPU/delivery | daemon CPU/event (ingest) | PostgreSQL CPU/event (ingest) |');
   console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const config of CONFIGS) {

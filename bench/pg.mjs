@@ -23,6 +23,7 @@
 // is polled only once the sink has seen them all, so the observer's queries do not weigh on
 // the CPU measured.
 
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import fsp from 'node:fs/promises';
 import os from 'node:os';
@@ -73,6 +74,23 @@ function pgCpu(postmaster) {
     for (const pid of kids.trim().split(/\s+/).filter(Boolean)) total += procCpu(pid);
   }
   return total;
+}
+
+/** `psql` of the newest installed PostgreSQL (the server the harness starts). */
+const PSQL = (() => {
+  const root = '/usr/lib/postgresql';
+  const v = fs.existsSync(root)
+    ? fs.readdirSync(root).filter((d) => fs.existsSync(`${root}/${d}/bin/psql`)).sort((a, b) => Number(a) - Number(b)).pop()
+    : null;
+  return v ? `${root}/${v}/bin/psql` : null;
+})();
+
+/** WAL written so far (bytes) and transactions committed in `db` (a postgres:// URL). */
+function pgCounters(db) {
+  if (!PSQL) return { wal: 0, commits: 0 };
+  const r = spawnSync(PSQL, [db, '-XAtc', "SELECT pg_current_wal_lsn() - '0/0', xact_commit FROM pg_stat_database WHERE datname = current_database()"], { encoding: 'utf8' });
+  const [wal, commits] = r.stdout.trim().split('|').map(Number);
+  return { wal: wal || 0, commits: commits || 0 };
 }
 
 async function sentTotal(url) {
@@ -174,6 +192,7 @@ async function once(config, sink, pg, round) {
     const sunk = await sink.count();
     const m0 = machineBusy();
     const c2 = cpu();
+    const p2 = kind === 'pg' ? pgCounters(db) : null;
     const t1 = performance.now();
     await Promise.all(ids.map((id) => call(first, `/v1/subscribers/${id}`, FAST, 'PATCH')));
     // The sink's counter first (up to one held delivery per subscriber may have been out,
@@ -188,6 +207,9 @@ async function once(config, sink, pg, round) {
     const drainS = (performance.now() - t1) / 1000;
     const c3 = cpu();
     const m1 = machineBusy();
+    // The statistics collector publishes a backend's counts when it is idle (within a second).
+    if (kind === 'pg') await sleep(1200);
+    const p3 = kind === 'pg' ? pgCounters(db) : null;
     const delivered = (await sentTotal(first.url)) - before;
     const res = {
       config,
@@ -202,6 +224,8 @@ async function once(config, sink, pg, round) {
       daemonCores: (c3.daemons - c2.daemons) / drainS,
       pgCores: (c3.pg - c2.pg) / drainS,
       machine: (m1[0] - m0[0]) / (m1[1] - m0[1]),
+      walBytes: p3 ? (p3.wal - p2.wal) / Math.max(1, delivered) : 0,
+      perCommit: p3 ? delivered / Math.max(1, p3.commits - p2.commits) : 0,
     };
     log(
       `  ${config.padEnd(8)} round ${round}: ingest ${res.ingestRate.toFixed(0)} events/s ` +
@@ -209,7 +233,9 @@ async function once(config, sink, pg, round) {
         `${res.rate.toFixed(0)} deliveries/s (${delivered} in ${drainS.toFixed(2)} s; ` +
         `${res.daemonUs.toFixed(1)} µs daemon + ${res.pgUs.toFixed(1)} µs PostgreSQL CPU/delivery; ` +
         `daemons ${res.daemonCores.toFixed(2)} cores, PostgreSQL ${res.pgCores.toFixed(2)}; ` +
-        `machine ${(res.machine * 100).toFixed(0)}% busy)${drained ? '' : ' — DID NOT DRAIN'}`,
+        `machine ${(res.machine * 100).toFixed(0)}% busy` +
+        (p3 ? `; ${res.walBytes.toFixed(0)} WAL bytes/delivery, ${res.perCommit.toFixed(0)} deliveries/commit` : '') +
+        `)${drained ? '' : ' — DID NOT DRAIN'}`,
     );
     return res;
   } finally {
@@ -241,8 +267,8 @@ async function main() {
   const base = median(results.filter((r) => r.config === CONFIGS[0]).map((r) => r.rate));
   const baseIngest = median(results.filter((r) => r.config === CONFIGS[0]).map((r) => r.ingestRate));
   console.log(`\n${EVENTS} events x ${SUBSCRIBERS} subscribers (max_in_flight ${MAX_IN_FLIGHT}), ${ROUNDS} rounds, medians; ratios against ${CONFIGS[0]}\n`);
-  console.log('| ledger | ingest events/s | ratio | deliveries/s | ratio | daemon CPU/delivery | PostgreSQL CPU/delivery | daemon CPU/event (ingest) | PostgreSQL CPU/event (ingest) |');
-  console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
+  console.log('| ledger | ingest events/s | ratio | deliveries/s | ratio | daemon CPU/delivery | PostgreSQL CPU/delivery | daemon CPU/event (ingest) | PostgreSQL CPU/event (ingest) | WAL/delivery | deliveries/commit |');
+  console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const config of CONFIGS) {
     const rs = results.filter((r) => r.config === config);
     const m = (k) => median(rs.map((r) => r[k]));
@@ -250,7 +276,8 @@ async function main() {
     console.log(
       `| ${config}${drained} | ${m('ingestRate').toFixed(0)} | ${(m('ingestRate') / baseIngest).toFixed(2)} | ` +
         `${m('rate').toFixed(0)} | ${(m('rate') / base).toFixed(2)} | ${m('daemonUs').toFixed(1)} µs | ` +
-        `${m('pgUs').toFixed(1)} µs | ${m('ingestDaemonUs').toFixed(0)} µs | ${m('ingestPgUs').toFixed(0)} µs |`,
+        `${m('pgUs').toFixed(1)} µs | ${m('ingestDaemonUs').toFixed(0)} µs | ${m('ingestPgUs').toFixed(0)} µs | ` +
+        `${config.startsWith('pg') ? `${m('walBytes').toFixed(0)} B | ${m('perCommit').toFixed(0)}` : '– | –'} |`,
     );
   }
 }

@@ -13,10 +13,12 @@ use std::sync::Arc;
 
 use common::pg::PgServer;
 use fanout_core::breaker::BreakerConfig;
+use fanout_core::limiter::LimiterState;
 use fanout_core::retry::Attempt;
 use fanout_origin::ledger::pg::{Announcement, Feedback, LeasedOutcome, PgLedger};
 use fanout_origin::ledger::{
-    AttemptRecord, DeliveryFilter, HealthWrite, LedgerError, NewEvent, Outcome, Transition,
+    AttemptRecord, DeliveryFilter, DispatchLedger, HealthWrite, LedgerError, NewEvent, Outcome,
+    Transition, Turn,
 };
 use fanout_origin::model::{Disabled, Lane, Limits, Status, Subscriber};
 
@@ -879,4 +881,90 @@ async fn customers_are_refused_on_postgres_and_a_lost_server_is_unavailable() {
         (503, "unavailable".into()),
         "{body}"
     );
+}
+
+/// A claim keeps only the tokens of what it leased: asking for more than is due takes nothing
+/// from the shared bucket for what it did not find.
+#[tokio::test]
+async fn a_claim_takes_tokens_only_for_what_it_leased() {
+    let server = PgServer::start();
+    let l = ledgers(&server, "tokens", 1).await.remove(0);
+    // A burst of 10 refilling one token per 1,000 s: nothing refills during the test.
+    l.create_subscriber(&sub("a", &["*"], 0.001, 10, 100), "s")
+        .await
+        .unwrap();
+    l.ingest(&evs("x", 3), 0).await.unwrap();
+    let t0 = 1_000;
+    let first = l
+        .claim(&[("a".into(), 10)], BREAKER, t0, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(first[0].claimed.len(), 3);
+    l.ingest(&evs("y", 9), t0).await.unwrap();
+    let second = l
+        .claim(&[("a".into(), 10)], BREAKER, t0, LEASE)
+        .await
+        .unwrap();
+    // 10 - 3 tokens left (and room for 10 - 3 while three are open).
+    assert_eq!(second[0].claimed.len(), 7);
+    assert_eq!(second[0].in_flight, 10);
+}
+
+/// A dispatcher turn takes every subscriber row lock it needs at once, in id order: while
+/// another transaction holds "a", a turn that stores "b"'s limiter and claims for "a" waits
+/// holding nothing. (Taking "b" first and "a" later is how two daemons' turns deadlock.)
+#[tokio::test]
+async fn a_turn_takes_its_subscriber_locks_at_once_in_id_order() {
+    let server = PgServer::start();
+    let l = ledgers(&server, "turnlocks", 1).await.remove(0);
+    for id in ["a", "b"] {
+        l.create_subscriber(&sub(id, &["*"], 1000.0, 1000, 100), "s")
+            .await
+            .unwrap();
+    }
+    l.ingest(&evs("e", 4), 0).await.unwrap();
+    let mut holder = server.connect("turnlocks").await;
+    let hold = holder.transaction().await.unwrap();
+    hold.execute("SELECT 1 FROM subscribers WHERE id = 'a' FOR UPDATE", &[])
+        .await
+        .unwrap();
+    let turn = Turn {
+        now_ms: 10,
+        limiters: vec![("b".into(), LimiterState::default())],
+        claims: vec![("a".into(), 2)],
+        lease_until_ms: 10 + LEASE,
+        ..Turn::default()
+    };
+    let ledger = l.clone();
+    let running =
+        tokio::spawn(async move { ledger.record_turn(turn).await.map_err(|e| e.error) });
+    // Until the turn waits for a lock (bounded: 10 s).
+    let probe = server.connect("turnlocks").await;
+    for k in 0.. {
+        let waiting: i64 = probe
+            .query_one(
+                "SELECT COUNT(*) FROM pg_stat_activity
+                 WHERE datname = 'turnlocks' AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(k < 1_000, "the turn never waited for subscriber a");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let free = probe
+        .query(
+            "SELECT 1 FROM subscribers WHERE id = 'b' FOR UPDATE NOWAIT",
+            &[],
+        )
+        .await;
+    assert!(free.is_ok(), "the waiting turn holds b: {free:?}");
+    hold.rollback().await.unwrap();
+    let recorded = running.await.unwrap().unwrap();
+    assert_eq!(recorded.claims.len(), 1);
+    assert_eq!(recorded.claims[0].claimed.len(), 2);
 }

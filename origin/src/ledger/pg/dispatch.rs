@@ -15,6 +15,7 @@
 //!   same name); other daemons' leases are theirs until they expire.
 
 use fanout_core::limiter::LimiterState;
+use tokio_postgres::types::ToSql;
 
 use super::super::ops::{DispatchLedger, Recorded, Turn, TurnError};
 use super::super::LedgerError;
@@ -88,10 +89,10 @@ impl PgLedger {
         if !ids.is_empty() || !rowids.is_empty() {
             let (lock, open) =
                 tokio::try_join!(tx.prepare_cached(TURN_LOCK), tx.prepare_cached(TURN_OPEN))?;
-            let (rows, open_rows) = tokio::try_join!(
-                tx.query(&lock, &[&ids, &rowids, &owner]),
-                tx.query(&open, &[&rowids, &owner]),
-            )?;
+            let lock_args: &[&(dyn ToSql + Sync)] = &[&ids, &rowids, &owner];
+            let open_args: &[&(dyn ToSql + Sync)] = &[&rowids, &owner];
+            let (rows, open_rows) =
+                tokio::try_join!(tx.query(&lock, lock_args), tx.query(&open, open_args))?;
             // The subscribers whose sends this turn ends (those this daemon still holds),
             // with the sends open just before, these included.
             let mut ended: HashMap<String, u32> = HashMap::new();

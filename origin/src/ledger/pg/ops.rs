@@ -432,10 +432,9 @@ impl PgLedger {
             tx.prepare_cached(INGEST_SUBSCRIBERS),
             tx.prepare_cached(INGEST_EVENTS),
         )?;
-        let (sub_rows, fresh_rows) = tokio::try_join!(
-            tx.query(&list, &[]),
-            tx.query(&insert, &[&ids, &types, &bodies, &now_ms]),
-        )?;
+        let insert_args: &[&(dyn ToSql + Sync)] = &[&ids, &types, &bodies, &now_ms];
+        let (sub_rows, fresh_rows) =
+            tokio::try_join!(tx.query(&list, &[]), tx.query(&insert, insert_args))?;
         let subs: Vec<(String, Vec<String>)> = sub_rows
             .iter()
             .map(|r| {
@@ -720,10 +719,12 @@ impl PgLedger {
             tx.prepare_cached(CLAIM_EXPIRE),
             tx.prepare_cached(CLAIM_COUNT),
         )?;
+        let by_id: &[&(dyn ToSql + Sync)] = &[&ids];
+        let expire_args: &[&(dyn ToSql + Sync)] = &[&ids, &now_ms];
         let (subs, _, counted) = tokio::try_join!(
-            tx.query(&lock, &[&ids]),
-            tx.execute(&expire, &[&ids, &now_ms]),
-            tx.query(&count, &[&ids]),
+            tx.query(&lock, by_id),
+            tx.execute(&expire, expire_args),
+            tx.query(&count, by_id),
         )?;
         let mut in_flight: HashMap<String, u32> = HashMap::new();
         for r in counted {
@@ -795,9 +796,11 @@ impl PgLedger {
             tx.prepare_cached(STORE_LIMITERS),
             tx.prepare_cached(CLAIM_NEXT_DUE),
         )?;
+        let store_args: &[&(dyn ToSql + Sync)] = &[&store_ids, &store_states];
+        let next_args: &[&(dyn ToSql + Sync)] = &[&store_ids];
         let (_, next_rows) = tokio::try_join!(
-            tx.execute(&store, &[&store_ids, &store_states]),
-            tx.query(&next, &[&store_ids]),
+            tx.execute(&store, store_args),
+            tx.query(&next, next_args),
         )?;
         let mut next_due: HashMap<String, i64> = HashMap::new();
         for r in next_rows {

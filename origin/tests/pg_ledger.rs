@@ -936,8 +936,7 @@ async fn a_turn_takes_its_subscriber_locks_at_once_in_id_order() {
         ..Turn::default()
     };
     let ledger = l.clone();
-    let running =
-        tokio::spawn(async move { ledger.record_turn(turn).await.map_err(|e| e.error) });
+    let running = tokio::spawn(async move { ledger.record_turn(turn).await.map_err(|e| e.error) });
     // Until the turn waits for a lock (bounded: 10 s).
     let probe = server.connect("turnlocks").await;
     for k in 0.. {

@@ -798,10 +798,8 @@ impl PgLedger {
         )?;
         let store_args: &[&(dyn ToSql + Sync)] = &[&store_ids, &store_states];
         let next_args: &[&(dyn ToSql + Sync)] = &[&store_ids];
-        let (_, next_rows) = tokio::try_join!(
-            tx.execute(&store, store_args),
-            tx.query(&next, next_args),
-        )?;
+        let (_, next_rows) =
+            tokio::try_join!(tx.execute(&store, store_args), tx.query(&next, next_args))?;
         let mut next_due: HashMap<String, i64> = HashMap::new();
         for r in next_rows {
             next_due.insert(r.try_get(0)?, r.try_get(1)?);

@@ -15,6 +15,7 @@ pub mod ledger;
 pub mod load;
 pub mod metrics;
 pub mod model;
+pub mod retention;
 pub mod term;
 pub mod time;
 
@@ -81,6 +82,12 @@ pub async fn run(
     )?;
     let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let retention_task = tokio::spawn(retention::run(
+        ledger.clone(),
+        cfg.retention,
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
     let dispatcher_task = tokio::spawn(dispatcher.run(control_rx, async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
     }));
@@ -92,6 +99,7 @@ pub async fn run(
             allow_loopback: cfg.allow_loopback,
             max_event_bytes: cfg.max_event_bytes,
             rotation_grace_ms: (cfg.rotation_grace_secs.min(i64::MAX as u64 / 1000) * 1000) as i64,
+            retention: cfg.retention,
         },
         metrics,
     );
@@ -109,6 +117,9 @@ pub async fn run(
         .await;
     if let Err(e) = dispatcher_task.await {
         tracing::error!(error = %e, "the dispatcher task failed");
+    }
+    if let Err(e) = retention_task.await {
+        tracing::error!(error = %e, "the retention task failed");
     }
     // Wait for the ledger to finish everything queued before this point.
     ledger.call(|_| Ok(())).await?;

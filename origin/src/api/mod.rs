@@ -49,6 +49,8 @@ pub struct ApiConfig {
     pub allow_loopback: bool,
     pub max_event_bytes: usize,
     pub rotation_grace_ms: i64,
+    /// How long finished deliveries are kept (shown by `GET /v1/retention`).
+    pub retention: crate::retention::Retention,
 }
 
 #[derive(Debug, Clone)]
@@ -98,6 +100,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/deliveries/{id}", get(get_delivery))
         .route("/v1/deliveries/{id}/replay", post(replay_one))
         .route("/v1/replay", post(replay_bulk))
+        .route("/v1/retention", get(retention))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/healthz", get(healthz))
@@ -778,6 +781,16 @@ async fn healthz(State(state): State<AppState>) -> Response {
         )
             .into_response(),
     }
+}
+
+/// What retention has removed and the oldest finished deliveries it kept: keyed lookups only.
+async fn retention(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let report = state.ledger.read(|c| ledger::retention::report(c)).await?;
+    Ok(Json(crate::retention::RetentionView::of(
+        &state.cfg.retention,
+        report,
+        &state.metrics.retention,
+    )))
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {

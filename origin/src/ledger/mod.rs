@@ -11,6 +11,8 @@
 //! flight.
 
 mod health;
+#[cfg(test)]
+mod plans;
 mod queries;
 pub mod retention;
 mod schema;

@@ -317,9 +317,8 @@ pub fn ingest(
     // back, or a call that waited in the writer's queue, takes the latest time already
     // stored), so a time range is an id range (`filter_sql`).
     let latest: Option<i64> = c
-        .prepare_cached("SELECT created_ms FROM deliveries ORDER BY created_ms DESC LIMIT 1")?
-        .query_row([], |r| r.get(0))
-        .optional()?;
+        .prepare_cached("SELECT MAX(created_ms) FROM deliveries")?
+        .query_row([], |r| r.get(0))?;
     let now_ms = latest.map_or(now_ms, |t| t.max(now_ms));
     let subs: Vec<(String, Vec<String>)> = c
         .prepare_cached("SELECT id, event_types FROM subscribers WHERE deleted_ms IS NULL")?
@@ -822,21 +821,6 @@ fn list_range(c: &Connection, f: &DeliveryFilter) -> Result<Vec<(i64, DeliveryVi
         Ok((r.get::<_, i64>(0)?, delivery_from_row(r)?))
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
-}
-
-/// The query plan (`EXPLAIN QUERY PLAN`, one line per step) of listing with `f`, for the
-/// test that no hot query scans a table.
-#[cfg(test)]
-pub(crate) fn list_plan_sql(f: &DeliveryFilter) -> (String, Vec<rusqlite::types::Value>) {
-    let (filter, args) = filter_sql(f);
-    (
-        format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
-             {filter} ORDER BY d.id LIMIT {}",
-            f.limit
-        ),
-        args,
-    )
 }
 
 pub fn get_delivery(c: &Connection, rowid: i64) -> Result<DeliveryView, LedgerError> {

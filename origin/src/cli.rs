@@ -43,6 +43,22 @@ pub enum Command {
     /// Flood a URL, or the edge for one subscriber, for a bounded time; report accepted,
     /// throttled and the achieved rate
     Load(LoadArgs),
+    /// Write a consistent copy of a SQLite ledger, also while its daemon serves; leases in
+    /// the copy return to pending
+    Backup(BackupArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// The ledger to copy (a file path or sqlite:PATH)
+    #[arg(long, env = "FANOUT_DB")]
+    pub db: PathBuf,
+    /// The new file to write (must not exist)
+    #[arg(long)]
+    pub to: PathBuf,
+    /// Print the report as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -525,6 +541,28 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
             Ok(())
         }
         Command::Load(a) => load(a).await,
+        Command::Backup(a) => {
+            let db = match a.db.to_str().and_then(|s| s.strip_prefix("sqlite:")) {
+                Some(path) => PathBuf::from(path),
+                None => a.db.clone(),
+            };
+            let r = crate::ledger::backup::backup(&db, &a.to, crate::time::now_ms())
+                .map_err(|e| ClientError::Input(format!("backup: {e}")))?;
+            if a.json {
+                print(&json!(r));
+            } else {
+                println!(
+                    "backed up {} to {}: {} events, {} deliveries ({} leases returned to pending), {} bytes",
+                    db.display(),
+                    a.to.display(),
+                    r.events,
+                    r.deliveries,
+                    r.leases_released,
+                    r.bytes
+                );
+            }
+            Ok(())
+        }
     }
 }
 

@@ -10,6 +10,7 @@
 //! only by `retention` (finished deliveries past their window), never anything pending or in
 //! flight.
 
+pub mod backup;
 mod health;
 #[cfg(test)]
 mod plans;

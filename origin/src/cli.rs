@@ -530,13 +530,22 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
             Ok(())
         }
         Command::Status(a) => {
-            let v = Client::new(&a.client)?
+            let client = Client::new(&a.client)?;
+            let mut v = client
                 .call(reqwest::Method::GET, "/v1/subscribers?stats=true", None)
                 .await?;
+            let retention = client
+                .call(reqwest::Method::GET, "/v1/retention", None)
+                .await?;
             if a.json {
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("retention".into(), retention);
+                }
                 print(&v);
             } else {
-                print!("{}", status_table(&v, crate::time::now_ms()));
+                let now = crate::time::now_ms();
+                print!("{}", status_table(&v, now));
+                println!("{}", retention_line(&retention, now));
             }
             Ok(())
         }
@@ -740,6 +749,36 @@ pub fn status_table(v: &Value, now_ms: i64) -> String {
             "LAST ERROR",
         ],
         &rows,
+    )
+}
+
+/// `fanout status`'s last line: what retention keeps and has removed (pure, from
+/// `GET /v1/retention`).
+pub fn retention_line(v: &Value, now_ms: i64) -> String {
+    use crate::term::human_duration;
+    let kept = |window: &str, oldest: &str| {
+        let age = v
+            .get(oldest)
+            .and_then(Value::as_i64)
+            .map_or("none kept".to_string(), |t| {
+                format!("oldest {} ago", human_duration(now_ms - t))
+            });
+        format!("{} ({age})", text(v, window))
+    };
+    let last = v
+        .get("last_run_at_ms")
+        .and_then(Value::as_i64)
+        .map_or("not run yet".to_string(), |t| {
+            format!("last pass {} ago", human_duration(now_ms - t))
+        });
+    format!(
+        "retention: sent kept {}, dead kept {}; removed {} sent, {} dead, {} attempts, {} events; {last}",
+        kept("retain_sent", "oldest_sent_at_ms"),
+        kept("retain_dead", "oldest_dead_at_ms"),
+        text(v, "removed_sent"),
+        text(v, "removed_dead"),
+        text(v, "removed_attempts"),
+        text(v, "removed_events"),
     )
 }
 
@@ -971,6 +1010,19 @@ mod tests {
         assert_eq!(
             status_table(&json!({ "subscribers": [] }), 0),
             "no subscribers\n"
+        );
+    }
+
+    #[test]
+    fn retention_line_table() {
+        let v = json!({ "retain_sent": "7d", "retain_dead": "forever", "removed_sent": 120,
+            "removed_dead": 3, "removed_attempts": 130, "removed_events": 121,
+            "oldest_sent_at_ms": 3_600_000, "oldest_dead_at_ms": null,
+            "last_run_at_ms": 7_170_000, "longest_step_ms": 4.5 });
+        assert_eq!(
+            retention_line(&v, 7_200_000),
+            "retention: sent kept 7d (oldest 1h00m ago), dead kept forever (none kept); removed 120 \
+             sent, 3 dead, 130 attempts, 121 events; last pass 30s ago"
         );
     }
 

@@ -81,6 +81,7 @@ mod tests {
             "GET /v1/deliveries/{id}",
             "POST /v1/deliveries/{id}/replay",
             "POST /v1/replay",
+            "GET /v1/retention",
         ];
         expected.sort_unstable();
         assert_eq!(ops, expected);

@@ -12,6 +12,14 @@ pub struct Rate {
     pub burst: u32,
 }
 
+impl Rate {
+    /// How many tokens the bucket may hold while `in_flight` sends are still open: `burst` less
+    /// those sends, never below zero.
+    pub fn room(&self, in_flight: u32) -> f64 {
+        (f64::from(self.burst) - f64::from(in_flight)).max(0.0)
+    }
+}
+
 /// The stored state: tokens as of `updated_ms` (unix ms).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Bucket {
@@ -28,21 +36,27 @@ impl Bucket {
         }
     }
 
-    /// Add what accrued since `updated_ms`, capped at `burst`, and move `updated_ms` to now.
-    /// A clock that steps backwards adds nothing and keeps the later time.
-    pub fn refill(&mut self, rate: Rate, now_ms: i64) {
+    /// Add what accrued since `updated_ms`, capped at `room` (at most `burst`), and move
+    /// `updated_ms` to now. A clock that steps backwards adds nothing and keeps the later time.
+    ///
+    /// `room` is `burst` less the sends still in flight (see [`Rate::room`]): a send counts
+    /// against the subscriber's burst until its answer is back, because the subscriber may
+    /// register it at any instant in between. The caller refills whenever the number in flight
+    /// changes, so the cap that held over each stretch of time is the one applied to it.
+    pub fn refill(&mut self, rate: Rate, room: f64, now_ms: i64) {
         if now_ms > self.updated_ms {
             let elapsed = (now_ms - self.updated_ms) as f64;
             self.tokens += elapsed * rate.per_sec / 1000.0;
             self.updated_ms = now_ms;
         }
-        self.tokens = self.tokens.min(f64::from(rate.burst)).max(0.0);
+        self.tokens = self.tokens.min(room.min(f64::from(rate.burst))).max(0.0);
     }
 
-    /// Refill, then take up to `want` whole tokens; returns how many were taken. The refill is
-    /// kept even when nothing could be taken, so a busy subscriber still accrues tokens.
-    pub fn take(&mut self, rate: Rate, now_ms: i64, want: u32) -> u32 {
-        self.refill(rate, now_ms);
+    /// Refill (within `room`), then take up to `want` whole tokens; returns how many were taken.
+    /// The refill is kept even when nothing could be taken, so a busy subscriber still accrues
+    /// tokens.
+    pub fn take(&mut self, rate: Rate, room: f64, now_ms: i64, want: u32) -> u32 {
+        self.refill(rate, room, now_ms);
         let whole = (self.tokens + EPSILON).floor().max(0.0);
         let granted = f64::from(want).min(whole);
         self.tokens = (self.tokens - granted).max(0.0);
@@ -84,7 +98,7 @@ mod tests {
         for &(tokens, updated_ms, now, want, granted, after) in cases {
             let mut b = Bucket { tokens, updated_ms };
             assert_eq!(
-                b.take(R, now, want),
+                b.take(R, R.room(0), now, want),
                 granted,
                 "case {tokens} {updated_ms} {now} {want}"
             );
@@ -105,9 +119,13 @@ mod tests {
             updated_ms: 0,
         };
         for now in (10..100).step_by(10) {
-            assert_eq!(b.take(R, now, 1), 0);
+            assert_eq!(b.take(R, R.room(0), now, 1), 0);
         }
-        assert_eq!(b.take(R, 100, 1), 1, "tokens accrued across denials");
+        assert_eq!(
+            b.take(R, R.room(0), 100, 1),
+            1,
+            "tokens accrued across denials"
+        );
     }
 
     #[test]
@@ -132,7 +150,11 @@ mod tests {
         for k in 1..=30u32 {
             let w = b.wait_ms(R, 1);
             let now = b.updated_ms + w as i64;
-            assert_eq!(b.take(R, now, 1), 1, "token {k} after waiting {w} ms");
+            assert_eq!(
+                b.take(R, R.room(0), now, 1),
+                1,
+                "token {k} after waiting {w} ms"
+            );
         }
         // Over any window the sustained rate holds: 30 tokens took 3 s.
         assert_eq!(b.updated_ms, 3000);
@@ -149,7 +171,32 @@ mod tests {
             updated_ms: 0,
         };
         assert_eq!(b.wait_ms(slow, 1), 2000);
-        assert_eq!(b.take(slow, 1999, 1), 0);
-        assert_eq!(b.take(slow, 2000, 1), 1);
+        assert_eq!(b.take(slow, slow.room(0), 1999, 1), 0);
+        assert_eq!(b.take(slow, slow.room(0), 2000, 1), 1);
+    }
+
+    #[test]
+    fn open_sends_hold_the_room_down() {
+        // (tokens, in flight, elapsed ms) -> tokens after the refill
+        let cases: &[(f64, u32, i64, f64)] = &[
+            (0.0, 20, 500, 0.0),  // the whole burst is out: nothing accrues
+            (0.0, 15, 1000, 5.0), // room for 5, 10 accrued
+            (3.0, 15, 100, 4.0),  // under the room: plain refill
+            (18.0, 5, 0, 15.0),   // more than the room (burst lowered): cut to it
+            (0.0, 30, 1000, 0.0), // more in flight than the burst: no room, never negative
+            (0.0, 0, 10_000, 20.0),
+        ];
+        for &(tokens, in_flight, elapsed, after) in cases {
+            let mut b = Bucket {
+                tokens,
+                updated_ms: 0,
+            };
+            b.refill(R, R.room(in_flight), elapsed);
+            assert!(
+                (b.tokens - after).abs() < 1e-9,
+                "case {tokens} {in_flight} {elapsed}: {} vs {after}",
+                b.tokens
+            );
+        }
     }
 }

@@ -1,7 +1,17 @@
 //! A subscriber's limiter: token bucket, in-flight cap, Retry-After pause and breaker combined.
-//! [`LimiterState::plan`] grants a whole batch at once; [`LimiterState::record`] folds each
-//! attempt's outcome back in. The edge keeps this state in its Durable Object, the origin lane in
-//! SQLite; both call the same functions.
+//! [`LimiterState::plan`] grants a whole batch at once; [`LimiterState::settle`] closes each send
+//! and [`LimiterState::record`] folds its outcome back in. The edge keeps this state in its
+//! Durable Object, the origin in SQLite; both call the same functions.
+//!
+//! Rates as the subscriber measures them: a subscriber limits on the arrival times it sees, and a
+//! request arrives at some unknown instant between the start of its send and its answer. So a send
+//! counts against the burst for that whole time: while `n` sends are open the bucket holds at
+//! most `burst - n` tokens, and the refill that would have gone above that is not kept. Then
+//! whatever the latencies, any window of arrivals holds at most `burst + rate × w` requests (the
+//! simulation test below checks it against latencies from 10 to 500 ms), and a subscriber whose
+//! answers are slow gets at most `burst` requests per round trip. A deferred delivery's
+//! `retry_after_ms` stays exact as of the grant: it is when its token exists if the open sends
+//! have been answered by then.
 
 use serde::{Deserialize, Serialize};
 
@@ -68,7 +78,8 @@ impl LimiterState {
         let bucket = self
             .bucket
             .get_or_insert_with(|| Bucket::full(limits.rate, now_ms));
-        let granted = bucket.take(limits.rate, now_ms, want) as usize;
+        let room = limits.rate.room(in_flight);
+        let granted = bucket.take(limits.rate, room, now_ms, want) as usize;
         if probe && granted > 0 {
             self.breaker.start_probe(now_ms);
         }
@@ -89,6 +100,16 @@ impl LimiterState {
         Plan {
             send: granted,
             deferred,
+        }
+    }
+
+    /// A send granted by [`plan`](Self::plan) is over (answered, failed, timed out, or handed
+    /// back): bring the bucket up to `now_ms` under the room that held while it was open.
+    /// `in_flight` counts the sends open just before this one ended, this one included. Call it
+    /// once per ended send, before the caller's own in-flight count drops.
+    pub fn settle(&mut self, limits: Limits, in_flight: u32, now_ms: i64) {
+        if let Some(bucket) = self.bucket.as_mut() {
+            bucket.refill(limits.rate, limits.rate.room(in_flight), now_ms);
         }
     }
 
@@ -117,10 +138,10 @@ impl LimiterState {
     ) -> SubscriberStatus {
         let tokens = match self.bucket {
             Some(mut b) => {
-                b.refill(limits.rate, now_ms);
+                b.refill(limits.rate, limits.rate.room(in_flight), now_ms);
                 b.tokens
             }
-            None => f64::from(limits.rate.burst),
+            None => limits.rate.room(in_flight),
         };
         SubscriberStatus {
             id: id.to_string(),
@@ -283,5 +304,110 @@ mod tests {
         assert!((view.tokens - 5.0).abs() < 1e-9);
         assert_eq!(view.in_flight, 3);
         assert_eq!(s.bucket.map(|b| b.updated_ms), Some(0));
+    }
+
+    #[test]
+    fn open_sends_hold_back_the_refill() {
+        let wide = Limits {
+            max_in_flight: 100,
+            ..LIMITS
+        };
+        let mut s = LimiterState::default();
+        assert_eq!(s.plan(wide, 0, 0, 20).send, 20);
+        // The burst is still out 300 ms later: what accrued meanwhile is not ours to spend,
+        // the subscriber may not have seen those 20 yet.
+        let p = s.plan(wide, 20, 300, 5);
+        assert_eq!(p.send, 0);
+        assert_eq!(p.deferred[0].0, RATE);
+        // All 20 answered at 500 ms: the bucket starts refilling from there.
+        for open in (1..=20).rev() {
+            s.settle(wide, open, 500);
+        }
+        assert_eq!(s.plan(wide, 0, 599, 5).send, 0);
+        assert_eq!(s.plan(wide, 0, 600, 5).send, 1);
+        // Settling a send of a subscriber never planned does nothing.
+        let mut fresh = LimiterState::default();
+        fresh.settle(wide, 3, 1_000);
+        assert_eq!(fresh, LimiterState::default());
+    }
+
+    /// The subscriber's own limiter (capacity `burst`, refill `rate`, full at the start) over the
+    /// arrival times it sees: how many it would refuse.
+    fn refused_by_subscriber(arrivals: &mut [f64], rate: Rate) -> usize {
+        arrivals.sort_by(f64::total_cmp);
+        let (mut tokens, mut last, mut refused) = (f64::from(rate.burst), 0.0, 0);
+        for &at in arrivals.iter() {
+            tokens = (tokens + (at - last) * rate.per_sec / 1000.0).min(f64::from(rate.burst));
+            last = at;
+            if tokens + 1e-9 < 1.0 {
+                refused += 1;
+            } else {
+                tokens -= 1.0;
+            }
+        }
+        refused
+    }
+
+    /// Sends `backlog` deliveries through the limiter, one planning step per millisecond; each
+    /// send takes a latency drawn from [10, 500] ms and reaches the subscriber at a random
+    /// instant within it. Returns (delivered, arrival times). `hold` false replays the old
+    /// behaviour (the bucket refills to `burst` whatever is open) for the failure check.
+    fn simulate(seed: u64, backlog: usize, run_ms: i64, hold: bool) -> (usize, Vec<f64>) {
+        let limits = Limits {
+            max_in_flight: 100,
+            ..LIMITS
+        };
+        let mut rng = seed;
+        let mut draw = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut s = LimiterState::default();
+        let mut open: Vec<i64> = Vec::new(); // answer times of the sends still open
+        let (mut sent, mut arrivals) = (0usize, Vec::new());
+        for now in 0..run_ms {
+            open.sort_unstable();
+            while open.first().is_some_and(|&end| end <= now) {
+                let n = open.len() as u32;
+                if hold {
+                    s.settle(limits, n, open[0]);
+                }
+                open.remove(0);
+            }
+            let in_flight = if hold { open.len() as u32 } else { 0 };
+            let want = (backlog - sent).min(limits.max_in_flight as usize - open.len());
+            let p = s.plan(limits, in_flight, now, want);
+            for _ in 0..p.send {
+                let latency = 10.0 + draw() * 490.0;
+                arrivals.push(now as f64 + draw() * latency);
+                open.push(now + latency.ceil() as i64);
+            }
+            sent += p.send;
+        }
+        (sent, arrivals)
+    }
+
+    #[test]
+    fn arrivals_stay_within_the_limit_when_latencies_vary() {
+        for seed in [1u64, 7, 42, 1234, 99_991] {
+            let (sent, mut arrivals) = simulate(seed, 400, 20_000, true);
+            assert_eq!(
+                refused_by_subscriber(&mut arrivals, LIMITS.rate),
+                0,
+                "seed {seed}"
+            );
+            // Still the full rate: 20 + 10/s over 20 s, less what the last answers hold back.
+            assert!(sent >= 210, "seed {seed}: only {sent} sent in 20 s");
+        }
+        // Without holding the refill back, the same latencies get refusals.
+        let refused: usize = [1u64, 7, 42, 1234, 99_991]
+            .iter()
+            .map(|&seed| {
+                refused_by_subscriber(&mut simulate(seed, 400, 20_000, false).1, LIMITS.rate)
+            })
+            .sum();
+        assert!(refused > 0, "the check can fail");
     }
 }

@@ -4,7 +4,7 @@
 // comes back deferred `rate` with exact, growing waits; obeying those waits gets it all delivered.
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { sleep, startEdge, startSubscriber } from './lib/harness.mjs';
+import { sleep, startEdge, startSubscriber, worstWindow } from './lib/harness.mjs';
 import { deliveries, send, subscriberSpec, subscriberStatus, tally } from './lib/edge_client.mjs';
 
 const RATE = 10; // per second
@@ -17,25 +17,6 @@ before(async () => {
 after(async () => {
   await edge?.stop();
 });
-
-/**
- * Largest excess over the allowance in any window of the arrival times `times` (sorted ms):
- * max over i ≤ j of (j - i + 1) - (burst + rate × (t_j - t_i) / 1000). ≤ 0 means never exceeded.
- */
-function worstWindow(times, rate, burst) {
-  let worst = -Infinity;
-  let at = null;
-  for (let i = 0; i < times.length; i++) {
-    for (let j = i; j < times.length; j++) {
-      const excess = j - i + 1 - (burst + (rate * (times[j] - times[i])) / 1000);
-      if (excess > worst) {
-        worst = excess;
-        at = { from: times[i] - times[0], to: times[j] - times[0], count: j - i + 1 };
-      }
-    }
-  }
-  return { worst, at };
-}
 
 test('a fresh bucket: burst 20 sent, then each deferred delivery gets the exact time of its own token', async () => {
   const sub = await startSubscriber(() => 200);

@@ -136,11 +136,11 @@ impl SubscriberDO {
         let (stored, in_flight) = (Rc::clone(&self.stored), Rc::clone(&self.in_flight));
         let mut results = send::deliver_all(&target, to_send, move |attempt| {
             // Fold each outcome in as soon as it is known, so concurrent calls see it.
-            in_flight.set(in_flight.get().saturating_sub(1));
-            stored
-                .borrow_mut()
-                .limiter
-                .record(limits, attempt, now_ms());
+            let (now, open) = (now_ms(), in_flight.get());
+            let mut stored = stored.borrow_mut();
+            stored.limiter.settle(limits, open, now);
+            stored.limiter.record(limits, attempt, now);
+            in_flight.set(open.saturating_sub(1));
         })
         .await;
         self.save()?;

@@ -400,18 +400,23 @@ export async function startSubscriber(handler) {
 /**
  * A subscriber that enforces its advertised limit itself (token bucket, rate/s, burst) and
  * answers 429 Retry-After: 120 past it, as the partner dashboard in the design story does.
- * Like any real limiter that sees arrival times (not send times), it tolerates one request of
- * network jitter: capacity burst + 1, refill at exactly `rate`. `stats`: requests `n`, `ok`,
- * `throttled`, and for each refusal which request it was, how long after the first, and how
- * short of a token the bucket was.
+ * Like any real limiter that sees arrival times (not send times), it tolerates `slack` requests
+ * (default 1) of clock granularity: capacity burst + slack, refill at exactly `rate`. `latency`, when given, is
+ * called per request for a number of milliseconds the request takes to reach the limiter (a
+ * network or proxy in front of it whose delay varies); `arrivals` holds the times the limiter
+ * saw. `stats`: requests `n`, `ok`, `throttled`, and for each refusal which request it was,
+ * how long after the first, and how short of a token the bucket was.
  */
-export async function strictPartner(rate, burst) {
-  const capacity = burst + 1;
+export async function strictPartner(rate, burst, { latency, slack = 1 } = {}) {
+  const capacity = burst + slack;
   let tokens = capacity;
   let last = Date.now();
+  const arrivals = [];
   const stats = { throttled: 0, ok: 0, first: 0, n: 0, refusals: [] };
-  const sub = await startSubscriber(() => {
+  const sub = await startSubscriber(async () => {
+    if (latency) await new Promise((resolve) => setTimeout(resolve, latency()));
     const now = Date.now();
+    arrivals.push(now);
     stats.first ||= now;
     stats.n++;
     tokens = Math.min(capacity, tokens + ((now - last) * rate) / 1000);
@@ -425,5 +430,25 @@ export async function strictPartner(rate, burst) {
     stats.ok++;
     return 200;
   });
-  return Object.assign(sub, { stats });
+  return Object.assign(sub, { stats, arrivals });
+}
+
+/**
+ * Largest excess over the allowance in any window of the arrival times `times` (sorted ms):
+ * max over i ≤ j of (j - i + 1) - (burst + rate × (t_j - t_i) / 1000). ≤ 0 means never exceeded.
+ * `at` says where (ms from the first arrival) and how many.
+ */
+export function worstWindow(times, rate, burst) {
+  let worst = -Infinity;
+  let at = null;
+  for (let i = 0; i < times.length; i++) {
+    for (let j = i; j < times.length; j++) {
+      const excess = j - i + 1 - (burst + (rate * (times[j] - times[i])) / 1000);
+      if (excess > worst) {
+        worst = excess;
+        at = { from: times[i] - times[0], to: times[j] - times[0], count: j - i + 1 };
+      }
+    }
+  }
+  return { worst, at };
 }

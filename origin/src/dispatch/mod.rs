@@ -504,6 +504,12 @@ impl Dispatcher {
                         let transition =
                             transition_for(&result, meta.attempt, rules, at_ms, jitter());
                         if let Some(st) = st.as_deref_mut() {
+                            st.limiter.settle(
+                                st.limits.core(self.cfg.breaker),
+                                st.in_flight,
+                                at_ms,
+                            );
+                            st.limiter_dirty = true;
                             st.in_flight = st.in_flight.saturating_sub(1);
                             if lane == "edge" {
                                 st.edge_failures = 0;
@@ -571,7 +577,12 @@ impl Dispatcher {
                     if let Some(st) = self.subs.get_mut(&sub) {
                         wait = edge_retry_ms(st.edge_failures);
                         st.edge_failures = st.edge_failures.saturating_add(1);
-                        st.in_flight = st.in_flight.saturating_sub(items.len() as u32);
+                        let limits = st.limits.core(self.cfg.breaker);
+                        for _ in 0..items.len() {
+                            st.limiter.settle(limits, st.in_flight, now);
+                            st.in_flight = st.in_flight.saturating_sub(1);
+                        }
+                        st.limiter_dirty = true;
                         st.not_before = st.not_before.max(now + wait as i64);
                         st.next_due = Some(st.next_due.map_or(now, |d| d.min(now)));
                     }

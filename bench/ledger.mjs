@@ -17,6 +17,9 @@
 //   origin   the five subscribers released at once (rate 1e6/s) on the backlog ingest left:
 //            origin-lane deliveries/s until nothing is pending
 //   size     database + WAL bytes at the end
+//   purge    (sizes above 0) restarted with --retain-sent/--retain-dead 23h, so the seeded day's
+//            first hour is past its window: deliveries removed per second by the pass, its
+//            longest step, and bench/ingest running meanwhile (events/s, request p99)
 // "0, no triggers" is the empty ledger with the count triggers dropped: their write cost.
 // The big files are deleted after each size (unless --keep).
 
@@ -49,10 +52,10 @@ const WORK = opts.dir ?? (await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-ledge
 
 // ---------- the daemon ----------
 
-async function serve(db) {
+async function serve(db, extra = []) {
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
-  const child = spawn(BIN, ['serve', '--db', db, '--listen', `127.0.0.1:${port}`, '--allow-loopback'], {
+  const child = spawn(BIN, ['serve', '--db', db, '--listen', `127.0.0.1:${port}`, '--allow-loopback', ...extra], {
     env: { ...process.env, FANOUT_API_TOKEN: TOKEN, FANOUT_LOG: 'warn' },
     stdio: ['ignore', 'ignore', 'inherit'],
     detached: true,
@@ -74,6 +77,7 @@ async function serve(db) {
       body: body ? JSON.stringify(body) : undefined,
     });
   const stop = async () => {
+    if (child.exitCode !== null || child.signalCode !== null) return;
     child.kill('SIGTERM');
     await new Promise((r) => child.once('exit', r));
   };
@@ -194,7 +198,37 @@ async function measure(label, deliveries, sink, { dropTriggers = false } = {}) {
       await sleep(50);
     }
     const drainS = (performance.now() - t) / 1000;
+    await o.stop();
+    // Purge: restart with 23h windows, so the seeded day's first hour is past them; ingest runs
+    // (subscribers at full speed) while the pass removes it, step by step.
+    let purge = null;
+    if (deliveries > 0) {
+      const started = Date.now();
+      const p = await serve(db, ['--retain-sent', '23h', '--retain-dead', '23h']);
+      try {
+        const ingestRun = runIngest(p);
+        let r;
+        for (;;) {
+          r = await (await p.api('/v1/retention')).json();
+          if ((r.last_run_at_ms ?? 0) >= started) break;
+          if (Date.now() - started > 600_000) throw new Error('the purge pass took over 10 minutes');
+          await sleep(100);
+        }
+        const purgeS = (r.last_run_at_ms - started) / 1000;
+        const during = await ingestRun;
+        purge = {
+          removed: r.removed_sent + r.removed_dead,
+          perS: (r.removed_sent + r.removed_dead) / purgeS,
+          longestStepMs: r.longest_step_ms,
+          ingestP99Ms: during.p99_ms,
+          ingestPerS: during.events / during.elapsed_s,
+        };
+      } finally {
+        await p.stop();
+      }
+    }
     return {
+      purge,
       label,
       deliveries,
       seedS,
@@ -210,7 +244,7 @@ async function measure(label, deliveries, sink, { dropTriggers = false } = {}) {
       bytes: fileBytes(db),
     };
   } finally {
-    await o.stop();
+    await o.stop().catch(() => {});
     if (!opts.keep) for (const f of [db, `${db}-wal`, `${db}-shm`]) await fsp.rm(f, { force: true });
   }
 }
@@ -245,6 +279,11 @@ const rows = [
   ['/metrics scrape median (ms)', (r) => `${r.scrapeMs.toFixed(2)} (${ratio(r.scrapeMs, base.scrapeMs)})`],
   ['/metrics scrape max (ms)', (r) => r.scrapeMaxMs.toFixed(2)],
   ['?stats=true median (ms)', (r) => `${r.statsMs.toFixed(2)} (${ratio(r.statsMs, base.statsMs)})`],
+  ['purge: deliveries removed (first hour)', (r) => (r.purge ? String(r.purge.removed) : '-')],
+  ['purge: deliveries/s', (r) => (r.purge ? r.purge.perS.toFixed(0) : '-')],
+  ['purge: longest step (ms)', (r) => (r.purge ? r.purge.longestStepMs.toFixed(1) : '-')],
+  ['ingest during purge: events/s', (r) => (r.purge ? r.purge.ingestPerS.toFixed(0) : '-')],
+  ['ingest during purge: p99 (ms)', (r) => (r.purge ? r.purge.ingestP99Ms.toFixed(1) : '-')],
 ];
 const table = rows.map(([name, f]) => [name, ...results.map(f)]);
 const widths = table[0].map((_, c) => Math.max(...table.map((r) => String(r[c]).length)));

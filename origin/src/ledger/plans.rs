@@ -220,3 +220,38 @@ fn scan_detection_table() {
         assert_eq!(is_scan(step), scan, "{step}");
     }
 }
+
+/// The counts the triggers keep equal a count of the rows after every kind of change the
+/// ledger makes (ingest, claims, each result, lease releases, replays, a removed subscriber,
+/// retention), and `last_errors` holds each subscriber's latest failed attempt.
+#[test]
+fn counts_kept_by_triggers_match_the_rows() {
+    let c = test_db();
+    exercise(&c);
+    let rows = |sql: &str| -> Vec<(String, String, i64)> {
+        c.prepare(sql)
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    let kept = rows(
+        "SELECT subscriber_id, status, n FROM delivery_counts WHERE n <> 0
+         ORDER BY subscriber_id, status",
+    );
+    let counted = rows(
+        "SELECT subscriber_id, status, COUNT(*) FROM deliveries
+         GROUP BY subscriber_id, status ORDER BY subscriber_id, status",
+    );
+    assert_eq!(kept, counted);
+    assert!(counted.len() >= 2, "{counted:?}");
+    let last: Vec<(String, i64)> = c
+        .prepare("SELECT subscriber_id, at_ms FROM last_errors ORDER BY subscriber_id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(last, vec![("a".to_string(), 300)]);
+}

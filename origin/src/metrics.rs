@@ -278,7 +278,8 @@ impl Metrics {
         out.family(
             "fanout_retention_last_run_timestamp_seconds",
             "gauge",
-            "When the last retention pass ended (unix seconds; 0 before the first).",
+            "The time (its cut-offs' now) of the last retention pass that completed (unix seconds; 0 \
+             before the first).",
         );
         out.sample(
             "fanout_retention_last_run_timestamp_seconds",

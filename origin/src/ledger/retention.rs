@@ -138,7 +138,7 @@ pub fn sweep_events(
     Ok((removed, caught_up))
 }
 
-/// Note the end of a retention pass.
+/// Note that the pass run at `now_ms` (its cut-offs' reference) has completed.
 pub fn mark_run(c: &Connection, now_ms: i64) -> Result<(), LedgerError> {
     set_counter(c, "last_run_ms", now_ms)
 }
@@ -154,6 +154,7 @@ pub struct RetentionReport {
     pub oldest_sent_at_ms: Option<i64>,
     /// When the oldest dead delivery still kept went dead.
     pub oldest_dead_at_ms: Option<i64>,
+    /// The time (the `now` its cut-offs were taken from) of the last pass that completed.
     pub last_run_at_ms: Option<i64>,
 }
 

@@ -4,6 +4,7 @@
 //
 //   cargo build --release -p fanout-origin
 //   node bench/ledger.mjs [--sizes 0,1000000,10000000] [--ingest-seconds 5] [--keep]
+//   node bench/ledger.mjs --paired 10000000     latencies only, empty vs big, interleaved
 //
 // For each size: a fresh ledger made by the release daemon (migrated, five subscribers held at
 // 0.001/s pointing at bench/sink), stopped, then filled by direct SQL (the sqlite3 CLI, one
@@ -38,6 +39,9 @@ const { values: opts } = parseArgs({
     sizes: { type: 'string', default: '0,1000000,10000000' },
     'ingest-seconds': { type: 'string', default: '5' },
     'no-trigger-baseline': { type: 'boolean', default: false },
+    // Latencies only, paired: an empty ledger and one of this many deliveries served at once,
+    // requests alternating between them (the machine's load hits both alike).
+    paired: { type: 'string' },
     keep: { type: 'boolean', default: false },
     dir: { type: 'string' },
   },
@@ -248,12 +252,54 @@ async function measure(label, deliveries, sink, { dropTriggers = false } = {}) {
   }
 }
 
+/** Scrape, stats and dead-list latencies of an empty ledger and an `n` one, interleaved. */
+async function paired(n, sink) {
+  const dbs = [path.join(WORK, 'paired-0.db'), path.join(WORK, `paired-${n}.db`)];
+  log(`paired: building the ledgers (0 and ${n.toLocaleString('en-US')} deliveries)…`);
+  await makeLedger(dbs[0], 0, sink);
+  const seedS = await makeLedger(dbs[1], n, sink);
+  const daemons = [await serve(dbs[0]), await serve(dbs[1])];
+  const kinds = {
+    scrape: (o) => fetch(`${o.url}/metrics`),
+    stats: (o) => o.api('/v1/subscribers?stats=true'),
+    dead: (o) => o.api('/v1/deliveries?status=dead&limit=100'),
+  };
+  const times = Object.fromEntries(Object.keys(kinds).map((k) => [k, [[], []]]));
+  try {
+    for (const o of daemons) for (const f of Object.values(kinds)) await timed(3, () => f(o));
+    for (let i = 0; i < 200; i++) {
+      for (const [k, f] of Object.entries(kinds)) {
+        for (const d of i % 2 ? [1, 0] : [0, 1]) times[k][d].push(...(await timed(1, () => f(daemons[d]))));
+      }
+    }
+  } finally {
+    for (const o of daemons) await o.stop();
+  }
+  const bytes = fileBytes(dbs[1]);
+  if (!opts.keep) for (const db of dbs) for (const f of [db, `${db}-wal`, `${db}-shm`]) await fsp.rm(f, { force: true });
+  console.log(`paired, 200 rounds alternating: empty ledger vs ${n.toLocaleString('en-US')} deliveries ` +
+    `(${(bytes / 1e9).toFixed(2)} GB, seeded in ${seedS.toFixed(0)} s)`);
+  console.log('| request | empty p50 | big p50 | ratio | empty p99 | big p99 | ratio |');
+  console.log('| --- | --: | --: | --: | --: | --: | --: |');
+  for (const [k, [a, b]] of Object.entries(times)) {
+    const [a50, b50, a99, b99] = [pct(a, 50), pct(b, 50), pct(a, 99), pct(b, 99)];
+    console.log(`| ${k} | ${a50.toFixed(2)} | ${b50.toFixed(2)} | ${(b50 / a50).toFixed(2)}× | ${a99.toFixed(2)} | ` +
+      `${b99.toFixed(2)} | ${(b99 / a99).toFixed(2)}× |`);
+  }
+}
+
 // ---------- main ----------
 
 if (!fs.existsSync(BIN)) throw new Error(`no ${BIN}: cargo build --release -p fanout-origin`);
 if (!fs.existsSync(INGEST)) cargoBuild(path.join(ROOT, 'bench', 'ingest'));
 if (!fs.existsSync(path.join(SINK_DIR, 'target', 'release', 'sink'))) cargoBuild(SINK_DIR);
 const sink = await startSink();
+if (opts.paired) {
+  await paired(Math.trunc(Number(opts.paired)), sink);
+  sink.stop();
+  if (!opts.dir) await fsp.rm(WORK, { recursive: true, force: true });
+  process.exit(0);
+}
 const results = [];
 for (const n of SIZES) {
   results.push(await measure(n.toLocaleString('en-US'), n, sink));

@@ -16,9 +16,27 @@ use crate::time::format_duration;
 pub const DEFAULT_RETAIN_SENT_MS: i64 = 7 * 86_400_000;
 pub const DEFAULT_RETAIN_DEAD_MS: i64 = 30 * 86_400_000;
 
-/// Deliveries removed per step: one short transaction on the writer (a few milliseconds, see
-/// BENCHMARKS.md).
+/// Deliveries removed by the first step of a pass; later steps adapt ([`next_batch`]).
 pub const BATCH: usize = 500;
+/// What one step should hold the writer for, at most: steps that take longer halve the next
+/// batch, steps far shorter double it, between [`MIN_BATCH`] and [`MAX_BATCH`].
+pub const STEP_TARGET: Duration = Duration::from_millis(20);
+pub const MIN_BATCH: usize = 25;
+pub const MAX_BATCH: usize = 2_000;
+
+/// The size of the next step after one of `batch` rows took `took` (pure): a cold cache or a
+/// busy machine shrinks the steps, so one step never holds the writer much longer than
+/// [`STEP_TARGET`] twice in a row.
+pub fn next_batch(batch: usize, took: Duration) -> usize {
+    let next = if took > STEP_TARGET {
+        batch / 2
+    } else if took * 4 < STEP_TARGET {
+        batch * 2
+    } else {
+        batch
+    };
+    next.clamp(MIN_BATCH, MAX_BATCH)
+}
 /// The writer is left alone this long between two steps.
 const BETWEEN_STEPS: Duration = Duration::from_millis(10);
 
@@ -107,20 +125,23 @@ pub async fn pass(
 ) -> Result<Removed, LedgerError> {
     let p = plan(retention, now_ms);
     let mut total = Removed::default();
+    let mut batch = batch;
     for (kind, cutoff) in p.finished {
         loop {
+            let size = batch;
             let (r, took) = ledger
                 .tx(move |c| {
                     let start = Instant::now();
-                    let r = purge::purge_finished(c, kind, cutoff, batch)?;
+                    let r = purge::purge_finished(c, kind, cutoff, size)?;
                     Ok((r, start.elapsed()))
                 })
                 .await?;
             stats.observe(took);
+            batch = next_batch(size, took);
             total.deliveries += r.deliveries;
             total.attempts += r.attempts;
             total.events += r.events;
-            if (r.deliveries as usize) < batch {
+            if (r.deliveries as usize) < size {
                 break;
             }
             tokio::time::sleep(BETWEEN_STEPS).await;
@@ -128,14 +149,16 @@ pub async fn pass(
     }
     if let Some(cutoff) = p.events_before_ms {
         loop {
+            let size = batch;
             let (removed, caught_up, took) = ledger
                 .tx(move |c| {
                     let start = Instant::now();
-                    let (n, done) = purge::sweep_events(c, cutoff, batch)?;
+                    let (n, done) = purge::sweep_events(c, cutoff, size)?;
                     Ok((n, done, start.elapsed()))
                 })
                 .await?;
             stats.observe(took);
+            batch = next_batch(size, took);
             total.events += removed;
             if caught_up {
                 break;
@@ -243,6 +266,22 @@ mod tests {
     }
 
     #[test]
+    fn next_batch_table() {
+        let ms = Duration::from_millis;
+        for (batch, took, want) in [
+            (500, ms(40), 250),    // too long: halve
+            (500, ms(21), 250),    // just over the target
+            (500, ms(20), 500),    // on target: keep
+            (500, ms(6), 500),     // a quarter or more of the target: keep
+            (500, ms(4), 1_000),   // far shorter: double
+            (1_500, ms(1), 2_000), // never above the ceiling
+            (30, ms(900), 25),     // never below the floor
+        ] {
+            assert_eq!(next_batch(batch, took), want, "{batch} in {took:?}");
+        }
+    }
+
+    #[test]
     fn pass_interval_and_text() {
         let r = |s, d| Retention {
             sent_ms: s,
@@ -256,8 +295,8 @@ mod tests {
         assert_eq!(Retention::text(Some(7 * 86_400_000)), "7d");
     }
 
-    /// A pass through the real ledger thread: more finished deliveries than one batch are
-    /// removed over several steps, each measured.
+    /// A pass through the real ledger thread: more finished deliveries than one step's batch
+    /// are removed over several steps, each measured.
     #[tokio::test]
     async fn a_pass_takes_several_bounded_steps() {
         let dir = tempfile::tempdir().unwrap();
@@ -282,8 +321,9 @@ mod tests {
         };
         let removed = pass(&ledger, &r, 2_000, &stats, 10).await.unwrap();
         assert_eq!((removed.deliveries, removed.events), (25, 25));
-        // 3 delivery steps (10, 10, 5) and one sweep step.
-        assert_eq!(stats.steps.load(Relaxed), 4);
+        // Two delivery steps (the first of 10, the next at least MIN_BATCH: the other 15) and
+        // one sweep step.
+        assert_eq!(stats.steps.load(Relaxed), 3);
         assert!(stats.longest_step_us.load(Relaxed) > 0);
         let report = ledger.read(|c| purge::report(c)).await.unwrap();
         assert_eq!(

@@ -31,6 +31,11 @@ pub enum Command {
         #[command(subcommand)]
         command: SubscriberCommand,
     },
+    /// Manage customers (owners of subscribers) and links to their portal
+    Customer {
+        #[command(subcommand)]
+        command: CustomerCommand,
+    },
     /// Send events (one JSON object, an array, or one object per line) from a file or stdin
     Send(SendArgs),
     /// List deliveries, e.g. `fanout deliveries --status dead`
@@ -135,6 +140,9 @@ pub struct SubscriberAdd {
     /// Also send the legacy X-Fanout-Signature header
     #[arg(long)]
     pub legacy_signature: bool,
+    /// The customer that owns this endpoint (see `fanout customer add`)
+    #[arg(long)]
+    pub customer: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -360,6 +368,7 @@ fn print(v: &Value) {
 pub async fn run_client(command: Command) -> Result<(), ClientError> {
     match command {
         Command::Serve(_) => Err(ClientError::Input("serve is not a client command".into())),
+        Command::Customer { command } => run_customer(command).await,
         Command::Subscriber { command } => match command {
             SubscriberCommand::Add(a) => {
                 let client = Client::new(&a.client)?;
@@ -389,6 +398,9 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
                 }
                 if a.legacy_signature {
                     obj.insert("legacy_signature".into(), json!(true));
+                }
+                if let Some(v) = a.customer {
+                    obj.insert("customer".into(), json!(v));
                 }
                 let v = client
                     .call(
@@ -661,6 +673,160 @@ async fn load(a: LoadArgs) -> Result<(), ClientError> {
         )));
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// `fanout customer …`
+
+#[derive(Debug, Subcommand)]
+pub enum CustomerCommand {
+    /// Add a customer
+    Add {
+        id: String,
+        /// Its share of the dispatcher under contention, relative to other customers [default: 1]
+        #[arg(long)]
+        weight: Option<u32>,
+        /// Most deliveries in flight across all its endpoints
+        #[arg(long)]
+        max_in_flight: Option<u32>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List customers
+    List {
+        /// Print the daemon's JSON instead of a table
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show one customer
+    Show {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Remove a customer that owns no subscriber; its portal links stop working
+    Remove {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Print a link to the customer's portal (the URL carries a token: treat it as a secret)
+    Portal {
+        id: String,
+        /// How long the link works, in seconds [default: 3600]
+        #[arg(long)]
+        ttl_secs: Option<u64>,
+        /// Print the daemon's JSON (url, token, expires_at_ms) instead of the URL
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// Decode a daemon answer into its API view type.
+fn view<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ClientError> {
+    serde_json::from_value(v)
+        .map_err(|e| ClientError::Input(format!("unexpected answer from the daemon: {e}")))
+}
+
+async fn run_customer(command: CustomerCommand) -> Result<(), ClientError> {
+    use crate::customer::{CustomerList, CustomerView, PortalLink};
+    use reqwest::Method;
+    match command {
+        CustomerCommand::Add {
+            id,
+            weight,
+            max_in_flight,
+            client,
+        } => {
+            let mut body = json!({ "id": id });
+            if let Some(w) = weight {
+                body["weight"] = json!(w);
+            }
+            if let Some(m) = max_in_flight {
+                body["max_in_flight"] = json!(m);
+            }
+            let v = Client::new(&client)?
+                .call(
+                    Method::POST,
+                    "/v1/customers",
+                    Some(body.to_string().into_bytes()),
+                )
+                .await?;
+            print(&v);
+        }
+        CustomerCommand::List { json, client } => {
+            let v = Client::new(&client)?
+                .call(Method::GET, "/v1/customers", None)
+                .await?;
+            if json {
+                print(&v);
+            } else {
+                print!("{}", customers_table(&view::<CustomerList>(v)?.customers));
+            }
+        }
+        CustomerCommand::Show { id, client } => {
+            let v = Client::new(&client)?
+                .call(Method::GET, &format!("/v1/customers/{}", encode(&id)), None)
+                .await?;
+            let c: CustomerView = view(v.clone())?;
+            print(&serde_json::to_value(c).unwrap_or(v));
+        }
+        CustomerCommand::Remove { id, client } => {
+            let v = Client::new(&client)?
+                .call(
+                    Method::DELETE,
+                    &format!("/v1/customers/{}", encode(&id)),
+                    None,
+                )
+                .await?;
+            print(&v);
+        }
+        CustomerCommand::Portal {
+            id,
+            ttl_secs,
+            json,
+            client,
+        } => {
+            let body = match ttl_secs {
+                Some(t) => json!({ "ttl_secs": t }),
+                None => json!({}),
+            };
+            let v = Client::new(&client)?
+                .call(
+                    Method::POST,
+                    &format!("/v1/customers/{}/portal", encode(&id)),
+                    Some(body.to_string().into_bytes()),
+                )
+                .await?;
+            let link: PortalLink = view(v)?;
+            if json {
+                print(&serde_json::to_value(&link).unwrap_or_default());
+            } else {
+                println!("{}", link.url);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Customers as a table: id, weight, in-flight cap, subscribers.
+pub fn customers_table(customers: &[crate::customer::CustomerView]) -> String {
+    let mut out = format!(
+        "{:<24} {:>6} {:>13} {:>11}\n",
+        "CUSTOMER", "WEIGHT", "MAX IN FLIGHT", "SUBSCRIBERS"
+    );
+    for c in customers {
+        let cap = c.max_in_flight.map_or("-".to_string(), |m| m.to_string());
+        out.push_str(&format!(
+            "{:<24} {:>6} {:>13} {:>11}\n",
+            c.id, c.weight, cap, c.subscribers
+        ));
+    }
+    out
 }
 
 fn text(v: &Value, key: &str) -> String {
@@ -1096,6 +1262,22 @@ mod tests {
                 || std::env::var("FANOUT_EDGE_KEY").is_ok()
         );
         assert!(parse(&["load", "--url", "http://x/", "--duration", "soon"]).is_err());
+    }
+
+    #[test]
+    fn customers_table_lists_weight_cap_and_subscribers() {
+        let c = |id: &str, weight, cap, subscribers| crate::customer::CustomerView {
+            id: id.into(),
+            weight,
+            max_in_flight: cap,
+            subscribers,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        };
+        let t = customers_table(&[c("acme", 4, Some(20), 3), c("globex", 1, None, 0)]);
+        let lines: Vec<Vec<&str>> = t.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(lines[1], ["acme", "4", "20", "3"]);
+        assert_eq!(lines[2], ["globex", "1", "-", "0"]);
     }
 
     #[test]

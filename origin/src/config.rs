@@ -82,6 +82,10 @@ pub struct Settings {
     /// "forever" [default: 30d]
     #[arg(long, env = "FANOUT_RETAIN_DEAD")]
     pub retain_dead: Option<String>,
+    /// Origins allowed to frame the customer portal, comma-separated
+    /// (https://app.example.com); without it nobody may frame it
+    #[arg(long, env = "FANOUT_PORTAL_FRAME_ANCESTORS", value_delimiter = ',')]
+    pub portal_frame_ancestors: Option<Vec<String>>,
 }
 
 impl Settings {
@@ -106,6 +110,7 @@ impl Settings {
             disable_after: self.disable_after.or(lower.disable_after),
             retain_sent: self.retain_sent.or(lower.retain_sent),
             retain_dead: self.retain_dead.or(lower.retain_dead),
+            portal_frame_ancestors: self.portal_frame_ancestors.or(lower.portal_frame_ancestors),
         }
     }
 
@@ -141,6 +146,8 @@ pub struct Config {
     pub alert_rules: AlertRules,
     /// How long finished deliveries are kept.
     pub retention: Retention,
+    /// The portal's CSP `frame-ancestors` source list (`'none'` unless configured).
+    pub portal_frame_ancestors: String,
 }
 
 impl Config {
@@ -306,6 +313,19 @@ impl Config {
                 );
             }
         }
+        let portal_frame_ancestors =
+            crate::portal::frame_ancestors(&s.portal_frame_ancestors.unwrap_or_default())
+                .map_err(ConfigError)?;
+        if portal_frame_ancestors
+            .split(' ')
+            .any(|o| o.starts_with("http://"))
+        {
+            warnings.push(
+                "--portal-frame-ancestors lists a plain-http origin: a portal link framed there \
+                 travels unencrypted"
+                    .into(),
+            );
+        }
         Ok((
             Config {
                 db: s.db.unwrap_or_else(|| PathBuf::from(DEFAULT_DB)),
@@ -325,6 +345,7 @@ impl Config {
                     disable_after_ms,
                 },
                 retention,
+                portal_frame_ancestors,
             },
             warnings,
         ))
@@ -376,6 +397,30 @@ mod tests {
         let parsed: Settings = toml::from_str(&example).unwrap();
         assert_eq!(parsed.max_attempts, Some(8));
         assert_eq!(parsed.edge_url.as_deref(), Some("http://127.0.0.1:8787"));
+        assert_eq!(
+            parsed.portal_frame_ancestors,
+            Some(vec!["https://app.example.com".to_string()])
+        );
+    }
+
+    #[test]
+    fn portal_frame_ancestors_are_validated() {
+        let with = |v: &[&str]| Settings {
+            portal_frame_ancestors: Some(v.iter().map(|s| s.to_string()).collect()),
+            ..base()
+        };
+        let (cfg, _) = Config::from_settings(base()).unwrap();
+        assert_eq!(cfg.portal_frame_ancestors, "'none'");
+        let (cfg, warnings) =
+            Config::from_settings(with(&["https://app.example.com", "http://localhost:3000"]))
+                .unwrap();
+        assert_eq!(
+            cfg.portal_frame_ancestors,
+            "https://app.example.com http://localhost:3000"
+        );
+        assert!(warnings.iter().any(|w| w.contains("plain-http")));
+        let err = Config::from_settings(with(&["app.example.com/x"])).unwrap_err();
+        assert!(err.0.contains("--portal-frame-ancestors"), "{err}");
     }
 
     #[test]

@@ -10,11 +10,13 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod console;
+pub mod customer;
 pub mod dispatch;
 pub mod ledger;
 pub mod load;
 pub mod metrics;
 pub mod model;
+pub mod portal;
 pub mod retention;
 pub mod term;
 pub mod time;
@@ -58,6 +60,14 @@ pub async fn run(
             "deliveries leased by a previous run returned to the queue"
         );
     }
+    let fresh_key = time::random_bytes::<32>().map_err(|e| {
+        RunError::Io(std::io::Error::other(format!(
+            "no randomness for the portal key: {e}"
+        )))
+    })?;
+    let portal_key = ledger
+        .tx(move |c| ledger::portal_key(c, &fresh_key, now))
+        .await?;
     let metrics = Arc::new(metrics::Metrics::new(cfg.edge.is_some()));
     let edge = match &cfg.edge {
         Some((url, key)) => Some(EdgeClient::new(url, key.clone())?),
@@ -100,6 +110,8 @@ pub async fn run(
             max_event_bytes: cfg.max_event_bytes,
             rotation_grace_ms: (cfg.rotation_grace_secs.min(i64::MAX as u64 / 1000) * 1000) as i64,
             retention: cfg.retention,
+            portal_key,
+            portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
         },
         metrics,
     );

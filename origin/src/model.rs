@@ -200,6 +200,8 @@ pub struct Subscriber {
     pub created_ms: i64,
     pub updated_ms: i64,
     pub health: Health,
+    /// The customer that owns this endpoint (`crate::customer`); `None`: the operator's own.
+    pub customer: Option<String>,
 }
 
 /// Why and since when a subscriber gets nothing sent.
@@ -265,6 +267,8 @@ pub struct SubscriberView {
     pub disabled_at_ms: Option<i64>,
     /// Start of the current unbroken run of failed attempts, if the last attempt failed.
     pub failing_since_ms: Option<i64>,
+    /// The customer that owns this endpoint, if any.
+    pub customer: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
@@ -288,6 +292,7 @@ impl SubscriberView {
             disabled_reason: s.health.disabled.as_ref().map(|d| d.reason.clone()),
             disabled_at_ms: s.health.disabled.as_ref().map(|d| d.at_ms),
             failing_since_ms: s.health.failing_since_ms,
+            customer: s.customer.clone(),
             secret,
         }
     }

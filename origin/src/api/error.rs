@@ -12,6 +12,14 @@ use crate::ledger::LedgerError;
 pub enum ApiError {
     #[error("missing or wrong bearer token")]
     Unauthorized,
+    /// A portal token that is not (or no longer) valid.
+    #[error("{0}")]
+    PortalToken(String),
+    /// A valid token that may not do this (a portal link outside its routes or fields).
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    UnknownCustomer(String),
     #[error("{0}")]
     Malformed(String),
     #[error("{0}")]
@@ -47,7 +55,11 @@ impl ApiError {
 
     pub fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
-            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Unauthorized | ApiError::PortalToken(_) => {
+                (StatusCode::UNAUTHORIZED, "unauthorized")
+            }
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::UnknownCustomer(_) => (StatusCode::NOT_FOUND, "unknown_customer"),
             ApiError::Malformed(_) => (StatusCode::BAD_REQUEST, "malformed_json"),
             ApiError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
             ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),

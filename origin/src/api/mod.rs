@@ -2,6 +2,8 @@
 //! replay, health and metrics. Handlers parse and validate (pure), then apply one ledger
 //! operation, then tell the dispatcher what changed.
 
+pub mod auth;
+mod customers;
 mod error;
 mod extract;
 mod openapi;
@@ -10,9 +12,8 @@ mod stats;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Query, Request, State};
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -25,6 +26,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 pub use error::ApiError;
 
+use auth::Principal;
 use extract::PathId;
 
 use crate::dispatch::Control;
@@ -51,6 +53,10 @@ pub struct ApiConfig {
     pub rotation_grace_ms: i64,
     /// How long finished deliveries are kept (shown by `GET /v1/retention`).
     pub retention: crate::retention::Retention,
+    /// The HMAC key that signs portal tokens (`crate::portal::token`), kept in the ledger.
+    pub portal_key: Vec<u8>,
+    /// The portal's `frame-ancestors` source list (`'none'` unless configured).
+    pub portal_frame_ancestors: String,
 }
 
 #[derive(Debug, Clone)]
@@ -96,48 +102,28 @@ pub fn router(state: AppState) -> Router {
                 .delete(delete_subscriber),
         )
         .route("/v1/subscribers/{id}/rotate-secret", post(rotate_secret))
+        .route("/v1/subscribers/{id}/test", post(send_test))
         .route("/v1/deliveries", get(list_deliveries))
         .route("/v1/deliveries/{id}", get(get_delivery))
         .route("/v1/deliveries/{id}/replay", post(replay_one))
         .route("/v1/replay", post(replay_bulk))
         .route("/v1/retention", get(retention))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
+        .merge(customers::routes())
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi::document))
         .merge(crate::console::routes())
+        .merge(crate::portal::routes(&state.cfg.portal_frame_ancestors))
         .merge(v1)
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state)
-}
-
-/// Constant-time comparison of the bearer token.
-fn token_matches(given: &[u8], expected: &[u8]) -> bool {
-    if given.len() != expected.len() {
-        return false;
-    }
-    given
-        .iter()
-        .zip(expected)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-        == 0
-}
-
-async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let ok = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| token_matches(t.trim().as_bytes(), state.cfg.api_token.as_bytes()));
-    if ok {
-        next.run(req).await
-    } else {
-        ApiError::Unauthorized.into_response()
-    }
 }
 
 async fn read_body(
@@ -298,6 +284,67 @@ struct SubscriberInput {
     secret: Option<String>,
     /// PATCH only: `false` re-enables a disabled subscriber, `true` disables it.
     disabled: Option<bool>,
+    /// The owning customer; in a PATCH, `null` detaches the subscriber from its customer.
+    #[serde(default, deserialize_with = "present")]
+    customer: Option<Option<String>>,
+}
+
+/// `Some(value)` for a field that is present, `null` included (`Some(None)`).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+impl SubscriberInput {
+    /// The names of the fields this input sets.
+    fn fields(&self) -> Vec<&'static str> {
+        let set: [(&'static str, bool); 12] = [
+            ("id", self.id.is_some()),
+            ("url", self.url.is_some()),
+            ("event_types", self.event_types.is_some()),
+            ("rate_per_sec", self.rate_per_sec.is_some()),
+            ("burst", self.burst.is_some()),
+            ("max_in_flight", self.max_in_flight.is_some()),
+            ("timeout_ms", self.timeout_ms.is_some()),
+            ("lane", self.lane.is_some()),
+            ("legacy_signature", self.legacy_signature.is_some()),
+            ("secret", self.secret.is_some()),
+            ("disabled", self.disabled.is_some()),
+            ("customer", self.customer.is_some()),
+        ];
+        set.into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(f, _)| f)
+            .collect()
+    }
+}
+
+fn validate_customer_ref(customer: &Option<Option<String>>) -> Result<(), ApiError> {
+    if let Some(Some(c)) = customer {
+        validate_id("customer", c).map_err(ApiError::Invalid)?;
+    }
+    Ok(())
+}
+
+/// A subscriber may only name a customer that exists: 400 otherwise, saying which.
+fn check_customer_exists(
+    c: &rusqlite::Connection,
+    customer: Option<&str>,
+) -> Result<(), ledger::LedgerError> {
+    match customer {
+        Some(id) => ledger::get_customer(c, id)
+            .map(|_| ())
+            .map_err(|e| match e {
+                ledger::LedgerError::NotFound(_) => ledger::LedgerError::Invalid(format!(
+                    "customer {id} does not exist: create it with POST /v1/customers first"
+                )),
+                other => other,
+            }),
+        None => Ok(()),
+    }
 }
 
 fn new_secret() -> Result<String, ApiError> {
@@ -368,6 +415,7 @@ fn subscriber_from(
             "a subscriber is created enabled; PATCH {\"disabled\": true} disables it".into(),
         ));
     }
+    validate_customer_ref(&input.customer)?;
     Ok((
         Subscriber {
             id,
@@ -380,6 +428,7 @@ fn subscriber_from(
             created_ms: now,
             updated_ms: now,
             health: Default::default(),
+            customer: input.customer.flatten(),
         },
         input.secret,
     ))
@@ -391,6 +440,7 @@ fn patched(
     input: SubscriberInput,
     allow_loopback: bool,
     now: i64,
+    actor: &str,
 ) -> Result<Subscriber, ApiError> {
     if input.id.as_ref().is_some_and(|id| *id != s.id) {
         return Err(ApiError::Invalid("id cannot be changed".into()));
@@ -427,13 +477,17 @@ fn patched(
     if let Some(l) = input.legacy_signature {
         s.legacy_signature = l;
     }
+    validate_customer_ref(&input.customer)?;
+    if let Some(c) = input.customer {
+        s.customer = c;
+    }
     match input.disabled {
         // Re-enabled: a fresh start (no run of failures; the dispatcher closes the breaker).
         Some(false) if s.health.disabled.is_some() => s.health = Default::default(),
         Some(true) if s.health.disabled.is_none() => {
             s.health.disabled = Some(Disabled {
                 at_ms: now,
-                reason: "disabled by an operator".into(),
+                reason: format!("disabled by {actor}"),
             })
         }
         _ => {}
@@ -469,6 +523,7 @@ async fn create_subscriber(
     let created = state
         .ledger
         .tx(move |c| {
+            check_customer_exists(c, stored.customer.as_deref())?;
             ledger::create_subscriber(c, &stored, &first)?;
             ledger::get_subscriber(c, &stored.id)
         })
@@ -483,17 +538,20 @@ async fn create_subscriber(
 /// Subscribers (one, or every live one), with their figures when `with_stats`.
 async fn subscribers_with_stats(
     state: &AppState,
+    who: &Principal,
     only: Option<String>,
     with_stats: bool,
 ) -> Result<Vec<stats::ViewWithStats>, ledger::LedgerError> {
+    let who = who.clone();
     let (subs, counts) = state
         .ledger
         .read(move |c| {
             let snapshot = c.transaction()?;
-            let subs = match &only {
+            let mut subs = match &only {
                 Some(id) => vec![ledger::get_subscriber(&snapshot, id)?],
                 None => ledger::list_subscribers(&snapshot)?,
             };
+            subs.retain(|s| who.sees(s.customer.as_deref()));
             let counts = if with_stats {
                 let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
                 Some(ledger::status::subscriber_counts(&snapshot, &ids)?)
@@ -508,19 +566,21 @@ async fn subscribers_with_stats(
 
 async fn list_subscribers(
     State(state): State<AppState>,
+    who: Principal,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let views = subscribers_with_stats(&state, None, stats::wants_stats(&q)?).await?;
+    let views = subscribers_with_stats(&state, &who, None, stats::wants_stats(&q)?).await?;
     Ok(Json(json!({ "subscribers": views })))
 }
 
 async fn get_subscriber(
     State(state): State<AppState>,
+    who: Principal,
     PathId(id): PathId,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<impl IntoResponse, ApiError> {
     let with_stats = stats::wants_stats(&q)?;
-    let mut views = subscribers_with_stats(&state, Some(id.clone()), with_stats)
+    let mut views = subscribers_with_stats(&state, &who, Some(id.clone()), with_stats)
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     views
@@ -529,23 +589,44 @@ async fn get_subscriber(
         .ok_or_else(|| ApiError::UnknownSubscriber(format!("no subscriber {id}")))
 }
 
+/// The live subscriber `id`, if `who` may see it (`NotFound` otherwise, as for no subscriber).
+fn visible_subscriber(
+    c: &rusqlite::Connection,
+    who: &Principal,
+    id: &str,
+) -> Result<Subscriber, ledger::LedgerError> {
+    let s = ledger::get_subscriber(c, id)?;
+    if who.sees(s.customer.as_deref()) {
+        Ok(s)
+    } else {
+        Err(ledger::LedgerError::NotFound(format!("subscriber {id}")))
+    }
+}
+
 async fn patch_subscriber(
     State(state): State<AppState>,
+    who: Principal,
     PathId(id): PathId,
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
     let bytes = read_body(&headers, body, 64 * 1024).await?;
     let input: SubscriberInput = parse_json(&bytes)?;
+    who.may_patch(&input.fields())?;
     let allow_loopback = state.cfg.allow_loopback;
     let now = now_ms();
     let lookup = id.clone();
     let result = state
         .ledger
         .tx(move |c| {
-            let current = ledger::get_subscriber(c, &lookup)?;
+            let current = visible_subscriber(c, &who, &lookup)?;
             let toggled = input.disabled.is_some();
-            let next = match patched(current, input, allow_loopback, now) {
+            if let Some(customer) = &input.customer {
+                if let Err(e) = check_customer_exists(c, customer.as_deref()) {
+                    return Ok(Err(e.into()));
+                }
+            }
+            let next = match patched(current, input, allow_loopback, now, who.actor()) {
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
             };
@@ -581,6 +662,7 @@ async fn delete_subscriber(
 
 async fn rotate_secret(
     State(state): State<AppState>,
+    who: Principal,
     PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let now = now_ms();
@@ -590,7 +672,10 @@ async fn rotate_secret(
     let stored = secret.clone();
     state
         .ledger
-        .tx(move |c| ledger::rotate_secret(c, &lookup, &stored, now, grace))
+        .tx(move |c| {
+            visible_subscriber(c, &who, &lookup)?;
+            ledger::rotate_secret(c, &lookup, &stored, now, grace)
+        })
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     state.tell(Control::Changed(id.clone()));
@@ -599,6 +684,59 @@ async fn rotate_secret(
         "secret": secret,
         "previous_secrets_expire_at_ms": now + grace,
     })))
+}
+
+/// The event type of a test event (`POST /v1/subscribers/{id}/test`).
+pub const TEST_EVENT_TYPE: &str = "fanout.test";
+
+/// A test event for one subscriber (pure): a fresh id from `random`, the type
+/// [`TEST_EVENT_TYPE`], and who it is for.
+fn test_event(subscriber: &str, now: i64, random: [u8; 8]) -> NewEvent {
+    let suffix: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let id = format!("evt_test_{now}_{suffix}");
+    let body = json!({
+        "id": id,
+        "type": TEST_EVENT_TYPE,
+        "data": { "subscriber": subscriber, "sent_at_ms": now },
+    })
+    .to_string();
+    NewEvent {
+        id,
+        event_type: TEST_EVENT_TYPE.into(),
+        body,
+    }
+}
+
+/// `POST /v1/subscribers/{id}/test`: one `fanout.test` event delivered to this subscriber
+/// alone, through the usual queue (signed, rate-limited, retried, visible in its deliveries).
+async fn send_test(
+    State(state): State<AppState>,
+    who: Principal,
+    PathId(id): PathId,
+) -> Result<impl IntoResponse, ApiError> {
+    let now = now_ms();
+    let random = random_bytes::<8>().map_err(|e| {
+        ApiError::Ledger(ledger::LedgerError::Invalid(format!("no randomness: {e}")))
+    })?;
+    let event = test_event(&id, now, random);
+    let event_id = event.id.clone();
+    let lookup = id.clone();
+    let rowid = state
+        .ledger
+        .tx(move |c| {
+            visible_subscriber(c, &who, &lookup)?;
+            ledger::ingest_test(c, &lookup, &event, now)
+        })
+        .await
+        .map_err(|e| unknown_subscriber(e, &id))?;
+    state.tell(Control::Due(vec![id]));
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({
+            "event_id": event_id,
+            "delivery_id": crate::model::delivery_public_id(rowid),
+        })),
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -610,10 +748,15 @@ struct DeliveryQuery {
     status: Option<String>,
     subscriber: Option<String>,
     event: Option<String>,
+    /// Only events of this type.
+    #[serde(rename = "type")]
+    event_type: Option<String>,
     since: Option<serde_json::Value>,
     until: Option<serde_json::Value>,
     after: Option<String>,
     limit: Option<usize>,
+    /// `POST /v1/replay` only: count what would be replayed, change nothing.
+    dry_run: Option<bool>,
 }
 
 fn time_arg(name: &str, v: Option<serde_json::Value>) -> Result<Option<i64>, ApiError> {
@@ -652,6 +795,8 @@ fn filter_from(q: DeliveryQuery) -> Result<DeliveryFilter, ApiError> {
         status,
         subscriber: q.subscriber.filter(|s| !s.is_empty()),
         event: q.event.filter(|s| !s.is_empty()),
+        event_type: q.event_type.filter(|s| !s.is_empty()),
+        customer: None,
         since_ms: time_arg("since", q.since)?,
         until_ms: time_arg("until", q.until)?,
         after,
@@ -661,6 +806,7 @@ fn filter_from(q: DeliveryQuery) -> Result<DeliveryFilter, ApiError> {
 
 async fn list_deliveries(
     State(state): State<AppState>,
+    who: Principal,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<impl IntoResponse, ApiError> {
     let mut query = DeliveryQuery::default();
@@ -669,6 +815,7 @@ async fn list_deliveries(
             "status" => query.status = Some(v),
             "subscriber" => query.subscriber = Some(v),
             "event" => query.event = Some(v),
+            "type" => query.event_type = Some(v),
             "since" => query.since = Some(serde_json::Value::String(v)),
             "until" => query.until = Some(serde_json::Value::String(v)),
             "after" => query.after = Some(v),
@@ -685,7 +832,8 @@ async fn list_deliveries(
             }
         }
     }
-    let filter = filter_from(query)?;
+    let mut filter = filter_from(query)?;
+    filter.customer = who.customer().map(str::to_string);
     let limit = filter.limit;
     let rows = state
         .ledger
@@ -701,27 +849,52 @@ fn delivery_id(id: &str) -> Result<i64, ApiError> {
     parse_delivery_id(id).ok_or_else(|| ApiError::NotFound(format!("no delivery {id}")))
 }
 
+/// `NotFound` unless `who` may see delivery `rowid`.
+fn check_delivery_visible(
+    c: &rusqlite::Connection,
+    who: &Principal,
+    rowid: i64,
+) -> Result<(), ledger::LedgerError> {
+    let owner = ledger::delivery_owner(c, rowid)?;
+    if who.sees(owner.as_deref()) {
+        Ok(())
+    } else {
+        Err(ledger::LedgerError::NotFound(format!(
+            "delivery {}",
+            crate::model::delivery_public_id(rowid)
+        )))
+    }
+}
+
 async fn get_delivery(
     State(state): State<AppState>,
+    who: Principal,
     PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let rowid = delivery_id(&id)?;
     let d = state
         .ledger
-        .read(move |c| ledger::get_delivery(c, rowid))
+        .read(move |c| {
+            check_delivery_visible(c, &who, rowid)?;
+            ledger::get_delivery(c, rowid)
+        })
         .await?;
     Ok(Json(d))
 }
 
 async fn replay_one(
     State(state): State<AppState>,
+    who: Principal,
     PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let rowid = delivery_id(&id)?;
     let now = now_ms();
     let sub = state
         .ledger
-        .tx(move |c| ledger::replay_one(c, rowid, now))
+        .tx(move |c| {
+            check_delivery_visible(c, &who, rowid)?;
+            ledger::replay_one(c, rowid, now)
+        })
         .await?;
     state.tell(Control::Replayed(vec![sub]));
     Ok((
@@ -732,23 +905,42 @@ async fn replay_one(
 
 async fn replay_bulk(
     State(state): State<AppState>,
+    who: Principal,
     headers: HeaderMap,
     body: Body,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     let bytes = read_body(&headers, body, 64 * 1024).await?;
     let q: DeliveryQuery = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         DeliveryQuery::default()
     } else {
         parse_json(&bytes)?
     };
-    let filter = filter_from(q)?;
+    let dry_run = q.dry_run.unwrap_or(false);
+    let mut filter = filter_from(q)?;
+    filter.customer = who.customer().map(str::to_string);
     let now = now_ms();
+    let check = move |c: &rusqlite::Connection, f: &DeliveryFilter| match &f.subscriber {
+        Some(s) => visible_subscriber(c, &who, s).map(|_| ()),
+        None => Ok(()),
+    };
+    if dry_run {
+        let n = state
+            .ledger
+            .read(move |c| {
+                check(c, &filter)?;
+                ledger::count_replayable(c, &filter)
+            })
+            .await
+            .map_err(|e| match e {
+                ledger::LedgerError::NotFound(m) => ApiError::UnknownSubscriber(m),
+                other => ApiError::Ledger(other),
+            })?;
+        return Ok(Json(json!({ "count": n })).into_response());
+    }
     let (n, subs) = state
         .ledger
         .tx(move |c| {
-            if let Some(s) = &filter.subscriber {
-                ledger::get_subscriber(c, s)?;
-            }
+            check(c, &filter)?;
             ledger::replay_bulk(c, &filter, now)
         })
         .await
@@ -759,7 +951,7 @@ async fn replay_bulk(
     if !subs.is_empty() {
         state.tell(Control::Replayed(subs));
     }
-    Ok((StatusCode::ACCEPTED, Json(json!({ "replayed": n }))))
+    Ok((StatusCode::ACCEPTED, Json(json!({ "replayed": n }))).into_response())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -859,14 +1051,6 @@ mod tests {
             ),
             Err("too_large"),
         );
-    }
-
-    #[test]
-    fn token_comparison() {
-        assert!(token_matches(b"secret-token", b"secret-token"));
-        assert!(!token_matches(b"secret-tokem", b"secret-token"));
-        assert!(!token_matches(b"secret", b"secret-token"));
-        assert!(!token_matches(b"", b"secret-token"));
     }
 
     #[test]
@@ -1009,6 +1193,7 @@ mod tests {
             },
             false,
             1,
+            "an operator",
         );
         assert!(p.is_err());
         // Disable, then re-enable: a fresh start.
@@ -1016,19 +1201,34 @@ mod tests {
             disabled: Some(d),
             ..Default::default()
         };
-        let off = patched(s.clone(), toggle(true), false, 5).unwrap();
+        let off = patched(s.clone(), toggle(true), false, 5, "an operator").unwrap();
         let d = off.health.disabled.clone().unwrap();
         assert_eq!((d.at_ms, d.reason.as_str()), (5, "disabled by an operator"));
-        let again = patched(off.clone(), toggle(true), false, 9).unwrap();
+        let again = patched(off.clone(), toggle(true), false, 9, "an operator").unwrap();
         assert_eq!(again.health.disabled.map(|d| d.at_ms), Some(5));
         let mut failing = off;
         failing.health.failing_since_ms = Some(2);
-        let on = patched(failing, toggle(false), false, 6).unwrap();
+        let on = patched(failing, toggle(false), false, 6, "an operator").unwrap();
         assert_eq!(on.health, Default::default());
         let mut enabled_failing = s;
         enabled_failing.health.failing_since_ms = Some(2);
-        let still = patched(enabled_failing, toggle(false), false, 6).unwrap();
+        let still = patched(enabled_failing, toggle(false), false, 6, "an operator").unwrap();
         assert_eq!(still.health.failing_since_ms, Some(2));
+    }
+
+    #[test]
+    fn test_events_are_valid_events_of_their_type() {
+        let e = test_event("sub_a", 1_700, [0xab; 8]);
+        assert_eq!(e.id, "evt_test_1700_abababababababab");
+        validate_event_id("id", &e.id).unwrap();
+        let (parsed, _) = parse_events(e.body.as_bytes(), 64 * 1024).unwrap();
+        assert_eq!(
+            (parsed[0].id.as_str(), parsed[0].event_type.as_str()),
+            (e.id.as_str(), TEST_EVENT_TYPE)
+        );
+        let body: serde_json::Value = serde_json::from_str(&e.body).unwrap();
+        assert_eq!(body["data"]["subscriber"], "sub_a");
+        assert_ne!(test_event("sub_a", 1_700, [1; 8]).id, e.id);
     }
 
     #[test]

@@ -62,7 +62,7 @@ mod tests {
             }
         }
         ops.sort();
-        // The router's routes (api::router and console::routes); keep both lists in step.
+        // The router's routes (api::router, console::routes and portal::routes); keep both lists in step.
         let mut expected = vec![
             "GET /",
             "GET /console.css",
@@ -82,6 +82,16 @@ mod tests {
             "POST /v1/deliveries/{id}/replay",
             "POST /v1/replay",
             "GET /v1/retention",
+            "POST /v1/subscribers/{id}/test",
+            "GET /v1/customers",
+            "POST /v1/customers",
+            "GET /v1/customers/{id}",
+            "PATCH /v1/customers/{id}",
+            "DELETE /v1/customers/{id}",
+            "POST /v1/customers/{id}/portal",
+            "GET /portal",
+            "GET /portal.js",
+            "GET /portal.css",
         ];
         expected.sort_unstable();
         assert_eq!(ops, expected);

@@ -6,6 +6,7 @@
 //! channel, so a subscriber that hangs holds only its own in-flight slots.
 
 pub mod edge_lane;
+pub mod fair;
 pub mod origin_lane;
 pub mod plan;
 
@@ -27,9 +28,7 @@ use crate::metrics::Metrics;
 use crate::model::{active_secrets, delivery_public_id, Health, Lane, StoredSecret, Subscriber};
 use crate::time::{jitter, now_ms};
 use edge_lane::{EdgeClient, EdgeError};
-use plan::{
-    attempt_of, attempt_record, edge_retry_ms, grant, share, transition_for, Grant, RetryRules,
-};
+use plan::{attempt_of, attempt_record, edge_retry_ms, grant, transition_for, Grant, RetryRules};
 
 /// How long a lease lasts: longer than any send can take (the longest subscriber timeout plus
 /// the edge's margin), so a live send never loses its lease.
@@ -55,6 +54,8 @@ pub enum Control {
     Changed(String),
     /// Re-read the whole queue (after a bulk replay).
     Rescan,
+    /// A customer was created, changed or removed: re-read their weights and caps.
+    Customers,
 }
 
 #[derive(Debug, Clone)]
@@ -91,6 +92,8 @@ struct SubState {
     edge_failures: u32,
     /// Failing since, and disabled (nothing is claimed for a disabled subscriber).
     health: Health,
+    /// Its customer, whose weight sets its group's share (`fair`).
+    customer: Option<Arc<str>>,
 }
 
 /// Health changes and alerts decided from results, recorded with the next tick's transaction;
@@ -171,6 +174,8 @@ pub struct Dispatcher {
     order: Vec<Arc<str>>,
     rr: usize,
     total_in_flight: usize,
+    /// Each customer's weight and in-flight cap.
+    customers: HashMap<String, (u32, Option<u32>)>,
     /// Results processed but not yet written: they go in the next tick's transaction, with its
     /// claims (one commit per loop turn).
     unrecorded: Vec<Outcome>,
@@ -214,6 +219,7 @@ impl Dispatcher {
             order: Vec::new(),
             rr: 0,
             total_in_flight: 0,
+            customers: HashMap::new(),
             unrecorded: Vec::new(),
             health: HealthBatch::default(),
         })
@@ -236,6 +242,7 @@ impl Dispatcher {
                     st.limiter_dirty = true;
                 }
                 st.health = s.health;
+                st.customer = s.customer.as_deref().map(Arc::from);
                 st.not_before = 0;
                 st.next_due = Some(st.next_due.map_or(0, |d| d.min(now_ms())));
             }
@@ -255,6 +262,7 @@ impl Dispatcher {
                         next_due: Some(0),
                         not_before: 0,
                         edge_failures: 0,
+                        customer: s.customer.as_deref().map(Arc::from),
                         health: s.health,
                     },
                 );
@@ -264,7 +272,51 @@ impl Dispatcher {
         }
     }
 
+    async fn load_customers(&mut self) -> Result<(), LedgerError> {
+        let all = self.ledger.call(|c| ledger::list_customers(c)).await?;
+        self.customers = all
+            .into_iter()
+            .map(|c| (c.id, (c.weight, c.max_in_flight)))
+            .collect();
+        Ok(())
+    }
+
+    /// Each candidate's share of `budget`: weighted between customers, round-robin between a
+    /// customer's subscribers (`fair::fair_share`); subscribers with no customer are one group
+    /// of weight 1.
+    fn fair_shares(&self, candidates: &[(Arc<str>, usize)], budget: usize) -> Vec<usize> {
+        let key = |id: &Arc<str>| self.subs.get(id).and_then(|st| st.customer.clone());
+        let mut in_flight: HashMap<Option<Arc<str>>, usize> = HashMap::new();
+        for st in self.subs.values() {
+            *in_flight.entry(st.customer.clone()).or_default() += st.in_flight as usize;
+        }
+        let mut index: HashMap<Option<Arc<str>>, usize> = HashMap::new();
+        let mut groups: Vec<fair::Group> = Vec::new();
+        let mut place: Vec<(usize, usize)> = Vec::with_capacity(candidates.len());
+        for (id, want) in candidates {
+            let k = key(id);
+            let g = *index.entry(k.clone()).or_insert_with(|| {
+                let (weight, cap) = k
+                    .as_deref()
+                    .and_then(|c| self.customers.get(c).copied())
+                    .unwrap_or((1, None));
+                groups.push(fair::Group {
+                    weight,
+                    in_flight: in_flight.get(&k).copied().unwrap_or(0),
+                    cap: cap.map(|c| c as usize),
+                    wants: Vec::new(),
+                });
+                groups.len() - 1
+            });
+            place.push((g, groups[g].wants.len()));
+            groups[g].wants.push(*want);
+        }
+        let grants = fair::fair_share(&groups, budget, self.rr);
+        place.into_iter().map(|(g, s)| grants[g][s]).collect()
+    }
+
     async fn load_all(&mut self) -> Result<(), LedgerError> {
+        self.load_customers().await?;
         let subs = self
             .ledger
             .call(|c| {
@@ -353,6 +405,7 @@ impl Dispatcher {
                 }
             }
             Control::Rescan => self.rescan().await?,
+            Control::Customers => self.load_customers().await?,
         }
         Ok(())
     }
@@ -397,14 +450,13 @@ impl Dispatcher {
                 Grant::Full => {}
             }
         }
-        self.rr = self.rr.wrapping_add(1);
-        // Share the global in-flight budget round-robin.
+        // Share the global in-flight budget: weighted between customers, round-robin within.
         let budget = self
             .cfg
             .max_total_in_flight
             .saturating_sub(self.total_in_flight);
-        let wants: Vec<usize> = candidates.iter().map(|(_, k)| *k).collect();
-        let shares = share(&wants, budget, 0);
+        let shares = self.fair_shares(&candidates, budget);
+        self.rr = self.rr.wrapping_add(1);
         let mut asks: Vec<(String, usize)> = Vec::new();
         let mut before: HashMap<Arc<str>, LimiterState> = HashMap::new();
         for ((id, _), k) in candidates.into_iter().zip(shares) {

@@ -11,6 +11,7 @@
 //! flight.
 
 pub mod backup;
+mod customers;
 mod health;
 #[cfg(test)]
 mod plans;
@@ -61,6 +62,7 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         created_ms: 0,
         updated_ms: 0,
         health: Default::default(),
+        customer: None,
     }
 }
 
@@ -69,6 +71,7 @@ use std::sync::mpsc;
 
 use rusqlite::{Connection, OpenFlags};
 
+pub use customers::*;
 pub use health::*;
 pub use queries::*;
 pub use schema::VERSION as SCHEMA_VERSION;

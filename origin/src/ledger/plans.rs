@@ -82,8 +82,16 @@ fn exercise(c: &Connection) {
                             until_ms,
                             after,
                             limit: 100,
+                            ..Default::default()
                         };
                         list_deliveries(c, &f).unwrap();
+                        // The portal's scope and the type filter on top of each.
+                        let scoped = DeliveryFilter {
+                            event_type: Some("t".into()),
+                            customer: Some("acme".into()),
+                            ..f
+                        };
+                        list_deliveries(c, &scoped).unwrap();
                     }
                 }
             }

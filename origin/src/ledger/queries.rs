@@ -18,7 +18,7 @@ use crate::model::{
 
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms";
+     failing_since_ms, customer";
 
 fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
     let types: String = r.get(2)?;
@@ -51,6 +51,7 @@ fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
             },
             failing_since_ms: r.get(13)?,
         },
+        customer: r.get(14)?,
     })
 }
 
@@ -98,7 +99,7 @@ pub fn list_subscribers(c: &Connection) -> Result<Vec<Subscriber>, LedgerError> 
 
 /// What `create_subscriber` and `update_subscriber` both bind, in one order: ?1 id, ?2 url,
 /// ?3 event_types (JSON), ?4 rate_per_sec, ?5 burst, ?6 max_in_flight, ?7 timeout_ms, ?8 lane,
-/// ?9 legacy_signature, ?10 the time of the change.
+/// ?9 legacy_signature, ?10 the time of the change, ?11 customer.
 fn definition_params<'a>(
     s: &'a Subscriber,
     event_types_json: &'a str,
@@ -115,6 +116,7 @@ fn definition_params<'a>(
         s.lane.as_str(),
         s.legacy_signature,
         at_ms,
+        s.customer.as_deref(),
     )
 }
 
@@ -125,18 +127,26 @@ fn event_types_json(s: &Subscriber) -> String {
 /// Insert a new subscriber (or bring back a removed one under the same id) with its first
 /// secret.
 pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result<(), LedgerError> {
-    let existing: Option<Option<i64>> = c
-        .prepare_cached("SELECT deleted_ms FROM subscribers WHERE id = ?1")?
-        .query_row([&s.id], |r| r.get(0))
+    let existing: Option<(Option<i64>, Option<String>)> = c
+        .prepare_cached("SELECT deleted_ms, customer FROM subscribers WHERE id = ?1")?
+        .query_row([&s.id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     match existing {
-        Some(None) => {
+        Some((None, _)) => {
             return Err(LedgerError::Conflict(format!(
                 "subscriber {} already exists",
                 s.id
             )))
         }
-        Some(Some(_)) => {
+        // A removed endpoint's deliveries stay readable under its id: another customer
+        // taking the id over would see them.
+        Some((Some(_), Some(owner))) if s.customer.as_deref() != Some(owner.as_str()) => {
+            return Err(LedgerError::Conflict(format!(
+                "the id {} belonged to a removed subscriber of another customer",
+                s.id
+            )))
+        }
+        Some((Some(_), _)) => {
             c.execute(
                 "DELETE FROM subscriber_secrets WHERE subscriber_id = ?1",
                 [&s.id],
@@ -147,8 +157,8 @@ pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result
     }
     c.prepare_cached(
         "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
-             timeout_ms, lane, legacy_signature, created_ms, updated_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+             timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
     )?
     .execute(definition_params(s, &event_types_json(s), s.created_ms))?;
     c.prepare_cached(
@@ -165,7 +175,7 @@ pub fn update_subscriber(c: &Connection, s: &Subscriber) -> Result<(), LedgerErr
         .prepare_cached(
             "UPDATE subscribers SET url = ?2, event_types = ?3, rate_per_sec = ?4, burst = ?5,
                  max_in_flight = ?6, timeout_ms = ?7, lane = ?8, legacy_signature = ?9,
-                 updated_ms = ?10
+                 updated_ms = ?10, customer = ?11
              WHERE id = ?1 AND deleted_ms IS NULL",
         )?
         .execute(definition_params(s, &event_types_json(s), s.updated_ms))?;
@@ -689,6 +699,10 @@ pub struct DeliveryFilter {
     pub status: Option<Status>,
     pub subscriber: Option<String>,
     pub event: Option<String>,
+    /// Only events of this type.
+    pub event_type: Option<String>,
+    /// Only deliveries to this customer's subscribers (a portal token's scope).
+    pub customer: Option<String>,
     pub since_ms: Option<i64>,
     pub until_ms: Option<i64>,
     /// Only deliveries with a larger rowid (pagination cursor).
@@ -765,6 +779,23 @@ fn filter_sql(f: &DeliveryFilter) -> (String, Vec<rusqlite::types::Value>) {
     if let Some(e) = &f.event {
         args.push(Value::Text(e.clone()));
         clauses.push(format!("d.event_id = ?{}", args.len()));
+    }
+    // Type and customer are residual filters (the unary `+` keeps the planner from driving
+    // the query by them): the rows are still read in id order from one index range, and only
+    // those that match are kept.
+    if let Some(t) = &f.event_type {
+        args.push(Value::Text(t.clone()));
+        clauses.push(format!(
+            "(SELECT type FROM events WHERE id = d.event_id) = ?{}",
+            args.len()
+        ));
+    }
+    if let Some(cu) = &f.customer {
+        args.push(Value::Text(cu.clone()));
+        clauses.push(format!(
+            "+d.subscriber_id IN (SELECT id FROM subscribers WHERE customer = ?{})",
+            args.len()
+        ));
     }
     // The first delivery created at or after a time, by the `deliveries_created` index.
     let first_at = |n: usize| {
@@ -881,13 +912,11 @@ pub fn replay_one(c: &Connection, rowid: i64, now_ms: i64) -> Result<String, Led
     Ok(sub)
 }
 
-/// Replay every delivery matching the filter (its status defaults to dead; in-flight ones and
-/// removed subscribers' are skipped). Returns how many and the subscribers concerned.
-pub fn replay_bulk(
-    c: &Connection,
+/// The `WHERE` clause (and its arguments) of the deliveries a bulk replay takes: the filter's,
+/// its status defaulting to dead, removed subscribers' skipped.
+fn replayable_sql(
     f: &DeliveryFilter,
-    now_ms: i64,
-) -> Result<(usize, Vec<String>), LedgerError> {
+) -> Result<(String, Vec<rusqlite::types::Value>), LedgerError> {
     let mut f = f.clone();
     if f.status.is_none() {
         f.status = Some(Status::Dead);
@@ -897,11 +926,31 @@ pub fn replay_bulk(
             "in-flight deliveries cannot be replayed".into(),
         ));
     }
-    let (filter, mut args) = filter_sql(&f);
-    args.push(rusqlite::types::Value::Integer(now_ms));
-    let now_arg = args.len();
+    let (filter, args) = filter_sql(&f);
     let live = "d.subscriber_id IN (SELECT id FROM subscribers WHERE deleted_ms IS NULL)";
     let filter = format!("{filter} AND {live}");
+    Ok((filter, args))
+}
+
+/// How many deliveries [`replay_bulk`] would replay now (a dry run).
+pub fn count_replayable(c: &Connection, f: &DeliveryFilter) -> Result<usize, LedgerError> {
+    let (filter, args) = replayable_sql(f)?;
+    let n: i64 = c
+        .prepare(&format!("SELECT COUNT(*) FROM deliveries d {filter}"))?
+        .query_row(rusqlite::params_from_iter(args), |r| r.get(0))?;
+    Ok(n.max(0) as usize)
+}
+
+/// Replay every delivery matching the filter (its status defaults to dead; in-flight ones and
+/// removed subscribers' are skipped). Returns how many and the subscribers concerned.
+pub fn replay_bulk(
+    c: &Connection,
+    f: &DeliveryFilter,
+    now_ms: i64,
+) -> Result<(usize, Vec<String>), LedgerError> {
+    let (filter, mut args) = replayable_sql(f)?;
+    args.push(rusqlite::types::Value::Integer(now_ms));
+    let now_arg = args.len();
     let subs: Vec<String> = c
         .prepare(&format!(
             "SELECT DISTINCT d.subscriber_id FROM deliveries d {filter}"

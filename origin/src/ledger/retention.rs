@@ -32,7 +32,7 @@ impl Finished {
         }
     }
 
-    /// The partial index of this status's deliveries by `updated_ms` (migration 3).
+    /// The partial index of this status's deliveries by `updated_ms` (migration 4).
     fn age_index(self) -> &'static str {
         match self {
             Finished::Sent => "deliveries_sent_age",

@@ -78,7 +78,31 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE subscribers ADD COLUMN dead_alerted_ms INTEGER;    -- NULL: armed
     CREATE INDEX deliveries_dead ON deliveries(subscriber_id) WHERE status = 'dead';
     "#,
-    // 3: costs that do not grow with the ledger, and retention (ledger/retention.rs).
+    // Customers (issue 12; planned as migration 5, renumbered to follow what landed): the
+    // customers that own subscribers, their weight in the dispatcher's share and their own
+    // in-flight cap; `portal_nonce` is part of every portal token and is checked on each call,
+    // so a deleted (or re-created) customer's links stop working. `portal_key` holds the one
+    // HMAC key, generated on first start, that signs portal tokens (shared by every daemon on
+    // this ledger).
+    r#"
+    CREATE TABLE customers (
+        id            TEXT PRIMARY KEY,
+        weight        INTEGER NOT NULL DEFAULT 1 CHECK (weight >= 1),
+        max_in_flight INTEGER CHECK (max_in_flight IS NULL OR max_in_flight >= 1),
+        portal_nonce  TEXT NOT NULL,
+        created_ms    INTEGER NOT NULL,
+        updated_ms    INTEGER NOT NULL
+    );
+    ALTER TABLE subscribers ADD COLUMN customer TEXT;              -- NULL: no customer
+    CREATE INDEX subscribers_by_customer ON subscribers(customer) WHERE customer IS NOT NULL;
+    CREATE TABLE portal_key (
+        id         INTEGER PRIMARY KEY CHECK (id = 1),
+        key        BLOB NOT NULL,
+        created_ms INTEGER NOT NULL
+    );
+    "#,
+    // 4: costs that do not grow with the ledger, and retention (ledger/retention.rs; issue 10,
+    // planned as migration 4).
     // `delivery_counts` holds the deliveries per (subscriber, status), kept by triggers so that
     // every statement that inserts, deletes or re-statuses a delivery keeps it exact, whatever
     // code path runs it; `/metrics`, `?stats=true` and `fanout status` read it instead of

@@ -1,5 +1,5 @@
 //! The per-subscriber gauges of `/metrics`, read from the ledger at scrape time: the counts
-//! that triggers keep as deliveries change (`delivery_counts`, migration 3, exact by
+//! that triggers keep as deliveries change (`delivery_counts`, migration 4, exact by
 //! construction) and keyed lookups, never a scan of the deliveries. The console's figures are
 //! in `status`.
 

@@ -1,6 +1,6 @@
 //! Read-only per-subscriber figures for the console and `?stats=true`: deliveries by status
 //! (`delivery_counts`), the stored limiter state and the most recent error (`last_errors`),
-//! both kept by triggers (migration 3), so a lookup costs the same at any ledger size.
+//! both kept by triggers (migration 4), so a lookup costs the same at any ledger size.
 //! Nothing here writes.
 
 use std::collections::BTreeMap;

@@ -1,0 +1,251 @@
+//! Who is calling, and what they may do: the one place the API decides it.
+//!
+//! [`authenticate`] turns the bearer token into a [`Principal`]: the admin token is
+//! [`Principal::Admin`]; a portal token (`crate::portal::token`) whose signature, expiry and
+//! customer nonce check out is [`Principal::Portal`]. It then asks [`Principal::may_call`] about
+//! the route (403 when not allowed) and hands the principal to the handler, which scopes what it
+//! reads and changes with [`Principal::sees`] and [`Principal::customer`]: a portal token's
+//! calls about another customer's (or no customer's) subscribers and deliveries answer 404,
+//! exactly as for ids that do not exist.
+
+use axum::extract::{FromRequestParts, MatchedPath, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::{ApiError, AppState};
+use crate::ledger;
+use crate::portal::token;
+use crate::time::now_ms;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// The API token: every route, everything.
+    Admin,
+    /// A portal link's token: its customer's subscribers and deliveries, a few routes.
+    Portal { customer: String },
+}
+
+/// The routes a portal token may call. Everything else answers 403.
+const PORTAL_ROUTES: &[(Method, &str)] = &[
+    (Method::GET, "/v1/subscribers"),
+    (Method::GET, "/v1/subscribers/{id}"),
+    (Method::PATCH, "/v1/subscribers/{id}"),
+    (Method::POST, "/v1/subscribers/{id}/rotate-secret"),
+    (Method::POST, "/v1/subscribers/{id}/test"),
+    (Method::GET, "/v1/deliveries"),
+    (Method::GET, "/v1/deliveries/{id}"),
+    (Method::POST, "/v1/deliveries/{id}/replay"),
+    (Method::POST, "/v1/replay"),
+];
+
+/// The only subscriber field a portal token may change: pause and resume.
+const PORTAL_PATCHABLE: &[&str] = &["disabled"];
+
+impl Principal {
+    /// May this principal call `method` on the route `route` (the router's pattern)?
+    pub fn may_call(&self, method: &Method, route: &str) -> bool {
+        match self {
+            Principal::Admin => true,
+            Principal::Portal { .. } => PORTAL_ROUTES
+                .iter()
+                .any(|(m, r)| m == method && *r == route),
+        }
+    }
+
+    /// Does this principal see a subscriber (or its deliveries) owned by `owner`?
+    pub fn sees(&self, owner: Option<&str>) -> bool {
+        match self {
+            Principal::Admin => true,
+            Principal::Portal { customer } => owner == Some(customer.as_str()),
+        }
+    }
+
+    /// The customer every read and change is limited to (`None`: no limit).
+    pub fn customer(&self) -> Option<&str> {
+        match self {
+            Principal::Admin => None,
+            Principal::Portal { customer } => Some(customer),
+        }
+    }
+
+    /// May this principal change these subscriber fields (the names a PATCH body sets)?
+    pub fn may_patch(&self, fields: &[&str]) -> Result<(), ApiError> {
+        match self {
+            Principal::Admin => Ok(()),
+            Principal::Portal { .. } => match fields.iter().find(|f| !PORTAL_PATCHABLE.contains(f))
+            {
+                Some(f) => Err(ApiError::Forbidden(format!(
+                    "a portal link may only pause and resume an endpoint (\"disabled\"), not \
+                     change {f:?}"
+                ))),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// Who changed a subscriber, for its `disabled_reason`.
+    pub fn actor(&self) -> &'static str {
+        match self {
+            Principal::Admin => "an operator",
+            Principal::Portal { .. } => "the customer",
+        }
+    }
+}
+
+/// Constant-time comparison of the bearer token.
+pub fn token_matches(given: &[u8], expected: &[u8]) -> bool {
+    if given.len() != expected.len() {
+        return false;
+    }
+    given
+        .iter()
+        .zip(expected)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+        == 0
+}
+
+async fn principal_of(state: &AppState, bearer: &str) -> Result<Principal, ApiError> {
+    if token_matches(bearer.as_bytes(), state.cfg.api_token.as_bytes()) {
+        return Ok(Principal::Admin);
+    }
+    if !bearer.starts_with(token::PREFIX) {
+        return Err(ApiError::Unauthorized);
+    }
+    let claims = token::verify(&state.cfg.portal_key, bearer, now_ms())
+        .map_err(|e| ApiError::PortalToken(e.to_string()))?;
+    let id = claims.customer.clone();
+    let current = state
+        .ledger
+        .read(move |c| match ledger::get_customer(c, &id) {
+            Ok(cu) => Ok(Some(cu.portal_nonce)),
+            Err(ledger::LedgerError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        })
+        .await?;
+    match current {
+        Some(nonce) if token_matches(nonce.as_bytes(), claims.nonce.as_bytes()) => {
+            Ok(Principal::Portal {
+                customer: claims.customer,
+            })
+        }
+        _ => Err(ApiError::PortalToken(
+            "the portal link's customer no longer exists".into(),
+        )),
+    }
+}
+
+/// The `/v1` middleware: authenticate, authorize the route, hand the principal on.
+pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_string());
+    let Some(bearer) = bearer else {
+        return ApiError::Unauthorized.into_response();
+    };
+    let principal = match principal_of(&state, &bearer).await {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_default();
+    if !principal.may_call(req.method(), &route) {
+        return ApiError::Forbidden(format!(
+            "a portal link cannot call {} {route}",
+            req.method()
+        ))
+        .into_response();
+    }
+    req.extensions_mut().insert(principal);
+    next.run(req).await
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Principal>()
+            .cloned()
+            .ok_or(ApiError::Unauthorized)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        assert!(token_matches(b"secret-token", b"secret-token"));
+        assert!(!token_matches(b"secret-tokem", b"secret-token"));
+        assert!(!token_matches(b"secret", b"secret-token"));
+        assert!(!token_matches(b"", b"secret-token"));
+    }
+
+    #[test]
+    fn route_table() {
+        let portal = Principal::Portal {
+            customer: "acme".into(),
+        };
+        let cases: &[(Method, &str, bool)] = &[
+            (Method::GET, "/v1/subscribers", true),
+            (Method::POST, "/v1/subscribers", false),
+            (Method::GET, "/v1/subscribers/{id}", true),
+            (Method::PATCH, "/v1/subscribers/{id}", true),
+            (Method::DELETE, "/v1/subscribers/{id}", false),
+            (Method::POST, "/v1/subscribers/{id}/rotate-secret", true),
+            (Method::POST, "/v1/subscribers/{id}/test", true),
+            (Method::GET, "/v1/deliveries", true),
+            (Method::GET, "/v1/deliveries/{id}", true),
+            (Method::POST, "/v1/deliveries/{id}/replay", true),
+            (Method::POST, "/v1/replay", true),
+            (Method::POST, "/v1/events", false),
+            (Method::GET, "/v1/customers", false),
+            (Method::POST, "/v1/customers", false),
+            (Method::GET, "/v1/customers/{id}", false),
+            (Method::PATCH, "/v1/customers/{id}", false),
+            (Method::DELETE, "/v1/customers/{id}", false),
+            (Method::POST, "/v1/customers/{id}/portal", false),
+            (Method::GET, "", false),
+        ];
+        for (m, route, ok) in cases {
+            assert_eq!(portal.may_call(m, route), *ok, "portal {m} {route}");
+            assert!(Principal::Admin.may_call(m, route), "admin {m} {route}");
+        }
+    }
+
+    #[test]
+    fn scope_table() {
+        let portal = Principal::Portal {
+            customer: "acme".into(),
+        };
+        assert!(portal.sees(Some("acme")));
+        assert!(!portal.sees(Some("globex")));
+        assert!(!portal.sees(None));
+        assert!(Principal::Admin.sees(None));
+        assert!(Principal::Admin.sees(Some("globex")));
+        assert_eq!(portal.customer(), Some("acme"));
+        assert_eq!(Principal::Admin.customer(), None);
+        assert!(portal.may_patch(&["disabled"]).is_ok());
+        assert!(portal.may_patch(&[]).is_ok());
+        for f in ["url", "rate_per_sec", "customer", "event_types", "secret"] {
+            assert!(
+                matches!(
+                    portal.may_patch(&["disabled", f]),
+                    Err(ApiError::Forbidden(_))
+                ),
+                "{f}"
+            );
+            assert!(Principal::Admin.may_patch(&[f]).is_ok());
+        }
+    }
+}

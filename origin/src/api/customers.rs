@@ -1,0 +1,355 @@
+//! `/v1/customers`: the operator's customers (admin token only), and
+//! `POST /v1/customers/{id}/portal`, which issues a link to that customer's portal.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::extract::PathId;
+use super::{parse_json, read_body, ApiError, AppState};
+use crate::customer::{
+    validate_max_in_flight, validate_weight, Customer, CustomerList, CustomerView, PortalLink,
+    DEFAULT_WEIGHT,
+};
+use crate::dispatch::Control;
+use crate::ledger::{self, LedgerError};
+use crate::model::validate_id;
+use crate::portal::token;
+use crate::time::{now_ms, random_bytes};
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/customers", post(create).get(list))
+        .route("/v1/customers/{id}", get(read).patch(update).delete(remove))
+        .route("/v1/customers/{id}/portal", post(portal_link))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CustomerInput {
+    id: Option<String>,
+    weight: Option<u32>,
+    /// `null` in a PATCH removes the cap.
+    #[serde(default, deserialize_with = "super::present")]
+    max_in_flight: Option<Option<u32>>,
+}
+
+fn unknown(e: LedgerError, id: &str) -> ApiError {
+    match e {
+        LedgerError::NotFound(_) => ApiError::UnknownCustomer(format!("no customer {id}")),
+        other => ApiError::Ledger(other),
+    }
+}
+
+fn nonce() -> Result<String, ApiError> {
+    let bytes = random_bytes::<16>()
+        .map_err(|e| ApiError::Ledger(LedgerError::Invalid(format!("no randomness: {e}"))))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A new customer from a creation request (pure).
+fn customer_from(input: CustomerInput, nonce: String, now: i64) -> Result<Customer, ApiError> {
+    let id = input
+        .id
+        .ok_or_else(|| ApiError::Invalid("id is missing".into()))?;
+    validate_id("id", &id).map_err(ApiError::Invalid)?;
+    let weight = input.weight.unwrap_or(DEFAULT_WEIGHT);
+    validate_weight(weight).map_err(ApiError::Invalid)?;
+    let max_in_flight = input.max_in_flight.flatten();
+    validate_max_in_flight(max_in_flight).map_err(ApiError::Invalid)?;
+    Ok(Customer {
+        id,
+        weight,
+        max_in_flight,
+        portal_nonce: nonce,
+        created_ms: now,
+        updated_ms: now,
+    })
+}
+
+/// Apply a PATCH (pure).
+fn patched(mut c: Customer, input: CustomerInput, now: i64) -> Result<Customer, ApiError> {
+    if input.id.as_ref().is_some_and(|id| *id != c.id) {
+        return Err(ApiError::Invalid("id cannot be changed".into()));
+    }
+    if let Some(w) = input.weight {
+        validate_weight(w).map_err(ApiError::Invalid)?;
+        c.weight = w;
+    }
+    if let Some(m) = input.max_in_flight {
+        validate_max_in_flight(m).map_err(ApiError::Invalid)?;
+        c.max_in_flight = m;
+    }
+    c.updated_ms = now;
+    Ok(c)
+}
+
+async fn view(state: &AppState, id: String) -> Result<CustomerView, LedgerError> {
+    state
+        .ledger
+        .read(move |c| {
+            let cu = ledger::get_customer(c, &id)?;
+            let n = ledger::customer_subscriber_counts(c)?
+                .get(&id)
+                .copied()
+                .unwrap_or(0);
+            Ok(CustomerView::of(&cu, n))
+        })
+        .await
+}
+
+async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<impl IntoResponse, ApiError> {
+    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let input: CustomerInput = parse_json(&bytes)?;
+    let cu = customer_from(input, nonce()?, now_ms())?;
+    let stored = cu.clone();
+    state
+        .ledger
+        .tx(move |c| ledger::create_customer(c, &stored))
+        .await?;
+    state.tell(Control::Customers);
+    Ok((StatusCode::CREATED, Json(CustomerView::of(&cu, 0))))
+}
+
+async fn list(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let views = state
+        .ledger
+        .read(|c| {
+            let counts = ledger::customer_subscriber_counts(c)?;
+            Ok(ledger::list_customers(c)?
+                .iter()
+                .map(|cu| CustomerView::of(cu, counts.get(&cu.id).copied().unwrap_or(0)))
+                .collect::<Vec<_>>())
+        })
+        .await?;
+    Ok(Json(CustomerList { customers: views }))
+}
+
+async fn read(
+    State(state): State<AppState>,
+    PathId(id): PathId,
+) -> Result<impl IntoResponse, ApiError> {
+    let v = view(&state, id.clone())
+        .await
+        .map_err(|e| unknown(e, &id))?;
+    Ok(Json(v))
+}
+
+async fn update(
+    State(state): State<AppState>,
+    PathId(id): PathId,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<impl IntoResponse, ApiError> {
+    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let input: CustomerInput = parse_json(&bytes)?;
+    let now = now_ms();
+    let lookup = id.clone();
+    let result = state
+        .ledger
+        .tx(move |c| {
+            let current = ledger::get_customer(c, &lookup)?;
+            match patched(current, input, now) {
+                Ok(next) => {
+                    ledger::update_customer(c, &next)?;
+                    Ok(Ok(()))
+                }
+                Err(e) => Ok(Err(e)),
+            }
+        })
+        .await
+        .map_err(|e| unknown(e, &id))?;
+    result?;
+    state.tell(Control::Customers);
+    let v = view(&state, id.clone())
+        .await
+        .map_err(|e| unknown(e, &id))?;
+    Ok(Json(v))
+}
+
+/// Remove a customer. One that still owns live subscribers is refused with 409 `conflict`
+/// (remove them, or move them with `PATCH /v1/subscribers/{id} {"customer": …}`, first).
+/// Every portal link issued for it stops working.
+async fn remove(
+    State(state): State<AppState>,
+    PathId(id): PathId,
+) -> Result<impl IntoResponse, ApiError> {
+    let lookup = id.clone();
+    state
+        .ledger
+        .tx(move |c| ledger::delete_customer(c, &lookup))
+        .await
+        .map_err(|e| unknown(e, &id))?;
+    state.tell(Control::Customers);
+    Ok(Json(json!({ "id": id, "deleted": true })))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PortalInput {
+    ttl_secs: Option<u64>,
+}
+
+/// Where the portal page is, as the caller reached this daemon: its `Host`, and https when a
+/// proxy in front says so (`X-Forwarded-Proto`).
+fn portal_base(headers: &HeaderMap) -> String {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .filter(|h| {
+            !h.is_empty()
+                && h.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
+        })
+        .unwrap_or("localhost");
+    let https = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.eq_ignore_ascii_case("https"));
+    format!("{}://{host}", if https { "https" } else { "http" })
+}
+
+async fn portal_link(
+    State(state): State<AppState>,
+    PathId(id): PathId,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<impl IntoResponse, ApiError> {
+    let bytes = read_body(&headers, body, 4 * 1024).await?;
+    let input: PortalInput = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        PortalInput::default()
+    } else {
+        parse_json(&bytes)?
+    };
+    let ttl = token::ttl_secs(input.ttl_secs).map_err(ApiError::Invalid)?;
+    let lookup = id.clone();
+    let cu = state
+        .ledger
+        .read(move |c| ledger::get_customer(c, &lookup))
+        .await
+        .map_err(|e| unknown(e, &id))?;
+    let expires_at_ms = now_ms() + (ttl as i64) * 1000;
+    let t = token::sign(
+        &state.cfg.portal_key,
+        &token::Claims {
+            customer: cu.id,
+            nonce: cu.portal_nonce,
+            expires_ms: expires_at_ms,
+        },
+    );
+    // The token travels in the fragment: browsers never send it to a server.
+    let url = format!("{}/portal#token={t}", portal_base(&headers));
+    Ok((
+        StatusCode::CREATED,
+        Json(PortalLink {
+            url,
+            token: t,
+            expires_at_ms,
+        }),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (name, input, the weight and cap, or the error code)
+    type Case = (
+        &'static str,
+        CustomerInput,
+        Result<(u32, Option<u32>), &'static str>,
+    );
+
+    #[test]
+    fn customer_input_table() {
+        let input =
+            |id: Option<&str>, weight: Option<u32>, cap: Option<Option<u32>>| CustomerInput {
+                id: id.map(Into::into),
+                weight,
+                max_in_flight: cap,
+            };
+        let cases: Vec<Case> = vec![
+            ("defaults", input(Some("acme"), None, None), Ok((1, None))),
+            (
+                "weighted",
+                input(Some("acme"), Some(4), Some(Some(10))),
+                Ok((4, Some(10))),
+            ),
+            (
+                "null cap",
+                input(Some("acme"), None, Some(None)),
+                Ok((1, None)),
+            ),
+            ("no id", input(None, None, None), Err("invalid_request")),
+            (
+                "bad id",
+                input(Some("a b"), None, None),
+                Err("invalid_request"),
+            ),
+            (
+                "zero weight",
+                input(Some("acme"), Some(0), None),
+                Err("invalid_request"),
+            ),
+            (
+                "huge weight",
+                input(Some("acme"), Some(1001), None),
+                Err("invalid_request"),
+            ),
+            (
+                "zero cap",
+                input(Some("acme"), None, Some(Some(0))),
+                Err("invalid_request"),
+            ),
+        ];
+        for (name, i, expected) in cases {
+            let got = customer_from(i, "n".into(), 1)
+                .map(|c| (c.weight, c.max_in_flight))
+                .map_err(|e| e.status_and_code().1);
+            assert_eq!(got, expected, "{name}");
+        }
+        let c = customer_from(input(Some("acme"), Some(2), Some(Some(5))), "n".into(), 1).unwrap();
+        let p = patched(c.clone(), input(None, None, Some(None)), 2).unwrap();
+        assert_eq!((p.weight, p.max_in_flight, p.updated_ms), (2, None, 2));
+        let p = patched(c.clone(), input(None, Some(7), None), 3).unwrap();
+        assert_eq!((p.weight, p.max_in_flight), (7, Some(5)));
+        assert!(patched(c.clone(), input(Some("other"), None, None), 3).is_err());
+        assert!(patched(c, input(None, Some(0), None), 3).is_err());
+    }
+
+    #[test]
+    fn portal_base_table() {
+        let h = |pairs: &[(&'static str, &str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(*k, v.parse().unwrap());
+            }
+            m
+        };
+        assert_eq!(
+            portal_base(&h(&[("host", "127.0.0.1:8080")])),
+            "http://127.0.0.1:8080"
+        );
+        assert_eq!(
+            portal_base(&h(&[
+                ("host", "hooks.example.com"),
+                ("x-forwarded-proto", "https")
+            ])),
+            "https://hooks.example.com"
+        );
+        assert_eq!(
+            portal_base(&h(&[("host", "evil.com/x?")])),
+            "http://localhost"
+        );
+        assert_eq!(portal_base(&h(&[])), "http://localhost");
+    }
+}

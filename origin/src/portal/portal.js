@@ -1,0 +1,403 @@
+// Fanout customer portal. Plain JavaScript, no build step, served by `fanout serve` at /portal.
+//
+// Rules this file keeps: the link's token arrives in the URL fragment (#token=…, never sent to
+// a server), is removed from the address bar at once and kept in this tab only (memory and
+// sessionStorage, no cookie); it goes out as `Authorization: Bearer` to the same /v1 routes as
+// any client, which answer for this customer alone. Every value from the API reaches the page
+// through textContent / text nodes, never innerHTML: a response body is shown as text.
+'use strict';
+
+(() => {
+  const TOKEN_KEY = 'fanout.portal.token';
+  const PAGE = 500;
+
+  const $ = (sel) => document.querySelector(sel);
+
+  /** Build an element. Strings and numbers become text nodes; props set attributes or handlers. */
+  function h(tag, props, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(props ?? {})) {
+      if (v == null || v === false) continue;
+      if (k === 'class') el.className = v;
+      else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+      else el.setAttribute(k, v === true ? '' : String(v));
+    }
+    for (const c of children.flat()) {
+      if (c == null || c === false) continue;
+      el.append(c instanceof Node ? c : String(c));
+    }
+    return el;
+  }
+
+  const fmtTime = (ms) => {
+    if (ms == null) return '';
+    const d = new Date(ms);
+    return Number.isNaN(d.getTime()) ? String(ms) : d.toLocaleString();
+  };
+  const STATUS_LABEL = { dead: 'failed', pending: 'retrying', sent: 'delivered', in_flight: 'sending' };
+  const badge = (status) => h('span', { class: `badge ${status}`, 'data-status': status }, STATUS_LABEL[status] ?? status);
+
+  // ------------------------------------------------------------------------------------------
+  // The token: from the fragment once, then from this tab's storage.
+
+  let bearer = null;
+  function storage() {
+    try {
+      return window.sessionStorage;
+    } catch {
+      return null; // storage refused (a strict embedding): the token stays in memory
+    }
+  }
+  function takeToken() {
+    const m = /(?:^|&)token=([^&]+)/.exec(location.hash.slice(1));
+    if (m) {
+      bearer = decodeURIComponent(m[1]);
+      storage()?.setItem(TOKEN_KEY, bearer);
+      history.replaceState(null, '', location.pathname + location.search);
+    } else {
+      bearer = storage()?.getItem(TOKEN_KEY) ?? null;
+    }
+  }
+  /** What the token says about itself (customer, expiry), for display only; the daemon decides. */
+  function claims() {
+    try {
+      const payload = bearer.slice(4).split('.')[0].replace(/-/g, '+').replace(/_/g, '/');
+      return JSON.parse(atob(payload));
+    } catch {
+      return null;
+    }
+  }
+
+  class ApiError extends Error {
+    constructor(status, code, message) {
+      super(message);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  async function call(method, path, body) {
+    const headers = { authorization: `Bearer ${bearer ?? ''}`, accept: 'application/json' };
+    if (body !== undefined) headers['content-type'] = 'application/json';
+    let res;
+    try {
+      res = await fetch(path, {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        cache: 'no-store',
+        credentials: 'omit',
+      });
+    } catch (e) {
+      throw new ApiError(0, 'network', `The service did not answer (${e.message}).`);
+    }
+    const text = await res.text();
+    let data = null;
+    try {
+      data = text ? JSON.parse(text) : null;
+    } catch {
+      /* not JSON: reported below */
+    }
+    if (!res.ok) {
+      const err = data?.error;
+      if (res.status === 401) fatal(err?.message ?? 'This link is not valid.');
+      throw new ApiError(res.status, err?.code ?? 'http', err?.message ?? `HTTP ${res.status}`);
+    }
+    return data;
+  }
+
+  function fatal(message) {
+    bearer = null;
+    storage()?.removeItem(TOKEN_KEY);
+    for (const id of ['endpoints-view', 'deliveries-view', 'detail']) $(`#${id}`).hidden = true;
+    $('#fatal-message').textContent = message;
+    $('#fatal').hidden = false;
+  }
+
+  let flashTimer = null;
+  function flash(message, kind = 'ok') {
+    const el = $('#flash');
+    el.textContent = message;
+    el.className = kind;
+    el.hidden = false;
+    clearTimeout(flashTimer);
+    flashTimer = setTimeout(() => (el.hidden = true), 6000);
+  }
+  const report = (e) => flash(e.message, 'error');
+
+  // ------------------------------------------------------------------------------------------
+  // Endpoints
+
+  /** One line on an endpoint's health, from what the API says about it. */
+  function health(s, now) {
+    const st = s.stats ?? {};
+    if (s.disabled) return { key: 'disabled', text: `Paused — ${s.disabled_reason ?? 'disabled'}` };
+    if (st.breaker?.state === 'open') return { key: 'breaker', text: 'Failing: deliveries held back after repeated errors' };
+    if (st.paused_until_ms && st.paused_until_ms > now)
+      return { key: 'paused', text: `Asked us to wait (Retry-After) until ${fmtTime(st.paused_until_ms)}` };
+    if (s.failing_since_ms) return { key: 'failing', text: `Failing since ${fmtTime(s.failing_since_ms)}` };
+    return { key: 'ok', text: 'Delivering' };
+  }
+
+  let endpoints = [];
+  async function loadEndpoints() {
+    const data = await call('GET', '/v1/subscribers?stats=true');
+    endpoints = data.subscribers;
+    const now = Date.now();
+    const box = $('#endpoints');
+    box.replaceChildren(
+      ...endpoints.map((s) => {
+        const hl = health(s, now);
+        const st = s.stats ?? {};
+        return h(
+          'article',
+          { class: 'card endpoint', 'data-endpoint': s.id },
+          h('div', { class: 'endpoint-head' }, h('strong', null, s.id), h('span', { class: `health ${hl.key}`, 'data-health': hl.key }, hl.text)),
+          h('div', { class: 'url muted' }, s.url),
+          h(
+            'div',
+            { class: 'counts' },
+            h('span', null, 'failed ', h('b', { 'data-field': 'dead' }, st.dead ?? 0)),
+            h('span', null, 'retrying ', h('b', { 'data-field': 'pending' }, st.pending ?? 0)),
+            h('span', null, 'delivered ', h('b', { 'data-field': 'sent' }, st.sent ?? 0)),
+          ),
+          st.last_error ? h('div', { class: 'muted small' }, `Last error: ${st.last_error}`) : null,
+          h(
+            'div',
+            { class: 'actions' },
+            s.disabled
+              ? h('button', { type: 'button', class: 'resume', onclick: () => setDisabled(s.id, false) }, 'Resume')
+              : h('button', { type: 'button', class: 'pause quiet', onclick: () => setDisabled(s.id, true) }, 'Pause'),
+            h('button', { type: 'button', class: 'test-event quiet', onclick: () => sendTest(s.id) }, 'Send test event'),
+            h('button', { type: 'button', class: 'rotate quiet', onclick: () => rotate(s.id) }, 'Rotate signing secret'),
+            h('span', { class: 'muted small' }, `${s.active_secrets} signing secret${s.active_secrets === 1 ? '' : 's'} active`),
+          ),
+        );
+      }),
+    );
+    if (!endpoints.length) box.append(h('p', { class: 'muted' }, 'No endpoint yet.'));
+    const sel = $('#f-endpoint');
+    const chosen = sel.value;
+    sel.replaceChildren(h('option', { value: '' }, 'All endpoints'), ...endpoints.map((s) => h('option', { value: s.id }, s.id)));
+    sel.value = endpoints.some((s) => s.id === chosen) ? chosen : '';
+  }
+
+  async function setDisabled(id, disabled) {
+    try {
+      await call('PATCH', `/v1/subscribers/${encodeURIComponent(id)}`, { disabled });
+      flash(disabled ? `${id} paused: deliveries wait until you resume it.` : `${id} resumed.`);
+      await loadEndpoints();
+    } catch (e) {
+      report(e);
+    }
+  }
+
+  async function sendTest(id) {
+    try {
+      const r = await call('POST', `/v1/subscribers/${encodeURIComponent(id)}/test`, {});
+      flash(`Test event sent to ${id} (${r.delivery_id}).`);
+      await loadDeliveries();
+    } catch (e) {
+      report(e);
+    }
+  }
+
+  async function rotate(id) {
+    if (!confirm(`Rotate the signing secret of ${id}? The new secret is shown once.`)) return;
+    try {
+      const r = await call('POST', `/v1/subscribers/${encodeURIComponent(id)}/rotate-secret`, {});
+      $('#secret-endpoint').textContent = id;
+      $('#new-secret').textContent = r.secret;
+      $('#secret-box').hidden = false;
+      await loadEndpoints();
+    } catch (e) {
+      report(e);
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Deliveries
+
+  function localMs(input) {
+    if (!input.value) return null;
+    const ms = new Date(input.value).getTime();
+    return Number.isNaN(ms) ? null : ms;
+  }
+
+  /** The filters as API arguments (shared by the list and bulk replay). */
+  function filters() {
+    const f = {};
+    const status = $('#f-status').value;
+    const type = $('#f-type').value.trim();
+    const sub = $('#f-endpoint').value;
+    const since = localMs($('#f-since'));
+    const until = localMs($('#f-until'));
+    if (status) f.status = status;
+    if (type) f.type = type;
+    if (sub) f.subscriber = sub;
+    if (since != null) f.since = since;
+    if (until != null) f.until = until;
+    return f;
+  }
+
+  /** Failed first, then retrying, then the rest; newest first within each. */
+  const RANK = { dead: 0, pending: 1, in_flight: 2, sent: 3 };
+  const byConcern = (a, b) => (RANK[a.status] ?? 9) - (RANK[b.status] ?? 9) || b.created_at_ms - a.created_at_ms;
+
+  async function loadDeliveries() {
+    const q = new URLSearchParams({ ...filters(), limit: PAGE });
+    const data = await call('GET', `/v1/deliveries?${q}`);
+    const rows = data.deliveries.slice().sort(byConcern);
+    $('#deliveries tbody').replaceChildren(
+      ...rows.map((d) =>
+        h(
+          'tr',
+          { 'data-delivery': d.id, tabindex: 0, onclick: () => openDelivery(d.id), onkeydown: (e) => e.key === 'Enter' && openDelivery(d.id) },
+          h('td', { 'data-label': 'Status' }, badge(d.status)),
+          h('td', { 'data-label': 'Event' }, h('div', null, d.event_type), h('div', { class: 'muted small' }, d.event_id)),
+          h('td', { 'data-label': 'Endpoint' }, d.subscriber_id),
+          h('td', { 'data-label': 'Attempts' }, d.attempt_count),
+          h('td', { 'data-label': 'Created' }, fmtTime(d.created_at_ms)),
+          h('td', { 'data-label': 'Last error', class: 'small' }, d.last_error ?? ''),
+        ),
+      ),
+    );
+    $('#deliveries-empty').hidden = rows.length > 0;
+  }
+
+  let openId = null;
+  async function openDelivery(id) {
+    try {
+      const d = await call('GET', `/v1/deliveries/${encodeURIComponent(id)}`);
+      openId = d.id;
+      $('#detail-title').textContent = `${d.event_type} → ${d.subscriber_id}`;
+      const fact = (k, v) => [h('dt', null, k), h('dd', { 'data-fact': k }, v)];
+      $('#detail-facts').replaceChildren(
+        ...fact('Delivery', d.id),
+        ...fact('Event', d.event_id),
+        ...fact('Status', badge(d.status)),
+        ...fact('Attempts', String(d.attempt_count)),
+        ...fact('Created', fmtTime(d.created_at_ms)),
+        ...(d.next_attempt_at_ms ? fact('Next attempt', fmtTime(d.next_attempt_at_ms)) : []),
+      );
+      $('#replay-one').hidden = d.status === 'in_flight';
+      $('#attempts').replaceChildren(
+        ...(d.attempts ?? []).map((a) =>
+          h(
+            'li',
+            { class: 'attempt', 'data-attempt': a.attempt },
+            h(
+              'div',
+              { class: 'attempt-head' },
+              h('span', null, `#${a.attempt}`),
+              h('span', null, fmtTime(a.at_ms)),
+              h('span', { class: `outcome ${a.outcome}` }, a.status != null ? `HTTP ${a.status}` : a.outcome),
+              a.latency_ms != null ? h('span', { class: 'muted' }, `${a.latency_ms} ms`) : null,
+            ),
+            a.error ? h('div', { class: 'error small' }, a.error) : null,
+            a.response_body != null && a.response_body !== ''
+              ? h('pre', { class: 'body' }, a.response_body)
+              : h('div', { class: 'muted small' }, 'No response body.'),
+          ),
+        ),
+      );
+      if (!d.attempts?.length) $('#attempts').append(h('li', { class: 'muted' }, 'Not attempted yet.'));
+      $('#detail').hidden = false;
+      $('#detail').scrollIntoView({ block: 'nearest' });
+    } catch (e) {
+      report(e);
+    }
+  }
+
+  async function replayOne() {
+    if (!openId) return;
+    try {
+      await call('POST', `/v1/deliveries/${encodeURIComponent(openId)}/replay`, {});
+      flash(`${openId} queued again.`);
+      await Promise.all([openDelivery(openId), loadDeliveries()]);
+    } catch (e) {
+      report(e);
+    }
+  }
+
+  /** Bulk replay takes failed deliveries unless another status is chosen. */
+  function bulkFilter() {
+    const f = filters();
+    if (!f.status) f.status = 'dead';
+    return f;
+  }
+
+  let counted = null;
+  async function bulkCount() {
+    try {
+      const f = bulkFilter();
+      const r = await call('POST', '/v1/replay', { ...f, dry_run: true });
+      counted = f;
+      $('#bulk-info').textContent = `${r.count} ${r.count === 1 ? 'delivery' : 'deliveries'} would be sent again.`;
+      const go = $('#bulk-confirm');
+      go.textContent = `Replay ${r.count}`;
+      go.dataset.count = String(r.count);
+      go.hidden = r.count === 0;
+    } catch (e) {
+      report(e);
+    }
+  }
+
+  async function bulkReplay() {
+    if (!counted) return;
+    try {
+      const r = await call('POST', '/v1/replay', counted);
+      $('#bulk-info').textContent = `${r.replayed} queued again.`;
+      $('#bulk-confirm').hidden = true;
+      counted = null;
+      await Promise.all([loadDeliveries(), loadEndpoints()]);
+    } catch (e) {
+      report(e);
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+
+  async function start() {
+    takeToken();
+    if (!bearer) {
+      fatal('This page opens from a link that carries its access token.');
+      return;
+    }
+    const c = claims();
+    if (c) $('#who').textContent = `${c.c} · link valid until ${fmtTime(c.e)}`;
+    $('#filters').addEventListener('submit', (e) => {
+      e.preventDefault();
+      $('#bulk-confirm').hidden = true;
+      $('#bulk-info').textContent = '';
+      loadDeliveries().catch(report);
+    });
+    for (const id of ['f-status', 'f-type', 'f-endpoint', 'f-since', 'f-until']) {
+      $(`#${id}`).addEventListener('change', () => {
+        $('#bulk-confirm').hidden = true;
+        $('#bulk-info').textContent = '';
+        counted = null;
+      });
+    }
+    $('#bulk-count').addEventListener('click', bulkCount);
+    $('#bulk-confirm').addEventListener('click', bulkReplay);
+    $('#replay-one').addEventListener('click', replayOne);
+    $('#detail-close').addEventListener('click', () => {
+      $('#detail').hidden = true;
+      openId = null;
+    });
+    $('#secret-done').addEventListener('click', () => {
+      $('#new-secret').textContent = '';
+      $('#secret-box').hidden = true;
+    });
+    try {
+      await Promise.all([loadEndpoints(), loadDeliveries()]);
+      $('#endpoints-view').hidden = false;
+      $('#deliveries-view').hidden = false;
+    } catch (e) {
+      if (e.status !== 401) report(e);
+    }
+  }
+
+  document.addEventListener('DOMContentLoaded', start);
+})();

@@ -114,6 +114,7 @@ test('every error is the documented JSON, even for a malformed path', async (t) 
     ['GET', '/v1/subscribers/%FF', 400, 'invalid_request'],
     ['DELETE', '/v1/subscribers/%C3%28', 400, 'invalid_request'],
     ['POST', '/v1/subscribers/%FF/rotate-secret', 400, 'invalid_request'],
+    ['GET', '/v1/subscribers/%FF/secret', 400, 'invalid_request'],
     ['GET', '/v1/deliveries/%FF', 400, 'invalid_request'],
     ['POST', '/v1/deliveries/%FF/replay', 400, 'invalid_request'],
     ['GET', '/v1/deliveries?status=%FF', 400, 'invalid_request'],

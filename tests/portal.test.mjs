@@ -3,7 +3,8 @@
 // - click-through: customer A opens its link, finds its failed delivery, reads the response
 //   body (shown as text), clicks Replay and its endpoint receives it again; a bulk replay of a
 //   time range, counted first, sends again exactly the failed deliveries in that range; pause,
-//   resume, a test event, a secret rotation; desktop and phone screenshots;
+//   resume, a test event, Show secret (the shown secret verifies the test event with the npm
+//   standardwebhooks verifier), a secret rotation; desktop and phone screenshots;
 // - the page's token (from the URL fragment) sees nothing of B: B's delivery, endpoint and
 //   customer ids, edited in by hand, answer 404 (403 for routes outside the portal) and nothing
 //   of B changes; the admin token never reaches the page; no cookie is set;
@@ -19,6 +20,7 @@ import http from 'node:http';
 import path from 'node:path';
 
 import { chromium } from 'playwright-core';
+import { Webhook } from 'standardwebhooks';
 
 import { sleep, startOrigin, startSubscriber, waitFor } from './lib/harness.mjs';
 
@@ -193,10 +195,36 @@ test('portal: customer A finds its failed delivery, reads the body, replays it, 
   await page.locator('[data-endpoint="acme_orders"] [data-health=ok]').waitFor();
   const beforeTest = a.requests.length;
   await page.click('[data-endpoint="acme_orders"] button.test-event');
-  await waitFor(() => a.requests.slice(beforeTest).find((r) => JSON.parse(r.body).type === 'fanout.test') || null, 15_000);
+  const testEvent = await waitFor(() => a.requests.slice(beforeTest).find((r) => JSON.parse(r.body).type === 'fanout.test') || null, 15_000);
+
+  // Show secret: fetched on the click (no secret in the page before it), it is the secret that
+  // signed what the endpoint received; a second click takes it out of the page again.
+  const card = page.locator('[data-endpoint="acme_orders"]');
+  assert.doesNotMatch(await page.content(), /whsec_/);
+  await card.locator('button.show-secret').click();
+  const shown = await card.locator('[data-secret=current]').textContent();
+  assert.match(shown, /^whsec_/);
+  assert.equal(await card.locator('[data-secret]').count(), 1);
+  new Webhook(shown).verify(testEvent.body, testEvent.headers);
+  const bSecret = (await must(origin, '/v1/subscribers/globex_orders/secret', {}, 200)).secrets[0].secret;
+  assert.throws(() => new Webhook(bSecret).verify(testEvent.body, testEvent.headers), /signature/i);
+  await card.locator('button.show-secret').click();
+  await card.locator('.secrets[hidden]').waitFor({ state: 'attached' });
+  assert.doesNotMatch(await page.content(), /whsec_/);
+
+  // A new secret, shown once; Show secret then lists both, the old one until its grace ends.
   await page.click('[data-endpoint="acme_orders"] button.rotate');
   await page.locator('#secret-box:not([hidden])').waitFor();
-  assert.match(await page.locator('#new-secret').textContent(), /^whsec_/);
+  const rotated = await page.locator('#new-secret').textContent();
+  assert.match(rotated, /^whsec_/);
+  assert.notEqual(rotated, shown);
+  await card.locator('button.show-secret').click();
+  await card.locator('[data-secret=previous]').waitFor();
+  assert.equal(await card.locator('[data-secret=current]').textContent(), rotated);
+  assert.equal(await card.locator('[data-secret=previous]').textContent(), shown);
+  await card.locator('button.show-secret').click();
+  await page.click('#secret-done');
+  assert.doesNotMatch(await page.content(), /whsec_/);
 
   // The same token, used by hand against B's ids: 404; outside the portal's routes: 403.
   const attacks = await page.evaluate(
@@ -217,6 +245,7 @@ test('portal: customer A finds its failed delivery, reads the body, replays it, 
       await call('GET', '/v1/subscribers/globex_orders');
       await call('PATCH', '/v1/subscribers/globex_orders', { disabled: true });
       await call('POST', '/v1/subscribers/globex_orders/rotate-secret', {});
+      await call('GET', '/v1/subscribers/globex_orders/secret');
       await call('POST', '/v1/subscribers/globex_orders/test', {});
       await call('POST', '/v1/replay', { subscriber: 'globex_orders' });
       await call('GET', '/v1/customers/globex');

@@ -117,6 +117,16 @@ pub enum SubscriberCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Print a subscriber's active signing secrets, newest first (a rotated-out one with the
+    /// time it stops signing)
+    Secret {
+        id: String,
+        /// Print the daemon's JSON instead of one line per secret
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -431,6 +441,9 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
                 print(&v);
                 Ok(())
             }
+            SubscriberCommand::Secret { id, json, client } => {
+                subscriber_secret(&id, json, &client).await
+            }
         },
         Command::Send(a) => {
             let client = Client::new(&a.client)?;
@@ -625,8 +638,12 @@ async fn load(a: LoadArgs) -> Result<(), ClientError> {
             };
             Target::Edge {
                 base_url: edge.clone(),
-                client: crate::dispatch::edge_lane::EdgeClient::new(edge, key)
-                    .map_err(|e| input(format!("cannot build the HTTP client: {e}")))?,
+                client: crate::dispatch::edge_lane::EdgeClient::new(
+                    edge,
+                    key,
+                    crate::outbound::Outbound::new(false)
+                        .map_err(|e| input(format!("cannot build the HTTP client: {e}")))?,
+                ),
                 subscriber: fanout_core::wire::SubscriberSpec {
                     id: a.subscriber.clone().unwrap_or_else(|| load::run_id("load")),
                     url: sink,
@@ -948,6 +965,32 @@ pub fn retention_line(v: &Value, now_ms: i64) -> String {
     )
 }
 
+/// `fanout subscriber secret ID`: `GET /v1/subscribers/{id}/secret`, read as its view.
+async fn subscriber_secret(id: &str, json: bool, client: &ClientArgs) -> Result<(), ClientError> {
+    let path = format!("/v1/subscribers/{}/secret", encode(id));
+    let v = Client::new(client)?
+        .call(reqwest::Method::GET, &path, None)
+        .await?;
+    let secrets: crate::model::SecretsView = view(v)?;
+    if json {
+        print(&serde_json::to_value(&secrets).unwrap_or_default());
+    } else {
+        print!("{}", secrets_lines(&secrets));
+    }
+    Ok(())
+}
+
+/// One line per secret, newest first: the secret, a tab, `current` or `until <unix ms>` (pure).
+pub fn secrets_lines(v: &crate::model::SecretsView) -> String {
+    v.secrets
+        .iter()
+        .map(|s| match s.expires_at_ms {
+            None => format!("{}\tcurrent\n", s.secret),
+            Some(ms) => format!("{}\tuntil {ms}\n", s.secret),
+        })
+        .collect()
+}
+
 /// `fanout subscriber list` as a table (pure).
 pub fn subscribers_table(v: &Value) -> String {
     let subs = list(v, "subscribers");
@@ -1081,6 +1124,28 @@ pub fn delivery_detail(d: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_as_lines() {
+        use crate::model::{SecretView, SecretsView};
+        let v = SecretsView {
+            secrets: vec![
+                SecretView {
+                    secret: "whsec_new".into(),
+                    expires_at_ms: None,
+                },
+                SecretView {
+                    secret: "whsec_old".into(),
+                    expires_at_ms: Some(1_700_000_000_000),
+                },
+            ],
+        };
+        assert_eq!(
+            secrets_lines(&v),
+            "whsec_new\tcurrent\nwhsec_old\tuntil 1700000000000\n"
+        );
+        assert_eq!(secrets_lines(&SecretsView { secrets: vec![] }), "");
+    }
 
     #[test]
     fn events_text_table() {

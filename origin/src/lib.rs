@@ -16,6 +16,7 @@ pub mod ledger;
 pub mod load;
 pub mod metrics;
 pub mod model;
+pub mod outbound;
 pub mod portal;
 pub mod retention;
 pub mod term;
@@ -30,7 +31,7 @@ use crate::config::Config;
 use crate::dispatch::edge_lane::EdgeClient;
 use crate::dispatch::plan::RetryRules;
 use crate::dispatch::{DispatchConfig, Dispatcher};
-use crate::ledger::{Ledger, LedgerError};
+use crate::ledger::{DispatchLedger, Ledger, LedgerError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -51,9 +52,7 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let ledger = Ledger::open(&cfg.db)?;
     let now = time::now_ms();
-    let released = ledger
-        .tx(move |c| ledger::release_all_leases(c, now))
-        .await?;
+    let released = ledger.release_all_leases(now).await?;
     if released > 0 {
         tracing::warn!(
             released,
@@ -69,10 +68,13 @@ pub async fn run(
         .tx(move |c| ledger::portal_key(c, &fresh_key, now))
         .await?;
     let metrics = Arc::new(metrics::Metrics::new(cfg.edge.is_some()));
-    let edge = match &cfg.edge {
-        Some((url, key)) => Some(EdgeClient::new(url, key.clone())?),
-        None => None,
-    };
+    let outbound = outbound::Outbound::new(cfg.allow_loopback)?;
+    let edge = cfg
+        .edge
+        .as_ref()
+        .map(|(url, key)| EdgeClient::new(url, key.clone(), outbound.clone()));
+    // The dispatcher's liveness (unix ms of its loop's last turn), for `/healthz`.
+    let heartbeat = dispatch::Heartbeat::default();
     let dispatcher = Dispatcher::new(
         ledger.clone(),
         DispatchConfig {
@@ -86,10 +88,12 @@ pub async fn run(
             edge_batch: cfg.edge_batch,
             max_total_in_flight: cfg.max_total_in_flight,
             alert_rules: cfg.alert_rules,
-            alerter: alert::Alerter::start(cfg.alert.clone())?,
+            alerter: alert::Alerter::start(cfg.alert.clone(), outbound.clone()),
+            outbound,
+            heartbeat: heartbeat.clone(),
         },
         metrics.clone(),
-    )?;
+    );
     let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let retention_task = tokio::spawn(retention::run(

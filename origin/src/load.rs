@@ -338,7 +338,7 @@ async fn one_call(
                 subscriber: subscriber.clone(),
                 deliveries,
             };
-            match client.send(&call, &run_id("call")).await {
+            match client.send_batch(&call, &run_id("call")).await {
                 Ok(results) => {
                     for r in results {
                         match r {
@@ -475,8 +475,8 @@ mod tests {
                 client: EdgeClient::new(
                     "http://127.0.0.1:8787",
                     Secret::from_bytes(&[7; 32]).unwrap(),
-                )
-                .unwrap(),
+                    crate::outbound::Outbound::new(true).unwrap(),
+                ),
                 subscriber: spec(),
                 batch,
             },

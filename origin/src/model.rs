@@ -236,15 +236,51 @@ impl Subscriber {
 }
 
 pub fn active_secrets(secrets: &[StoredSecret], now_ms: i64) -> Vec<String> {
+    live_secrets(secrets, now_ms)
+        .into_iter()
+        .map(|s| s.secret.clone())
+        .collect()
+}
+
+/// The stored secrets that sign at `now_ms`, newest first.
+fn live_secrets(secrets: &[StoredSecret], now_ms: i64) -> Vec<&StoredSecret> {
     let mut live: Vec<&StoredSecret> = secrets
         .iter()
         .filter(|s| s.expires_ms.is_none_or(|e| e > now_ms))
         .collect();
     live.sort_by_key(|s| std::cmp::Reverse(s.created_ms));
-    live.into_iter().map(|s| s.secret.clone()).collect()
+    live
 }
 
-/// The API's view of a subscriber (secrets are shown only when created or rotated).
+/// `GET /v1/subscribers/{id}/secret`: the secrets that sign at `now_ms`, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecretsView {
+    pub secrets: Vec<SecretView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecretView {
+    pub secret: String,
+    /// When a rotated-out secret stops signing; `None` for the current one.
+    pub expires_at_ms: Option<i64>,
+}
+
+impl SecretsView {
+    pub fn of(s: &Subscriber, now_ms: i64) -> Self {
+        SecretsView {
+            secrets: live_secrets(&s.secrets, now_ms)
+                .into_iter()
+                .map(|x| SecretView {
+                    secret: x.secret.clone(),
+                    expires_at_ms: x.expires_ms,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The API's view of a subscriber (its secret only in the answer to its creation; the active
+/// ones from `GET /v1/subscribers/{id}/secret`, [`SecretsView`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct SubscriberView {
     pub id: String,
@@ -308,6 +344,82 @@ pub fn parse_delivery_id(s: &str) -> Option<i64> {
         .parse()
         .ok()
         .filter(|n: &i64| *n > 0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatching: what the dispatcher leases, decides and records (the ledger stores these; it
+// does not define them).
+
+/// A delivery leased to the dispatcher, with what it needs to send it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    pub rowid: i64,
+    pub event_id: String,
+    pub event_type: String,
+    pub body: String,
+    /// The number of the attempt about to be made (1-based).
+    pub attempt: u32,
+}
+
+/// What one subscriber's claim leased.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    pub subscriber_id: String,
+    pub claimed: Vec<Claimed>,
+    /// When the subscriber's earliest remaining pending delivery is due, if it has one.
+    pub next_due_ms: Option<i64>,
+}
+
+/// What happens to a leased delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Transition {
+    Sent,
+    /// Retry at `at_ms`; the attempt counts.
+    Retry {
+        at_ms: i64,
+        error: String,
+    },
+    Dead {
+        reason: String,
+    },
+    /// Back to pending at `at_ms` without spending an attempt (edge deferral, edge down).
+    Defer {
+        at_ms: i64,
+    },
+}
+
+/// One attempt as the ledger records it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AttemptRecord {
+    pub attempt: u32,
+    pub at_ms: i64,
+    pub lane: &'static str,
+    pub outcome: &'static str,
+    pub status: Option<u16>,
+    pub latency_ms: Option<u64>,
+    pub response_body: Option<String>,
+    pub error: Option<String>,
+}
+
+/// A leased delivery's result: its transition and, when something was attempted, the record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub rowid: i64,
+    pub transition: Transition,
+    pub attempt: Option<AttemptRecord>,
+}
+
+/// A change to a subscriber's health decided by the dispatcher.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HealthWrite {
+    FailingSince {
+        subscriber: String,
+        since_ms: Option<i64>,
+    },
+    Disable {
+        subscriber: String,
+        disabled: Disabled,
+    },
 }
 
 #[cfg(test)]
@@ -462,6 +574,16 @@ mod tests {
         ];
         for &(now, expected) in cases {
             assert_eq!(active_secrets(&secrets, now), expected, "at {now}");
+            // What GET /v1/subscribers/{id}/secret shows: the same, the old one with its end.
+            let shown: Vec<(&str, Option<i64>)> = live_secrets(&secrets, now)
+                .iter()
+                .map(|s| (s.secret.as_str(), s.expires_ms))
+                .collect();
+            let ends: Vec<(&str, Option<i64>)> = expected
+                .iter()
+                .map(|&e| (e, (e == "old").then_some(100)))
+                .collect();
+            assert_eq!(shown, ends, "view at {now}");
         }
     }
 }

@@ -10,6 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use fanout_core::sign::{self, Secret};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(30);
@@ -233,6 +234,8 @@ async fn a_portal_token_sees_and_changes_only_its_own_customer() {
             .post(&format!("/v1/subscribers/{sub}/rotate-secret"), json!({}))
             .await;
         assert_eq!(s, 404, "rotate {sub}");
+        let (s, _) = a.get(&format!("/v1/subscribers/{sub}/secret")).await;
+        assert_eq!(s, 404, "secret {sub}");
         let (s, _) = a
             .post(&format!("/v1/subscribers/{sub}/test"), json!({}))
             .await;
@@ -347,6 +350,166 @@ async fn a_portal_token_sees_and_changes_only_its_own_customer() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(snapshot_b(api).await, before);
     assert_eq!(b_sub.count(), 2);
+    d.stop().await;
+}
+
+/// A call with `api`'s token, answering the status, the `Cache-Control` header and the body.
+async fn with_cache_control(
+    api: &Api,
+    method: &str,
+    path: &str,
+    body: Value,
+) -> (u16, Option<String>, Value) {
+    let resp = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .request(method.parse().unwrap(), format!("{}{path}", api.base))
+        .bearer_auth(&api.token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let cache = resp
+        .headers()
+        .get("cache-control")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, cache, resp.json().await.unwrap())
+}
+
+/// Does `secret` verify the Standard Webhooks signature of the request `r`?
+fn signed_by(r: &Received, secret: &str) -> bool {
+    sign::verify(
+        &[Secret::parse(secret).unwrap()],
+        r.header("webhook-id"),
+        r.header("webhook-timestamp"),
+        r.header("webhook-signature"),
+        &r.body,
+        fanout_origin::time::now_ms() / 1000,
+    )
+    .is_ok()
+}
+
+/// `GET /v1/subscribers/{id}/secret` shows the real signing secrets: the admin any endpoint's,
+/// a portal token its own customer's only (404 for another's); during a rotation both, the
+/// old one with the end of its grace period. Never cacheable.
+#[tokio::test]
+async fn signing_secrets_are_shown_to_the_admin_and_to_their_own_customer() {
+    let d = Daemon::start().await;
+    let api = &d.api;
+    let a_sub = Subscriber::ok().await;
+    let b_sub = Subscriber::ok().await;
+    for c in ["acme", "globex"] {
+        assert_eq!(api.post("/v1/customers", json!({ "id": c })).await.0, 201);
+    }
+    for (id, url, customer) in [("a1", &a_sub.url, "acme"), ("b1", &b_sub.url, "globex")] {
+        let mut spec = sub_spec(id, url, &["order.*"]);
+        spec["customer"] = json!(customer);
+        let (s, cache, body) = with_cache_control(api, "POST", "/v1/subscribers", spec).await;
+        assert_eq!(s, 201, "{body}");
+        assert_eq!(
+            cache.as_deref(),
+            Some("no-store"),
+            "the answer carries the secret"
+        );
+    }
+    api.events(json!({ "id": "e1", "type": "order.created" }))
+        .await;
+    wait_for("both endpoints receive e1", LONG, || async {
+        a_sub.count() == 1 && b_sub.count() == 1
+    })
+    .await;
+
+    let (s, cache, admin_view) =
+        with_cache_control(api, "GET", "/v1/subscribers/a1/secret", Value::Null).await;
+    assert_eq!(
+        (s, cache.as_deref()),
+        (200, Some("no-store")),
+        "{admin_view}"
+    );
+    let shown = admin_view["secrets"].as_array().unwrap();
+    assert_eq!(shown.len(), 1, "{admin_view}");
+    assert_eq!(shown[0]["expires_at_ms"], Value::Null);
+    let current = shown[0]["secret"].as_str().unwrap().to_string();
+    assert!(
+        signed_by(&a_sub.received()[0], &current),
+        "the shown secret signs a1's deliveries"
+    );
+    let (_, b_view) = api.get("/v1/subscribers/b1/secret").await;
+    let b_secret = b_view["secrets"][0]["secret"].as_str().unwrap().to_string();
+    assert!(signed_by(&b_sub.received()[0], &b_secret));
+    assert!(!signed_by(&b_sub.received()[0], &current));
+
+    // A portal token: its own endpoint's, the same; another customer's and unknown ids, 404.
+    let (token, _) = portal(api, "acme", None).await;
+    let a = as_token(api, &token);
+    let (s, cache, own) =
+        with_cache_control(&a, "GET", "/v1/subscribers/a1/secret", Value::Null).await;
+    assert_eq!((s, cache.as_deref()), (200, Some("no-store")));
+    assert_eq!(own, admin_view);
+    for other in ["b1", "nobody"] {
+        let (s, body) = a.get(&format!("/v1/subscribers/{other}/secret")).await;
+        assert_eq!(
+            (s, body["error"]["code"].clone()),
+            (404, json!("unknown_subscriber")),
+            "{other}: {body}"
+        );
+        assert!(!body.to_string().contains("whsec_"), "{body}");
+    }
+    let (globex, _) = portal(api, "globex", None).await;
+    let (s, body) = as_token(api, &globex)
+        .get("/v1/subscribers/b1/secret")
+        .await;
+    assert_eq!(
+        (s, body["secrets"][0]["secret"].clone()),
+        (200, json!(b_secret))
+    );
+
+    // A rotation (by the customer): the new one first, the old one until its grace ends.
+    let (s, cache, rotated) =
+        with_cache_control(&a, "POST", "/v1/subscribers/a1/rotate-secret", json!({})).await;
+    assert_eq!((s, cache.as_deref()), (200, Some("no-store")), "{rotated}");
+    let new = rotated["secret"].as_str().unwrap();
+    let (s, during) = a.get("/v1/subscribers/a1/secret").await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        during,
+        json!({ "secrets": [
+            { "secret": new, "expires_at_ms": null },
+            { "secret": current, "expires_at_ms": rotated["previous_secrets_expire_at_ms"] },
+        ] })
+    );
+    api.events(json!({ "id": "e2", "type": "order.created" }))
+        .await;
+    wait_for("a1 receives e2", LONG, || async { a_sub.count() == 2 }).await;
+    let e2 = &a_sub.received()[1];
+    assert!(signed_by(e2, new) && signed_by(e2, &current));
+    // B's secret did not change.
+    assert_eq!(api.get("/v1/subscribers/b1/secret").await.1, b_view);
+    // `fanout subscriber secret a1`: one line per secret, newest first.
+    let base = api.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(["subscriber", "secret", "a1", "--server", &base])
+            .env("FANOUT_API_TOKEN", TOKEN)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        format!(
+            "{new}\tcurrent\n{current}\tuntil {}\n",
+            rotated["previous_secrets_expire_at_ms"]
+        )
+    );
     d.stop().await;
 }
 

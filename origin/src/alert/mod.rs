@@ -19,10 +19,11 @@ pub mod rules;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fanout_core::sign::{self, Secret};
+use fanout_core::sign::Secret;
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::time::{format_rfc3339, now_ms};
+use crate::outbound::{Outbound, SendError, Signer, Trust};
+use crate::time::format_rfc3339;
 pub use rules::{Alert, AlertRules};
 
 /// Waits before each retry of an alert that could not be sent.
@@ -75,20 +76,15 @@ impl Alerter {
         Alerter { tx: None }
     }
 
-    /// Start the sender task (on the current Tokio runtime) when there is a target.
-    pub fn start(target: Option<AlertTarget>) -> Result<Alerter, reqwest::Error> {
+    /// Start the sender task (on the current Tokio runtime) when there is a target; alerts go
+    /// out through the daemon's one outbound client.
+    pub fn start(target: Option<AlertTarget>, out: Outbound) -> Alerter {
         let Some(target) = target else {
-            return Ok(Alerter::log_only());
+            return Alerter::log_only();
         };
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .timeout(SEND_TIMEOUT)
-            .user_agent(concat!("fanout/", env!("CARGO_PKG_VERSION")))
-            .build()?;
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(sender(rx, http, Arc::new(target)));
-        Ok(Alerter { tx: Some(tx) })
+        tokio::spawn(sender(rx, out, Arc::new(target)));
+        Alerter { tx: Some(tx) }
     }
 
     /// Log a warning and queue the alert for the operator's endpoint. Never waits.
@@ -107,7 +103,7 @@ impl Alerter {
     }
 }
 
-async fn sender(mut rx: mpsc::Receiver<Notice>, http: reqwest::Client, target: Arc<AlertTarget>) {
+async fn sender(mut rx: mpsc::Receiver<Notice>, http: Outbound, target: Arc<AlertTarget>) {
     let slots = Arc::new(Semaphore::new(CONCURRENT_SENDS));
     while let Some(notice) = rx.recv().await {
         let Ok(permit) = slots.clone().acquire_owned().await else {
@@ -121,10 +117,10 @@ async fn sender(mut rx: mpsc::Receiver<Notice>, http: reqwest::Client, target: A
     }
 }
 
-async fn send_with_retries(http: &reqwest::Client, target: &AlertTarget, notice: &Notice) {
+async fn send_with_retries(http: &Outbound, target: &AlertTarget, notice: &Notice) {
     let id = format!("alrt_{:016x}", getrandom::u64().unwrap_or_default());
     let body = notice.body(&id);
-    let mut last = String::new();
+    let mut last: Option<AlertSendError> = None;
     for attempt in 0..=RETRY_DELAYS_MS.len() {
         if attempt > 0 {
             tokio::time::sleep(Duration::from_millis(RETRY_DELAYS_MS[attempt - 1])).await;
@@ -134,45 +130,49 @@ async fn send_with_retries(http: &reqwest::Client, target: &AlertTarget, notice:
                 tracing::info!(subscriber = %notice.subscriber, alert = notice.alert.kind(), id, "alert sent");
                 return;
             }
-            Err(e) => last = e,
+            Err(e) => last = Some(e),
         }
     }
     tracing::warn!(
         subscriber = %notice.subscriber,
         alert = notice.alert.kind(),
         id,
-        error = %last,
+        error = %last.map(|e| e.to_string()).unwrap_or_default(),
         "alert not delivered to the operator endpoint; gave up after {} attempts",
         RETRY_DELAYS_MS.len() + 1
     );
 }
 
+/// Why an alert was not taken by the operator's endpoint.
+#[derive(Debug, thiserror::Error)]
+enum AlertSendError {
+    #[error(transparent)]
+    Send(#[from] SendError),
+    #[error("status {0}")]
+    Status(u16),
+}
+
 async fn send_once(
-    http: &reqwest::Client,
+    http: &Outbound,
     target: &AlertTarget,
     id: &str,
     body: &str,
-) -> Result<(), String> {
-    let signed = sign::sign_headers(
-        std::slice::from_ref(&target.secret),
-        id,
-        now_ms() / 1000,
-        body.as_bytes(),
-    );
+) -> Result<(), AlertSendError> {
+    let signer = Signer::key(target.secret.clone());
     let resp = http
-        .post(&target.url)
-        .header("content-type", "application/json")
-        .header(sign::HEADER_ID, signed.id)
-        .header(sign::HEADER_TIMESTAMP, signed.timestamp)
-        .header(sign::HEADER_SIGNATURE, signed.signature)
-        .body(body.to_string())
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
+        .post_signed(
+            Trust::Operator,
+            target.url.as_str(),
+            &signer,
+            id,
+            body.as_bytes(),
+            SEND_TIMEOUT,
+        )
+        .await?;
     if resp.status().is_success() {
         Ok(())
     } else {
-        Err(format!("status {}", resp.status().as_u16()))
+        Err(AlertSendError::Status(resp.status().as_u16()))
     }
 }
 

@@ -49,6 +49,13 @@ pub enum Alert {
         reason: String,
         failing_since_ms: Option<i64>,
     },
+    /// A delivery went dead for a failure that is not the subscriber's: the daemon could not
+    /// sign or encode it, or the edge refused it on its own, up to the attempt limit.
+    DeliveryNotSent {
+        delivery: String,
+        event_id: String,
+        reason: String,
+    },
 }
 
 impl Alert {
@@ -58,6 +65,7 @@ impl Alert {
             Alert::BreakerOpened { .. } => "fanout.subscriber.breaker_opened",
             Alert::DeadThreshold { .. } => "fanout.subscriber.dead_threshold",
             Alert::Disabled { .. } => "fanout.subscriber.disabled",
+            Alert::DeliveryNotSent { .. } => "fanout.delivery.not_sent",
         }
     }
 
@@ -82,6 +90,15 @@ impl Alert {
             } => serde_json::json!({
                 "reason": reason,
                 "failing_since_ms": failing_since_ms,
+            }),
+            Alert::DeliveryNotSent {
+                delivery,
+                event_id,
+                reason,
+            } => serde_json::json!({
+                "delivery": delivery,
+                "event_id": event_id,
+                "reason": reason,
             }),
         }
     }

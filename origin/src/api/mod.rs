@@ -34,7 +34,7 @@ use crate::ledger::{self, DeliveryFilter, Ledger, NewEvent};
 use crate::metrics::Metrics;
 use crate::model::{
     parse_delivery_id, validate_event_id, validate_id, validate_pattern, Disabled, Lane, Limits,
-    Status, Subscriber, SubscriberView, DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC,
+    SecretsView, Status, Subscriber, SubscriberView, DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC,
     DEFAULT_TIMEOUT_MS, MAX_ID_LEN,
 };
 use crate::time::{now_ms, parse_time, random_bytes};
@@ -102,6 +102,7 @@ pub fn router(state: AppState) -> Router {
                 .delete(delete_subscriber),
         )
         .route("/v1/subscribers/{id}/rotate-secret", post(rotate_secret))
+        .route("/v1/subscribers/{id}/secret", get(get_secrets))
         .route("/v1/subscribers/{id}/test", post(send_test))
         .route("/v1/deliveries", get(list_deliveries))
         .route("/v1/deliveries/{id}", get(get_delivery))
@@ -531,9 +532,13 @@ async fn create_subscriber(
     state.tell(Control::Changed(created.id.clone()));
     Ok((
         StatusCode::CREATED,
+        NO_STORE,
         Json(SubscriberView::of(&created, now, Some(secret))),
     ))
 }
+
+/// On every response that carries a secret: no cache keeps it.
+const NO_STORE: [(header::HeaderName, &str); 1] = [(header::CACHE_CONTROL, "no-store")];
 
 /// Subscribers (one, or every live one), with their figures when `with_stats`.
 async fn subscribers_with_stats(
@@ -679,11 +684,31 @@ async fn rotate_secret(
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     state.tell(Control::Changed(id.clone()));
-    Ok(Json(json!({
-        "id": id,
-        "secret": secret,
-        "previous_secrets_expire_at_ms": now + grace,
-    })))
+    Ok((
+        NO_STORE,
+        Json(json!({
+            "id": id,
+            "secret": secret,
+            "previous_secrets_expire_at_ms": now + grace,
+        })),
+    ))
+}
+
+/// `GET /v1/subscribers/{id}/secret`: the secrets that sign its deliveries now, newest first,
+/// a rotated-out one with the end of its grace period.
+async fn get_secrets(
+    State(state): State<AppState>,
+    who: Principal,
+    PathId(id): PathId,
+) -> Result<impl IntoResponse, ApiError> {
+    let now = now_ms();
+    let lookup = id.clone();
+    let sub = state
+        .ledger
+        .read(move |c| visible_subscriber(c, &who, &lookup))
+        .await
+        .map_err(|e| unknown_subscriber(e, &id))?;
+    Ok((NO_STORE, Json(SecretsView::of(&sub, now))))
 }
 
 /// The event type of a test event (`POST /v1/subscribers/{id}/test`).

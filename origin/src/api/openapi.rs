@@ -77,6 +77,7 @@ mod tests {
             "PATCH /v1/subscribers/{id}",
             "DELETE /v1/subscribers/{id}",
             "POST /v1/subscribers/{id}/rotate-secret",
+            "GET /v1/subscribers/{id}/secret",
             "GET /v1/deliveries",
             "GET /v1/deliveries/{id}",
             "POST /v1/deliveries/{id}/replay",

@@ -1,12 +1,11 @@
-//! The dispatcher's pure decisions: how much a subscriber may be sent now (pacing), in what
-//! order subscribers are served (fairness), and what a result does to a delivery (state
-//! transitions). Time and jitter come in as arguments; nothing here does I/O.
+//! The dispatcher's pure decisions about results: what a result does to a delivery (state
+//! transitions), the attempt it records, and how long an edge in trouble is waited for.
+//! Time and jitter come in as arguments; nothing here does I/O.
 
-use fanout_core::limiter::{LimiterState, Limits};
 use fanout_core::retry::{classify, next_step, Attempt, Class, Next};
-use fanout_core::wire::{DeferReason, DeliveryResult, TransportError};
+use fanout_core::wire::{DeliveryResult, TransportError};
 
-use crate::ledger::{AttemptRecord, Transition};
+use crate::model::{AttemptRecord, Transition};
 
 /// The retry rules in force (DESIGN.md's, with a scale for tests).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -17,72 +16,18 @@ pub struct RetryRules {
     pub backoff_scale: f64,
 }
 
+impl RetryRules {
+    /// A computed backoff delay, scaled.
+    pub fn scale(&self, delay_ms: i64) -> i64 {
+        (delay_ms.max(0) as f64 * self.backoff_scale).round() as i64
+    }
+}
+
 impl Default for RetryRules {
     fn default() -> Self {
         RetryRules {
             max_attempts: fanout_core::retry::DEFAULT_MAX_ATTEMPTS,
             backoff_scale: 1.0,
-        }
-    }
-}
-
-/// What a subscriber may be sent right now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Grant {
-    /// Send up to this many now.
-    Send(usize),
-    /// Nothing before this many ms from now (rate, pause, breaker).
-    Wait(u64),
-    /// The in-flight cap is reached: wait for a result.
-    Full,
-}
-
-/// Ask the limiter, without changing it, how many of up to `want` deliveries may go now.
-pub fn grant(
-    limiter: &LimiterState,
-    limits: Limits,
-    in_flight: u32,
-    now_ms: i64,
-    want: usize,
-) -> Grant {
-    if want == 0 {
-        return Grant::Full;
-    }
-    let mut trial = *limiter;
-    let plan = trial.plan(limits, in_flight, now_ms, want);
-    if plan.send > 0 {
-        return Grant::Send(plan.send);
-    }
-    match plan.deferred.first() {
-        Some((DeferReason::InFlight, _)) | None => Grant::Full,
-        Some((_, wait)) => Grant::Wait((*wait).max(1)),
-    }
-}
-
-/// Give `budget` sends to subscribers wanting `wants[i]`, one at a time round-robin from
-/// `start`, so a subscriber with a deep queue never crowds out the others.
-pub fn share(wants: &[usize], budget: usize, start: usize) -> Vec<usize> {
-    let n = wants.len();
-    let mut got = vec![0usize; n];
-    if n == 0 {
-        return got;
-    }
-    let mut left = budget;
-    loop {
-        let mut progressed = false;
-        for k in 0..n {
-            if left == 0 {
-                return got;
-            }
-            let i = (start + k) % n;
-            if got[i] < wants[i] {
-                got[i] += 1;
-                left -= 1;
-                progressed = true;
-            }
-        }
-        if !progressed {
-            return got;
         }
     }
 }
@@ -173,7 +118,7 @@ pub fn transition_for(
                         Class::Retryable {
                             retry_after_ms: Some(_),
                         } => delay,
-                        _ => (delay as f64 * rules.backoff_scale).round() as i64,
+                        _ => rules.scale(delay),
                     };
                     Transition::Retry {
                         at_ms: now_ms + scaled,
@@ -239,98 +184,7 @@ pub fn edge_retry_ms(consecutive_failures: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fanout_core::breaker::BreakerConfig;
-    use fanout_core::bucket::Rate;
-
-    const LIMITS: Limits = Limits {
-        rate: Rate {
-            per_sec: 10.0,
-            burst: 20,
-        },
-        max_in_flight: 8,
-        breaker: BreakerConfig {
-            threshold: 20,
-            cooldown_ms: 30_000,
-        },
-    };
-
-    #[test]
-    fn grant_table() {
-        let fresh = LimiterState::default();
-        let mut drained = LimiterState::default();
-        drained.plan(
-            Limits {
-                max_in_flight: 100,
-                ..LIMITS
-            },
-            0,
-            0,
-            20,
-        );
-        let mut paused = LimiterState::default();
-        paused.record(
-            LIMITS,
-            &Attempt::Status {
-                status: 429,
-                retry_after_ms: Some(2_000),
-            },
-            0,
-        );
-        let cases: Vec<(&str, LimiterState, u32, i64, usize, Grant)> = vec![
-            (
-                "fresh: capped by in-flight",
-                fresh,
-                0,
-                0,
-                100,
-                Grant::Send(8),
-            ),
-            ("fresh: fewer wanted", fresh, 0, 0, 3, Grant::Send(3)),
-            ("partly in flight", fresh, 6, 0, 100, Grant::Send(2)),
-            ("cap reached", fresh, 8, 0, 100, Grant::Full),
-            ("nothing wanted", fresh, 0, 0, 0, Grant::Full),
-            (
-                "bucket empty: wait for the next token",
-                drained,
-                0,
-                0,
-                5,
-                Grant::Wait(100),
-            ),
-            ("bucket refilled", drained, 0, 250, 5, Grant::Send(2)),
-            ("paused by 429", paused, 0, 500, 5, Grant::Wait(1_500)),
-            ("pause over", paused, 0, 2_000, 5, Grant::Send(5)),
-        ];
-        for (name, state, in_flight, now, want, expected) in cases {
-            let before = state;
-            assert_eq!(
-                grant(&state, LIMITS, in_flight, now, want),
-                expected,
-                "{name}"
-            );
-            assert_eq!(state, before, "{name}: grant must not change the limiter");
-        }
-    }
-
-    #[test]
-    fn share_table() {
-        let cases: &[(&[usize], usize, usize, &[usize])] = &[
-            (&[10, 10, 10], 6, 0, &[2, 2, 2]),
-            (&[10, 1, 10], 7, 0, &[3, 1, 3]),
-            (&[10, 10, 10], 7, 1, &[2, 3, 2]),
-            (&[1000, 2, 3], 10, 0, &[5, 2, 3]),
-            (&[0, 0], 5, 0, &[0, 0]),
-            (&[3, 4], 100, 0, &[3, 4]),
-            (&[], 5, 0, &[]),
-        ];
-        for &(wants, budget, start, expected) in cases {
-            assert_eq!(
-                share(wants, budget, start),
-                expected,
-                "{wants:?} {budget} from {start}"
-            );
-        }
-    }
+    use fanout_core::wire::DeferReason;
 
     fn failed(
         status: Option<u16>,

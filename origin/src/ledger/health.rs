@@ -7,20 +7,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::{load_limiter, store_limiters, LedgerError};
 use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
-use crate::model::Disabled;
-
-/// A change to a subscriber's health decided by the dispatcher.
-#[derive(Debug, Clone, PartialEq)]
-pub enum HealthWrite {
-    FailingSince {
-        subscriber: String,
-        since_ms: Option<i64>,
-    },
-    Disable {
-        subscriber: String,
-        disabled: Disabled,
-    },
-}
+use crate::model::{Disabled, HealthWrite};
 
 pub fn apply_health(c: &Connection, writes: &[HealthWrite]) -> Result<(), LedgerError> {
     let mut failing =

@@ -13,6 +13,7 @@
 pub mod backup;
 mod customers;
 mod health;
+pub mod ops;
 #[cfg(test)]
 mod plans;
 mod queries;
@@ -73,9 +74,12 @@ use rusqlite::{Connection, OpenFlags};
 
 pub use customers::*;
 pub use health::*;
+pub use ops::{DispatchLedger, Recorded, Turn, TurnError};
 pub use queries::*;
 pub use schema::VERSION as SCHEMA_VERSION;
 pub use stats::{subscriber_stats, SubscriberStats};
+// The dispatcher's domain types live in the model; these names are kept for existing callers.
+pub use crate::model::{AttemptRecord, Claim, Claimed, HealthWrite, Outcome, Transition};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {

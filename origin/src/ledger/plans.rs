@@ -60,6 +60,10 @@ fn exercise(c: &Connection) {
         },
     ];
     apply(c, &outcomes, &[], 300).unwrap();
+    // The dead-count rule after a turn (a threshold of 1: the dead one crosses it) and its
+    // re-arming at each due-work read.
+    check_dead_counts(c, &["a".into()], 1, 300).unwrap();
+    rearm_dead_alerts(c, 100).unwrap();
     release_expired_leases(c, 20_000).unwrap();
     release_all_leases(c, 20_000).unwrap();
     due_summary(c).unwrap();

@@ -9,8 +9,8 @@ use serde::Serialize;
 
 use super::LedgerError;
 use crate::model::{
-    any_type_matches, delivery_public_id, Disabled, Health, Lane, Limits, Status, StoredSecret,
-    Subscriber,
+    any_type_matches, delivery_public_id, AttemptRecord, Claim, Claimed, Disabled, Health, Lane,
+    Limits, Outcome, Status, StoredSecret, Subscriber, Transition,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -423,25 +423,6 @@ pub fn ingest(
 // ---------------------------------------------------------------------------------------------
 // Dispatching: claims, results, leases
 
-/// A delivery leased to the dispatcher, with what it needs to send it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Claimed {
-    pub rowid: i64,
-    pub event_id: String,
-    pub event_type: String,
-    pub body: String,
-    /// The number of the attempt about to be made (1-based).
-    pub attempt: u32,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Claim {
-    pub subscriber_id: String,
-    pub claimed: Vec<Claimed>,
-    /// When the subscriber's earliest remaining pending delivery is due, if it has one.
-    pub next_due_ms: Option<i64>,
-}
-
 /// Lease up to `limit` due deliveries of each subscriber until `lease_until_ms`, oldest due
 /// first, and store the limiter states that granted them.
 pub fn claim(
@@ -510,45 +491,9 @@ fn id_list(ids: impl Iterator<Item = i64>) -> String {
     s
 }
 
-/// What happens to a leased delivery.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Transition {
-    Sent,
-    /// Retry at `at_ms`; the attempt counts.
-    Retry {
-        at_ms: i64,
-        error: String,
-    },
-    Dead {
-        reason: String,
-    },
-    /// Back to pending at `at_ms` without spending an attempt (edge deferral, edge down).
-    Defer {
-        at_ms: i64,
-    },
-}
-
-/// One attempt as the ledger records it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct AttemptRecord {
-    pub attempt: u32,
-    pub at_ms: i64,
-    pub lane: &'static str,
-    pub outcome: &'static str,
-    pub status: Option<u16>,
-    pub latency_ms: Option<u64>,
-    pub response_body: Option<String>,
-    pub error: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
-    pub rowid: i64,
-    pub transition: Transition,
-    pub attempt: Option<AttemptRecord>,
-}
-
-/// Record a batch of outcomes (and the limiter states they produced) in one go.
+/// Record a batch of outcomes (and the limiter states they produced) in one go. An outcome
+/// applies only to a delivery still `in_flight` (its lease), and its attempt is recorded only
+/// then: recording the same outcomes twice counts them once.
 pub fn apply(
     c: &Connection,
     outcomes: &[Outcome],
@@ -559,7 +504,8 @@ pub fn apply(
     let mut sent = c.prepare_cached(
         "UPDATE deliveries SET status = 'sent', attempts = attempts + 1, lease_expires_ms = NULL,
              last_error = NULL, updated_ms = ?2
-         WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'in_flight'",
+         WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'in_flight'
+         RETURNING id",
     )?;
     let mut retry = c.prepare_cached(
         "UPDATE deliveries SET status = 'pending', attempts = attempts + 1, next_attempt_ms = ?2,
@@ -576,6 +522,9 @@ pub fn apply(
              updated_ms = ?3
          WHERE id = ?1 AND status = 'in_flight'",
     )?;
+    // The outcomes that found their delivery in flight (the others were already recorded, or
+    // the delivery was taken away: removed subscriber, expired lease).
+    let mut applied = vec![false; outcomes.len()];
     // In order: consecutive Sent outcomes are updated together.
     let mut i = 0;
     while i < outcomes.len() {
@@ -587,27 +536,38 @@ pub fn apply(
                     .take_while(|o| o.transition == Transition::Sent)
                     .count();
                 let ids = id_list(outcomes[i..i + run].iter().map(|o| o.rowid));
-                sent.execute(params![ids, now_ms])?;
+                let hit: std::collections::HashSet<i64> = sent
+                    .query_map(params![ids, now_ms], |r| r.get(0))?
+                    .collect::<Result<_, _>>()?;
+                for k in i..i + run {
+                    applied[k] = hit.contains(&outcomes[k].rowid);
+                }
                 i += run;
                 continue;
             }
             Transition::Retry { at_ms, error } => {
-                retry.execute(params![o.rowid, at_ms, error, now_ms])?
+                applied[i] = retry.execute(params![o.rowid, at_ms, error, now_ms])? > 0
             }
-            Transition::Dead { reason } => dead.execute(params![
-                o.rowid,
-                reason,
-                now_ms,
-                i64::from(o.attempt.is_some())
-            ])?,
-            Transition::Defer { at_ms } => defer.execute(params![o.rowid, at_ms, now_ms])?,
+            Transition::Dead { reason } => {
+                applied[i] = dead.execute(params![
+                    o.rowid,
+                    reason,
+                    now_ms,
+                    i64::from(o.attempt.is_some())
+                ])? > 0
+            }
+            Transition::Defer { at_ms } => {
+                applied[i] = defer.execute(params![o.rowid, at_ms, now_ms])? > 0
+            }
         };
         i += 1;
     }
     // The attempts, in order, by chunks of rows.
     let recorded: Vec<(i64, &AttemptRecord)> = outcomes
         .iter()
-        .filter_map(|o| o.attempt.as_ref().map(|a| (o.rowid, a)))
+        .zip(&applied)
+        .filter(|(_, applied)| **applied)
+        .filter_map(|(o, _)| o.attempt.as_ref().map(|a| (o.rowid, a)))
         .collect();
     for chunk in recorded.chunks(ROWS_PER_INSERT) {
         let sql = multi_row_sql(

@@ -1,0 +1,349 @@
+//! The dispatcher's ledger, as typed operations: what any ledger backend (SQLite here, PostgreSQL
+//! next) implements for the dispatcher. The dispatcher never sees SQL or a connection; it hands
+//! over a [`Turn`] (everything one loop turn decided) and gets back the next claims.
+//!
+//! Contract shared by every operation:
+//! - Each call is atomic: all of its writes are committed, durably, before it answers `Ok`, or
+//!   none are.
+//! - A delivery is leased (`in_flight`) only by [`DispatchLedger::record_turn`]'s claims, until
+//!   `lease_until_ms`; a lease ends with an outcome, an expiry sweep, or a restart.
+//! - Recording is idempotent per lease: an outcome applies only to a delivery still `in_flight`,
+//!   and its attempt is recorded only then. A turn recorded twice (a retry after an answer that
+//!   was lost) therefore counts each result once.
+
+use std::future::Future;
+
+use fanout_core::limiter::LimiterState;
+
+use super::{Ledger, LedgerError};
+use crate::alert::Notice;
+use crate::model::{Claim, HealthWrite, Outcome, Subscriber};
+
+/// Everything one dispatcher turn writes, and the deliveries it asks to lease next.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Turn {
+    /// The turn's time: `updated_ms` of every row it touches, and the claims' "due by".
+    pub now_ms: i64,
+    /// Results of leased deliveries, in the order they arrived.
+    pub outcomes: Vec<Outcome>,
+    /// Limiter states to store, one per subscriber (the latest).
+    pub limiters: Vec<(String, LimiterState)>,
+    /// Subscriber health changes, in order (the last run-of-failures change per subscriber wins).
+    pub health: Vec<HealthWrite>,
+    /// Subscribers with deliveries newly dead in this turn: their dead count is checked against
+    /// `dead_threshold` (the alert fires once per crossing).
+    pub dead: Vec<String>,
+    pub dead_threshold: u64,
+    /// Alerts decided before this turn, raised only once it has committed.
+    pub notices: Vec<Notice>,
+    /// Lease up to this many due deliveries of each subscriber, oldest due first.
+    pub claims: Vec<(String, usize)>,
+    pub lease_until_ms: i64,
+}
+
+impl Turn {
+    /// Nothing to write and nothing to ask.
+    pub fn is_empty(&self) -> bool {
+        self.outcomes.is_empty()
+            && self.limiters.is_empty()
+            && self.health.is_empty()
+            && self.dead.is_empty()
+            && self.notices.is_empty()
+            && self.claims.iter().all(|(_, n)| *n == 0)
+    }
+}
+
+/// A committed turn's answer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Recorded {
+    /// One per asked subscriber that still exists, in the order asked.
+    pub claims: Vec<Claim>,
+    /// The turn's notices followed by the dead-count alerts it crossed: raise them now.
+    pub notices: Vec<Notice>,
+}
+
+/// A turn that was not recorded: nothing of it was written, and it comes back whole so the
+/// caller retries it (no result is dropped).
+#[derive(Debug)]
+pub struct TurnError {
+    pub turn: Turn,
+    pub error: LedgerError,
+}
+
+/// The ledger operations the dispatcher uses. Implemented by [`Ledger`] (SQLite); a PostgreSQL
+/// backend implements the same contract.
+pub trait DispatchLedger: Clone + Send + Sync + 'static {
+    /// Every live (not removed) subscriber with its stored limiter state, ordered by id.
+    /// Reads only.
+    fn dispatch_subscribers(
+        &self,
+    ) -> impl Future<Output = Result<Vec<(Subscriber, LimiterState)>, LedgerError>> + Send;
+
+    /// One live subscriber with its limiter state; `None` when it does not exist or was
+    /// removed. Reads only.
+    fn dispatch_subscriber(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<(Subscriber, LimiterState)>, LedgerError>> + Send;
+
+    /// Every customer's share settings: `(id, weight, max_in_flight)`, ordered by id. Reads
+    /// only. (Added for weighted fairness; subscribers name their customer.)
+    fn dispatch_customers(
+        &self,
+    ) -> impl Future<Output = Result<Vec<(String, u32, Option<u32>)>, LedgerError>> + Send;
+
+    /// Record a turn and lease its claims, in one transaction: apply the outcomes (idempotent
+    /// per lease, see the module), store the limiters and health changes, check the dead
+    /// counts, then lease up to the asked number of due (`next_attempt_ms <= now_ms`) pending
+    /// deliveries per subscriber until `lease_until_ms`. On failure nothing is written and the
+    /// turn is handed back.
+    fn record_turn(&self, turn: Turn) -> impl Future<Output = Result<Recorded, TurnError>> + Send;
+
+    /// Every live subscriber with pending work and when its earliest pending delivery is due.
+    /// First re-arms the dead-count alert of subscribers whose dead count is back under
+    /// `dead_threshold` (after a replay). One transaction.
+    fn due_work(
+        &self,
+        dead_threshold: u64,
+    ) -> impl Future<Output = Result<Vec<(String, i64)>, LedgerError>> + Send;
+
+    /// Leases that expired before `now_ms` go back to pending, due at `now_ms`. Returns the
+    /// subscribers concerned. One transaction.
+    fn release_expired_leases(
+        &self,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Vec<String>, LedgerError>> + Send;
+
+    /// At start-up (one daemon owns a SQLite ledger): every lease returns to pending, due at
+    /// `now_ms`. Returns how many.
+    fn release_all_leases(
+        &self,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<usize, LedgerError>> + Send;
+}
+
+impl DispatchLedger for Ledger {
+    async fn dispatch_subscribers(&self) -> Result<Vec<(Subscriber, LimiterState)>, LedgerError> {
+        self.read(|c| {
+            let mut out = Vec::new();
+            for s in super::list_subscribers(c)? {
+                let limiter = super::load_limiter(c, &s.id)?;
+                out.push((s, limiter));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn dispatch_subscriber(
+        &self,
+        id: &str,
+    ) -> Result<Option<(Subscriber, LimiterState)>, LedgerError> {
+        let id = id.to_string();
+        // On the writer: the change that prompted this read has just committed there.
+        self.call(move |c| match super::get_subscriber(c, &id) {
+            Ok(s) => {
+                let limiter = super::load_limiter(c, &id)?;
+                Ok(Some((s, limiter)))
+            }
+            Err(LedgerError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        })
+        .await
+    }
+
+    async fn dispatch_customers(&self) -> Result<Vec<(String, u32, Option<u32>)>, LedgerError> {
+        // On the writer: the change that prompted this read has just committed there.
+        self.call(|c| {
+            Ok(super::list_customers(c)?
+                .into_iter()
+                .map(|c| (c.id, c.weight, c.max_in_flight))
+                .collect())
+        })
+        .await
+    }
+
+    async fn record_turn(&self, turn: Turn) -> Result<Recorded, TurnError> {
+        // The turn travels to the writer thread in a slot it is put back into after running, so
+        // a failure — of the writes, of the commit, or a ledger that never ran it — hands it
+        // back whole, without a copy.
+        let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(turn)));
+        let held = slot.clone();
+        let result = self
+            .tx(move |c| {
+                let guard = held.lock().unwrap_or_else(|p| p.into_inner());
+                match guard.as_ref() {
+                    Some(turn) => record_turn_sql(c, turn),
+                    None => Err(LedgerError::Closed),
+                }
+            })
+            .await;
+        match result {
+            Ok(recorded) => Ok(recorded),
+            Err(error) => {
+                let turn = slot
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or_default();
+                Err(TurnError { turn, error })
+            }
+        }
+    }
+
+    async fn due_work(&self, dead_threshold: u64) -> Result<Vec<(String, i64)>, LedgerError> {
+        self.tx(move |c| {
+            super::rearm_dead_alerts(c, dead_threshold)?;
+            super::due_summary(c)
+        })
+        .await
+    }
+
+    async fn release_expired_leases(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
+        self.tx(move |c| super::release_expired_leases(c, now_ms))
+            .await
+    }
+
+    async fn release_all_leases(&self, now_ms: i64) -> Result<usize, LedgerError> {
+        self.tx(move |c| super::release_all_leases(c, now_ms)).await
+    }
+}
+
+/// [`DispatchLedger::record_turn`] on one connection, inside the caller's transaction.
+fn record_turn_sql(c: &rusqlite::Connection, turn: &Turn) -> Result<Recorded, LedgerError> {
+    let now = turn.now_ms;
+    if !turn.outcomes.is_empty() {
+        super::apply(c, &turn.outcomes, &[], now)?;
+    }
+    if !turn.health.is_empty() {
+        super::apply_health(c, &turn.health)?;
+    }
+    let mut notices = turn.notices.clone();
+    if !turn.dead.is_empty() {
+        notices.extend(super::check_dead_counts(
+            c,
+            &turn.dead,
+            turn.dead_threshold,
+            now,
+        )?);
+    }
+    let asks: Vec<(String, usize)> = turn
+        .claims
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .cloned()
+        .collect();
+    let claims = super::claim(c, &asks, &turn.limiters, now, turn.lease_until_ms)?;
+    Ok(Recorded { claims, notices })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{create_subscriber, get_delivery, ingest, test_events, test_subscriber};
+    use crate::model::{AttemptRecord, Transition};
+
+    fn attempt(n: u32, body: &str) -> Option<AttemptRecord> {
+        Some(AttemptRecord {
+            attempt: n,
+            at_ms: 10,
+            lane: "origin",
+            outcome: "failed",
+            status: Some(500),
+            latency_ms: Some(1),
+            response_body: Some(body.to_string()),
+            error: None,
+        })
+    }
+
+    /// A turn the ledger cannot write (the file is full) comes back whole and nothing of it is
+    /// written; retried once there is room, each result counts once — and recording it yet
+    /// again (an answer lost after the commit) changes nothing.
+    #[tokio::test]
+    async fn a_refused_turn_comes_back_whole_and_counts_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("l.db")).unwrap();
+        ledger
+            .tx(|c| {
+                create_subscriber(c, &test_subscriber("a", &["*"]), "s")?;
+                ingest(c, &test_events(3), 0).map(|_| ())
+            })
+            .await
+            .unwrap();
+        let leased = ledger
+            .record_turn(Turn {
+                now_ms: 1,
+                claims: vec![("a".into(), 3)],
+                lease_until_ms: 100_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let rows: Vec<i64> = leased.claims[0].claimed.iter().map(|d| d.rowid).collect();
+        assert_eq!(rows.len(), 3);
+        // Big attempt records, so the turn needs pages the full file does not have.
+        let big = "x".repeat(4000);
+        let turn = Turn {
+            now_ms: 10,
+            outcomes: vec![
+                Outcome {
+                    rowid: rows[0],
+                    transition: Transition::Retry {
+                        at_ms: 50,
+                        error: "status 500".into(),
+                    },
+                    attempt: attempt(1, &big),
+                },
+                Outcome {
+                    rowid: rows[1],
+                    transition: Transition::Dead {
+                        reason: "gone".into(),
+                    },
+                    attempt: attempt(1, &big),
+                },
+            ],
+            ..Default::default()
+        };
+        let pages: i64 = ledger
+            .call(|c| Ok(c.query_row("PRAGMA page_count", [], |r| r.get(0))?))
+            .await
+            .unwrap();
+        ledger
+            .call(move |c| {
+                c.pragma_update(None, "max_page_count", pages)?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let failed = ledger.record_turn(turn.clone()).await.unwrap_err();
+        assert_eq!(failed.turn, turn, "handed back whole");
+        let first = rows[0];
+        let d0 = ledger.read(move |c| get_delivery(c, first)).await.unwrap();
+        assert_eq!(
+            (d0.status.as_str(), d0.attempt_count),
+            ("in_flight", 0),
+            "nothing written"
+        );
+        ledger
+            .call(|c| {
+                c.pragma_update(None, "max_page_count", 1_000_000_000)?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        ledger.record_turn(failed.turn.clone()).await.unwrap();
+        ledger.record_turn(failed.turn).await.unwrap();
+        for (row, status) in [(rows[0], "pending"), (rows[1], "dead")] {
+            let d = ledger.read(move |c| get_delivery(c, row)).await.unwrap();
+            assert_eq!(
+                (
+                    d.status.as_str(),
+                    d.attempt_count,
+                    d.attempts.map(|a| a.len())
+                ),
+                (status, 1, Some(1)),
+                "delivery {row}: one attempt, recorded once"
+            );
+        }
+    }
+}

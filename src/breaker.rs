@@ -19,6 +19,7 @@ impl Default for BreakerConfig {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Breaker {
     pub consecutive_failures: u32,
     /// Open until this unix ms; `None` when closed.
@@ -38,9 +39,28 @@ pub enum Admission {
     },
 }
 
+/// The breaker's state as views show it (`closed`, `open`, `half_open`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl BreakerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BreakerView {
-    pub state: String,
+    pub state: BreakerState,
     pub consecutive_failures: u32,
     pub open_until_ms: Option<i64>,
 }
@@ -83,13 +103,13 @@ impl Breaker {
 
     pub fn view(&self, cfg: BreakerConfig, now_ms: i64) -> BreakerView {
         let state = match self.admit(cfg, now_ms) {
-            Admission::Closed => "closed",
-            Admission::Probe => "half_open",
-            Admission::Open { .. } if self.probe_started_ms.is_some() => "half_open",
-            Admission::Open { .. } => "open",
+            Admission::Closed => BreakerState::Closed,
+            Admission::Probe => BreakerState::HalfOpen,
+            Admission::Open { .. } if self.probe_started_ms.is_some() => BreakerState::HalfOpen,
+            Admission::Open { .. } => BreakerState::Open,
         };
         BreakerView {
-            state: state.to_string(),
+            state,
             consecutive_failures: self.consecutive_failures,
             open_until_ms: self.open_until_ms,
         }
@@ -128,7 +148,7 @@ mod tests {
                 retry_after_ms: 999
             }
         );
-        assert_eq!(b.view(CFG, 1001).state, "half_open");
+        assert_eq!(b.view(CFG, 1001).state, BreakerState::HalfOpen);
     }
 
     #[test]

@@ -22,6 +22,7 @@ impl Rate {
 
 /// The stored state: tokens as of `updated_ms` (unix ms).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Bucket {
     pub tokens: f64,
     pub updated_ms: i64,

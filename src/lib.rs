@@ -8,6 +8,7 @@ pub mod breaker;
 pub mod bucket;
 pub mod endpoint;
 pub mod limiter;
+pub mod limits;
 pub mod logrec;
 pub mod retry;
 pub mod sign;

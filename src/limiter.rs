@@ -32,8 +32,11 @@ pub struct Limits {
     pub breaker: BreakerConfig,
 }
 
-/// What survives eviction and restart.
+/// What survives eviction and restart. Decoding is strict (no unknown field, every field
+/// present but the optional ones): a state written by another version fails to decode rather
+/// than turn silently into a default, full bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LimiterState {
     pub bucket: Option<Bucket>,
     pub paused_until_ms: Option<i64>,
@@ -48,6 +51,18 @@ pub struct Plan {
 }
 
 impl LimiterState {
+    /// A limiter whose bucket is empty as of `now_ms`: what a subscriber starts from when its
+    /// stored state cannot be trusted (it refills at the subscriber's rate from there).
+    pub fn empty(now_ms: i64) -> LimiterState {
+        LimiterState {
+            bucket: Some(Bucket {
+                tokens: 0.0,
+                updated_ms: now_ms,
+            }),
+            ..LimiterState::default()
+        }
+    }
+
     /// Grant what the pause, the breaker, the in-flight cap and the bucket allow for `n`
     /// deliveries, `in_flight` being already out. Each deferred delivery gets the exact wait
     /// until its own token exists. Mutates the bucket (refill always stored) and the breaker.

@@ -326,26 +326,13 @@ impl DeliveryBatch {
 impl SubscriberSpec {
     pub fn validate(&self, allow_loopback: bool) -> Result<(), BatchError> {
         validate_id("subscriber.id", &self.id).map_err(BatchError::Invalid)?;
-        if !(self.rate_per_sec.is_finite() && self.rate_per_sec > 0.0) {
-            return Err(BatchError::Invalid(
-                "subscriber.rate_per_sec must be a positive number".into(),
-            ));
-        }
-        if self.burst == 0 {
-            return Err(BatchError::Invalid(
-                "subscriber.burst must be at least 1".into(),
-            ));
-        }
-        if self.max_in_flight == 0 {
-            return Err(BatchError::Invalid(
-                "subscriber.max_in_flight must be at least 1".into(),
-            ));
-        }
-        if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&self.timeout_ms) {
-            return Err(BatchError::Invalid(format!(
-                "subscriber.timeout_ms must be between {MIN_TIMEOUT_MS} and {MAX_TIMEOUT_MS}"
-            )));
-        }
+        crate::limits::check(
+            self.rate_per_sec,
+            self.burst,
+            self.max_in_flight,
+            self.timeout_ms,
+        )
+        .map_err(|e| BatchError::Invalid(format!("subscriber.{e}")))?;
         if self.secrets.is_empty() {
             return Err(BatchError::Invalid(
                 "subscriber.secrets must hold at least one whsec_ secret".into(),

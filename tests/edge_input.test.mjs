@@ -83,6 +83,34 @@ const rows = [
     body: () => batch((b) => (b.deliveries[1].attempt = -1)),
   },
   {
+    name: 'rate so small its wait overflows (1e-300/s)',
+    status: 400,
+    code: 'invalid_request',
+    message: 'subscriber.rate_per_sec must be a number from 0.0001 to 1000000',
+    body: () => batch((b) => (b.subscriber.rate_per_sec = 1e-300)),
+  },
+  {
+    name: 'rate too large to mean anything (1e300/s)',
+    status: 400,
+    code: 'invalid_request',
+    message: 'subscriber.rate_per_sec must be a number from 0.0001 to 1000000',
+    body: () => batch((b) => (b.subscriber.rate_per_sec = 1e300)),
+  },
+  {
+    name: 'burst over its bound',
+    status: 400,
+    code: 'invalid_request',
+    message: 'subscriber.burst must be from 1 to 1000000',
+    body: () => batch((b) => (b.subscriber.burst = 1_000_001)),
+  },
+  {
+    name: 'max_in_flight over its bound',
+    status: 400,
+    code: 'invalid_request',
+    message: 'subscriber.max_in_flight must be from 1 to 1000000',
+    body: () => batch((b) => (b.subscriber.max_in_flight = 4_000_000_000)),
+  },
+  {
     name: 'missing subscriber.url',
     status: 400,
     code: 'invalid_request',
@@ -214,6 +242,7 @@ for (const row of rows) {
     assert.equal(json?.error?.code, row.code, JSON.stringify(json));
     assert.equal(typeof json.error.message, 'string');
     assert.ok(json.error.message.length > 0);
+    if (row.message) assert.ok(json.error.message.includes(row.message), json.error.message);
     // Nothing was sent, and the subscriber's Durable Object never heard of it.
     assert.equal(sub.requests.length, before, 'the subscriber received nothing');
     const id = body?.subscriber?.id;

@@ -7,9 +7,16 @@ use std::io::Read as _;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use fanout_core::breaker::BreakerState;
 use serde_json::{json, Value};
 
+use crate::api::views::{
+    Deleted, DeliveryList, DeliveryView, IngestedBatch, Replayed, ReplayedOne, SubscriberInput,
+    SubscriberList, SubscriberView,
+};
 use crate::config::{Settings, DEFAULT_LISTEN};
+use crate::model::Lane;
+use crate::retention::RetentionView;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -20,6 +27,15 @@ use crate::config::{Settings, DEFAULT_LISTEN};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log format on stderr: text (colour only on a terminal) or json (one object per line)
+    #[arg(long, env = "FANOUT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -129,6 +145,10 @@ pub enum SubscriberCommand {
     },
 }
 
+fn parse_lane(s: &str) -> Result<Lane, String> {
+    Lane::parse(s).ok_or_else(|| format!("{s:?} is not a lane: edge, origin or auto"))
+}
+
 #[derive(Debug, Args)]
 pub struct SubscriberAdd {
     pub id: String,
@@ -145,8 +165,8 @@ pub struct SubscriberAdd {
     #[arg(long)]
     pub timeout_ms: Option<u64>,
     /// edge, origin or auto
-    #[arg(long)]
-    pub lane: Option<String>,
+    #[arg(long, value_parser = parse_lane)]
+    pub lane: Option<Lane>,
     /// Also send the legacy X-Fanout-Signature header
     #[arg(long)]
     pub legacy_signature: bool,
@@ -301,12 +321,13 @@ impl Client {
         Ok(Client { base, token, http })
     }
 
-    async fn call(
+    /// One API call, its answer decoded into the view type the API writes.
+    async fn call<T: serde::de::DeserializeOwned>(
         &self,
         method: reqwest::Method,
         path: &str,
         body: Option<Vec<u8>>,
-    ) -> Result<Value, ClientError> {
+    ) -> Result<T, ClientError> {
         let url = format!("{}{path}", self.base);
         let mut req = self.http.request(method, &url).bearer_auth(&self.token);
         if let Some(b) = body {
@@ -321,16 +342,18 @@ impl Client {
             .bytes()
             .await
             .map_err(|e| ClientError::Unreachable(self.base.clone(), e.to_string()))?;
-        let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         if status >= 400 {
-            let message = value
-                .pointer("/error/message")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+            let message = serde_json::from_slice::<fanout_core::wire::ErrorBody>(&bytes)
+                .map(|e| e.error.message)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
             return Err(ClientError::Api { status, message });
         }
-        Ok(value)
+        serde_json::from_slice(&bytes).map_err(|e| {
+            ClientError::Unreachable(
+                self.base.clone(),
+                format!("the answer to {path} is not what this version expects: {e}"),
+            )
+        })
     }
 }
 
@@ -370,234 +393,268 @@ pub fn events_from_text(text: &str) -> Result<Vec<Box<serde_json::value::RawValu
         .collect()
 }
 
-fn print(v: &Value) {
+fn print<T: serde::Serialize>(v: &T) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
-/// Run a client command, printing the daemon's answer as JSON.
+/// Run a client command: each is its own function below.
 pub async fn run_client(command: Command) -> Result<(), ClientError> {
     match command {
         Command::Serve(_) => Err(ClientError::Input("serve is not a client command".into())),
         Command::Customer { command } => run_customer(command).await,
         Command::Subscriber { command } => match command {
-            SubscriberCommand::Add(a) => {
-                let client = Client::new(&a.client)?;
-                let types = if a.event_types.is_empty() {
-                    vec!["*".to_string()]
-                } else {
-                    a.event_types
-                };
-                let mut body = json!({ "id": a.id, "url": a.url, "event_types": types });
-                let obj = body
-                    .as_object_mut()
-                    .ok_or_else(|| ClientError::Input("internal".into()))?;
-                if let Some(v) = a.rate_per_sec {
-                    obj.insert("rate_per_sec".into(), json!(v));
-                }
-                if let Some(v) = a.burst {
-                    obj.insert("burst".into(), json!(v));
-                }
-                if let Some(v) = a.max_in_flight {
-                    obj.insert("max_in_flight".into(), json!(v));
-                }
-                if let Some(v) = a.timeout_ms {
-                    obj.insert("timeout_ms".into(), json!(v));
-                }
-                if let Some(v) = a.lane {
-                    obj.insert("lane".into(), json!(v));
-                }
-                if a.legacy_signature {
-                    obj.insert("legacy_signature".into(), json!(true));
-                }
-                if let Some(v) = a.customer {
-                    obj.insert("customer".into(), json!(v));
-                }
-                let v = client
-                    .call(
-                        reqwest::Method::POST,
-                        "/v1/subscribers",
-                        Some(body.to_string().into_bytes()),
-                    )
-                    .await?;
-                print(&v);
-                Ok(())
-            }
-            SubscriberCommand::List { json, client } => {
-                let v = Client::new(&client)?
-                    .call(reqwest::Method::GET, "/v1/subscribers", None)
-                    .await?;
-                if json {
-                    print(&v);
-                } else {
-                    print!("{}", subscribers_table(&v));
-                }
-                Ok(())
-            }
-            SubscriberCommand::Remove { id, client } => {
-                let path = format!("/v1/subscribers/{}", encode(&id));
-                let v = Client::new(&client)?
-                    .call(reqwest::Method::DELETE, &path, None)
-                    .await?;
-                print(&v);
-                Ok(())
-            }
+            SubscriberCommand::Add(a) => subscriber_add(a).await,
+            SubscriberCommand::List { json, client } => subscriber_list(&client, json).await,
+            SubscriberCommand::Remove { id, client } => subscriber_remove(&client, &id).await,
             SubscriberCommand::Secret { id, json, client } => {
                 subscriber_secret(&id, json, &client).await
             }
         },
-        Command::Send(a) => {
-            let client = Client::new(&a.client)?;
-            let text = match a.file.as_deref() {
-                Some(p) if p.as_os_str() != "-" => std::fs::read_to_string(p)
-                    .map_err(|e| ClientError::Input(format!("cannot read {}: {e}", p.display())))?,
-                _ => {
-                    let mut s = String::new();
-                    std::io::stdin()
-                        .read_to_string(&mut s)
-                        .map_err(|e| ClientError::Input(format!("cannot read stdin: {e}")))?;
-                    s
-                }
-            };
-            let events = events_from_text(&text)?;
-            if events.is_empty() {
-                return Err(ClientError::Input("no events to send".into()));
-            }
-            let (mut new, mut dup, mut deliveries) = (0u64, 0u64, 0u64);
-            let progress = crate::term::bar(events.len() as u64, "events");
-            for chunk in events.chunks(1000) {
-                let body =
-                    serde_json::to_vec(chunk).map_err(|e| ClientError::Input(e.to_string()))?;
-                let v = client
-                    .call(reqwest::Method::POST, "/v1/events", Some(body))
-                    .await?;
-                for e in v
-                    .get("events")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    if e.get("duplicate").and_then(Value::as_bool) == Some(true) {
-                        dup += 1;
-                    } else {
-                        new += 1;
-                    }
-                    deliveries += e.get("deliveries").and_then(Value::as_u64).unwrap_or(0);
-                }
-                progress.inc(chunk.len() as u64);
-            }
-            progress.finish_and_clear();
-            print(&json!({ "events": new, "duplicates": dup, "deliveries": deliveries }));
-            Ok(())
-        }
-        Command::Deliveries(a) => {
-            let client = Client::new(&a.client)?;
-            let v = match &a.id {
-                Some(id) => {
-                    client
-                        .call(
-                            reqwest::Method::GET,
-                            &format!("/v1/deliveries/{}", encode(id)),
-                            None,
-                        )
-                        .await?
-                }
-                None => {
-                    let limit = a.limit.map(|l| l.to_string());
-                    let q = query(&[
-                        ("status", &a.status),
-                        ("subscriber", &a.subscriber),
-                        ("event", &a.event),
-                        ("since", &a.since),
-                        ("until", &a.until),
-                        ("limit", &limit),
-                    ]);
-                    client
-                        .call(reqwest::Method::GET, &format!("/v1/deliveries{q}"), None)
-                        .await?
-                }
-            };
-            if a.json {
-                print(&v);
-            } else if a.id.is_some() {
-                print!("{}", delivery_detail(&v));
-            } else {
-                print!("{}", deliveries_table(&v));
-            }
-            Ok(())
-        }
-        Command::Replay(a) => {
-            let client = Client::new(&a.client)?;
-            let v = match &a.id {
-                Some(id) => {
-                    client
-                        .call(
-                            reqwest::Method::POST,
-                            &format!("/v1/deliveries/{}/replay", encode(id)),
-                            None,
-                        )
-                        .await?
-                }
-                None => {
-                    let body = json!({ "subscriber": a.subscriber, "status": a.status, "since": a.since, "until": a.until });
-                    let progress = crate::term::spinner("replaying…");
-                    let v = client
-                        .call(
-                            reqwest::Method::POST,
-                            "/v1/replay",
-                            Some(body.to_string().into_bytes()),
-                        )
-                        .await;
-                    progress.finish_and_clear();
-                    v?
-                }
-            };
-            print(&v);
-            Ok(())
-        }
-        Command::Status(a) => {
-            let client = Client::new(&a.client)?;
-            let mut v = client
-                .call(reqwest::Method::GET, "/v1/subscribers?stats=true", None)
-                .await?;
-            let retention = client
-                .call(reqwest::Method::GET, "/v1/retention", None)
-                .await?;
-            if a.json {
-                if let Some(o) = v.as_object_mut() {
-                    o.insert("retention".into(), retention);
-                }
-                print(&v);
-            } else {
-                let now = crate::time::now_ms();
-                print!("{}", status_table(&v, now));
-                println!("{}", retention_line(&retention, now));
-            }
-            Ok(())
-        }
+        Command::Send(a) => send(a).await,
+        Command::Deliveries(a) => deliveries(a).await,
+        Command::Replay(a) => replay(a).await,
+        Command::Status(a) => status(a).await,
         Command::Load(a) => load(a).await,
-        Command::Backup(a) => {
-            let db = match a.db.to_str().and_then(|s| s.strip_prefix("sqlite:")) {
-                Some(path) => PathBuf::from(path),
-                None => a.db.clone(),
-            };
-            let r = crate::ledger::backup::backup(&db, &a.to, crate::time::now_ms())
-                .map_err(|e| ClientError::Input(format!("backup: {e}")))?;
-            if a.json {
-                print(&json!(r));
+        Command::Backup(a) => backup(a),
+    }
+}
+
+/// `fanout backup`: not a client of the API (it reads the ledger file) and not a daemon (it
+/// takes no ownership lock).
+fn backup(a: BackupArgs) -> Result<(), ClientError> {
+    let db = match a.db.to_str().and_then(|s| s.strip_prefix("sqlite:")) {
+        Some(path) => PathBuf::from(path),
+        None => a.db.clone(),
+    };
+    let r = crate::ledger::backup::backup(&db, &a.to, crate::time::now_ms())
+        .map_err(|e| ClientError::Input(format!("backup: {e}")))?;
+    if a.json {
+        print(&r);
+    } else {
+        println!(
+            "backed up {} to {}: {} events, {} deliveries ({} leases returned to pending), {} bytes",
+            db.display(),
+            a.to.display(),
+            r.events,
+            r.deliveries,
+            r.leases_released,
+            r.bytes
+        );
+    }
+    Ok(())
+}
+
+/// `fanout subscriber add`: prints the new subscriber with its secret.
+async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
+    let client = Client::new(&a.client)?;
+    let input = SubscriberInput {
+        id: Some(a.id),
+        url: Some(a.url),
+        event_types: Some(if a.event_types.is_empty() {
+            vec!["*".to_string()]
+        } else {
+            a.event_types
+        }),
+        rate_per_sec: a.rate_per_sec,
+        burst: a.burst,
+        max_in_flight: a.max_in_flight,
+        timeout_ms: a.timeout_ms,
+        lane: a.lane,
+        legacy_signature: a.legacy_signature.then_some(true),
+        customer: a.customer.map(Some),
+        ..SubscriberInput::default()
+    };
+    let body = serde_json::to_vec(&input).map_err(|e| ClientError::Input(e.to_string()))?;
+    let created: SubscriberView = client
+        .call(reqwest::Method::POST, "/v1/subscribers", Some(body))
+        .await?;
+    print(&created);
+    Ok(())
+}
+
+/// `fanout subscriber list`.
+async fn subscriber_list(client: &ClientArgs, json: bool) -> Result<(), ClientError> {
+    let list: SubscriberList = Client::new(client)?
+        .call(reqwest::Method::GET, "/v1/subscribers", None)
+        .await?;
+    if json {
+        print(&list);
+    } else {
+        print!("{}", subscribers_table(&list));
+    }
+    Ok(())
+}
+
+/// `fanout subscriber remove`.
+async fn subscriber_remove(client: &ClientArgs, id: &str) -> Result<(), ClientError> {
+    let path = format!("/v1/subscribers/{}", encode(id));
+    let deleted: Deleted = Client::new(client)?
+        .call(reqwest::Method::DELETE, &path, None)
+        .await?;
+    print(&deleted);
+    Ok(())
+}
+
+/// `fanout send`: events from a file or stdin, 1000 per request; prints the totals.
+async fn send(a: SendArgs) -> Result<(), ClientError> {
+    let client = Client::new(&a.client)?;
+    let text = match a.file.as_deref() {
+        Some(p) if p.as_os_str() != "-" => std::fs::read_to_string(p)
+            .map_err(|e| ClientError::Input(format!("cannot read {}: {e}", p.display())))?,
+        _ => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|e| ClientError::Input(format!("cannot read stdin: {e}")))?;
+            s
+        }
+    };
+    let events = events_from_text(&text)?;
+    if events.is_empty() {
+        return Err(ClientError::Input("no events to send".into()));
+    }
+    let (mut new, mut dup, mut deliveries) = (0u64, 0u64, 0u64);
+    let progress = crate::term::bar(events.len() as u64, "events");
+    for chunk in events.chunks(1000) {
+        let body = serde_json::to_vec(chunk).map_err(|e| ClientError::Input(e.to_string()))?;
+        let answer: IngestedBatch = client
+            .call(reqwest::Method::POST, "/v1/events", Some(body))
+            .await?;
+        for e in answer.events {
+            if e.duplicate {
+                dup += 1;
             } else {
-                println!(
-                    "backed up {} to {}: {} events, {} deliveries ({} leases returned to pending), {} bytes",
-                    db.display(),
-                    a.to.display(),
-                    r.events,
-                    r.deliveries,
-                    r.leases_released,
-                    r.bytes
-                );
+                new += 1;
             }
-            Ok(())
+            deliveries += u64::from(e.deliveries);
+        }
+        progress.inc(chunk.len() as u64);
+    }
+    progress.finish_and_clear();
+    print(&json!({ "events": new, "duplicates": dup, "deliveries": deliveries }));
+    Ok(())
+}
+
+/// `fanout deliveries`: one delivery with its attempts, or a page of them.
+async fn deliveries(a: DeliveriesArgs) -> Result<(), ClientError> {
+    let client = Client::new(&a.client)?;
+    match &a.id {
+        Some(id) => {
+            let d: DeliveryView = client
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/v1/deliveries/{}", encode(id)),
+                    None,
+                )
+                .await?;
+            if a.json {
+                print(&d);
+            } else {
+                print!("{}", delivery_detail(&d));
+            }
+        }
+        None => {
+            let limit = a.limit.map(|l| l.to_string());
+            let q = query(&[
+                ("status", &a.status),
+                ("subscriber", &a.subscriber),
+                ("event", &a.event),
+                ("since", &a.since),
+                ("until", &a.until),
+                ("limit", &limit),
+            ]);
+            let page: DeliveryList = client
+                .call(reqwest::Method::GET, &format!("/v1/deliveries{q}"), None)
+                .await?;
+            if a.json {
+                print(&page);
+            } else {
+                print!("{}", deliveries_table(&page));
+            }
         }
     }
+    Ok(())
+}
+
+/// `fanout replay`: one delivery by id, or every one matching the filters.
+async fn replay(a: ReplayArgs) -> Result<(), ClientError> {
+    let client = Client::new(&a.client)?;
+    match &a.id {
+        Some(id) => {
+            let one: ReplayedOne = client
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/v1/deliveries/{}/replay", encode(id)),
+                    None,
+                )
+                .await?;
+            print(&one);
+        }
+        None => {
+            let body = json!({ "subscriber": a.subscriber, "status": a.status, "since": a.since, "until": a.until });
+            let progress = crate::term::spinner("replaying…");
+            let replayed = client
+                .call::<Replayed>(
+                    reqwest::Method::POST,
+                    "/v1/replay",
+                    Some(body.to_string().into_bytes()),
+                )
+                .await;
+            progress.finish_and_clear();
+            print(&replayed?);
+        }
+    }
+    Ok(())
+}
+
+/// `fanout status`.
+async fn status(a: StatusArgs) -> Result<(), ClientError> {
+    let client = Client::new(&a.client)?;
+    let list: SubscriberList = client
+        .call(reqwest::Method::GET, "/v1/subscribers?stats=true", None)
+        .await?;
+    let retention: RetentionView = client
+        .call(reqwest::Method::GET, "/v1/retention", None)
+        .await?;
+    if a.json {
+        let mut v = serde_json::to_value(&list).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "retention".into(),
+                serde_json::to_value(&retention).unwrap_or_default(),
+            );
+        }
+        print(&v);
+    } else {
+        let now = crate::time::now_ms();
+        print!("{}", status_table(&list, now));
+        println!("{}", retention_line(&retention, now));
+    }
+    Ok(())
+}
+
+/// `fanout status`'s last line: what retention keeps and has removed (pure).
+pub fn retention_line(v: &RetentionView, now_ms: i64) -> String {
+    use crate::term::human_duration;
+    let kept = |window: &str, oldest: Option<i64>| {
+        let age = oldest.map_or("none kept".to_string(), |t| {
+            format!("oldest {} ago", human_duration(now_ms - t))
+        });
+        format!("{window} ({age})")
+    };
+    let r = &v.report;
+    let last = r.last_run_at_ms.map_or("not run yet".to_string(), |t| {
+        format!("last pass {} ago", human_duration(now_ms - t))
+    });
+    format!(
+        "retention: sent kept {}, dead kept {}; removed {} sent, {} dead, {} attempts, {} events; {last}",
+        kept(&v.retain_sent, r.oldest_sent_at_ms),
+        kept(&v.retain_dead, r.oldest_dead_at_ms),
+        r.removed_sent,
+        r.removed_dead,
+        r.removed_attempts,
+        r.removed_events,
+    )
 }
 
 async fn load(a: LoadArgs) -> Result<(), ClientError> {
@@ -767,7 +824,7 @@ async fn run_customer(command: CustomerCommand) -> Result<(), ClientError> {
                 body["max_in_flight"] = json!(m);
             }
             let v = Client::new(&client)?
-                .call(
+                .call::<Value>(
                     Method::POST,
                     "/v1/customers",
                     Some(body.to_string().into_bytes()),
@@ -777,7 +834,7 @@ async fn run_customer(command: CustomerCommand) -> Result<(), ClientError> {
         }
         CustomerCommand::List { json, client } => {
             let v = Client::new(&client)?
-                .call(Method::GET, "/v1/customers", None)
+                .call::<Value>(Method::GET, "/v1/customers", None)
                 .await?;
             if json {
                 print(&v);
@@ -787,14 +844,14 @@ async fn run_customer(command: CustomerCommand) -> Result<(), ClientError> {
         }
         CustomerCommand::Show { id, client } => {
             let v = Client::new(&client)?
-                .call(Method::GET, &format!("/v1/customers/{}", encode(&id)), None)
+                .call::<Value>(Method::GET, &format!("/v1/customers/{}", encode(&id)), None)
                 .await?;
             let c: CustomerView = view(v.clone())?;
             print(&serde_json::to_value(c).unwrap_or(v));
         }
         CustomerCommand::Remove { id, client } => {
             let v = Client::new(&client)?
-                .call(
+                .call::<Value>(
                     Method::DELETE,
                     &format!("/v1/customers/{}", encode(&id)),
                     None,
@@ -813,7 +870,7 @@ async fn run_customer(command: CustomerCommand) -> Result<(), ClientError> {
                 None => json!({}),
             };
             let v = Client::new(&client)?
-                .call(
+                .call::<Value>(
                     Method::POST,
                     &format!("/v1/customers/{}/portal", encode(&id)),
                     Some(body.to_string().into_bytes()),
@@ -846,57 +903,51 @@ pub fn customers_table(customers: &[crate::customer::CustomerView]) -> String {
     out
 }
 
-fn text(v: &Value, key: &str) -> String {
-    match v.get(key) {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => n
-            .as_f64()
-            .map(crate::term::human_number)
-            .unwrap_or_else(|| n.to_string()),
-        Some(Value::Bool(b)) => b.to_string(),
-        Some(Value::Null) | None => "-".into(),
-        Some(other) => other.to_string(),
-    }
+/// A number as the tables show it (`10`, `2.5`).
+fn num(x: f64) -> String {
+    crate::term::human_number(x)
 }
 
-fn list<'a>(v: &'a Value, key: &str) -> &'a [Value] {
-    v.get(key)
-        .and_then(Value::as_array)
-        .map_or(&[], Vec::as_slice)
+/// An optional figure: `-` when absent.
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
 /// `fanout status`: one row per subscriber from `GET /v1/subscribers?stats=true` (pure).
-pub fn status_table(v: &Value, now_ms: i64) -> String {
+pub fn status_table(list: &SubscriberList, now_ms: i64) -> String {
     use crate::term::{clip, human_duration};
-    let subs = list(v, "subscribers");
-    if subs.is_empty() {
+    if list.subscribers.is_empty() {
         return "no subscribers\n".into();
     }
-    let rows: Vec<Vec<String>> = subs
+    let rows: Vec<Vec<String>> = list
+        .subscribers
         .iter()
         .map(|s| {
-            let st = s.get("stats").unwrap_or(&Value::Null);
+            let (v, st) = (&s.view, s.stats.as_ref());
             let mut state = Vec::new();
-            if s.get("disabled").and_then(Value::as_bool) == Some(true) {
-                state.push(match s.get("disabled_reason").and_then(Value::as_str) {
+            if v.disabled {
+                state.push(match &v.disabled_reason {
                     Some(reason) => format!("disabled: {}", clip(reason, 40)),
                     None => "disabled".into(),
                 });
             }
-            if let Some(until) = st.get("paused_until_ms").and_then(Value::as_i64) {
+            if let Some(until) = st.and_then(|st| st.paused_until_ms) {
                 state.push(format!("paused {}", human_duration(until - now_ms)));
             }
-            match st.pointer("/breaker/state").and_then(Value::as_str) {
-                Some("open") => state.push("breaker open".into()),
-                Some("half_open") => state.push("breaker half-open".into()),
-                _ => {}
+            match st.map(|st| st.breaker.state) {
+                Some(BreakerState::Open) => state.push("breaker open".into()),
+                Some(BreakerState::HalfOpen) => state.push("breaker half-open".into()),
+                Some(BreakerState::Closed) | None => {}
+            }
+            if st.is_some_and(|st| st.limiter_error.is_some()) {
+                state.push("limiter state reset".into());
             }
             if state.is_empty() {
-                state.push(if st.is_null() { "-" } else { "ok" }.into());
+                state.push(if st.is_none() { "-" } else { "ok" }.into());
             }
             let last_error = match (
-                st.get("last_error").and_then(Value::as_str),
-                st.get("last_error_at_ms").and_then(Value::as_i64),
+                st.and_then(|st| st.last_error.as_deref()),
+                st.and_then(|st| st.last_error_at_ms),
             ) {
                 (Some(e), Some(at)) => {
                     format!("{} ago: {}", human_duration(now_ms - at), clip(e, 48))
@@ -905,14 +956,14 @@ pub fn status_table(v: &Value, now_ms: i64) -> String {
                 _ => String::new(),
             };
             vec![
-                text(s, "id"),
-                text(s, "lane"),
-                text(s, "rate_per_sec"),
-                text(s, "burst"),
-                text(st, "pending"),
-                text(st, "in_flight"),
-                text(st, "sent"),
-                text(st, "dead"),
+                v.id.clone(),
+                v.lane.as_str().into(),
+                num(v.rate_per_sec),
+                v.burst.to_string(),
+                opt(st.map(|st| st.pending)),
+                opt(st.map(|st| st.in_flight)),
+                opt(st.map(|st| st.sent)),
+                opt(st.map(|st| st.dead)),
                 state.join(", "),
                 last_error,
             ]
@@ -932,36 +983,6 @@ pub fn status_table(v: &Value, now_ms: i64) -> String {
             "LAST ERROR",
         ],
         &rows,
-    )
-}
-
-/// `fanout status`'s last line: what retention keeps and has removed (pure, from
-/// `GET /v1/retention`).
-pub fn retention_line(v: &Value, now_ms: i64) -> String {
-    use crate::term::human_duration;
-    let kept = |window: &str, oldest: &str| {
-        let age = v
-            .get(oldest)
-            .and_then(Value::as_i64)
-            .map_or("none kept".to_string(), |t| {
-                format!("oldest {} ago", human_duration(now_ms - t))
-            });
-        format!("{} ({age})", text(v, window))
-    };
-    let last = v
-        .get("last_run_at_ms")
-        .and_then(Value::as_i64)
-        .map_or("not run yet".to_string(), |t| {
-            format!("last pass {} ago", human_duration(now_ms - t))
-        });
-    format!(
-        "retention: sent kept {}, dead kept {}; removed {} sent, {} dead, {} attempts, {} events; {last}",
-        kept("retain_sent", "oldest_sent_at_ms"),
-        kept("retain_dead", "oldest_dead_at_ms"),
-        text(v, "removed_sent"),
-        text(v, "removed_dead"),
-        text(v, "removed_attempts"),
-        text(v, "removed_events"),
     )
 }
 
@@ -992,26 +1013,23 @@ pub fn secrets_lines(v: &crate::model::SecretsView) -> String {
 }
 
 /// `fanout subscriber list` as a table (pure).
-pub fn subscribers_table(v: &Value) -> String {
-    let subs = list(v, "subscribers");
-    if subs.is_empty() {
+pub fn subscribers_table(list: &SubscriberList) -> String {
+    if list.subscribers.is_empty() {
         return "no subscribers\n".into();
     }
-    let rows: Vec<Vec<String>> = subs
+    let rows: Vec<Vec<String>> = list
+        .subscribers
         .iter()
         .map(|s| {
-            let types: Vec<&str> = list(s, "event_types")
-                .iter()
-                .filter_map(Value::as_str)
-                .collect();
+            let v = &s.view;
             vec![
-                text(s, "id"),
-                text(s, "lane"),
-                text(s, "rate_per_sec"),
-                text(s, "burst"),
-                text(s, "max_in_flight"),
-                types.join(","),
-                text(s, "url"),
+                v.id.clone(),
+                v.lane.as_str().into(),
+                num(v.rate_per_sec),
+                v.burst.to_string(),
+                v.max_in_flight.to_string(),
+                v.event_types.join(","),
+                v.url.clone(),
             ]
         })
         .collect();
@@ -1030,23 +1048,23 @@ pub fn subscribers_table(v: &Value) -> String {
 }
 
 /// `fanout deliveries` as a table (pure); says how to get the next page.
-pub fn deliveries_table(v: &Value) -> String {
-    let ds = list(v, "deliveries");
-    if ds.is_empty() {
+pub fn deliveries_table(page: &DeliveryList) -> String {
+    if page.deliveries.is_empty() {
         return "no deliveries\n".into();
     }
-    let rows: Vec<Vec<String>> = ds
+    let rows: Vec<Vec<String>> = page
+        .deliveries
         .iter()
         .map(|d| {
             vec![
-                text(d, "id"),
-                text(d, "subscriber_id"),
-                text(d, "event_id"),
-                text(d, "event_type"),
-                text(d, "status"),
-                text(d, "attempt_count"),
-                d.get("last_error")
-                    .and_then(Value::as_str)
+                d.id.clone(),
+                d.subscriber_id.clone(),
+                d.event_id.clone(),
+                d.event_type.clone(),
+                d.status.as_str().into(),
+                d.attempt_count.to_string(),
+                d.last_error
+                    .as_deref()
                     .map(|e| crate::term::clip(e, 60))
                     .unwrap_or_default(),
             ]
@@ -1064,46 +1082,45 @@ pub fn deliveries_table(v: &Value) -> String {
         ],
         &rows,
     );
-    if let Some(next) = v.get("next").and_then(Value::as_str) {
+    if let Some(next) = &page.next {
         out.push_str(&format!(
             "({} shown; more after {next}: use --limit, or --json for the `next` cursor)\n",
-            ds.len()
+            page.deliveries.len()
         ));
     }
     out
 }
 
 /// One delivery with its attempts (pure).
-pub fn delivery_detail(d: &Value) -> String {
+pub fn delivery_detail(d: &DeliveryView) -> String {
     let mut out = String::new();
-    for key in [
-        "id",
-        "subscriber_id",
-        "event_id",
-        "event_type",
-        "status",
-        "attempt_count",
-        "next_attempt_at_ms",
-        "last_error",
+    for (key, value) in [
+        ("id", d.id.clone()),
+        ("subscriber_id", d.subscriber_id.clone()),
+        ("event_id", d.event_id.clone()),
+        ("event_type", d.event_type.clone()),
+        ("status", d.status.as_str().into()),
+        ("attempt_count", d.attempt_count.to_string()),
+        ("next_attempt_at_ms", opt(d.next_attempt_at_ms)),
+        ("last_error", opt(d.last_error.as_deref())),
     ] {
-        out.push_str(&format!("{key:<20}{}\n", text(d, key)));
+        out.push_str(&format!("{key:<20}{value}\n"));
     }
-    let rows: Vec<Vec<String>> = list(d, "attempts")
+    let rows: Vec<Vec<String>> = d
+        .attempts
         .iter()
+        .flatten()
         .map(|a| {
             vec![
-                text(a, "attempt"),
-                text(a, "at_ms"),
-                text(a, "lane"),
-                text(a, "outcome"),
-                text(a, "status"),
-                text(a, "latency_ms"),
-                a.get("error")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string(),
-                a.get("response_body")
-                    .and_then(Value::as_str)
+                a.attempt.to_string(),
+                a.at_ms.to_string(),
+                a.lane.as_str().into(),
+                a.outcome.as_str().into(),
+                opt(a.status),
+                opt(a.latency_ms),
+                a.error.clone().unwrap_or_default(),
+                a.response_body
+                    .as_deref()
                     .map(|b| crate::term::clip(b, 60))
                     .unwrap_or_default(),
             ]
@@ -1124,6 +1141,8 @@ pub fn delivery_detail(d: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::views::{AttemptRecordView, SubscriberStats, ViewWithStats};
+    use crate::model::{AttemptOutcome, Status};
 
     #[test]
     fn secrets_as_lines() {
@@ -1167,25 +1186,97 @@ mod tests {
         }
     }
 
+    fn view(id: &str, lane: Lane, rate_per_sec: f64, burst: u32) -> SubscriberView {
+        SubscriberView {
+            id: id.into(),
+            url: "https://example.com/h".into(),
+            event_types: vec!["*".into()],
+            rate_per_sec,
+            burst,
+            max_in_flight: 8,
+            timeout_ms: 10_000,
+            lane,
+            legacy_signature: false,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            active_secrets: 1,
+            disabled: false,
+            disabled_reason: None,
+            disabled_at_ms: None,
+            failing_since_ms: None,
+            customer: None,
+            secret: None,
+        }
+    }
+
+    fn stats(
+        (pending, in_flight, sent, dead): (i64, i64, i64, i64),
+        paused_until_ms: Option<i64>,
+        breaker: BreakerState,
+        last_error: Option<(&str, i64)>,
+    ) -> SubscriberStats {
+        SubscriberStats {
+            pending,
+            in_flight,
+            sent,
+            dead,
+            tokens: 0.0,
+            paused_until_ms,
+            breaker: fanout_core::breaker::BreakerView {
+                state: breaker,
+                consecutive_failures: 0,
+                open_until_ms: None,
+            },
+            last_error: last_error.map(|(e, _)| e.to_string()),
+            last_error_at_ms: last_error.map(|(_, at)| at),
+            limiter_error: None,
+        }
+    }
+
+    #[test]
+    fn retention_line_table() {
+        let v: RetentionView = serde_json::from_value(json!({ "retain_sent": "7d",
+            "retain_dead": "forever", "removed_sent": 120, "removed_dead": 3,
+            "removed_attempts": 130, "removed_events": 121, "oldest_sent_at_ms": 3_600_000,
+            "oldest_dead_at_ms": null, "last_run_at_ms": 7_170_000, "longest_step_ms": 4.5 }))
+        .unwrap();
+        assert_eq!(
+            retention_line(&v, 7_200_000),
+            "retention: sent kept 7d (oldest 1h00m ago), dead kept forever (none kept); removed \
+             120 sent, 3 dead, 130 attempts, 121 events; last pass 30s ago"
+        );
+    }
+
     #[test]
     fn status_table_shows_backlog_pause_breaker_and_last_error() {
-        let v = json!({ "subscribers": [
-            { "id": "partner", "lane": "edge", "rate_per_sec": 10.0, "burst": 20,
-              "stats": { "pending": 120, "in_flight": 8, "sent": 4000, "dead": 2,
-                         "paused_until_ms": 61_000, "breaker": { "state": "closed" },
-                         "last_error": "429: rate limited", "last_error_at_ms": 55_000 } },
-            { "id": "crm", "lane": "auto", "rate_per_sec": 2.5, "burst": 5,
-              "stats": { "pending": 0, "in_flight": 0, "sent": 7, "dead": 0,
-                         "paused_until_ms": null, "breaker": { "state": "open" },
-                         "last_error": null, "last_error_at_ms": null } },
-            { "id": "new", "lane": "origin", "rate_per_sec": 100, "burst": 100,
-              "stats": { "pending": 0, "in_flight": 0, "sent": 0, "dead": 0,
-                         "breaker": { "state": "closed" } } },
-            { "id": "gone", "lane": "origin", "rate_per_sec": 1, "burst": 1,
-              "disabled": true, "disabled_reason": "the endpoint answered 410 Gone",
-              "stats": { "pending": 3, "in_flight": 0, "sent": 0, "dead": 1,
-                         "breaker": { "state": "open" } } }
-        ]});
+        let mut gone = view("gone", Lane::Origin, 1.0, 1);
+        gone.disabled = true;
+        gone.disabled_reason = Some("the endpoint answered 410 Gone".into());
+        let v = SubscriberList {
+            subscribers: vec![
+                ViewWithStats {
+                    view: view("partner", Lane::Edge, 10.0, 20),
+                    stats: Some(stats(
+                        (120, 8, 4000, 2),
+                        Some(61_000),
+                        BreakerState::Closed,
+                        Some(("429: rate limited", 55_000)),
+                    )),
+                },
+                ViewWithStats {
+                    view: view("crm", Lane::Auto, 2.5, 5),
+                    stats: Some(stats((0, 0, 7, 0), None, BreakerState::Open, None)),
+                },
+                ViewWithStats {
+                    view: view("new", Lane::Origin, 100.0, 100),
+                    stats: Some(stats((0, 0, 0, 0), None, BreakerState::Closed, None)),
+                },
+                ViewWithStats {
+                    view: gone,
+                    stats: Some(stats((3, 0, 0, 1), None, BreakerState::Open, None)),
+                },
+            ],
+        };
         let t = status_table(&v, 60_000);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 5, "{t}");
@@ -1239,30 +1330,35 @@ mod tests {
             }
         }
         assert_eq!(
-            status_table(&json!({ "subscribers": [] }), 0),
+            status_table(
+                &SubscriberList {
+                    subscribers: vec![]
+                },
+                0
+            ),
             "no subscribers\n"
         );
     }
 
     #[test]
-    fn retention_line_table() {
-        let v = json!({ "retain_sent": "7d", "retain_dead": "forever", "removed_sent": 120,
-            "removed_dead": 3, "removed_attempts": 130, "removed_events": 121,
-            "oldest_sent_at_ms": 3_600_000, "oldest_dead_at_ms": null,
-            "last_run_at_ms": 7_170_000, "longest_step_ms": 4.5 });
-        assert_eq!(
-            retention_line(&v, 7_200_000),
-            "retention: sent kept 7d (oldest 1h00m ago), dead kept forever (none kept); removed 120 \
-             sent, 3 dead, 130 attempts, 121 events; last pass 30s ago"
-        );
-    }
-
-    #[test]
     fn deliveries_table_and_detail() {
-        let v = json!({ "deliveries": [
-            { "id": "dlv_1", "subscriber_id": "s", "event_id": "e1", "event_type": "video.x",
-              "status": "dead", "attempt_count": 3, "last_error": "gone" }
-        ], "next": "dlv_1" });
+        let dead = DeliveryView {
+            id: "dlv_1".into(),
+            subscriber_id: "s".into(),
+            event_id: "e1".into(),
+            event_type: "video.x".into(),
+            status: Status::Dead,
+            attempt_count: 3,
+            next_attempt_at_ms: None,
+            last_error: Some("gone".into()),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            attempts: None,
+        };
+        let v = DeliveryList {
+            deliveries: vec![dead.clone()],
+            next: Some("dlv_1".into()),
+        };
         let t = deliveries_table(&v);
         assert!(
             t.starts_with("ID     SUBSCRIBER  EVENT  TYPE     STATUS  ATTEMPTS  LAST ERROR\n"),
@@ -1273,10 +1369,20 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("more after dlv_1"), "{t}");
-        let d = json!({ "id": "dlv_1", "status": "sent", "attempts": [
-            { "attempt": 1, "at_ms": 5, "lane": "edge", "outcome": "failed", "status": 503,
-              "latency_ms": 40, "error": null, "response_body": "busy" }
-        ]});
+        let d = DeliveryView {
+            status: Status::Sent,
+            attempts: Some(vec![AttemptRecordView {
+                attempt: 1,
+                at_ms: 5,
+                lane: Lane::Edge,
+                outcome: AttemptOutcome::Failed,
+                status: Some(503),
+                latency_ms: Some(40),
+                error: None,
+                response_body: Some("busy".into()),
+            }]),
+            ..dead
+        };
         let t = delivery_detail(&d);
         assert!(t.contains("status              sent\n"), "{t}");
         assert!(

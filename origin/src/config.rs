@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use fanout_core::sign::Secret;
 use serde::Deserialize;
@@ -10,6 +11,7 @@ use serde::Deserialize;
 use crate::alert::rules::{DEFAULT_DEAD_THRESHOLD, DEFAULT_DISABLE_AFTER_MS};
 use crate::alert::{AlertRules, AlertTarget};
 use crate::retention::{Retention, DEFAULT_RETAIN_DEAD_MS, DEFAULT_RETAIN_SENT_MS};
+use crate::server::{ServerLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 use crate::time::parse_duration;
 
 pub const DEFAULT_DB: &str = "./fanout.db";
@@ -18,6 +20,7 @@ pub const DEFAULT_MAX_EVENT_BYTES: usize = 64 * 1024;
 pub const DEFAULT_ROTATION_GRACE_SECS: u64 = 24 * 3600;
 pub const DEFAULT_EDGE_BATCH: usize = 100;
 pub const DEFAULT_MAX_TOTAL_IN_FLIGHT: usize = 4096;
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Every setting, each optional: one layer (file, or flags and environment).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, clap::Args)]
@@ -82,6 +85,20 @@ pub struct Settings {
     /// "forever" [default: 30d]
     #[arg(long, env = "FANOUT_RETAIN_DEAD")]
     pub retain_dead: Option<String>,
+    /// Cap on the ledger's size, like 500MiB or 20GiB: past it ingest answers 503 `unavailable`
+    /// (as on a full disk) until there is room [default: no cap]
+    #[arg(long, env = "FANOUT_MAX_DB_SIZE")]
+    pub max_db_size: Option<String>,
+    /// Close a connection that has not sent a whole request head within this long, like 10s
+    /// [default: 10s]
+    #[arg(long, env = "FANOUT_HEADER_TIMEOUT")]
+    pub header_timeout: Option<String>,
+    /// Answer 408 to a request whose body has not arrived within this long [default: 30s]
+    #[arg(long, env = "FANOUT_BODY_TIMEOUT")]
+    pub body_timeout: Option<String>,
+    /// Most connections open at once; past it new ones wait [default: 4096]
+    #[arg(long, env = "FANOUT_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// Origins allowed to frame the customer portal, comma-separated
     /// (https://app.example.com); without it nobody may frame it
     #[arg(long, env = "FANOUT_PORTAL_FRAME_ANCESTORS", value_delimiter = ',')]
@@ -110,6 +127,10 @@ impl Settings {
             disable_after: self.disable_after.or(lower.disable_after),
             retain_sent: self.retain_sent.or(lower.retain_sent),
             retain_dead: self.retain_dead.or(lower.retain_dead),
+            max_db_size: self.max_db_size.or(lower.max_db_size),
+            header_timeout: self.header_timeout.or(lower.header_timeout),
+            body_timeout: self.body_timeout.or(lower.body_timeout),
+            max_connections: self.max_connections.or(lower.max_connections),
             portal_frame_ancestors: self.portal_frame_ancestors.or(lower.portal_frame_ancestors),
         }
     }
@@ -146,8 +167,48 @@ pub struct Config {
     pub alert_rules: AlertRules,
     /// How long finished deliveries are kept.
     pub retention: Retention,
+    /// The ledger's size cap (`--max-db-size`), if any.
+    pub max_db_bytes: Option<u64>,
+    pub server_limits: ServerLimits,
+    pub body_timeout: Duration,
     /// The portal's CSP `frame-ancestors` source list (`'none'` unless configured).
     pub portal_frame_ancestors: String,
+}
+
+/// Bytes in a size like `500MiB`, `20GiB`, `64KiB` or `4096` (units are powers of 1024; `KB`,
+/// `MB`, `GB`, `TB` and single letters mean the same).
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    n.checked_mul(1u64 << shift)
+}
+
+/// A duration setting of at least `min_ms`, or the default.
+fn duration_setting(
+    name: &str,
+    value: Option<&str>,
+    default: Duration,
+    min_ms: i64,
+) -> Result<Duration, ConfigError> {
+    match value.map(str::trim) {
+        None => Ok(default),
+        Some(text) => match parse_duration(text) {
+            Some(ms) if ms >= min_ms => Ok(Duration::from_millis(ms as u64)),
+            _ => Err(ConfigError(format!(
+                "--{name} {text:?} is not a duration of at least {min_ms}ms like 10s or 1m"
+            ))),
+        },
+    }
 }
 
 impl Config {
@@ -190,8 +251,10 @@ impl Config {
                         if u.scheme() == "http"
                             && !matches!(u.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"))
                         {
-                            warnings
-                                .push(format!("the edge URL {url} is plain http beyond loopback"));
+                            warnings.push(format!(
+                                "the edge URL {} is plain http beyond loopback",
+                                crate::redact::url(&url)
+                            ));
                         }
                     }
                     _ => return err(format!("--edge-url {url:?} is not an http(s) URL")),
@@ -313,6 +376,35 @@ impl Config {
                 );
             }
         }
+        /// The smallest size cap: a few pages beyond a new ledger's.
+        const MIN_DB_SIZE: u64 = 64 * 1024;
+        let max_db_bytes = match s.max_db_size.as_deref() {
+            None => None,
+            Some(text) => match parse_size(text) {
+                Some(n) if n >= MIN_DB_SIZE => Some(n),
+                _ => {
+                    return err(format!(
+                    "--max-db-size {text:?} is not a size of at least 64KiB like 500MiB or 20GiB"
+                ))
+                }
+            },
+        };
+        let header_timeout = duration_setting(
+            "header-timeout",
+            s.header_timeout.as_deref(),
+            DEFAULT_HEADER_TIMEOUT,
+            100,
+        )?;
+        let body_timeout = duration_setting(
+            "body-timeout",
+            s.body_timeout.as_deref(),
+            DEFAULT_BODY_TIMEOUT,
+            100,
+        )?;
+        let max_connections = s.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            return err("--max-connections must be at least 1".into());
+        }
         let portal_frame_ancestors =
             crate::portal::frame_ancestors(&s.portal_frame_ancestors.unwrap_or_default())
                 .map_err(ConfigError)?;
@@ -328,6 +420,12 @@ impl Config {
         }
         Ok((
             Config {
+                max_db_bytes,
+                server_limits: ServerLimits {
+                    header_timeout,
+                    max_connections,
+                },
+                body_timeout,
                 db: s.db.unwrap_or_else(|| PathBuf::from(DEFAULT_DB)),
                 listen,
                 edge,
@@ -397,6 +495,7 @@ mod tests {
         let parsed: Settings = toml::from_str(&example).unwrap();
         assert_eq!(parsed.max_attempts, Some(8));
         assert_eq!(parsed.edge_url.as_deref(), Some("http://127.0.0.1:8787"));
+        assert_eq!(parsed.max_db_size.as_deref(), Some("20GiB"));
         assert_eq!(
             parsed.portal_frame_ancestors,
             Some(vec!["https://app.example.com".to_string()])
@@ -421,6 +520,28 @@ mod tests {
         assert!(warnings.iter().any(|w| w.contains("plain-http")));
         let err = Config::from_settings(with(&["app.example.com/x"])).unwrap_err();
         assert!(err.0.contains("--portal-frame-ancestors"), "{err}");
+    }
+
+    #[test]
+    fn size_table() {
+        for (text, want) in [
+            ("4096", Some(4096)),
+            ("64KiB", Some(64 << 10)),
+            ("64k", Some(64 << 10)),
+            ("500MiB", Some(500 << 20)),
+            ("500 MB", Some(500 << 20)),
+            ("20GiB", Some(20u64 << 30)),
+            ("1TiB", Some(1u64 << 40)),
+            ("", None),
+            ("MiB", None),
+            ("1.5GiB", None),
+            ("-1", None),
+            ("12 parsecs", None),
+            ("99999999999999999999", None),
+            ("18446744073709551615T", None),
+        ] {
+            assert_eq!(parse_size(text), want, "{text:?}");
+        }
     }
 
     #[test]

@@ -1,20 +1,40 @@
 //! `fanout`: a thin CLI over the `fanout_origin` library.
 
+use std::io::IsTerminal as _;
+
 use anyhow::Context as _;
 use clap::Parser as _;
-use fanout_origin::cli::{run_client, Cli, Command};
+use fanout_origin::cli::{run_client, Cli, Command, LogFormat};
 use fanout_origin::config::Config;
+
+/// Crates whose debug and trace output can carry URLs, headers or bodies: capped at `info`
+/// whatever `FANOUT_LOG` asks (their `info` and above name no request).
+const QUIET_CRATES: &[&str] = &["hyper", "hyper_util", "h2", "reqwest", "rustls", "tower"];
+
+fn init_logs(format: LogFormat) {
+    let wanted = std::env::var("FANOUT_LOG").unwrap_or_else(|_| "info".into());
+    let mut filter = tracing_subscriber::EnvFilter::try_new(&wanted)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    for name in QUIET_CRATES {
+        if let Ok(d) = format!("{name}=info").parse() {
+            filter = filter.add_directive(d);
+        }
+    }
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        // One JSON object per line, for log collectors.
+        LogFormat::Json => logs.json().with_current_span(false).init(),
+        // Colour only on a terminal: a file or a pipe gets plain text.
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FANOUT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    init_logs(cli.log_format);
     match cli.command {
         Command::Serve(args) => {
             let (cfg, warnings) = Config::from_settings(args.merged()?)?;

@@ -48,6 +48,37 @@ impl Lane {
     }
 }
 
+/// What one attempt came to, as the attempts table records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    Delivered,
+    Deferred,
+    Failed,
+    Rejected,
+}
+
+impl AttemptOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Delivered => "delivered",
+            AttemptOutcome::Deferred => "deferred",
+            AttemptOutcome::Failed => "failed",
+            AttemptOutcome::Rejected => "rejected",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<AttemptOutcome> {
+        match s {
+            "delivered" => Some(AttemptOutcome::Delivered),
+            "deferred" => Some(AttemptOutcome::Deferred),
+            "failed" => Some(AttemptOutcome::Failed),
+            "rejected" => Some(AttemptOutcome::Rejected),
+            _ => None,
+        }
+    }
+}
+
 /// A delivery's state, mirrored by the ledger's `status` column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -143,24 +174,15 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// The bounds are the shared core's ([`fanout_core::limits`]), the same the edge checks.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.rate_per_sec.is_finite() && self.rate_per_sec > 0.0) {
-            return Err("rate_per_sec must be a positive number".into());
-        }
-        if self.burst == 0 {
-            return Err("burst must be at least 1".into());
-        }
-        if self.max_in_flight == 0 {
-            return Err("max_in_flight must be at least 1".into());
-        }
-        let (lo, hi) = (
-            fanout_core::wire::MIN_TIMEOUT_MS,
-            fanout_core::wire::MAX_TIMEOUT_MS,
-        );
-        if !(lo..=hi).contains(&self.timeout_ms) {
-            return Err(format!("timeout_ms must be between {lo} and {hi}"));
-        }
-        Ok(())
+        fanout_core::limits::check(
+            self.rate_per_sec,
+            self.burst,
+            self.max_in_flight,
+            self.timeout_ms,
+        )
+        .map_err(|e| e.to_string())
     }
 
     /// The default burst for a rate: one second's worth, at least 1.
@@ -281,7 +303,7 @@ impl SecretsView {
 
 /// The API's view of a subscriber (its secret only in the answer to its creation; the active
 /// ones from `GET /v1/subscribers/{id}/secret`, [`SecretsView`]).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SubscriberView {
     pub id: String,
     pub url: String,
@@ -305,7 +327,7 @@ pub struct SubscriberView {
     pub failing_since_ms: Option<i64>,
     /// The customer that owns this endpoint, if any.
     pub customer: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
 

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ledger::retention::{self as purge, Finished, Removed};
 use crate::ledger::{Ledger, LedgerError};
@@ -200,7 +200,7 @@ pub async fn run(
 }
 
 /// What `GET /v1/retention` and `fanout status` show.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RetentionView {
     pub retain_sent: String,
     pub retain_dead: String,

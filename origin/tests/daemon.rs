@@ -707,6 +707,42 @@ async fn bad_input_gets_a_json_error_and_changes_nothing() {
             "conflict",
         ),
         (
+            "rate so small its wait overflows",
+            "POST",
+            "/v1/subscribers",
+            Some(ok_sub(json!({ "rate_per_sec": 1e-300 }))),
+            true,
+            400,
+            "invalid_request",
+        ),
+        (
+            "rate too large to mean anything",
+            "POST",
+            "/v1/subscribers",
+            Some(ok_sub(json!({ "rate_per_sec": 1e300 }))),
+            true,
+            400,
+            "invalid_request",
+        ),
+        (
+            "burst over its bound",
+            "POST",
+            "/v1/subscribers",
+            Some(ok_sub(json!({ "burst": 1_000_001 }))),
+            true,
+            400,
+            "invalid_request",
+        ),
+        (
+            "patch to a rate that overflows",
+            "PATCH",
+            "/v1/subscribers/existing",
+            Some(r#"{"rate_per_sec":1e-300}"#.into()),
+            true,
+            400,
+            "invalid_request",
+        ),
+        (
             "patch to zero rate",
             "PATCH",
             "/v1/subscribers/existing",
@@ -757,6 +793,23 @@ async fn bad_input_gets_a_json_error_and_changes_nothing() {
         assert_eq!(got, status, "{name}: {json}");
         assert_eq!(json["error"]["code"], code, "{name}: {json}");
         assert!(json["error"]["message"].is_string(), "{name}: {json}");
+        // A limit out of bounds names the bound.
+        if name.contains("rate so") || name.contains("rate too") || name.contains("overflows") {
+            assert!(
+                json["error"]["message"].as_str().is_some_and(
+                    |m| m.contains("rate_per_sec must be a number from 0.0001 to 1000000")
+                ),
+                "{name}: {json}"
+            );
+        }
+        if name.contains("burst over") {
+            assert!(
+                json["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("burst must be from 1 to 1000000")),
+                "{name}: {json}"
+            );
+        }
     }
     // Nothing changed.
     assert_eq!(d.api.count("").await, 0);

@@ -108,7 +108,7 @@ async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
     let input: CustomerInput = parse_json(&bytes)?;
     let cu = customer_from(input, nonce()?, now_ms())?;
     let stored = cu.clone();
@@ -150,7 +150,7 @@ async fn update(
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
     let input: CustomerInput = parse_json(&bytes)?;
     let now = now_ms();
     let lookup = id.clone();
@@ -224,7 +224,7 @@ async fn portal_link(
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&headers, body, 4 * 1024).await?;
+    let bytes = read_body(&state.cfg, &headers, body, 4 * 1024).await?;
     let input: PortalInput = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         PortalInput::default()
     } else {

@@ -34,6 +34,8 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     InvalidUrl(String),
+    #[error("{0}")]
+    Timeout(String),
     #[error("method not allowed")]
     MethodNotAllowed,
     #[error(transparent)]
@@ -67,11 +69,15 @@ impl ApiError {
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::InvalidUrl(_) => (StatusCode::BAD_REQUEST, "invalid_url"),
+            ApiError::Timeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::Ledger(LedgerError::NotFound(_)) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Ledger(LedgerError::Conflict(_)) => (StatusCode::CONFLICT, "conflict"),
             ApiError::Ledger(LedgerError::Invalid(_)) => {
                 (StatusCode::BAD_REQUEST, "invalid_request")
+            }
+            ApiError::Ledger(LedgerError::Unavailable(_)) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
             }
             ApiError::Ledger(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -85,12 +91,22 @@ impl IntoResponse for ApiError {
             ApiError::Ledger(
                 LedgerError::NotFound(m) | LedgerError::Conflict(m) | LedgerError::Invalid(m),
             ) => m.clone(),
+            ApiError::Ledger(LedgerError::Unavailable(why)) => {
+                format!("the ledger cannot write ({why}); nothing of this request was kept, retry later")
+            }
             ApiError::Ledger(e) => {
                 tracing::error!(error = %e, "ledger failure while serving a request");
                 "internal error".to_string()
             }
             other => other.to_string(),
         };
-        (status, Json(ErrorBody::new(code, message))).into_response()
+        let mut response = (status, Json(ErrorBody::new(code, message))).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }

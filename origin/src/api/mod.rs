@@ -8,6 +8,7 @@ mod error;
 mod extract;
 mod openapi;
 mod stats;
+pub mod views;
 
 use std::sync::Arc;
 
@@ -30,6 +31,7 @@ use auth::Principal;
 use extract::PathId;
 
 use crate::dispatch::Control;
+use crate::health::Health;
 use crate::ledger::{self, DeliveryFilter, Ledger, NewEvent};
 use crate::metrics::Metrics;
 use crate::model::{
@@ -53,6 +55,8 @@ pub struct ApiConfig {
     pub rotation_grace_ms: i64,
     /// How long finished deliveries are kept (shown by `GET /v1/retention`).
     pub retention: crate::retention::Retention,
+    /// A request body must arrive within this long (408 otherwise).
+    pub body_timeout: std::time::Duration,
     /// The HMAC key that signs portal tokens (`crate::portal::token`), kept in the ledger.
     pub portal_key: Vec<u8>,
     /// The portal's `frame-ancestors` source list (`'none'` unless configured).
@@ -65,6 +69,7 @@ pub struct AppState {
     control: UnboundedSender<Control>,
     cfg: Arc<ApiConfig>,
     metrics: Arc<Metrics>,
+    health: Health,
 }
 
 impl AppState {
@@ -73,12 +78,14 @@ impl AppState {
         control: UnboundedSender<Control>,
         cfg: ApiConfig,
         metrics: Arc<Metrics>,
+        health: Health,
     ) -> Self {
         AppState {
             ledger,
             control,
             cfg: Arc::new(cfg),
             metrics,
+            health,
         }
     }
 
@@ -128,6 +135,7 @@ pub fn router(state: AppState) -> Router {
 }
 
 async fn read_body(
+    cfg: &ApiConfig,
     headers: &HeaderMap,
     body: Body,
     limit: usize,
@@ -140,9 +148,13 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_large())
+    match tokio::time::timeout(cfg.body_timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(read) => read.map_err(|_| too_large()),
+        Err(_) => Err(ApiError::Timeout(format!(
+            "the request body did not arrive within {} ms",
+            cfg.body_timeout.as_millis()
+        ))),
+    }
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
@@ -239,7 +251,7 @@ async fn post_events(
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
     let limit = MAX_REQUEST_BYTES.max(state.cfg.max_event_bytes);
-    let bytes = read_body(&headers, body, limit).await?;
+    let bytes = read_body(&state.cfg, &headers, body, limit).await?;
     let (events, is_array) = parse_events(&bytes, state.cfg.max_event_bytes)?;
     let now = now_ms();
     let (results, touched) = state
@@ -259,35 +271,53 @@ async fn post_events(
         state.tell(Control::Due(touched));
     }
     let body = if is_array {
-        json!({ "events": results })
+        serde_json::to_value(views::IngestedBatch { events: results })
     } else {
-        serde_json::to_value(&results[0]).unwrap_or_default()
-    };
+        serde_json::to_value(&results[0])
+    }
+    .unwrap_or_default();
     Ok((StatusCode::ACCEPTED, Json(body)))
 }
 
 // ---------------------------------------------------------------------------------------------
 // Subscribers
 
-#[derive(Debug, Default, Deserialize)]
+/// The body of `POST /v1/subscribers` and `PATCH /v1/subscribers/{id}` (the CLI writes it
+/// with the same type).
+#[derive(Debug, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
-struct SubscriberInput {
-    id: Option<String>,
-    url: Option<String>,
-    event_types: Option<Vec<String>>,
-    rate_per_sec: Option<f64>,
-    burst: Option<u32>,
-    max_in_flight: Option<u32>,
-    timeout_ms: Option<u64>,
-    lane: Option<Lane>,
-    legacy_signature: Option<bool>,
+pub struct SubscriberInput {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_types: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_per_sec: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lane: Option<Lane>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub legacy_signature: Option<bool>,
     /// Optional on creation: a `whsec_` secret to use instead of a generated one.
-    secret: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
     /// PATCH only: `false` re-enables a disabled subscriber, `true` disables it.
-    disabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<bool>,
     /// The owning customer; in a PATCH, `null` detaches the subscriber from its customer.
-    #[serde(default, deserialize_with = "present")]
-    customer: Option<Option<String>>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub customer: Option<Option<String>>,
 }
 
 /// `Some(value)` for a field that is present, `null` included (`Some(None)`).
@@ -511,7 +541,7 @@ async fn create_subscriber(
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
     let input: SubscriberInput = parse_json(&bytes)?;
     let now = now_ms();
     let (sub, given) = subscriber_from(input, state.cfg.allow_loopback, now)?;
@@ -547,6 +577,7 @@ async fn subscribers_with_stats(
     only: Option<String>,
     with_stats: bool,
 ) -> Result<Vec<stats::ViewWithStats>, ledger::LedgerError> {
+    let now = now_ms();
     let who = who.clone();
     let (subs, counts) = state
         .ledger
@@ -559,7 +590,7 @@ async fn subscribers_with_stats(
             subs.retain(|s| who.sees(s.customer.as_deref()));
             let counts = if with_stats {
                 let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
-                Some(ledger::status::subscriber_counts(&snapshot, &ids)?)
+                Some(ledger::status::subscriber_counts(&snapshot, &ids, now)?)
             } else {
                 None
             };
@@ -575,7 +606,7 @@ async fn list_subscribers(
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<impl IntoResponse, ApiError> {
     let views = subscribers_with_stats(&state, &who, None, stats::wants_stats(&q)?).await?;
-    Ok(Json(json!({ "subscribers": views })))
+    Ok(Json(views::SubscriberList { subscribers: views }))
 }
 
 async fn get_subscriber(
@@ -615,7 +646,7 @@ async fn patch_subscriber(
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
     let input: SubscriberInput = parse_json(&bytes)?;
     who.may_patch(&input.fields())?;
     let allow_loopback = state.cfg.allow_loopback;
@@ -660,9 +691,11 @@ async fn delete_subscriber(
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     state.tell(Control::Changed(id.clone()));
-    Ok(Json(
-        json!({ "id": id, "deleted": true, "deliveries_dead": dead }),
-    ))
+    Ok(Json(views::Deleted {
+        id,
+        deleted: true,
+        deliveries_dead: dead as u64,
+    }))
 }
 
 async fn rotate_secret(
@@ -686,11 +719,11 @@ async fn rotate_secret(
     state.tell(Control::Changed(id.clone()));
     Ok((
         NO_STORE,
-        Json(json!({
-            "id": id,
-            "secret": secret,
-            "previous_secrets_expire_at_ms": now + grace,
-        })),
+        Json(views::Rotated {
+            id,
+            secret,
+            previous_secrets_expire_at_ms: now + grace,
+        }),
     ))
 }
 
@@ -867,7 +900,10 @@ async fn list_deliveries(
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|d| d.id.clone()))
         .flatten();
-    Ok(Json(json!({ "deliveries": rows, "next": next })))
+    Ok(Json(views::DeliveryList {
+        deliveries: rows,
+        next,
+    }))
 }
 
 fn delivery_id(id: &str) -> Result<i64, ApiError> {
@@ -924,7 +960,10 @@ async fn replay_one(
     state.tell(Control::Replayed(vec![sub]));
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "id": id, "status": "pending" })),
+        Json(views::ReplayedOne {
+            id,
+            status: Status::Pending,
+        }),
     ))
 }
 
@@ -934,7 +973,7 @@ async fn replay_bulk(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
     let q: DeliveryQuery = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         DeliveryQuery::default()
     } else {
@@ -976,28 +1015,37 @@ async fn replay_bulk(
     if !subs.is_empty() {
         state.tell(Control::Replayed(subs));
     }
-    Ok((StatusCode::ACCEPTED, Json(json!({ "replayed": n }))).into_response())
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(views::Replayed { replayed: n as u64 }),
+    )
+        .into_response())
 }
 
 // ---------------------------------------------------------------------------------------------
 // Health and metrics
 
+/// 200 when the dispatcher turns and the ledger can write; 503 with the reasons otherwise.
+/// Reads atomics only: it answers at once even while the writer is busy.
 async fn healthz(State(state): State<AppState>) -> Response {
-    match state
-        .ledger
-        .call(|c| Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))?))
-        .await
-    {
-        Ok(_) => Json(json!({ "status": "ok" })).into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(fanout_core::wire::ErrorBody::new(
-                "unavailable",
-                e.to_string(),
-            )),
-        )
-            .into_response(),
+    let problems = crate::health::verdict(state.health.snapshot(), now_ms());
+    if problems.is_empty() {
+        return Json(json!({ "status": "ok" })).into_response();
     }
+    let message = problems
+        .iter()
+        .map(|p| p.message.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({
+            "status": "unavailable",
+            "error": { "code": "unavailable", "message": message },
+            "problems": problems,
+        })),
+    )
+        .into_response()
 }
 
 /// What retention has removed and the oldest finished deliveries it kept: keyed lookups only.
@@ -1018,6 +1066,62 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `/healthz` reads atomics only: it answers at once while the writer is held, and says
+    /// 503 with the reason before the dispatcher's first turn.
+    #[tokio::test]
+    async fn healthz_never_waits_behind_the_writer_and_tells_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("l.db")).unwrap();
+        let health = Health::new(ledger.write_state(), crate::dispatch::Heartbeat::default());
+        let state = AppState::new(
+            ledger.clone(),
+            tokio::sync::mpsc::unbounded_channel().0,
+            ApiConfig {
+                api_token: "t".repeat(16),
+                allow_loopback: false,
+                max_event_bytes: 1024,
+                rotation_grace_ms: 0,
+                retention: Default::default(),
+                body_timeout: std::time::Duration::from_secs(1),
+                portal_key: vec![7; 32],
+                portal_frame_ancestors: "'none'".into(),
+            },
+            Arc::new(Metrics::new(false)),
+            health.clone(),
+        );
+        let ask = |state: AppState| async move {
+            let r =
+                tokio::time::timeout(std::time::Duration::from_millis(500), healthz(State(state)))
+                    .await
+                    .expect("healthz waited");
+            let status = r.status().as_u16();
+            let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+            (
+                status,
+                serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+            )
+        };
+        let (status, body) = ask(state.clone()).await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["problems"][0]["code"], "dispatcher_not_running");
+        health.heartbeat().beat(now_ms());
+        let held = tokio::spawn({
+            let ledger = ledger.clone();
+            async move {
+                ledger
+                    .call(|_| {
+                        std::thread::sleep(std::time::Duration::from_secs(2));
+                        Ok(())
+                    })
+                    .await
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let (status, body) = ask(state).await;
+        assert_eq!(status, 200, "{body}");
+        held.await.unwrap().unwrap();
+    }
 
     fn check(body: &str, expected: Result<Vec<(&str, &str)>, &str>) {
         let got = parse_events(body.as_bytes(), 64)

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use fanout_core::breaker::{BreakerConfig, BreakerView};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::ApiError;
 use crate::ledger::status::SubscriberCounts;
@@ -12,7 +12,7 @@ use crate::model::{Subscriber, SubscriberView};
 
 /// One subscriber's figures. `tokens`, `paused_until_ms` and `breaker` are the limiter as last
 /// stored by the dispatcher (the origin lane's limiter; the edge keeps its own per subscriber).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SubscriberStats {
     pub pending: i64,
     pub in_flight: i64,
@@ -23,13 +23,17 @@ pub struct SubscriberStats {
     pub breaker: BreakerView,
     pub last_error: Option<String>,
     pub last_error_at_ms: Option<i64>,
+    /// Present when the stored limiter state does not decode (the subscriber starts from an
+    /// empty bucket).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limiter_error: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ViewWithStats {
     #[serde(flatten)]
     pub view: SubscriberView,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats: Option<SubscriberStats>,
 }
 
@@ -78,6 +82,7 @@ fn stats(s: &Subscriber, c: &SubscriberCounts, now_ms: i64) -> SubscriberStats {
         breaker: limiter.breaker,
         last_error: c.last_error.as_ref().map(|(_, e)| e.clone()),
         last_error_at_ms: c.last_error.as_ref().map(|(at, _)| *at),
+        limiter_error: c.limiter_error.clone(),
     }
 }
 

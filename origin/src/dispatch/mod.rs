@@ -250,27 +250,25 @@ impl<L: DispatchLedger> Dispatcher<L> {
         batch
     }
 
-    /// Run until `shutdown`, then wait (a little) for sends in flight to be recorded.
+    /// Run until `shutdown`, then wait (a little) for sends in flight to be recorded. Fails if
+    /// it cannot read the subscribers at start: a dispatcher that cannot start must not look
+    /// running (`run` in lib.rs stops the daemon).
     pub async fn run(
         mut self,
         mut control: mpsc::UnboundedReceiver<Control>,
         shutdown: impl std::future::Future<Output = ()>,
-    ) {
+    ) -> Result<(), LedgerError> {
         match self.ledger.dispatch_customers().await {
             Ok(all) => self.step(Event::Customers(all)).await,
             Err(e) => tracing::error!(error = %e, "dispatcher cannot read the customers"),
         }
-        match self.ledger.dispatch_subscribers().await {
-            Ok(subs) => {
-                for (s, _) in &subs {
-                    if s.lane == Lane::Edge && self.cfg.edge.is_none() {
-                        tracing::warn!(subscriber = %s.id, "lane is edge but no edge is configured: using the origin lane");
-                    }
-                }
-                self.step(Event::Loaded(subs)).await;
+        let subs = self.ledger.dispatch_subscribers().await?;
+        for (s, _) in &subs {
+            if s.lane == Lane::Edge && self.cfg.edge.is_none() {
+                tracing::warn!(subscriber = %s.id, "lane is edge but no edge is configured: using the origin lane");
             }
-            Err(e) => tracing::error!(error = %e, "dispatcher cannot read the ledger"),
         }
+        self.step(Event::Loaded(subs)).await;
         if let Err(e) = self.rescan().await {
             tracing::error!(error = %e, "dispatcher cannot read the queue");
         }
@@ -337,11 +335,12 @@ impl<L: DispatchLedger> Dispatcher<L> {
         for _ in 0..3 {
             self.step(Event::Flush).await;
             if !self.state.has_unrecorded() {
-                return;
+                return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         tracing::error!("could not record every result at shutdown; their deliveries are sent again after the restart");
+        Ok(())
     }
 
     /// Start sending leased deliveries by the subscriber's lane.

@@ -4,7 +4,7 @@
 use fanout_core::breaker::Breaker;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{load_limiter, store_limiters, LedgerError};
+use super::{read_limiter, store_limiters, LedgerError, StoredLimiter};
 use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
 use crate::model::{Disabled, HealthWrite};
@@ -131,9 +131,11 @@ pub fn set_disabled(
         )?,
     };
     if n > 0 && disabled.is_none() {
-        let mut limiter = load_limiter(c, id)?;
-        limiter.breaker = Breaker::default();
-        store_limiters(c, &[(id.to_string(), limiter)])?;
+        // A state that does not decode is left for the dispatcher, which starts it empty.
+        if let StoredLimiter::Decoded(mut limiter) = read_limiter(c, id)? {
+            limiter.breaker = Breaker::default();
+            store_limiters(c, &[(id.to_string(), limiter)])?;
+        }
     }
     Ok(n > 0)
 }
@@ -142,8 +144,8 @@ pub fn set_disabled(
 mod tests {
     use super::*;
     use crate::ledger::{
-        apply, claim, create_subscriber, get_subscriber, ingest, replay_bulk, DeliveryFilter,
-        Outcome, Transition,
+        apply, claim, create_subscriber, get_subscriber, ingest, load_limiter, replay_bulk,
+        DeliveryFilter, Outcome, Transition,
     };
 
     fn db_with(sub: &str, events: usize) -> Connection {
@@ -238,7 +240,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let mut limiter = load_limiter(&c, "a").unwrap();
+        let mut limiter = load_limiter(&c, "a", 0).unwrap();
         limiter.breaker.open_until_ms = Some(99);
         limiter.breaker.consecutive_failures = 20;
         store_limiters(&c, &[("a".into(), limiter)]).unwrap();
@@ -256,7 +258,10 @@ mod tests {
         assert!(!set_disabled(&c, "a", None).unwrap());
         let s = get_subscriber(&c, "a").unwrap();
         assert_eq!(s.health, Default::default());
-        assert_eq!(load_limiter(&c, "a").unwrap().breaker, Breaker::default());
+        assert_eq!(
+            load_limiter(&c, "a", 0).unwrap().breaker,
+            Breaker::default()
+        );
         assert!(set_disabled(&c, "a", Some(&later)).unwrap());
         assert!(!set_disabled(&c, "nobody", None).unwrap());
     }

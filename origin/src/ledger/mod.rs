@@ -14,6 +14,7 @@ pub mod backup;
 mod customers;
 mod health;
 pub mod ops;
+pub mod owner;
 #[cfg(test)]
 mod plans;
 mod queries;
@@ -68,7 +69,8 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
 }
 
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
+use std::sync::{mpsc, Arc};
 
 use rusqlite::{Connection, OpenFlags};
 
@@ -84,7 +86,11 @@ pub use crate::model::{AttemptRecord, Claim, Claimed, HealthWrite, Outcome, Tran
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
     #[error("database error: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(rusqlite::Error),
+    /// The ledger cannot write now (its size cap or the disk is full, or the disk fails);
+    /// nothing of the failed operation was kept. It may succeed again later.
+    #[error("the ledger cannot write: {0}")]
+    Unavailable(Unavailable),
     #[error("schema: {0}")]
     Schema(String),
     #[error("not found: {0}")]
@@ -95,6 +101,47 @@ pub enum LedgerError {
     Invalid(String),
     #[error("the ledger is closed")]
     Closed,
+    /// Another daemon owns this SQLite ledger.
+    #[error("the ledger {db} is owned by another daemon: {owner}")]
+    Owned { db: String, owner: String },
+}
+
+/// Why the ledger cannot write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable {
+    /// `SQLITE_FULL`: the disk, or the ledger's size cap (`--max-db-size`), is full.
+    Full,
+    /// `SQLITE_IOERR`: the operating system failed a read or write.
+    Io,
+}
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Unavailable::Full => "the disk or the ledger's size cap is full",
+            Unavailable::Io => "the disk reported an I/O error",
+        })
+    }
+}
+
+impl Unavailable {
+    /// The kind of a SQLite failure that means "cannot write now", by its result code.
+    pub fn classify(e: &rusqlite::Error) -> Option<Unavailable> {
+        match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DiskFull) => Some(Unavailable::Full),
+            Some(rusqlite::ErrorCode::SystemIoFailure) => Some(Unavailable::Io),
+            _ => None,
+        }
+    }
+}
+
+impl From<rusqlite::Error> for LedgerError {
+    fn from(e: rusqlite::Error) -> LedgerError {
+        match Unavailable::classify(&e) {
+            Some(u) => LedgerError::Unavailable(u),
+            None => LedgerError::Sqlite(e),
+        }
+    }
 }
 
 use writer::Job;
@@ -107,6 +154,72 @@ pub struct Ledger {
     reader: mpsc::Sender<Job>,
     /// Dropped with the last handle, which ends the checkpointer.
     _checkpointer: mpsc::Sender<()>,
+    writes: Arc<WriteState>,
+}
+
+/// Options of [`Ledger::open_with`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LedgerOptions {
+    /// Most bytes the database file may hold (`PRAGMA max_page_count`); past it every write
+    /// that needs a new page fails as [`Unavailable::Full`], like a full disk. `None`: no cap.
+    pub max_bytes: Option<u64>,
+}
+
+/// Whether the ledger can write, as its last failed write and its probes saw it. Read with
+/// atomics only: asking never waits behind the writer.
+#[derive(Debug, Default)]
+pub struct WriteState {
+    /// Unix ms of the first failure of the current run of them; 0 while writes succeed.
+    failing_since_ms: AtomicI64,
+    /// The [`Unavailable`] of the last failure: 1 full, 2 I/O.
+    kind: AtomicU8,
+}
+
+impl WriteState {
+    /// `Some((why, since_ms))` while the ledger cannot write.
+    pub fn failing(&self) -> Option<(Unavailable, i64)> {
+        let since = self.failing_since_ms.load(Ordering::Acquire);
+        if since == 0 {
+            return None;
+        }
+        let why = match self.kind.load(Ordering::Acquire) {
+            2 => Unavailable::Io,
+            _ => Unavailable::Full,
+        };
+        Some((why, since))
+    }
+
+    fn failed(&self, why: Unavailable, now_ms: i64) {
+        self.kind.store(
+            match why {
+                Unavailable::Full => 1,
+                Unavailable::Io => 2,
+            },
+            Ordering::Release,
+        );
+        let _ = self.failing_since_ms.compare_exchange(
+            0,
+            now_ms.max(1),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    fn recovered(&self) {
+        if self.failing_since_ms.swap(0, Ordering::AcqRel) != 0 {
+            tracing::info!("the ledger can write again");
+        }
+    }
+
+    /// Note what an operation's result says about the ledger's ability to write.
+    fn observe<T>(&self, r: &Result<T, LedgerError>) {
+        if let Err(LedgerError::Unavailable(why)) = r {
+            if self.failing().is_none() {
+                tracing::error!(error = %why, "the ledger cannot write; ingest answers 503 until it can");
+            }
+            self.failed(*why, crate::time::now_ms());
+        }
+    }
 }
 
 fn spawn_worker(
@@ -131,21 +244,57 @@ fn spawn_worker(
 /// How often the checkpointer folds the WAL back into the database.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// While the ledger cannot write, the writer is probed this often (every this many checkpoints).
+const PROBE_EVERY_CHECKPOINTS: u32 = 10;
+
 /// Copies committed pages from the WAL into the database file (and syncs it) beside the writer
 /// instead of inside its commits: a passive checkpoint never blocks the writer or the readers.
-fn spawn_checkpointer(conn: Connection) -> Result<mpsc::Sender<()>, LedgerError> {
+/// While the ledger cannot write it also probes the writer every second ([`probe_room`]), so
+/// the ledger reports itself writable again without waiting for the next producer.
+fn spawn_checkpointer(
+    conn: Connection,
+    writer: mpsc::Sender<Job>,
+    writes: Arc<WriteState>,
+) -> Result<mpsc::Sender<()>, LedgerError> {
     let (tx, rx) = mpsc::channel::<()>();
     std::thread::Builder::new()
         .name("fanout-checkpoint".into())
         .spawn(move || {
+            let mut turn = 0u32;
             while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(CHECKPOINT_EVERY) {
                 if let Err(e) = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE);") {
                     tracing::warn!(error = %e, "checkpoint failed");
+                }
+                turn = turn.wrapping_add(1);
+                if turn.is_multiple_of(PROBE_EVERY_CHECKPOINTS) && writes.failing().is_some() {
+                    let writes = writes.clone();
+                    let _ = writer.send(Job::Call(Box::new(move |c| {
+                        if probe_room(c).is_ok() {
+                            writes.recovered();
+                        }
+                    })));
                 }
             }
         })
         .map_err(|e| LedgerError::Schema(format!("cannot start the checkpoint thread: {e}")))?;
     Ok(tx)
+}
+
+/// Whether the writer has room for a little more: allocate 64 KiB in a transaction that is
+/// rolled back. It fails with [`Unavailable::Full`] against the size cap; a disk that fails to
+/// take a commit is seen by the next real write.
+fn probe_room(c: &mut Connection) -> Result<(), LedgerError> {
+    let tried = c
+        .execute_batch(
+            "BEGIN;
+             CREATE TABLE fanout_probe (b BLOB);
+             INSERT INTO fanout_probe VALUES (zeroblob(65536));",
+        )
+        .map_err(LedgerError::from);
+    if !c.is_autocommit() {
+        c.execute_batch("ROLLBACK")?;
+    }
+    tried
 }
 
 async fn run_on<T, F>(worker: &mpsc::Sender<Job>, f: F) -> Result<T, LedgerError>
@@ -192,7 +341,29 @@ impl Ledger {
     /// Open the ledger and start its writer thread. The thread ends when the last handle is
     /// dropped.
     pub fn open(path: &Path) -> Result<Ledger, LedgerError> {
+        Ledger::open_with(path, LedgerOptions::default())
+    }
+
+    /// [`Ledger::open`] with options. The writer's commits are durable: `synchronous = FULL`
+    /// syncs the WAL at every commit, so an operation is answered only once what it wrote
+    /// survives a power loss (group commit shares one sync among the operations queued
+    /// together).
+    pub fn open_with(path: &Path, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
         let writer = open_connection(path)?;
+        writer.execute_batch("PRAGMA synchronous = FULL;")?;
+        if let Some(max) = opts.max_bytes {
+            let page: i64 = writer.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+            let want = (max / page.max(1) as u64).clamp(1, i64::MAX as u64) as i64;
+            let got: i64 =
+                writer.query_row(&format!("PRAGMA max_page_count = {want}"), [], |r| r.get(0))?;
+            if got > want {
+                tracing::warn!(
+                    max_bytes = max,
+                    size_bytes = got * page,
+                    "the ledger is already larger than its size cap: every write that grows it fails"
+                );
+            }
+        }
         // Checkpoints run on their own thread (below). Under a steady stream of commits a
         // passive checkpoint never quite catches up, so the writer still checkpoints what is
         // left once the WAL passes 4000 pages (16 MiB; the default is 1000), and when the WAL
@@ -204,11 +375,19 @@ impl Ledger {
         )?;
         let reader = open_connection(path)?;
         reader.execute_batch("PRAGMA query_only = ON;")?;
+        let tx = spawn_worker("fanout-ledger", writer, true)?;
+        let writes = Arc::new(WriteState::default());
         Ok(Ledger {
-            tx: spawn_worker("fanout-ledger", writer, true)?,
             reader: spawn_worker("fanout-reader", reader, false)?,
-            _checkpointer: spawn_checkpointer(open_connection(path)?)?,
+            _checkpointer: spawn_checkpointer(open_connection(path)?, tx.clone(), writes.clone())?,
+            tx,
+            writes,
         })
+    }
+
+    /// Whether the ledger can write (atomics: never waits behind the writer).
+    pub fn write_state(&self) -> Arc<WriteState> {
+        self.writes.clone()
     }
 
     /// Run `f` on the writer thread.
@@ -217,7 +396,9 @@ impl Ledger {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, LedgerError> + Send + 'static,
     {
-        run_on(&self.tx, f).await
+        let r = run_on(&self.tx, f).await;
+        self.writes.observe(&r);
+        r
     }
 
     /// Run a read-only `f` on the reader thread: it sees every transaction committed before it
@@ -242,6 +423,91 @@ impl Ledger {
         self.tx
             .send(Job::Tx(Box::new(writer::Op { f, reply })))
             .map_err(|_| LedgerError::Closed)?;
-        answer.await.map_err(|_| LedgerError::Closed)?
+        let r = answer.await.map_err(|_| LedgerError::Closed)?;
+        self.writes.observe(&r);
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// The writer syncs the WAL at every commit (`synchronous = FULL` is 2): an answered
+    /// operation survives a power loss, not only a crash of the process.
+    #[tokio::test]
+    async fn the_writer_commits_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("l.db")).unwrap();
+        let (mode, sync): (String, i64) = ledger
+            .call(|c| {
+                let mode = c.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+                let sync = c.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+                Ok((mode, sync))
+            })
+            .await
+            .unwrap();
+        assert_eq!((mode.as_str(), sync), ("wal", 2));
+    }
+
+    /// Past its size cap a write fails as `Unavailable::Full` (by SQLite's result code), the
+    /// write state says so, and once there is room again (here: the cap raised) the probe
+    /// notices by itself and writes succeed, with everything answered before still there.
+    #[tokio::test]
+    async fn a_full_ledger_is_unavailable_then_writable_again_by_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open_with(
+            &dir.path().join("l.db"),
+            LedgerOptions {
+                max_bytes: Some(256 * 1024),
+            },
+        )
+        .unwrap();
+        let mut kept = 0usize;
+        let failure = loop {
+            let events: Vec<NewEvent> = (0..10)
+                .map(|i| NewEvent {
+                    id: format!("e{kept}_{i}"),
+                    event_type: "t".into(),
+                    body: format!("{{\"pad\":\"{}\"}}", "x".repeat(2000)),
+                })
+                .collect();
+            match ledger.tx(move |c| ingest(c, &events, 0)).await {
+                Ok(_) => kept += 10,
+                Err(e) => break e,
+            }
+            assert!(kept < 10_000, "the cap never filled");
+        };
+        assert!(
+            matches!(failure, LedgerError::Unavailable(Unavailable::Full)),
+            "{failure:?}"
+        );
+        assert!(kept > 0);
+        let state = ledger.write_state();
+        assert_eq!(state.failing().map(|(why, _)| why), Some(Unavailable::Full));
+        // Still full: the probe keeps reporting it.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(state.failing().is_some());
+        ledger
+            .call(|c| Ok(c.execute_batch("PRAGMA max_page_count = 100000")?))
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while state.failing().is_some() {
+            assert!(Instant::now() < deadline, "the probe never saw room");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let events = vec![NewEvent {
+            id: "after".into(),
+            event_type: "t".into(),
+            body: "{}".into(),
+        }];
+        ledger.tx(move |c| ingest(c, &events, 0)).await.unwrap();
+        let stored: i64 = ledger
+            .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))?))
+            .await
+            .unwrap();
+        assert_eq!(stored as usize, kept + 1);
     }
 }

@@ -124,10 +124,12 @@ pub trait DispatchLedger: Clone + Send + Sync + 'static {
 
 impl DispatchLedger for Ledger {
     async fn dispatch_subscribers(&self) -> Result<Vec<(Subscriber, LimiterState)>, LedgerError> {
-        self.read(|c| {
+        // A stored limiter that does not decode starts empty as of now (`load_limiter`).
+        let now = crate::time::now_ms();
+        self.read(move |c| {
             let mut out = Vec::new();
             for s in super::list_subscribers(c)? {
-                let limiter = super::load_limiter(c, &s.id)?;
+                let limiter = super::load_limiter(c, &s.id, now)?;
                 out.push((s, limiter));
             }
             Ok(out)
@@ -140,10 +142,11 @@ impl DispatchLedger for Ledger {
         id: &str,
     ) -> Result<Option<(Subscriber, LimiterState)>, LedgerError> {
         let id = id.to_string();
+        let now = crate::time::now_ms();
         // On the writer: the change that prompted this read has just committed there.
         self.call(move |c| match super::get_subscriber(c, &id) {
             Ok(s) => {
-                let limiter = super::load_limiter(c, &id)?;
+                let limiter = super::load_limiter(c, &id, now)?;
                 Ok(Some((s, limiter)))
             }
             Err(LedgerError::NotFound(_)) => Ok(None),

@@ -124,7 +124,7 @@ fn exercise(c: &Connection) {
     }
     status_counts(c).unwrap();
     subscriber_stats(c, BreakerConfig::default(), 600).unwrap();
-    status::subscriber_counts(c, &["a".into(), "b".into()]).unwrap();
+    status::subscriber_counts(c, &["a".into(), "b".into()], 600).unwrap();
     dead_count_capped(c, "a", 100).unwrap();
     retention::report(c).unwrap();
     retention::purge_finished(c, retention::Finished::Sent, 10_000, 100).unwrap();

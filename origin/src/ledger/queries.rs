@@ -5,12 +5,12 @@ use std::fmt::Write as _;
 
 use fanout_core::limiter::LimiterState;
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::LedgerError;
 use crate::model::{
-    any_type_matches, delivery_public_id, AttemptRecord, Claim, Claimed, Disabled, Health, Lane,
-    Limits, Outcome, Status, StoredSecret, Subscriber, Transition,
+    any_type_matches, delivery_public_id, AttemptOutcome, AttemptRecord, Claim, Claimed, Disabled,
+    Health, Lane, Limits, Outcome, Status, StoredSecret, Subscriber, Transition,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -234,15 +234,47 @@ pub fn rotate_secret(
     Ok(())
 }
 
-pub fn load_limiter(c: &Connection, id: &str) -> Result<LimiterState, LedgerError> {
+/// A subscriber's limiter as stored by the dispatcher.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoredLimiter {
+    /// Nothing stored yet: a new subscriber, which starts with a full burst.
+    Never,
+    Decoded(LimiterState),
+    /// A state that does not decode (written by another version, or damaged): why.
+    Undecodable(String),
+}
+
+pub fn read_limiter(c: &Connection, id: &str) -> Result<StoredLimiter, LedgerError> {
     let raw: Option<Option<String>> = c
         .prepare_cached("SELECT limiter FROM subscribers WHERE id = ?1")?
         .query_row([id], |r| r.get(0))
         .optional()?;
-    Ok(raw
-        .flatten()
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or_default())
+    Ok(match raw.flatten() {
+        None => StoredLimiter::Never,
+        Some(text) => match serde_json::from_str::<LimiterState>(&text) {
+            Ok(state) => StoredLimiter::Decoded(state),
+            Err(e) => StoredLimiter::Undecodable(e.to_string()),
+        },
+    })
+}
+
+/// The limiter the dispatcher starts a subscriber from. A stored state that does not decode
+/// is logged (WARN, naming the subscriber) and replaced by an EMPTY bucket as of `now_ms`,
+/// never a full one: trusting nothing, the subscriber gets only what accrues from now.
+pub fn load_limiter(c: &Connection, id: &str, now_ms: i64) -> Result<LimiterState, LedgerError> {
+    Ok(match read_limiter(c, id)? {
+        StoredLimiter::Never => LimiterState::default(),
+        StoredLimiter::Decoded(state) => state,
+        StoredLimiter::Undecodable(why) => {
+            tracing::warn!(
+                subscriber = %id,
+                error = %why,
+                "the stored limiter state does not decode (written by another version?); \
+                 the subscriber starts from an empty bucket"
+            );
+            LimiterState::empty(now_ms)
+        }
+    })
 }
 
 pub fn store_limiters(
@@ -268,7 +300,7 @@ pub struct NewEvent {
     pub body: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ingested {
     pub id: String,
     /// Deliveries this call created for the event (0 for a duplicate).
@@ -670,28 +702,29 @@ pub struct DeliveryFilter {
     pub limit: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// A delivery as the API shows it (and the CLI reads it back: one type both ways).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeliveryView {
     pub id: String,
     pub subscriber_id: String,
     pub event_id: String,
     pub event_type: String,
-    pub status: String,
+    pub status: Status,
     pub attempt_count: u32,
     pub next_attempt_at_ms: Option<i64>,
     pub last_error: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<Vec<AttemptRecordView>>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttemptRecordView {
     pub attempt: u32,
     pub at_ms: i64,
-    pub lane: String,
-    pub outcome: String,
+    pub lane: Lane,
+    pub outcome: AttemptOutcome,
     pub status: Option<u16>,
     pub latency_ms: Option<i64>,
     pub response_body: Option<String>,
@@ -702,15 +735,27 @@ const DELIVERY_COLUMNS: &str =
     "d.id, d.subscriber_id, d.event_id, COALESCE(e.type, ''), d.status, \
      d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms";
 
+/// A text column that must hold one of an enum's names.
+fn enum_column<T>(r: &Row<'_>, i: usize, parse: fn(&str) -> Option<T>) -> rusqlite::Result<T> {
+    let text: String = r.get(i)?;
+    parse(&text).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            i,
+            rusqlite::types::Type::Text,
+            format!("unknown value {text:?}").into(),
+        )
+    })
+}
+
 fn delivery_from_row(r: &Row<'_>) -> rusqlite::Result<DeliveryView> {
-    let status: String = r.get(4)?;
+    let status = enum_column(r, 4, Status::parse)?;
     let next: i64 = r.get(6)?;
     Ok(DeliveryView {
         id: delivery_public_id(r.get(0)?),
         subscriber_id: r.get(1)?,
         event_id: r.get(2)?,
         event_type: r.get(3)?,
-        next_attempt_at_ms: (status == "pending").then_some(next),
+        next_attempt_at_ms: (status == Status::Pending).then_some(next),
         status,
         attempt_count: r.get(5)?,
         last_error: r.get(7)?,
@@ -833,8 +878,8 @@ pub fn get_delivery(c: &Connection, rowid: i64) -> Result<DeliveryView, LedgerEr
             Ok(AttemptRecordView {
                 attempt: r.get(0)?,
                 at_ms: r.get(1)?,
-                lane: r.get(2)?,
-                outcome: r.get(3)?,
+                lane: enum_column(r, 2, Lane::parse)?,
+                outcome: enum_column(r, 3, AttemptOutcome::parse)?,
                 status: r.get(4)?,
                 latency_ms: r.get(5)?,
                 response_body: r.get(6)?,

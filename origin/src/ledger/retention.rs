@@ -13,7 +13,7 @@
 //! to SQLite's free list and are reused by the next inserts (see ARCHITECTURE.md).
 
 use rusqlite::{params, Connection, OptionalExtension};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::LedgerError;
 
@@ -144,7 +144,7 @@ pub fn mark_run(c: &Connection, now_ms: i64) -> Result<(), LedgerError> {
 }
 
 /// What retention has done, in total, and the oldest finished deliveries it kept.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetentionReport {
     pub removed_sent: i64,
     pub removed_dead: i64,

@@ -63,7 +63,7 @@ pub fn subscriber_stats(
     }
     let mut out = Vec::new();
     for s in list_subscribers(c)? {
-        let limiter = load_limiter(c, &s.id)?;
+        let limiter = load_limiter(c, &s.id, now_ms)?;
         let mine = counts.remove(&s.id).unwrap_or_default();
         let n = |status: &str| mine.by_status.get(status).copied().unwrap_or(0);
         let view = limiter.breaker.view(breaker, now_ms);
@@ -78,7 +78,7 @@ pub fn subscriber_stats(
             dead: n("dead"),
             oldest_pending_at_ms: oldest_open(c, &s.id)?,
             paused_until_ms: limiter.paused_until_ms.filter(|&p| p > now_ms),
-            breaker: view.state,
+            breaker: view.state.as_str().to_string(),
             consecutive_failures: view.consecutive_failures,
             disabled: s.health.disabled.is_some(),
             id: s.id,

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use fanout_core::limiter::LimiterState;
 use rusqlite::{Connection, OptionalExtension};
 
-use super::{load_limiter, LedgerError};
+use super::{read_limiter, LedgerError, StoredLimiter};
 
 /// One subscriber's figures as the ledger holds them.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -21,12 +21,16 @@ pub struct SubscriberCounts {
     pub last_error: Option<(i64, String)>,
     /// The limiter state as last stored by the dispatcher.
     pub limiter: LimiterState,
+    /// Why the stored limiter state does not decode, if it does not (the dispatcher starts
+    /// the subscriber from an empty bucket; `limiter` shows that bucket).
+    pub limiter_error: Option<String>,
 }
 
 /// Figures for each of `ids` (zeros for an id without deliveries), keyed by subscriber id.
 pub fn subscriber_counts(
     c: &Connection,
     ids: &[String],
+    now_ms: i64,
 ) -> Result<BTreeMap<String, SubscriberCounts>, LedgerError> {
     let mut out = BTreeMap::new();
     let mut counts =
@@ -56,7 +60,14 @@ pub fn subscriber_counts(
             })
             .optional()?
             .map(|(at, status, error)| (at, describe(status, error)));
-        s.limiter = load_limiter(c, id)?;
+        match read_limiter(c, id)? {
+            StoredLimiter::Never => {}
+            StoredLimiter::Decoded(state) => s.limiter = state,
+            StoredLimiter::Undecodable(why) => {
+                s.limiter = LimiterState::empty(now_ms);
+                s.limiter_error = Some(why);
+            }
+        }
         out.insert(id.clone(), s);
     }
     Ok(out)
@@ -119,7 +130,7 @@ mod tests {
             7,
         )
         .unwrap();
-        let got = subscriber_counts(&c, &["a".into(), "nobody".into()]).unwrap();
+        let got = subscriber_counts(&c, &["a".into(), "nobody".into()], 0).unwrap();
         let a = &got["a"];
         assert_eq!(
             (a.pending, a.in_flight, a.sent, a.dead),

@@ -87,11 +87,16 @@ fn again(e: &LedgerError) -> LedgerError {
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
             Some(other.to_string()),
         )),
+        LedgerError::Unavailable(u) => LedgerError::Unavailable(*u),
         LedgerError::Schema(m) => LedgerError::Schema(m.clone()),
         LedgerError::NotFound(m) => LedgerError::NotFound(m.clone()),
         LedgerError::Conflict(m) => LedgerError::Conflict(m.clone()),
         LedgerError::Invalid(m) => LedgerError::Invalid(m.clone()),
         LedgerError::Closed => LedgerError::Closed,
+        LedgerError::Owned { db, owner } => LedgerError::Owned {
+            db: db.clone(),
+            owner: owner.clone(),
+        },
     }
 }
 

@@ -39,6 +39,8 @@ pub enum LogFormat {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once at start-up and matched once: boxing `serve`'s settings would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Run the daemon: ledger, dispatcher and HTTP API
     Serve(ServeArgs),

@@ -36,6 +36,8 @@ step "clippy (wasm32, fanout-core + Worker)" \
 step "rust tests (unit + integration)" cargo test --workspace
 step "build origin binary for the e2e tests" cargo build -p fanout-origin
 step "build the Worker (worker-build --release)" bash scripts/build-worker.sh
+step "deploy dry run (wrangler bundle, gzipped size within the Free plan's 3 MiB)" \
+  bash scripts/deploy-check.sh
 
 export FANOUT_BIN="$PWD/target/debug/fanout"
 export FANOUT_SKIP_BUILD=1

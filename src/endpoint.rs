@@ -61,8 +61,10 @@ pub fn check_url(raw: &str, allow_loopback: bool) -> Result<Url, EndpointError> 
 }
 
 /// True for any address a webhook must never be sent to: private, loopback, link-local,
-/// unspecified, shared (CGNAT), multicast, broadcast, reserved, and their IPv6 equivalents
-/// (including IPv4-mapped and NAT64 forms).
+/// unspecified, "this network", shared (CGNAT), benchmarking, multicast, broadcast, reserved,
+/// their IPv6 equivalents, and every IPv6 form that embeds or tunnels an IPv4 address
+/// (IPv4-compatible, -mapped and -translated, NAT64, 6to4, Teredo). Both lanes call this: the
+/// edge on IP literals, the origin also on every address a host name resolves to.
 pub fn is_forbidden_ip(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => forbidden_v4(v4),
@@ -71,35 +73,37 @@ pub fn is_forbidden_ip(ip: IpAddr) -> bool {
 }
 
 fn forbidden_v4(ip: Ipv4Addr) -> bool {
-    let [a, b, ..] = ip.octets();
+    let [a, b, c, _] = ip.octets();
     ip.is_private()
         || ip.is_loopback()
         || ip.is_link_local()
         || ip.is_unspecified()
         || ip.is_broadcast()
         || ip.is_multicast()
-        || a == 0
-        || (a == 100 && (64..128).contains(&b)) // shared address space
-        || (a == 192 && b == 0 && ip.octets()[2] == 0) // IETF protocol assignments
-        || a >= 240 // reserved
+        || a == 0 // "this network", 0.0.0.0/8
+        || (a == 100 && (64..128).contains(&b)) // shared address space (CGNAT), 100.64.0.0/10
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments, 192.0.0.0/24
+        || (a == 198 && (b == 18 || b == 19)) // benchmarking, 198.18.0.0/15
+        || a >= 240 // reserved, 240.0.0.0/4 (and the broadcast address)
 }
 
+/// IPv6 is refused whenever it is private or special on its own, and whenever it embeds or
+/// tunnels an IPv4 address: those forms reach IPv4 hosts (possibly private ones) by routes the
+/// IPv4 checks above never see, and no webhook endpoint needs them.
 fn forbidden_v6(ip: Ipv6Addr) -> bool {
-    if let Some(v4) = ip.to_ipv4_mapped() {
-        return forbidden_v4(v4);
-    }
     let seg = ip.segments();
-    if seg[0] == 0x64 && seg[1] == 0xff9b {
-        // NAT64: judge the embedded IPv4 address.
-        let v4 = Ipv4Addr::new(
-            (seg[6] >> 8) as u8,
-            seg[6] as u8,
-            (seg[7] >> 8) as u8,
-            seg[7] as u8,
-        );
-        return forbidden_v4(v4);
-    }
-    ip.is_loopback()
+    // ::a.b.c.d (IPv4-compatible; includes :: and ::1) and ::ffff:a.b.c.d (IPv4-mapped)
+    let compatible_or_mapped = seg[..5] == [0; 5] && (seg[5] == 0 || seg[5] == 0xffff);
+    // ::ffff:0:a.b.c.d (IPv4-translated, RFC 2765)
+    let translated = seg[..4] == [0; 4] && seg[4] == 0xffff && seg[5] == 0;
+    // 64:ff9b::/96 (well-known NAT64 prefix), 64:ff9b:1::/48 (local-use NAT64) and the rest of
+    // 64:ff9b::/32 that RFC 8215 keeps for translation
+    let nat64 = seg[0] == 0x64 && seg[1] == 0xff9b;
+    let six_to_four = seg[0] == 0x2002; // 2002::/16
+    let teredo = seg[0] == 0x2001 && seg[1] == 0; // 2001::/32
+    let embeds_v4 = compatible_or_mapped || translated || nat64 || six_to_four || teredo;
+    embeds_v4
+        || ip.is_loopback()
         || ip.is_unspecified()
         || ip.is_multicast()
         || (seg[0] & 0xfe00) == 0xfc00 // unique local
@@ -156,5 +160,79 @@ mod tests {
         check("http://localhost:9000/h", true, Ok(()));
         check("http://api.localhost:9000/h", true, Err(Scheme));
         check("http://10.0.0.1:9000/h", true, Err(Scheme));
+    }
+
+    /// Every address form the policy names, refused or not, judged by the one function both
+    /// lanes call (the edge on IP literals, the origin on resolved addresses).
+    #[test]
+    fn forbidden_ip_table() {
+        let rows: &[(&str, bool)] = &[
+            // public IPv4 and IPv6: allowed
+            ("93.184.216.34", false),
+            ("1.1.1.1", false),
+            ("100.63.255.255", false),
+            ("100.128.0.0", false),
+            ("198.17.255.255", false),
+            ("198.20.0.0", false),
+            ("223.255.255.255", false),
+            ("2606:4700::1", false),
+            ("2001:4860:4860::8888", false), // 2001:4860::/32 is not Teredo
+            ("2003::1", false),
+            // IPv4 ranges
+            ("0.0.0.0", true),
+            ("0.1.2.3", true), // 0.0.0.0/8
+            ("10.0.0.1", true),
+            ("100.64.0.1", true), // 100.64.0.0/10
+            ("100.127.255.255", true),
+            ("127.0.0.1", true),
+            ("169.254.169.254", true),
+            ("172.16.0.1", true),
+            ("192.0.0.8", true),
+            ("192.168.1.1", true),
+            ("198.18.0.1", true), // 198.18.0.0/15
+            ("198.19.255.255", true),
+            ("224.0.0.1", true), // multicast
+            ("239.255.255.250", true),
+            ("240.0.0.1", true),
+            ("255.255.255.255", true), // broadcast
+            // IPv6 ranges
+            ("::", true),
+            ("::1", true),
+            ("fe80::1", true),
+            ("fd00::1", true),
+            ("fec0::1", true),
+            ("ff02::1", true), // multicast
+            // IPv4 embedded in IPv6: refused whatever the IPv4 address
+            ("::93.184.216.34", true), // IPv4-compatible
+            ("::10.0.0.1", true),
+            ("::ffff:93.184.216.34", true), // IPv4-mapped
+            ("::ffff:10.1.2.3", true),
+            ("::ffff:0:93.184.216.34", true), // IPv4-translated
+            ("::ffff:0:127.0.0.1", true),
+            ("64:ff9b::5db8:d822", true),   // NAT64 of 93.184.216.34
+            ("64:ff9b::a9fe:a9fe", true),   // NAT64 of 169.254.169.254
+            ("64:ff9b:1::5db8:d822", true), // local-use NAT64 64:ff9b:1::/48
+            ("64:ff9b:1:ffff::1", true),
+            ("64:ff9b:2::1", true),      // the rest of 64:ff9b::/32
+            ("2002:5db8:d822::1", true), // 6to4 of 93.184.216.34
+            ("2002:7f00:1::1", true),    // 6to4 of 127.0.0.1
+            ("2001::1", true),           // Teredo 2001::/32
+            ("2001:0:4136:e378:8000:63bf:3fff:fdd2", true),
+        ];
+        for &(text, forbidden) in rows {
+            let ip: IpAddr = text.parse().unwrap();
+            assert_eq!(is_forbidden_ip(ip), forbidden, "{text}");
+            // The URL check agrees for the literal form.
+            let url = match ip {
+                IpAddr::V4(_) => format!("https://{text}/h"),
+                IpAddr::V6(_) => format!("https://[{text}]/h"),
+            };
+            let expected = if forbidden {
+                Err(EndpointError::PrivateAddress)
+            } else {
+                Ok(())
+            };
+            check(&url, false, expected);
+        }
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod breaker;
 pub mod bucket;
+pub mod edge_limits;
 pub mod endpoint;
 pub mod limiter;
 pub mod limits;

@@ -6,6 +6,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use subtle::ConstantTimeEq as _;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -15,6 +16,9 @@ pub const HEADER_SIGNATURE: &str = "webhook-signature";
 pub const HEADER_LEGACY: &str = "x-fanout-signature";
 /// How far a signed timestamp may be from now, either way.
 pub const TOLERANCE_SECS: i64 = 300;
+/// Most signatures [`verify`] looks at in one `webhook-signature` header; more is refused
+/// unread (a sender has one per active secret, two during a rotation).
+pub const MAX_SIGNATURES: usize = 10;
 
 const PREFIX: &str = "whsec_";
 
@@ -38,6 +42,8 @@ pub enum VerifyError {
     StaleTimestamp,
     #[error("no signature matches")]
     NoMatch,
+    #[error("webhook-signature holds more than {MAX_SIGNATURES} signatures")]
+    TooManySignatures,
 }
 
 /// A parsed `whsec_` secret: the raw key bytes.
@@ -132,7 +138,9 @@ pub fn sign_headers(secrets: &[Secret], id: &str, now_secs: i64, body: &[u8]) ->
 }
 
 /// Verify a Standard Webhooks request: the timestamp must be within [`TOLERANCE_SECS`] of
-/// `now_secs` and one `v1` signature must match one of `secrets`. Comparison is constant-time.
+/// `now_secs` and one `v1` signature must match one of `secrets`. The cost does not depend on
+/// what the header holds: one HMAC per secret, computed once, then each candidate (at most
+/// [`MAX_SIGNATURES`]) compared with it in constant time.
 pub fn verify(
     secrets: &[Secret],
     id: Option<&str>,
@@ -151,26 +159,40 @@ pub fn verify(
     if (now_secs - ts).abs() > TOLERANCE_SECS {
         return Err(VerifyError::StaleTimestamp);
     }
-    for candidate in sig.split(' ') {
-        let Some(b64) = candidate.strip_prefix("v1,") else {
-            continue;
-        };
-        let Ok(given) = B64.decode(b64) else {
-            continue;
-        };
-        for secret in secrets {
+    let candidates = || sig.split(' ').filter(|c| !c.is_empty());
+    if candidates().nth(MAX_SIGNATURES).is_some() {
+        return Err(VerifyError::TooManySignatures);
+    }
+    let expected: Vec<_> = secrets
+        .iter()
+        .map(|secret| {
             let mut mac = secret.mac();
             mac.update(id.as_bytes());
             mac.update(b".");
             mac.update(ts_text.trim().as_bytes());
             mac.update(b".");
             mac.update(body);
-            if mac.verify_slice(&given).is_ok() {
-                return Ok(());
-            }
+            mac.finalize().into_bytes()
+        })
+        .collect();
+    let mut matched = subtle::Choice::from(0);
+    for candidate in candidates() {
+        let Some(b64) = candidate.strip_prefix("v1,") else {
+            continue;
+        };
+        let Ok(given) = B64.decode(b64) else {
+            continue;
+        };
+        for digest in &expected {
+            // Unequal lengths compare false at once: a digest's length is no secret.
+            matched |= digest.as_slice().ct_eq(&given);
         }
     }
-    Err(VerifyError::NoMatch)
+    if bool::from(matched) {
+        Ok(())
+    } else {
+        Err(VerifyError::NoMatch)
+    }
 }
 
 #[cfg(test)]
@@ -352,6 +374,45 @@ mod tests {
         assert_eq!(
             verify(&[old], None, Some("1000"), Some(&both), body, 1000),
             Err(VerifyError::MissingHeader(HEADER_ID))
+        );
+    }
+
+    #[test]
+    fn signature_count_is_capped() {
+        let key = Secret::from_bytes(&[1u8; 32]).unwrap();
+        let body = b"{}";
+        let good = key.sign("call_1", 1000, body);
+        let junk = "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+        let header = |n_junk: usize| {
+            let mut parts = vec![junk; n_junk];
+            parts.push(&good);
+            parts.join(" ")
+        };
+        let check = |sig: &str| {
+            verify(
+                std::slice::from_ref(&key),
+                Some("call_1"),
+                Some("1000"),
+                Some(sig),
+                body,
+                1000,
+            )
+        };
+        // The valid one is found in last place among the most allowed ...
+        assert_eq!(check(&header(MAX_SIGNATURES - 1)), Ok(()));
+        // ... extra spaces are no signatures ...
+        assert_eq!(
+            check(&format!("  {}  ", header(MAX_SIGNATURES - 1))),
+            Ok(())
+        );
+        // ... and one more is refused before any HMAC, valid one included.
+        assert_eq!(
+            check(&header(MAX_SIGNATURES)),
+            Err(VerifyError::TooManySignatures)
+        );
+        assert_eq!(
+            check(&vec!["x"; 100_000].join(" ")),
+            Err(VerifyError::TooManySignatures)
         );
     }
 

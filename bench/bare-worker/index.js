@@ -1,6 +1,8 @@
-// The ceiling for bench/edge.mjs: POST /?n=N&url=<sink> fetches the sink N times concurrently,
-// each a POST of the same small JSON body the edge sends (the body text is the request body), reads
-// every response body (the edge reads them too), and answers {"delivered": k, "failed": m}.
+// The ceiling for bench/edge.mjs: POST /?n=N&url=<sink>[&open=6] fetches the sink N times, at
+// most `open` at once (default 6, like the edge's MAX_OPEN_SENDS and the platform's limit of
+// simultaneous connections), each a POST of the same small JSON body the edge sends (the body
+// text is the request body), treats response bodies as the edge does (a 2xx body declared at most
+// 4 KiB is drained, any other cancelled) and answers {"delivered": k, "failed": m}.
 // Only http://127.0.0.1 targets are accepted (it is a local benchmark tool).
 export default {
   async fetch(request) {
@@ -11,6 +13,7 @@ export default {
     if (!target.startsWith('http://127.0.0.1:')) {
       return new Response('url must be http://127.0.0.1:<port>/...', { status: 400 });
     }
+    const open = Math.min(Math.max(Number(u.searchParams.get('open') ?? '6') | 0, 1), 1000);
     const body = await request.text();
     const one = async () => {
       const resp = await fetch(target, {
@@ -19,11 +22,26 @@ export default {
         body,
         redirect: 'manual',
       });
-      await resp.arrayBuffer();
-      return resp.status >= 200 && resp.status < 300;
+      const ok = resp.status >= 200 && resp.status < 300;
+      // As the edge does: a 2xx body declared at most 4 KiB is drained (connection reuse), any
+      // other 2xx body cancelled unread.
+      if (ok && Number(resp.headers.get('content-length') ?? NaN) > 4096) resp.body?.cancel().catch(() => {});
+      else await resp.arrayBuffer();
+      return ok;
     };
-    const settled = await Promise.allSettled(Array.from({ length: n }, one));
-    const delivered = settled.filter((s) => s.status === 'fulfilled' && s.value).length;
+    let next = 0;
+    let delivered = 0;
+    const lane = async () => {
+      while (next < n) {
+        next += 1;
+        try {
+          if (await one()) delivered += 1;
+        } catch {
+          /* counted as failed */
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(open, n) }, lane));
     return Response.json({ delivered, failed: n - delivered });
   },
 };

@@ -4,6 +4,10 @@ use worker::Response;
 
 use crate::wire::{BatchError, ErrorBody};
 
+/// When to call again after a 503 `object_unavailable` (the origin keeps the batch pending and
+/// retries it with its own backoff; no attempt is spent).
+const OBJECT_RETRY_AFTER_SECS: &str = "1";
+
 #[derive(Debug, thiserror::Error)]
 pub enum EdgeError {
     #[error("signature check failed: {0}")]
@@ -20,8 +24,12 @@ pub enum EdgeError {
     Batch(#[from] BatchError),
     #[error("edge misconfigured: {0}")]
     Misconfigured(String),
+    #[error("the subscriber's Durable Object is unavailable (overloaded, reset or unreachable); retry: {0}")]
+    ObjectUnavailable(worker::Error),
     #[error("internal error: {0}")]
     Runtime(#[from] worker::Error),
+    #[error("edge misconfigured: {0}")]
+    Limits(#[from] crate::edge_limits::LimitError),
 }
 
 impl EdgeError {
@@ -34,7 +42,8 @@ impl EdgeError {
             EdgeError::UnsupportedMediaType => (415, "unsupported_media_type"),
             EdgeError::Batch(BatchError::TooLarge(_)) => (413, "too_large"),
             EdgeError::Batch(b) => (400, b.code()),
-            EdgeError::Misconfigured(_) => (500, "misconfigured"),
+            EdgeError::Misconfigured(_) | EdgeError::Limits(_) => (500, "misconfigured"),
+            EdgeError::ObjectUnavailable(_) => (503, "object_unavailable"),
             EdgeError::Runtime(_) => (500, "internal"),
         }
     }
@@ -48,6 +57,10 @@ impl EdgeError {
             Response::from_json(&ErrorBody::new(code, self.to_string()))?.with_status(status);
         if let EdgeError::MethodNotAllowed(allow) = self {
             resp.headers_mut().set("allow", allow)?;
+        }
+        if status == 503 {
+            resp.headers_mut()
+                .set("retry-after", OBJECT_RETRY_AFTER_SECS)?;
         }
         Ok(resp)
     }

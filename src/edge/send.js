@@ -1,90 +1,216 @@
-// The network half of sending one batch, called from src/edge/send.rs through wasm-bindgen.
+// The network half of the Worker, called from Rust (src/edge/send.rs, src/edge/mod.rs) through
+// wasm-bindgen.
 //
 // Rust decides everything: which deliveries are sent, their signed headers, how each result is
 // classified and what it does to the limiter. This file only moves bytes, so that a delivery
 // costs one call across the wasm boundary (its result) instead of a dozen (building Headers,
 // RequestInit and Request, awaiting the fetch and the body, copying the body into wasm).
 //
-// sendBatch(url, batchJson, timeoutMs, bodyLimit, onDone) -> Promise<void>
+// sendBatch(url, batchJson, timeoutMs, bodyLimit, maxOpen, onDone) -> Promise<void>
 //   batchJson  {"common": [[name, value], ...], "items": [{"headers": [[name, value], ...],
 //              "body": "..."}, ...]}: every item is POSTed to url with the common headers and its
 //              own, redirect "manual" (a 3xx is reported as its status, Location never followed).
-//   timeoutMs  one timer for the whole batch (every delivery starts now): when it fires, whatever
-//              is still open is aborted and reported as a timeout.
-//   bodyLimit  at most this many bytes of a non-2xx response body are handed back (decoded
-//              lossily); a 2xx body is read to the end (so the connection can be reused) and
-//              dropped.
+//   maxOpen    at most this many items are open at once (the platform lets an invocation keep 6
+//              connections open; more would queue inside the runtime, their wait counted against
+//              their timeouts). The rest wait here, in order, and start as slots free.
+//   timeoutMs  per item, from the moment its own fetch starts: when it fires before the status
+//              arrived the item is aborted and reported as a timeout; when the status is known
+//              and only the body is still coming, it is reported with the body read so far.
+//   bodyLimit  at most this many bytes of a non-2xx response body are read and handed back
+//              (decoded lossily); the rest is never read. A 2xx is reported as soon as its status
+//              arrives: the status decides. Its body is cancelled unread, unless it declares a
+//              content-length of at most bodyLimit: then it is drained (within the timeout, the
+//              slot held meanwhile, the result not waiting) so the connection can be reused. A
+//              subscriber that dribbles or streams gigabytes after its 200 costs nothing.
 //   onDone(index, status, retryAfter, body, latencyMs) once per item as soon as it settles:
 //              status is the HTTP status, or CONNECT_ERROR / TIMEOUT / BAD_REQUEST below;
 //              retryAfter is the raw Retry-After header or null; body is null unless the status
-//              is an HTTP status outside 2xx. The promise resolves after the last onDone and
-//              never rejects.
+//              is an HTTP status outside 2xx; latencyMs counts from the item's own start. The
+//              promise resolves after the last onDone (a draining slot may outlive it) and never
+//              rejects.
+//
+// readLimited(request, limit) -> Promise<Uint8Array | null>
+//   The request's body, or null as soon as more than `limit` bytes have arrived (the rest is
+//   cancelled, never buffered): a body without content-length is cut while it streams.
 
 const CONNECT_ERROR = 0; // keep in step with send.rs
 const TIMEOUT = -1;
 const BAD_REQUEST = -2;
 
-export function sendBatch(url, batchJson, timeoutMs, bodyLimit, onDone) {
-  const { common, items } = JSON.parse(batchJson);
-  const started = Date.now();
-  const controller = new AbortController();
-  const settled = new Uint8Array(items.length);
-  let open = items.length;
-  return new Promise((resolve) => {
-    if (open === 0) {
-      resolve();
-      return;
+const ignore = () => {};
+
+/** Up to `limit` bytes of `stream`, then cancels it; resolves with what was read. */
+async function readUpTo(stream, limit, state) {
+  const reader = stream.getReader();
+  const chunks = [];
+  state.reader = reader;
+  state.partial = chunks;
+  let total = 0;
+  try {
+    while (total < limit) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      const take = value.subarray(0, limit - total);
+      chunks.push(take);
+      total += take.length;
     }
+  } finally {
+    reader.cancel().catch(ignore);
+  }
+  return chunks;
+}
+
+function decode(chunks) {
+  const total = chunks.reduce((n, c) => n + c.length, 0);
+  const all = new Uint8Array(total);
+  let at = 0;
+  for (const c of chunks) {
+    all.set(c, at);
+    at += c.length;
+  }
+  return new TextDecoder().decode(all);
+}
+
+function sendOne(url, common, item, timeoutMs, bodyLimit, report) {
+  // Resolves when the item's slot is free again: reported, and its connection let go of.
+  return new Promise((resolve) => {
+    const started = Date.now();
+    const controller = new AbortController();
+    // status: set once the status line arrived; partial: the body chunks read so far.
+    const state = { status: null, retryAfter: null, partial: [], reader: null };
+    let reported = false;
+    let released = false;
     let timer;
-    const done = (i, status, retryAfter, body) => {
-      if (settled[i]) return;
-      settled[i] = 1;
-      open -= 1;
+    const release = () => {
+      if (released) return;
+      released = true;
+      clearTimeout(timer);
+      resolve();
+    };
+    const tell = (status, retryAfter, body) => {
+      if (reported) return;
+      reported = true;
+      report(status, retryAfter, body, Date.now() - started);
+    };
+    const done = (status, retryAfter, body) => {
       try {
-        onDone(i, status, retryAfter, body, Date.now() - started);
+        tell(status, retryAfter, body);
       } finally {
-        if (open === 0) {
-          clearTimeout(timer);
-          resolve();
-        }
+        release();
       }
     };
     timer = setTimeout(() => {
-      controller.abort();
-      for (let i = 0; i < items.length; i += 1) done(i, TIMEOUT, null, null);
-    }, timeoutMs);
-    items.forEach((item, i) => {
-      let request;
-      try {
-        request = new Request(url, {
-          method: 'POST',
-          headers: common.concat(item.headers),
-          body: item.body,
-          redirect: 'manual',
-          signal: controller.signal,
-        });
-      } catch {
-        done(i, BAD_REQUEST, null, null);
-        return;
+      if (reported) {
+        // Only the drain of a short 2xx body was left: let the connection go.
+        controller.abort();
+        release();
+      } else if (state.status === null) {
+        controller.abort();
+        done(TIMEOUT, null, null);
+      } else {
+        // The status is in; only a slow error body is left: keep what arrived.
+        state.reader?.cancel().catch(ignore);
+        controller.abort();
+        done(state.status, state.retryAfter, decode(state.partial));
       }
-      fetch(request).then(
-        async (resp) => {
-          const retryAfter = resp.headers.get('retry-after');
-          let body = null;
-          try {
-            const bytes = new Uint8Array(await resp.arrayBuffer());
-            if (resp.status < 200 || resp.status > 299) {
-              body = new TextDecoder().decode(bytes.subarray(0, bodyLimit));
-            }
-          } catch {
-            // The status line arrived but the body broke off: keep the status, no body. (When
-            // the timer aborted it, the item was already reported as a timeout.)
-            body = resp.status < 200 || resp.status > 299 ? '' : null;
+    }, timeoutMs);
+    let request;
+    try {
+      request = new Request(url, {
+        method: 'POST',
+        headers: common.concat(item.headers),
+        body: item.body,
+        redirect: 'manual',
+        signal: controller.signal,
+      });
+    } catch {
+      done(BAD_REQUEST, null, null);
+      return;
+    }
+    fetch(request).then(
+      (resp) => {
+        state.status = resp.status;
+        state.retryAfter = resp.headers.get('retry-after');
+        const success = resp.status >= 200 && resp.status <= 299;
+        if (success && resp.body) {
+          // The status decides, now. A short declared body (the usual "ok") is still drained,
+          // within the item's timeout and without holding up the result, so that the
+          // connection can be reused; any other body is cancelled unread.
+          tell(resp.status, state.retryAfter, null);
+          const declared = Number(resp.headers.get('content-length') ?? NaN);
+          if (declared <= bodyLimit) resp.arrayBuffer().then(release, release);
+          else {
+            resp.body.cancel().catch(ignore);
+            release();
           }
-          done(i, resp.status, retryAfter, body);
-        },
-        () => done(i, controller.signal.aborted ? TIMEOUT : CONNECT_ERROR, null, null),
-      );
-    });
+          return;
+        }
+        if (!resp.body) {
+          done(resp.status, state.retryAfter, success ? null : '');
+          return;
+        }
+        readUpTo(resp.body, bodyLimit, state).then(
+          (chunks) => done(resp.status, state.retryAfter, decode(chunks)),
+          // The body broke off: keep the status and what arrived of the body.
+          () => done(resp.status, state.retryAfter, decode(state.partial)),
+        );
+      },
+      () => done(controller.signal.aborted ? TIMEOUT : CONNECT_ERROR, null, null),
+    );
   });
+}
+
+export function sendBatch(url, batchJson, timeoutMs, bodyLimit, maxOpen, onDone) {
+  const { common, items } = JSON.parse(batchJson);
+  let next = 0;
+  let left = items.length;
+  // The batch is done when every item is reported, even if a slot is still draining a body.
+  return new Promise((resolve) => {
+    if (left === 0) {
+      resolve();
+      return;
+    }
+    const reportOne = (i) => (status, retryAfter, body, latency) => {
+      try {
+        onDone(i, status, retryAfter, body, latency);
+      } finally {
+        left -= 1;
+        if (left === 0) resolve();
+      }
+    };
+    // One lane per open slot; each takes the next waiting item when its current one's slot frees.
+    const lane = async () => {
+      while (next < items.length) {
+        const i = next;
+        next += 1;
+        await sendOne(url, common, items[i], timeoutMs, bodyLimit, reportOne(i)).catch(ignore);
+      }
+    };
+    const lanes = Math.max(1, Math.min(maxOpen, items.length));
+    for (let k = 0; k < lanes; k += 1) lane();
+  });
+}
+
+export async function readLimited(request, limit) {
+  if (!request.body) return new Uint8Array(0);
+  const reader = request.body.getReader();
+  const chunks = [];
+  let total = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    total += value.length;
+    if (total > limit) {
+      reader.cancel().catch(ignore);
+      return null;
+    }
+    chunks.push(value);
+  }
+  const all = new Uint8Array(total);
+  let at = 0;
+  for (const c of chunks) {
+    all.set(c, at);
+    at += c.length;
+  }
+  return all;
 }

@@ -1,5 +1,6 @@
 //! Sending what the Durable Object granted: one signed POST per delivery (Standard Webhooks
-//! headers, `redirect: manual`), all of a batch at once, with one timer for the batch.
+//! headers, `redirect: manual`), at most `max_open` at once, each with its own timeout counted
+//! from the start of its own send.
 //!
 //! The signing, the classification and the limiter stay in Rust; the fetches themselves run in
 //! `send.js` (a wasm-bindgen snippet), handed the whole batch in one call and reporting each
@@ -26,8 +27,25 @@ extern "C" {
         batch_json: &str,
         timeout_ms: f64,
         body_limit: u32,
+        max_open: u32,
         on_done: &Closure<dyn FnMut(u32, i32, Option<String>, Option<String>, f64)>,
     ) -> js_sys::Promise;
+
+    #[wasm_bindgen(js_name = readLimited)]
+    fn read_limited_js(request: &worker::wasm_bindgen::JsValue, limit: f64) -> js_sys::Promise;
+}
+
+/// The body of `request`, or `None` as soon as more than `limit` bytes arrived (what is left
+/// is cancelled, never buffered). `Err` when the body broke off.
+pub async fn read_limited(
+    request: &worker::Request,
+    limit: usize,
+) -> worker::Result<Option<Vec<u8>>> {
+    let value = JsFuture::from(read_limited_js(request.inner(), limit as f64)).await?;
+    if value.is_null() {
+        return Ok(None);
+    }
+    Ok(Some(js_sys::Uint8Array::new(&value).to_vec()))
 }
 
 /// `send.js`'s codes for an exchange that produced no HTTP status.
@@ -41,6 +59,8 @@ pub struct Target<'a> {
     pub secrets: &'a [Secret],
     pub legacy: bool,
     pub timeout_ms: u64,
+    /// Sends kept open at once (`MAX_OPEN_SENDS`).
+    pub max_open: u32,
 }
 
 fn now_ms() -> i64 {
@@ -104,7 +124,7 @@ struct Settled {
     latency_ms: u64,
 }
 
-/// Send every delivery concurrently; `on_done` sees each attempt as soon as it is known (the
+/// Send every delivery, `target.max_open` at a time; `on_done` sees each attempt as soon as it is known (the
 /// caller folds it into the limiter). Returns the results in the order of `deliveries`.
 /// Never fails: every failure is a result.
 pub async fn deliver_all(
@@ -159,6 +179,7 @@ pub async fn deliver_all(
         &json,
         target.timeout_ms as f64,
         RESPONSE_BODY_LIMIT as u32,
+        target.max_open,
         &callback,
     );
     // send.js never rejects and settles every item before it resolves; should it break that

@@ -8,12 +8,12 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 use worker::{durable_object, DurableObject, Env, Method, Request, Response, State};
 
-use super::send;
+use super::{env_limits, send, CALL_ID_HEADER, CALL_TS_HEADER};
 use crate::breaker::BreakerConfig;
 use crate::bucket::Rate;
 use crate::limiter::{LimiterState, Limits};
 use crate::logrec;
-use crate::sign::Secret;
+use crate::sign::{Secret, TOLERANCE_SECS};
 use crate::wire::{BatchResponse, DeliveryBatch, DeliveryResult, ErrorBody};
 
 /// What the object stores: the limiter, and the limits it last saw (for the status view).
@@ -26,6 +26,14 @@ struct Stored {
 }
 
 impl Stored {
+    /// State that could not be read: an empty bucket as of `now_ms`.
+    fn empty(now_ms: i64) -> Stored {
+        Stored {
+            limiter: LimiterState::empty(now_ms),
+            ..Stored::default()
+        }
+    }
+
     fn limits(&self) -> Option<Limits> {
         Some(Limits {
             rate: Rate {
@@ -42,6 +50,7 @@ impl Stored {
 #[allow(missing_debug_implementations)] // `State` has no Debug; the object is never printed.
 pub struct SubscriberDO {
     state: State,
+    env: Env,
     // Shared with the callback that folds each outcome in as it arrives (see `deliver`).
     stored: Rc<RefCell<Stored>>,
     in_flight: Rc<Cell<u32>>,
@@ -58,6 +67,15 @@ impl SubscriberDO {
             "CREATE TABLE IF NOT EXISTS limiter (id INTEGER PRIMARY KEY CHECK (id = 1), state TEXT NOT NULL)",
             None,
         )?;
+        // The origin's call ids (`webhook-id` of each signed call) until its signature expires.
+        sql.exec(
+            "CREATE TABLE IF NOT EXISTS calls (id TEXT PRIMARY KEY, expires_ms INTEGER NOT NULL)",
+            None,
+        )?;
+        sql.exec(
+            "CREATE INDEX IF NOT EXISTS calls_expiry ON calls (expires_ms)",
+            None,
+        )?;
         #[derive(Deserialize)]
         struct Row {
             state: String,
@@ -65,10 +83,15 @@ impl SubscriberDO {
         let rows: Vec<Row> = sql
             .exec("SELECT state FROM limiter WHERE id = 1", None)?
             .to_array()?;
-        Ok(rows
-            .first()
-            .and_then(|r| serde_json::from_str(&r.state).ok())
-            .unwrap_or_default())
+        let Some(row) = rows.first() else {
+            return Ok(Stored::default()); // a new subscriber starts with its full burst
+        };
+        Ok(serde_json::from_str(&row.state).unwrap_or_else(|_| {
+            // Written by another version: say so, and start from an empty bucket, never a
+            // full one (a full one would send a whole burst the subscriber may not have room for).
+            worker::console_error!("{{\"error\":\"limiter_undecodable\"}}");
+            Stored::empty(now_ms())
+        }))
     }
 
     /// Write the current state. Synchronous: storage writes are coalesced by the runtime and
@@ -83,7 +106,49 @@ impl SubscriberDO {
         Ok(())
     }
 
+    /// Remember this call's id until its signature can no longer be accepted; false when it was
+    /// seen already (a replay of a captured call). Check and insert run with no `.await`.
+    fn first_use(&self, req: &Request, now_ms: i64) -> worker::Result<bool> {
+        let headers = req.headers();
+        let id = headers.get(CALL_ID_HEADER)?.unwrap_or_default();
+        let signed_at: i64 = headers
+            .get(CALL_TS_HEADER)?
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(now_ms / 1000);
+        // A signature is accepted until TOLERANCE_SECS after its timestamp.
+        let expires_ms = (signed_at + TOLERANCE_SECS) * 1000;
+        let sql = self.state.storage().sql();
+        sql.exec(
+            "DELETE FROM calls WHERE expires_ms < ?",
+            vec![now_ms.into()],
+        )?;
+        // A row comes back only when the id was new.
+        let inserted: Vec<serde_json::Value> = sql
+            .exec(
+                "INSERT INTO calls (id, expires_ms) VALUES (?, ?) ON CONFLICT(id) DO NOTHING RETURNING id",
+                vec![id.into(), expires_ms.into()],
+            )?
+            .to_array()?;
+        Ok(!inserted.is_empty())
+    }
+
     async fn deliver(&self, mut req: Request) -> worker::Result<Response> {
+        let limits_cfg = match env_limits(&self.env) {
+            Ok(l) => l,
+            Err(e) => {
+                return Ok(
+                    Response::from_json(&ErrorBody::new("misconfigured", e.to_string()))?
+                        .with_status(500),
+                )
+            }
+        };
+        if !self.first_use(&req, now_ms())? {
+            return Ok(Response::from_json(&ErrorBody::new(
+                "replayed",
+                "this call id was used already: a signed call is accepted once",
+            ))?
+            .with_status(401));
+        }
         let batch: DeliveryBatch = match req.json().await {
             Ok(b) => b,
             Err(e) => {
@@ -109,14 +174,24 @@ impl SubscriberDO {
             breaker: BreakerConfig::default(),
         };
 
+        // A call makes at most this many fetches (subrequest limit, and the waves that fit in
+        // the signature's lifetime): the cap counts like in-flight slots, the rest is deferred.
+        let per_call = limits_cfg.max_sends_per_call(sub.timeout_ms);
+
         // Read, refill, grant and write back with no `.await` in between.
         let plan = {
             let mut stored = self.stored.borrow_mut();
             stored.rate_per_sec = Some(sub.rate_per_sec);
             stored.burst = Some(sub.burst);
             stored.max_in_flight = Some(sub.max_in_flight);
+            let call_limits = Limits {
+                max_in_flight: limits
+                    .max_in_flight
+                    .min(self.in_flight.get().saturating_add(per_call)),
+                ..limits
+            };
             let plan = stored.limiter.plan(
-                limits,
+                call_limits,
                 self.in_flight.get(),
                 now_ms(),
                 batch.deliveries.len(),
@@ -132,6 +207,7 @@ impl SubscriberDO {
             secrets: &secrets,
             legacy: sub.legacy_signature,
             timeout_ms: sub.timeout_ms,
+            max_open: limits_cfg.max_open_sends,
         };
         let (stored, in_flight) = (Rc::clone(&self.stored), Rc::clone(&self.in_flight));
         let mut results = send::deliver_all(&target, to_send, move |attempt| {
@@ -183,16 +259,17 @@ impl SubscriberDO {
 }
 
 impl DurableObject for SubscriberDO {
-    fn new(state: State, _env: Env) -> Self {
+    fn new(state: State, env: Env) -> Self {
         let stored = match Self::load(&state) {
             Ok(s) => s,
             Err(e) => {
                 worker::console_error!("{{\"error\":\"limiter_load\",\"detail\":\"{e}\"}}");
-                Stored::default()
+                Stored::empty(now_ms())
             }
         };
         Self {
             state,
+            env,
             stored: Rc::new(RefCell::new(stored)),
             in_flight: Rc::new(Cell::new(0)),
         }

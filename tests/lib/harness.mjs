@@ -252,11 +252,12 @@ export function wranglerEnv(persistDir) {
  * Options: vars ({NAME: value}, passed as --var, overriding the defaults), key (the
  * EDGE_SIGNING_KEY, default a new secret), port (default a free one), timeoutMs (startup deadline),
  * persistDir (an existing --persist-to directory to reuse, e.g. to restart with the same Durable
- * Object state; the caller owns it and stop() leaves it in place).
+ * Object state; the caller owns it and stop() leaves it in place), config (another wrangler.toml,
+ * default the project's).
  * Returns {url, port, key, logs, persistDir, stop()}. `logs` fills with wrangler's output lines
  * (the Worker's console output included) for the whole life of the process.
  */
-export async function startEdge({ vars = {}, key, port: fixedPort, timeoutMs = 90_000, persistDir: reuseDir } = {}) {
+export async function startEdge({ vars = {}, key, port: fixedPort, timeoutMs = 90_000, persistDir: reuseDir, config } = {}) {
   if (!fs.existsSync(path.join(ROOT, 'build', 'index.js'))) {
     throw new Error('build/index.js is missing: run `bash scripts/build-worker.sh` (scripts/test.sh does) first');
   }
@@ -268,7 +269,7 @@ export async function startEdge({ vars = {}, key, port: fixedPort, timeoutMs = 9
   const port = fixedPort ?? (await freePort());
   const inspectorPort = await freePort();
   const persistDir = reuseDir ?? (await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-edge-')));
-  const args = wranglerDevArgs({ port, inspectorPort, persistDir, vars: allVars });
+  const args = wranglerDevArgs({ config, port, inspectorPort, persistDir, vars: allVars });
   const env = wranglerEnv(persistDir);
   const svc = spawnService('edge', process.execPath, args, { env });
   const url = `http://127.0.0.1:${port}`;
@@ -451,4 +452,71 @@ export function worstWindow(times, rate, burst) {
     }
   }
   return { worst, at };
+}
+
+/**
+ * A subscriber written at the socket level, for what a well-behaved one never does. Every
+ * request is handled by `respond(req, res, record)` (it may write the head and then stream,
+ * dribble or hang). Counts requests open right now (received, connection not yet closed and
+ * response not finished) and the peak: `state.open`, `state.maxOpen`, `state.received`, and per
+ * request `record.written` (body bytes accepted by the socket) and `record.closedAt`.
+ */
+export async function rawSubscriber(respond) {
+  const state = { open: 0, maxOpen: 0, received: 0, records: [] };
+  const sockets = new Set();
+  const server = http.createServer((req, res) => {
+    const record = { time: Date.now(), headers: req.headers, body: '', written: 0, closedAt: null };
+    state.records.push(record);
+    state.received += 1;
+    state.open += 1;
+    state.maxOpen = Math.max(state.maxOpen, state.open);
+    let ended = false;
+    const end = () => {
+      if (ended) return;
+      ended = true;
+      state.open -= 1;
+      record.closedAt = Date.now();
+    };
+    res.on('finish', end);
+    res.on('close', end);
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => {
+      record.body = Buffer.concat(chunks).toString('utf8');
+      respond(req, res, record);
+    });
+  });
+  server.on('connection', (s) => {
+    sockets.add(s);
+    s.on('close', () => sockets.delete(s));
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address();
+  return {
+    url: `http://127.0.0.1:${port}`,
+    state,
+    close: () =>
+      new Promise((resolve) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+/** Writes `total` bytes of body to `res` as fast as the reader takes them (backpressure), counting
+ * them in `record.written`; stops when the connection closes. */
+export function streamBody(res, record, total, chunkBytes = 64 * 1024) {
+  const chunk = Buffer.alloc(chunkBytes, 120);
+  const pump = () => {
+    while (!res.destroyed && record.written < total) {
+      const n = Math.min(chunk.length, total - record.written);
+      record.written += n;
+      if (!res.write(n === chunk.length ? chunk : chunk.subarray(0, n))) {
+        res.once('drain', pump);
+        return;
+      }
+    }
+    if (!res.destroyed) res.end();
+  };
+  pump();
 }

@@ -73,6 +73,24 @@ pub struct EdgeClient {
     out: Outbound,
 }
 
+/// Room for the edge's own work and the network on top of the sends themselves.
+const CALL_MARGIN_MS: u64 = 15_000;
+
+/// How long the origin waits for one edge call of `n` deliveries to a subscriber with
+/// `timeout_ms`: the edge keeps at most `MAX_OPEN_SENDS` sends open (6 by default), so the call
+/// takes up to `ceil(n / 6)` rounds of `timeout_ms`, and it grants no more rounds than fit in
+/// `CALL_SEND_WINDOW_MS`; then one more timeout (a send started at the end of the window) and
+/// a margin. An edge whose `MAX_OPEN_SENDS` is set below 6 can take longer; such a call is
+/// then deferred (no attempt spent) and its deliveries may arrive twice.
+pub fn call_timeout(n: usize, timeout_ms: u64) -> Duration {
+    let open = u64::from(fanout_core::edge_limits::DEFAULT_MAX_OPEN_SENDS);
+    let rounds = (n as u64).div_ceil(open).max(1);
+    let window = rounds
+        .saturating_mul(timeout_ms)
+        .min(fanout_core::edge_limits::CALL_SEND_WINDOW_MS);
+    Duration::from_millis(window + timeout_ms + CALL_MARGIN_MS)
+}
+
 impl EdgeClient {
     pub fn new(base_url: &str, key: Secret, out: Outbound) -> EdgeClient {
         EdgeClient {
@@ -89,19 +107,18 @@ impl EdgeClient {
         call_id: &str,
     ) -> Result<Vec<DeliveryResult>, EdgeError> {
         let body = serde_json::to_vec(batch).map_err(EdgeError::Encode)?;
-        self.send(body, call_id, batch.subscriber.timeout_ms).await
+        let wait = call_timeout(batch.deliveries.len(), batch.subscriber.timeout_ms);
+        self.send(body, call_id, wait).await
     }
 
-    /// Send one encoded call ([`batch_body`]); on success, the edge's per-delivery results.
+    /// Send one encoded call ([`batch_body`]), waiting at most `timeout` ([`call_timeout`]); on
+    /// success, the edge's per-delivery results.
     pub async fn send(
         &self,
         body: Vec<u8>,
         call_id: &str,
-        subscriber_timeout_ms: u64,
+        timeout: Duration,
     ) -> Result<Vec<DeliveryResult>, EdgeError> {
-        // The edge sends what it grants, a few at a time: give it the subscriber's timeout per
-        // round and some room.
-        let timeout = Duration::from_millis(subscriber_timeout_ms.saturating_mul(2) + 15_000);
         let resp = self
             .out
             .post_signed(
@@ -201,6 +218,38 @@ pub const EDGE_MAX_BYTES: usize = MAX_REQUEST_BYTES;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn call_timeout_table() {
+        // (deliveries, subscriber timeout ms) -> seconds the origin waits for the call
+        let cases: &[(usize, u64, u64)] = &[
+            (1, 1_000, 17),     // one round, one more timeout, the margin
+            (6, 10_000, 35),    // six fit in one round
+            (100, 1_000, 33),   // 17 rounds of 1 s
+            (100, 3_000, 69),   // 17 rounds of 3 s
+            (500, 60_000, 315), // capped at the edge's 240 s send window
+            (0, 10_000, 35),
+        ];
+        for &(n, timeout_ms, secs) in cases {
+            assert_eq!(
+                call_timeout(n, timeout_ms),
+                Duration::from_secs(secs),
+                "{n} x {timeout_ms}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lease_outlasts_the_longest_edge_call() {
+        let longest = call_timeout(
+            fanout_core::wire::MAX_BATCH,
+            fanout_core::wire::MAX_TIMEOUT_MS,
+        );
+        assert!(
+            longest.as_millis() < crate::dispatch::LEASE_MS as u128,
+            "{longest:?}"
+        );
+    }
 
     #[test]
     fn split_table() {

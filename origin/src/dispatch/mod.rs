@@ -489,8 +489,9 @@ impl<L: DispatchLedger> Dispatcher<L> {
             let sub = target.id.clone();
             let timeout_ms = target.limits.timeout_ms;
             tokio::spawn(async move {
-                let call_id = format!("call_{:016x}", getrandom::u64().unwrap_or_default());
-                let event = match edge.send(body, &call_id, timeout_ms).await {
+                let call_id = call_id(now_ms());
+                let wait = edge_lane::call_timeout(items.len(), timeout_ms);
+                let event = match edge.send(body, &call_id, wait).await {
                     Ok(results) => {
                         let ids: Vec<String> =
                             items.iter().map(|m| delivery_public_id(m.rowid)).collect();
@@ -544,6 +545,15 @@ pub fn pair_results(ids: &[String], results: Vec<DeliveryResult>) -> Vec<Deliver
                 })
         })
         .collect()
+}
+
+/// A fresh id for each edge call (the edge refuses an id it has seen within 300 s as a replay):
+/// random, and unique within this process even if the system's random source fails.
+fn call_id(now_ms: i64) -> String {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let random = getrandom::u64().unwrap_or_default();
+    format!("call_{random:016x}_{now_ms:x}_{n:x}")
 }
 
 #[cfg(test)]

@@ -33,9 +33,10 @@ use crate::model::{
     StoredSecret, Subscriber, Transition,
 };
 
-/// How long a lease lasts: longer than any send can take (the longest subscriber timeout plus
-/// the edge's margin), so a live send never loses its lease.
-pub const LEASE_MS: i64 = 120_000;
+/// How long a lease lasts: longer than any send can take (the longest edge call: the edge's
+/// 240 s send window, one more 60 s subscriber timeout and the margin, see
+/// `edge_lane::call_timeout`), so a live send never loses its lease.
+pub const LEASE_MS: i64 = 330_000;
 /// After a claim found nothing due, look again after this long.
 const EMPTY_CLAIM_RETRY_MS: i64 = 100;
 /// After the ledger failed to record a turn, wait this long (doubling per failure, up to

@@ -20,6 +20,7 @@ pub mod model;
 pub mod outbound;
 pub mod portal;
 pub mod redact;
+pub mod retention;
 pub mod server;
 pub mod term;
 pub mod time;
@@ -113,6 +114,12 @@ pub async fn run(
     );
     let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let retention_task = tokio::spawn(retention::run(
+        ledger.clone(),
+        cfg.retention,
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
     let mut dispatcher_task = tokio::spawn(dispatcher.run(control_rx, async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
     }));
@@ -124,6 +131,7 @@ pub async fn run(
             allow_loopback: cfg.allow_loopback,
             max_event_bytes: cfg.max_event_bytes,
             rotation_grace_ms: (cfg.rotation_grace_secs.min(i64::MAX as u64 / 1000) * 1000) as i64,
+            retention: cfg.retention,
             body_timeout: cfg.body_timeout,
             portal_key,
             portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
@@ -181,6 +189,9 @@ pub async fn run(
             Ok(Err(e)) => tracing::error!(error = %e, "the dispatcher failed while stopping"),
             Err(e) => tracing::error!(error = %e, "the dispatcher task failed"),
         }
+    }
+    if let Err(e) = retention_task.await {
+        tracing::error!(error = %e, "the retention task failed");
     }
     // Wait for the ledger to finish everything queued before this point.
     ledger.call(|_| Ok(())).await?;

@@ -6,9 +6,10 @@
 //! with its attempts; a `dead` one older than `--retain-dead`, with its attempts; an event once
 //! no delivery refers to it. What never goes: a `pending` or `in_flight` delivery, a dead one
 //! within its window, the attempts of a delivery that is kept, an event a delivery still
-//! refers to. Each delete checks the status and age again on the row it deletes, under the
-//! row's lock, so a replay racing a purge either wins (the delivery is pending and kept) or
-//! waits and then finds nothing to replay.
+//! refers to. The rows to delete are locked (`FOR UPDATE SKIP LOCKED`) by the statement that
+//! checks their status and age, and stay locked until the delete commits, so a replay racing
+//! a purge either wins (the delivery is pending and kept) or waits and then finds nothing to
+//! replay.
 //!
 //! Several daemons share the ledger: each step takes a transaction-scoped advisory lock
 //! (`pg_try_advisory_xact_lock`) and a daemon that does not get it ends its pass — another
@@ -81,15 +82,11 @@ impl PgLedger {
         let attempts = tx
             .execute("DELETE FROM attempts WHERE delivery_id = ANY($1)", &[&ids])
             .await?;
-        // The status and age again: nothing else but a finished delivery past its window.
+        // Only these rows: this transaction has held their locks since the SELECT above
+        // checked their status and age (FOR UPDATE checks a row changed meanwhile again), so
+        // none can have been replayed or otherwise changed since.
         let deliveries = tx
-            .execute(
-                &format!(
-                    "DELETE FROM deliveries
-                     WHERE id = ANY($1) AND status = '{status}' AND updated_ms < $2"
-                ),
-                &[&ids, &cutoff_ms],
-            )
+            .execute("DELETE FROM deliveries WHERE id = ANY($1)", &[&ids])
             .await?;
         let gone_events = tx
             .execute(

@@ -101,7 +101,8 @@ const MIGRATIONS: &[&str] = &[
     // read by `deliveries_leased` (bounded by the in-flight caps). `deliveries_sent_age` /
     // `deliveries_dead_age` serve retention oldest first. `events_received` (events are
     // written once) serves retention's sweep of events no delivery refers to and turns a
-    // time range into delivery ids. `deliveries_by_status` had no reader left. `retention`
+    // time range into delivery ids. `attempts_by_delivery_id` gives a delivery's attempts in
+    // order (and serves retention's delete of them). `deliveries_by_status` had no reader left. `retention`
     // holds what retention removed and when a pass last completed, `retention_sweep` where
     // the sweep is.
     r#"
@@ -113,6 +114,8 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX deliveries_sent_age ON deliveries(updated_ms) WHERE status = 'sent';
     CREATE INDEX deliveries_dead_age ON deliveries(updated_ms) WHERE status = 'dead';
     CREATE INDEX events_received ON events(received_ms, id);
+    DROP INDEX IF EXISTS attempts_by_delivery;
+    CREATE INDEX attempts_by_delivery_id ON attempts(delivery_id, id);
 
     CREATE TABLE delivery_counts (
         subscriber_id TEXT NOT NULL,

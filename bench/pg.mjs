@@ -85,12 +85,22 @@ const PSQL = (() => {
   return v ? `${root}/${v}/bin/psql` : null;
 })();
 
-/** WAL written so far (bytes) and transactions committed in `db` (a postgres:// URL). */
+/** WAL written so far (bytes), transactions committed in `db` (a postgres:// URL), and the
+ * time (ms) spent in PL/pgSQL functions there — the ledger's triggers (the server runs with
+ * `track_functions = pl`). */
 function pgCounters(db) {
-  if (!PSQL) return { wal: 0, commits: 0 };
-  const r = spawnSync(PSQL, [db, '-XAtc', "SELECT pg_current_wal_lsn() - '0/0', xact_commit FROM pg_stat_database WHERE datname = current_database()"], { encoding: 'utf8' });
-  const [wal, commits] = r.stdout.trim().split('|').map(Number);
-  return { wal: wal || 0, commits: commits || 0 };
+  if (!PSQL) return { wal: 0, commits: 0, functionsMs: 0 };
+  const r = spawnSync(
+    PSQL,
+    [
+      db,
+      '-XAtc',
+      "SELECT pg_current_wal_lsn() - '0/0', xact_commit, (SELECT COALESCE(SUM(total_time), 0) FROM pg_stat_user_functions) FROM pg_stat_database WHERE datname = current_database()",
+    ],
+    { encoding: 'utf8' },
+  );
+  const [wal, commits, functionsMs] = r.stdout.trim().split('|').map(Number);
+  return { wal: wal || 0, commits: commits || 0, functionsMs: functionsMs || 0 };
 }
 
 async function sentTotal(url) {
@@ -226,6 +236,7 @@ async function once(config, sink, pg, round) {
       machine: (m1[0] - m0[0]) / (m1[1] - m0[1]),
       walBytes: p3 ? (p3.wal - p2.wal) / Math.max(1, delivered) : 0,
       perCommit: p3 ? delivered / Math.max(1, p3.commits - p2.commits) : 0,
+      triggerUs: p3 ? ((p3.functionsMs - p2.functionsMs) / Math.max(1, delivered)) * 1e3 : 0,
     };
     log(
       `  ${config.padEnd(8)} round ${round}: ingest ${res.ingestRate.toFixed(0)} events/s ` +
@@ -234,7 +245,10 @@ async function once(config, sink, pg, round) {
         `${res.daemonUs.toFixed(1)} µs daemon + ${res.pgUs.toFixed(1)} µs PostgreSQL CPU/delivery; ` +
         `daemons ${res.daemonCores.toFixed(2)} cores, PostgreSQL ${res.pgCores.toFixed(2)}; ` +
         `machine ${(res.machine * 100).toFixed(0)}% busy` +
-        (p3 ? `; ${res.walBytes.toFixed(0)} WAL bytes/delivery, ${res.perCommit.toFixed(0)} deliveries/commit` : '') +
+        (p3
+          ? `; ${res.walBytes.toFixed(0)} WAL bytes/delivery, ${res.perCommit.toFixed(0)} deliveries/commit, ` +
+            `${res.triggerUs.toFixed(1)} µs/delivery in triggers`
+          : '') +
         `)${drained ? '' : ' — DID NOT DRAIN'}`,
     );
     return res;
@@ -253,7 +267,7 @@ async function main() {
   if (CONFIGS.some((c) => c.endsWith('@before')) && !opts['before-bin']) throw new Error('@before needs --before-bin');
   if (!fs.existsSync(path.join(SINK_DIR, 'target', 'release', 'sink'))) cargoBuild(SINK_DIR);
   const sink = await startSink();
-  const pg = await startPostgres();
+  const pg = await startPostgres({ options: ['track_functions=pl'] });
   const results = [];
   try {
     for (let round = 1; round <= ROUNDS; round++) {
@@ -267,8 +281,8 @@ async function main() {
   const base = median(results.filter((r) => r.config === CONFIGS[0]).map((r) => r.rate));
   const baseIngest = median(results.filter((r) => r.config === CONFIGS[0]).map((r) => r.ingestRate));
   console.log(`\n${EVENTS} events x ${SUBSCRIBERS} subscribers (max_in_flight ${MAX_IN_FLIGHT}), ${ROUNDS} rounds, medians; ratios against ${CONFIGS[0]}\n`);
-  console.log('| ledger | ingest events/s | ratio | deliveries/s | ratio | daemon CPU/delivery | PostgreSQL CPU/delivery | daemon CPU/event (ingest) | PostgreSQL CPU/event (ingest) | WAL/delivery | deliveries/commit |');
-  console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
+  console.log('| ledger | ingest events/s | ratio | deliveries/s | ratio | daemon CPU/delivery | PostgreSQL CPU/delivery | daemon CPU/event (ingest) | PostgreSQL CPU/event (ingest) | WAL/delivery | deliveries/commit | PostgreSQL time in triggers/delivery |');
+  console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const config of CONFIGS) {
     const rs = results.filter((r) => r.config === config);
     const m = (k) => median(rs.map((r) => r[k]));
@@ -277,7 +291,7 @@ async function main() {
       `| ${config}${drained} | ${m('ingestRate').toFixed(0)} | ${(m('ingestRate') / baseIngest).toFixed(2)} | ` +
         `${m('rate').toFixed(0)} | ${(m('rate') / base).toFixed(2)} | ${m('daemonUs').toFixed(1)} µs | ` +
         `${m('pgUs').toFixed(1)} µs | ${m('ingestDaemonUs').toFixed(0)} µs | ${m('ingestPgUs').toFixed(0)} µs | ` +
-        `${config.startsWith('pg') ? `${m('walBytes').toFixed(0)} B | ${m('perCommit').toFixed(0)}` : '– | –'} |`,
+        `${config.startsWith('pg') ? `${m('walBytes').toFixed(0)} B | ${m('perCommit').toFixed(0)} | ${m('triggerUs').toFixed(1)} µs` : '– | – | –'} |`,
     );
   }
 }

@@ -21,7 +21,9 @@ use super::super::ops::{DispatchLedger, Recorded, Turn, TurnError};
 use super::super::LedgerError;
 use std::collections::HashMap;
 
-use super::ops::{core_limits, STORE_LIMITERS};
+use super::ops::{
+    core_limits, wanted_of, CLAIM_COUNT, CLAIM_EXPIRE, RECORD_OUTCOMES, STORE_LIMITERS,
+};
 use super::{decode_limiter, encode_limiter, PgLedger};
 use crate::model::{Claim, HealthWrite, Outcome, Subscriber};
 
@@ -48,7 +50,9 @@ pub fn merge_limiter(shared: LimiterState, mine: LimiterState) -> LimiterState {
 /// The rows of the subscribers a turn names (`$1`) and of those whose sends it ends
 /// (deliveries of `$2` still leased to `$3`), locked in id order as every transaction here
 /// takes them.
-const TURN_LOCK: &str = "SELECT id, rate_per_sec, burst, max_in_flight, limiter FROM subscribers s
+const TURN_LOCK: &str = "SELECT id, rate_per_sec, burst, max_in_flight, limiter,
+         deleted_ms IS NULL AND disabled_ms IS NULL AS live
+     FROM subscribers s
      WHERE id = ANY($1)
         OR id IN (SELECT subscriber_id FROM deliveries
                   WHERE id = ANY($2) AND status = 'in_flight' AND lease_owner = $3)
@@ -63,9 +67,11 @@ const TURN_OPEN: &str = "SELECT subscriber_id, COUNT(*) FROM deliveries
      GROUP BY subscriber_id";
 
 impl PgLedger {
-    /// One turn in one transaction, in few round trips: the subscribers' locks and open
-    /// counts (one), their limiters and the results with their attempts (one), then the
-    /// claim (three, [`PgLedger::claim_in`]) and the commit.
+    /// One turn in one transaction, in few round trips: `BEGIN`; the subscribers' locks and
+    /// open counts; their limiters, the results with their attempts, and the claim's expired
+    /// leases and in-flight counts; the lease; the claim's limiters and what remains due;
+    /// `COMMIT`. (A turn that changes a subscriber's health claims after it, by
+    /// [`PgLedger::claim_in`]: one round trip more.)
     async fn record_turn_pg(&self, turn: &Turn) -> Result<Recorded, LedgerError> {
         let now = turn.now_ms;
         let owner: &str = &self.owner;
@@ -84,6 +90,17 @@ impl PgLedger {
         }));
         ids.sort_unstable();
         ids.dedup();
+        let asks: Vec<(String, usize)> = turn
+            .claims
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .cloned()
+            .collect();
+        let wanted = wanted_of(&asks);
+        // The claim reads its subscribers' rows from this turn's locks (as this turn leaves
+        // them) unless a health change (which may disable one) comes in between.
+        let direct = turn.health.is_empty() && !wanted.is_empty();
+        let mut claim_rows = Vec::new();
         let mut store_ids: Vec<String> = Vec::new();
         let mut store_states: Vec<String> = Vec::new();
         if !ids.is_empty() || !rowids.is_empty() {
@@ -101,42 +118,71 @@ impl PgLedger {
             }
             for r in rows {
                 let id: String = r.try_get("id")?;
-                let mine = turn.limiters.iter().rev().find(|(s, _)| *s == id);
-                let open = ended.get(&id).copied();
-                if mine.is_none() && open.is_none() {
-                    continue; // locked for what comes later in the turn
-                }
+                let limits = core_limits(&r, self.breaker)?;
                 let raw: Option<String> = r.try_get("limiter")?;
                 let mut shared = decode_limiter(&id, raw.as_deref(), now);
+                let mine = turn.limiters.iter().rev().find(|(s, _)| *s == id);
+                let open = ended.get(&id).copied();
                 if let Some(open) = open {
                     // The bucket catches up to now under the room that held while they were
                     // open (the core's pacing on arrival times), before they stop counting.
-                    let limits = core_limits(&r, self.breaker)?;
                     shared.settle(limits, open, now);
                 }
                 // The latest of this turn's states for the subscriber.
                 if let Some((_, mine)) = mine {
                     shared = merge_limiter(shared, *mine);
                 }
-                store_states.push(encode_limiter(&shared));
-                store_ids.push(id);
+                if mine.is_some() || open.is_some() {
+                    store_states.push(encode_limiter(&shared));
+                    store_ids.push(id.clone());
+                }
+                if direct && r.try_get::<_, bool>("live")? && wanted.contains_key(id.as_str()) {
+                    claim_rows.push((id, limits, shared));
+                }
             }
         }
-        // The limiters and the results, pipelined.
+        // Pipelined, in this order: the limiters, the results, then (for the claim) the
+        // expired leases back to the queue and what is in flight.
         let outcomes: Vec<(&Outcome, Option<i64>)> =
             turn.outcomes.iter().map(|o| (o, None)).collect();
-        let store = tx.prepare_cached(STORE_LIMITERS).await?;
+        let (store, _, expire, count) = tokio::try_join!(
+            tx.prepare_cached(STORE_LIMITERS),
+            tx.prepare_cached(RECORD_OUTCOMES), // cached, so the results go out second
+            tx.prepare_cached(CLAIM_EXPIRE),
+            tx.prepare_cached(CLAIM_COUNT),
+        )?;
+        let claim_ids: Vec<&str> = wanted.keys().copied().collect();
+        let store_args: &[&(dyn ToSql + Sync)] = &[&store_ids, &store_states];
+        let expire_args: &[&(dyn ToSql + Sync)] = &[&claim_ids, &now];
+        let count_args: &[&(dyn ToSql + Sync)] = &[&claim_ids];
         let store_limiters = async {
             if store_ids.is_empty() {
                 Ok(0)
             } else {
-                tx.execute(&store, &[&store_ids, &store_states]).await
+                tx.execute(&store, store_args).await
             }
         };
         let record = Self::record_outcomes(&tx, owner, &outcomes, now);
-        let (stored, applied) = tokio::join!(store_limiters, record);
+        let expired = async {
+            if direct {
+                tx.execute(&expire, expire_args).await
+            } else {
+                Ok(0)
+            }
+        };
+        let counted = async {
+            if direct {
+                tx.query(&count, count_args).await
+            } else {
+                Ok(Vec::new())
+            }
+        };
+        let (stored, applied, expired, counted) =
+            tokio::join!(store_limiters, record, expired, counted);
         stored?;
         let applied = applied?;
+        expired?;
+        let counted = counted?;
         if !applied.stale.is_empty() {
             tracing::warn!(
                 stale = applied.stale.len(),
@@ -152,24 +198,13 @@ impl PgLedger {
                 Self::check_dead_counts_in(&tx, &turn.dead, turn.dead_threshold, now).await?,
             );
         }
-        let asks: Vec<(String, usize)> = turn
-            .claims
-            .iter()
-            .filter(|(_, n)| *n > 0)
-            .cloned()
-            .collect();
+        let lease_until = turn.lease_until_ms.min(now.saturating_add(LEASE_MS));
         let mut claims = if asks.is_empty() {
             Vec::new()
+        } else if direct {
+            Self::lease_in(&tx, owner, &wanted, claim_rows, &counted, now, lease_until).await?
         } else {
-            Self::claim_in(
-                &tx,
-                owner,
-                &asks,
-                self.breaker,
-                now,
-                turn.lease_until_ms.min(now.saturating_add(LEASE_MS)),
-            )
-            .await?
+            Self::claim_in(&tx, owner, &asks, self.breaker, now, lease_until).await?
         };
         tx.commit().await?;
         // In the order asked.

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use deadpool_postgres::Transaction;
 use fanout_core::breaker::{Breaker, BreakerConfig};
 use fanout_core::bucket::Bucket;
-use fanout_core::limiter::LimiterState;
+use fanout_core::limiter::{LimiterState, Limits as CoreLimits};
 use fanout_core::retry::Attempt;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
@@ -597,7 +597,8 @@ const CLAIM_LOCK: &str = "SELECT id, rate_per_sec, burst, max_in_flight, limiter
      ORDER BY id FOR UPDATE";
 
 /// Their expired leases, of any daemon, back to the queue due now (locked ones skipped).
-const CLAIM_EXPIRE: &str = "UPDATE deliveries SET status = 'pending', lease_owner = NULL,
+pub(super) const CLAIM_EXPIRE: &str =
+    "UPDATE deliveries SET status = 'pending', lease_owner = NULL,
          lease_expires_ms = NULL, next_attempt_ms = $2, updated_ms = $2
      WHERE id IN (SELECT id FROM deliveries
                   WHERE subscriber_id = ANY($1) AND status = 'in_flight'
@@ -605,7 +606,7 @@ const CLAIM_EXPIRE: &str = "UPDATE deliveries SET status = 'pending', lease_owne
                   FOR UPDATE SKIP LOCKED)";
 
 /// Their deliveries in flight, every daemon's.
-const CLAIM_COUNT: &str = "SELECT subscriber_id, COUNT(*) FROM deliveries
+pub(super) const CLAIM_COUNT: &str = "SELECT subscriber_id, COUNT(*) FROM deliveries
      WHERE subscriber_id = ANY($1) AND status = 'in_flight' GROUP BY subscriber_id";
 
 /// Up to `$2[k]` due deliveries of subscriber `$1[k]`, oldest due first, rows another
@@ -637,7 +638,7 @@ const CLAIM_NEXT_DUE: &str = "SELECT w.sub, n.due FROM unnest($1::text[]) AS w(s
 
 /// Results of deliveries still leased to `$9` (under lease `$2[k]` when not null), and the
 /// attempts (`$10..$18`, in order) of those recorded; returns the ids recorded.
-const RECORD_OUTCOMES: &str = "WITH done AS (
+pub(super) const RECORD_OUTCOMES: &str = "WITH done AS (
          UPDATE deliveries d SET status = u.status, attempts = d.attempts + u.spent,
              next_attempt_ms = COALESCE(u.next, d.next_attempt_ms),
              last_error = CASE WHEN u.keep THEN d.last_error ELSE u.err END,
@@ -660,10 +661,17 @@ const RECORD_OUTCOMES: &str = "WITH done AS (
          ORDER BY x.ord)
      SELECT id FROM done";
 
-pub(super) fn core_limits(
-    row: &Row,
-    breaker: BreakerConfig,
-) -> Result<fanout_core::limiter::Limits, LedgerError> {
+/// The most asked of each subscriber (once each, in id order).
+pub(super) fn wanted_of(wants: &[(String, usize)]) -> BTreeMap<&str, usize> {
+    let mut wanted: BTreeMap<&str, usize> = BTreeMap::new();
+    for (id, most) in wants {
+        let w = wanted.entry(id.as_str()).or_default();
+        *w = (*w).max(*most);
+    }
+    wanted
+}
+
+pub(super) fn core_limits(row: &Row, breaker: BreakerConfig) -> Result<CoreLimits, LedgerError> {
     Ok(Limits {
         rate_per_sec: row.try_get("rate_per_sec")?,
         burst: row.try_get::<_, i32>("burst")?.max(1) as u32,
@@ -704,11 +712,7 @@ impl PgLedger {
         now_ms: i64,
         lease_until: i64,
     ) -> Result<Vec<PgClaim>, LedgerError> {
-        let mut wanted: BTreeMap<&str, usize> = BTreeMap::new();
-        for (id, most) in wants {
-            let w = wanted.entry(id.as_str()).or_default();
-            *w = (*w).max(*most);
-        }
+        let wanted = wanted_of(wants);
         let ids: Vec<&str> = wanted.keys().copied().collect();
         // 1-3, pipelined (the server runs them in this order): the subscribers' rows, locked
         // in id order (one claimer per subscriber at a time); their expired leases (of any
@@ -726,20 +730,39 @@ impl PgLedger {
             tx.execute(&expire, expire_args),
             tx.query(&count, by_id),
         )?;
+        let mut live = Vec::with_capacity(subs.len());
+        for r in &subs {
+            let id: String = r.try_get(0)?;
+            let raw: Option<String> = r.try_get("limiter")?;
+            let limiter = decode_limiter(&id, raw.as_deref(), now_ms);
+            live.push((id, core_limits(r, breaker)?, limiter));
+        }
+        Self::lease_in(tx, owner, &wanted, live, &counted, now_ms, lease_until).await
+    }
+
+    /// The rest of a claim once the subscribers' rows are locked — `live`: the live ones in id
+    /// order, with their limits and shared limiter as of now — and their sends in flight
+    /// counted (`counted`: the rows of `CLAIM_COUNT`, run after their expired leases went back
+    /// to the queue). Two round trips.
+    pub(super) async fn lease_in(
+        tx: &Transaction<'_>,
+        owner: &str,
+        wanted: &BTreeMap<&str, usize>,
+        live: Vec<(String, CoreLimits, LimiterState)>,
+        counted: &[Row],
+        now_ms: i64,
+        lease_until: i64,
+    ) -> Result<Vec<PgClaim>, LedgerError> {
         let mut in_flight: HashMap<String, u32> = HashMap::new();
         for r in counted {
             in_flight.insert(r.try_get(0)?, r.try_get::<_, i64>(1)?.max(0) as u32);
         }
         // 4. The shared limiter of each decides how many may go now, of what was asked and
         // what the in-flight cap leaves: reserved here, committed below to what was found.
-        let mut held = Vec::with_capacity(subs.len());
-        let mut grant_ids: Vec<&str> = Vec::with_capacity(subs.len());
-        let mut grants: Vec<i64> = Vec::with_capacity(subs.len());
-        for r in &subs {
-            let id: String = r.try_get(0)?;
-            let l = core_limits(r, breaker)?;
-            let raw: Option<String> = r.try_get("limiter")?;
-            let mut limiter = decode_limiter(&id, raw.as_deref(), now_ms);
+        let mut held = Vec::with_capacity(live.len());
+        let mut grant_ids: Vec<&str> = Vec::with_capacity(live.len());
+        let mut grants: Vec<i64> = Vec::with_capacity(live.len());
+        for (id, l, mut limiter) in live {
             let busy = in_flight.get(&id).copied().unwrap_or(0);
             let most = wanted.get(id.as_str()).copied().unwrap_or(0);
             let most = most.min(l.max_in_flight.saturating_sub(busy) as usize);

@@ -9,8 +9,8 @@
 //!   that many due deliveries to this daemon until an expiry in one statement (`FOR UPDATE SKIP
 //!   LOCKED`), gives back what it did not find and stores the limiter back. Two daemons claiming
 //!   for one subscriber take turns on its row, so their grants add up to what one limiter
-//!   allows. A dispatcher turn (results, limiters, claim) is one transaction of about seven
-//!   round trips, whatever its size: statements are prepared once per connection and sent
+//!   allows. A dispatcher turn (results, limiters, claim) is one transaction of six round
+//!   trips, whatever its size: statements are prepared once per connection and sent
 //!   several at a time where the next does not need the previous answer.
 //! - Leases carry their owner (the daemon's id) and expiry. A lease that expired is claimable by
 //!   anyone; a result is recorded only while its lease is still the one it was sent under (same

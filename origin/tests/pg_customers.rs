@@ -129,7 +129,10 @@ async fn a_customer_is_never_removed_while_a_live_subscriber_names_it() {
     waiting_on_a_lock(&watcher, 1).await;
     removing.commit().await.unwrap();
     let created = creating.await.unwrap();
-    assert!(matches!(created, Err(LedgerError::Invalid(_))), "{created:?}");
+    assert!(
+        matches!(created, Err(LedgerError::Invalid(_))),
+        "{created:?}"
+    );
     assert!(matches!(
         ledger.get_subscriber("g1").await,
         Err(LedgerError::NotFound(_))
@@ -160,10 +163,7 @@ async fn a_portal_link_works_on_every_daemon() {
     assert_eq!(s, 201, "{body}");
     let (s, body) = b.api.get("/v1/customers/acme").await;
     assert_eq!(s, 200, "{body}");
-    let (s, link) = a
-        .api
-        .post("/v1/customers/acme/portal", json!({}))
-        .await;
+    let (s, link) = a.api.post("/v1/customers/acme/portal", json!({})).await;
     assert_eq!(s, 201, "{link}");
     let token = link["token"].as_str().unwrap().to_string();
     let later = Binary::start(db, &[]).await;
@@ -171,7 +171,11 @@ async fn a_portal_link_works_on_every_daemon() {
         let mut portal = Api::new(d.api.base.clone());
         portal.token = token.clone();
         let (s, body) = portal.get("/v1/subscribers").await;
-        assert_eq!(s, 200, "{} refused a link issued by another daemon: {body}", d.api.base);
+        assert_eq!(
+            s, 200,
+            "{} refused a link issued by another daemon: {body}",
+            d.api.base
+        );
     }
     let (s, _) = b.api.raw("DELETE", "/v1/customers/acme", None, true).await;
     assert_eq!(s, 200);

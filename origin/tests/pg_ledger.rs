@@ -840,17 +840,36 @@ async fn customers_are_served_on_postgres_and_a_lost_server_is_unavailable() {
     .await;
     let api = &daemon.api;
     let (s, body) = api
-        .post("/v1/customers", serde_json::json!({ "id": "acme", "weight": 3 }))
+        .post(
+            "/v1/customers",
+            serde_json::json!({ "id": "acme", "weight": 3 }),
+        )
         .await;
-    assert_eq!((s, body["weight"].clone()), (201, serde_json::json!(3)), "{body}");
+    assert_eq!(
+        (s, body["weight"].clone()),
+        (201, serde_json::json!(3)),
+        "{body}"
+    );
     let (s, body) = api.get("/v1/customers").await;
-    assert_eq!((s, body["customers"][0]["id"].clone()), (200, "acme".into()), "{body}");
+    assert_eq!(
+        (s, body["customers"][0]["id"].clone()),
+        (200, "acme".into()),
+        "{body}"
+    );
     let spec = serde_json::json!({ "id": "s1", "url": "http://127.0.0.1:9/h", "event_types": ["*"], "rate_per_sec": 0.001, "customer": "acme" });
     let (s, body) = api.post("/v1/subscribers", spec).await;
-    assert_eq!((s, body["customer"].clone()), (201, "acme".into()), "{body}");
+    assert_eq!(
+        (s, body["customer"].clone()),
+        (201, "acme".into()),
+        "{body}"
+    );
     let nobody = serde_json::json!({ "id": "s2", "url": "http://127.0.0.1:9/h", "event_types": ["*"], "customer": "nobody" });
     let (s, body) = api.post("/v1/subscribers", nobody).await;
-    assert_eq!((s, body["error"]["code"].clone()), (400, "invalid_request".into()), "{body}");
+    assert_eq!(
+        (s, body["error"]["code"].clone()),
+        (400, "invalid_request".into()),
+        "{body}"
+    );
     let plain = serde_json::json!({ "id": "s2", "url": "http://127.0.0.1:9/h", "event_types": ["*"], "rate_per_sec": 0.001 });
     let (s, body) = api.post("/v1/subscribers", plain).await;
     assert_eq!(
@@ -862,9 +881,17 @@ async fn customers_are_served_on_postgres_and_a_lost_server_is_unavailable() {
     let (s, body) = api
         .raw("PATCH", "/v1/subscribers/s2", Some(patch), true)
         .await;
-    assert_eq!((s, body["customer"].clone()), (200, "acme".into()), "{body}");
+    assert_eq!(
+        (s, body["customer"].clone()),
+        (200, "acme".into()),
+        "{body}"
+    );
     let (s, body) = api.get("/v1/customers/acme").await;
-    assert_eq!((s, body["subscribers"].clone()), (200, serde_json::json!(2)), "{body}");
+    assert_eq!(
+        (s, body["subscribers"].clone()),
+        (200, serde_json::json!(2)),
+        "{body}"
+    );
 
     server.stop();
     let (s, body) = api

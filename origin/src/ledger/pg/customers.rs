@@ -333,8 +333,13 @@ impl PgLedger {
         };
         Self::update_subscriber_in(&tx, &next).await?;
         if toggled {
-            Self::set_disabled_in(&tx, &next.id, next.health.disabled.as_ref(), next.updated_ms)
-                .await?;
+            Self::set_disabled_in(
+                &tx,
+                &next.id,
+                next.health.disabled.as_ref(),
+                next.updated_ms,
+            )
+            .await?;
         }
         tx.commit().await?;
         Ok(Ok(next))
@@ -401,10 +406,7 @@ impl PgLedger {
             .try_get(0)?;
         tx.execute(
             "SELECT pg_notify($1, $2)",
-            &[
-                &DUE_CHANNEL,
-                &notify_payload(&[subscriber.to_string()]),
-            ],
+            &[&DUE_CHANNEL, &notify_payload(&[subscriber.to_string()])],
         )
         .await?;
         tx.commit().await?;
@@ -436,8 +438,7 @@ pub(super) async fn copy_customers(
         .try_get(0)?;
     if occupied {
         return Err(LedgerError::Conflict(
-            "the PostgreSQL ledger already has customers: copy only into an empty database"
-                .into(),
+            "the PostgreSQL ledger already has customers: copy only into an empty database".into(),
         ));
     }
     let mut st = src.prepare(&format!(
@@ -469,8 +470,7 @@ pub(super) async fn copy_customers(
     )
     .await?;
     // Removed subscribers keep their owner too: no other customer takes their history over.
-    let mut st =
-        src.prepare("SELECT id, customer FROM subscribers WHERE customer IS NOT NULL")?;
+    let mut st = src.prepare("SELECT id, customer FROM subscribers WHERE customer IS NOT NULL")?;
     let owned: Vec<(String, String)> = st
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<Result<_, _>>()?;
@@ -483,9 +483,11 @@ pub(super) async fn copy_customers(
     )
     .await?;
     let key: Option<(Vec<u8>, i64)> = src
-        .query_row("SELECT key, created_ms FROM portal_key WHERE id = 1", [], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })
+        .query_row(
+            "SELECT key, created_ms FROM portal_key WHERE id = 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
         .optional()?;
     if let Some((key, created_ms)) = key {
         tx.execute(

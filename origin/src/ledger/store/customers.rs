@@ -24,7 +24,10 @@ impl Store {
 
     /// Customers (`only` one — `NotFound` when it does not exist — or all, by id) with how
     /// many live subscribers each owns.
-    pub async fn customers(&self, only: Option<String>) -> Result<Vec<(Customer, u32)>, LedgerError> {
+    pub async fn customers(
+        &self,
+        only: Option<String>,
+    ) -> Result<Vec<(Customer, u32)>, LedgerError> {
         let found = match self {
             Store::Sqlite(l) => {
                 let only = only.clone();

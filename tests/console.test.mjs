@@ -110,6 +110,9 @@ test('console: sign in, find the dead delivery, replay it, see it sent', async (
   assert.equal((await row.locator('[data-field=dead]').textContent()).trim(), '1');
   assert.equal((await row.locator('[data-field=sent]').textContent()).trim(), '0');
   assert.match(await row.textContent(), /HTTP 500/);
+  // What retention keeps (the defaults) and has removed (nothing yet), under the table.
+  await page.locator('#retention:text-matches("^Retention: sent kept 7d")').waitFor();
+  assert.match(await page.locator('#retention').textContent(), /dead kept 30d \(oldest .*\); removed 0 sent, 0 dead/);
   console.log(`screenshot: ${await shot(page, 'subscribers')}`);
 
   // The dead-letter list, then the delivery's detail with the failed attempt's response body.

@@ -16,6 +16,7 @@ use crate::api::views::{
 };
 use crate::config::{Settings, DEFAULT_LISTEN};
 use crate::model::Lane;
+use crate::retention::RetentionView;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -38,6 +39,8 @@ pub enum LogFormat {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once at start-up and matched once: boxing `serve`'s settings would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Run the daemon: ledger, dispatcher and HTTP API
     Serve(ServeArgs),
@@ -63,6 +66,9 @@ pub enum Command {
     /// Flood a URL, or the edge for one subscriber, for a bounded time; report accepted,
     /// throttled and the achieved rate
     Load(LoadArgs),
+    /// Write a consistent copy of a SQLite ledger, also while its daemon serves; leases in
+    /// the copy return to pending (a PostgreSQL ledger is backed up with pg_dump)
+    Backup(BackupArgs),
     /// Work on a ledger directly (the daemon stopped)
     Ledger {
         #[command(subcommand)]
@@ -86,6 +92,19 @@ pub struct LedgerCopyArgs {
     /// The PostgreSQL ledger, postgres://user@host:port/dbname; its tables must be empty
     #[arg(long)]
     pub to: String,
+}
+
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// The ledger to copy (a file path or sqlite:PATH)
+    #[arg(long, env = "FANOUT_DB")]
+    pub db: PathBuf,
+    /// The new file to write (must not exist)
+    #[arg(long)]
+    pub to: PathBuf,
+    /// Print the report as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -454,7 +473,42 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
         Command::Ledger {
             command: LedgerCommand::Copy(a),
         } => ledger_copy(a).await,
+        Command::Backup(a) => backup(a),
     }
+}
+
+/// What `fanout backup` answers for a PostgreSQL ledger.
+pub const PG_BACKUP: &str = "fanout backup copies a SQLite ledger; back up a PostgreSQL \
+     ledger with PostgreSQL's own tools, e.g. pg_dump --format=custom --file=FILE \
+     postgres://user@host/dbname (consistent while the daemons serve); restored, the daemons \
+     take over leases that were in flight once they expire";
+
+/// `fanout backup`: not a client of the API (it reads the ledger file) and not a daemon (it
+/// takes no ownership lock).
+/// A PostgreSQL ledger is refused: its consistent copy is PostgreSQL's own (`pg_dump`).
+fn backup(a: BackupArgs) -> Result<(), ClientError> {
+    use crate::config::LedgerLocation;
+    let db = match LedgerLocation::parse(&a.db) {
+        Ok(LedgerLocation::Sqlite(path)) => path,
+        Ok(LedgerLocation::Postgres(_)) => return Err(ClientError::Input(PG_BACKUP.into())),
+        Err(e) => return Err(ClientError::Input(e.0)),
+    };
+    let r = crate::ledger::backup::backup(&db, &a.to, crate::time::now_ms())
+        .map_err(|e| ClientError::Input(format!("backup: {e}")))?;
+    if a.json {
+        print(&r);
+    } else {
+        println!(
+            "backed up {} to {}: {} events, {} deliveries ({} leases returned to pending), {} bytes",
+            db.display(),
+            a.to.display(),
+            r.events,
+            r.deliveries,
+            r.leases_released,
+            r.bytes
+        );
+    }
+    Ok(())
 }
 
 /// `fanout subscriber add`: prints the new subscriber with its secret.
@@ -622,15 +676,52 @@ async fn replay(a: ReplayArgs) -> Result<(), ClientError> {
 
 /// `fanout status`.
 async fn status(a: StatusArgs) -> Result<(), ClientError> {
-    let list: SubscriberList = Client::new(&a.client)?
+    let client = Client::new(&a.client)?;
+    let list: SubscriberList = client
         .call(reqwest::Method::GET, "/v1/subscribers?stats=true", None)
         .await?;
+    let retention: RetentionView = client
+        .call(reqwest::Method::GET, "/v1/retention", None)
+        .await?;
     if a.json {
-        print(&list);
+        let mut v = serde_json::to_value(&list).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "retention".into(),
+                serde_json::to_value(&retention).unwrap_or_default(),
+            );
+        }
+        print(&v);
     } else {
-        print!("{}", status_table(&list, crate::time::now_ms()));
+        let now = crate::time::now_ms();
+        print!("{}", status_table(&list, now));
+        println!("{}", retention_line(&retention, now));
     }
     Ok(())
+}
+
+/// `fanout status`'s last line: what retention keeps and has removed (pure).
+pub fn retention_line(v: &RetentionView, now_ms: i64) -> String {
+    use crate::term::human_duration;
+    let kept = |window: &str, oldest: Option<i64>| {
+        let age = oldest.map_or("none kept".to_string(), |t| {
+            format!("oldest {} ago", human_duration(now_ms - t))
+        });
+        format!("{window} ({age})")
+    };
+    let r = &v.report;
+    let last = r.last_run_at_ms.map_or("not run yet".to_string(), |t| {
+        format!("last pass {} ago", human_duration(now_ms - t))
+    });
+    format!(
+        "retention: sent kept {}, dead kept {}; removed {} sent, {} dead, {} attempts, {} events; {last}",
+        kept(&v.retain_sent, r.oldest_sent_at_ms),
+        kept(&v.retain_dead, r.oldest_dead_at_ms),
+        r.removed_sent,
+        r.removed_dead,
+        r.removed_attempts,
+        r.removed_events,
+    )
 }
 
 async fn load(a: LoadArgs) -> Result<(), ClientError> {
@@ -1207,6 +1298,20 @@ mod tests {
             last_error_at_ms: last_error.map(|(_, at)| at),
             limiter_error: None,
         }
+    }
+
+    #[test]
+    fn retention_line_table() {
+        let v: RetentionView = serde_json::from_value(json!({ "retain_sent": "7d",
+            "retain_dead": "forever", "removed_sent": 120, "removed_dead": 3,
+            "removed_attempts": 130, "removed_events": 121, "oldest_sent_at_ms": 3_600_000,
+            "oldest_dead_at_ms": null, "last_run_at_ms": 7_170_000, "longest_step_ms": 4.5 }))
+        .unwrap();
+        assert_eq!(
+            retention_line(&v, 7_200_000),
+            "retention: sent kept 7d (oldest 1h00m ago), dead kept forever (none kept); removed \
+             120 sent, 3 dead, 130 attempts, 121 events; last pass 30s ago"
+        );
     }
 
     #[test]

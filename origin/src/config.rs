@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use crate::alert::rules::{DEFAULT_DEAD_THRESHOLD, DEFAULT_DISABLE_AFTER_MS};
 use crate::alert::{AlertRules, AlertTarget};
+use crate::retention::{Retention, DEFAULT_RETAIN_DEAD_MS, DEFAULT_RETAIN_SENT_MS};
 use crate::server::{ServerLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 use crate::time::parse_duration;
 
@@ -77,6 +78,14 @@ pub struct Settings {
     /// "never" [default: 5d]
     #[arg(long, env = "FANOUT_DISABLE_AFTER")]
     pub disable_after: Option<String>,
+    /// How long sent deliveries (with their attempts) are kept: 90s, 12h, 7d, or "forever"
+    /// [default: 7d]
+    #[arg(long, env = "FANOUT_RETAIN_SENT")]
+    pub retain_sent: Option<String>,
+    /// How long dead deliveries (with their attempts) are kept for replay: 90s, 12h, 30d, or
+    /// "forever" [default: 30d]
+    #[arg(long, env = "FANOUT_RETAIN_DEAD")]
+    pub retain_dead: Option<String>,
     /// Cap on the ledger's size, like 500MiB or 20GiB: past it ingest answers 503 `unavailable`
     /// (as on a full disk) until there is room [default: no cap]
     #[arg(long, env = "FANOUT_MAX_DB_SIZE")]
@@ -117,6 +126,8 @@ impl Settings {
             alert_secret: self.alert_secret.or(lower.alert_secret),
             dead_alert_threshold: self.dead_alert_threshold.or(lower.dead_alert_threshold),
             disable_after: self.disable_after.or(lower.disable_after),
+            retain_sent: self.retain_sent.or(lower.retain_sent),
+            retain_dead: self.retain_dead.or(lower.retain_dead),
             max_db_size: self.max_db_size.or(lower.max_db_size),
             header_timeout: self.header_timeout.or(lower.header_timeout),
             body_timeout: self.body_timeout.or(lower.body_timeout),
@@ -223,6 +234,8 @@ pub struct Config {
     /// Where alerts are sent, if anywhere.
     pub alert: Option<AlertTarget>,
     pub alert_rules: AlertRules,
+    /// How long finished deliveries are kept.
+    pub retention: Retention,
     /// The ledger's size cap (`--max-db-size`), if any.
     pub max_db_bytes: Option<u64>,
     pub server_limits: ServerLimits,
@@ -406,6 +419,33 @@ impl Config {
                 }
             },
         };
+        let window = |flag: &str, text: Option<String>, default_ms: i64| match text
+            .as_deref()
+            .map(str::trim)
+        {
+            None => Ok(Some(default_ms)),
+            Some("forever") => Ok(None),
+            Some(t) => match parse_duration(t) {
+                Some(ms) if ms >= 1000 => Ok(Some(ms)),
+                _ => Err(ConfigError(format!(
+                    "--{flag} {t:?} is not a duration of at least 1s like 90s, 12h, 7d (or \
+                     \"forever\")"
+                ))),
+            },
+        };
+        let retention = Retention {
+            sent_ms: window("retain-sent", s.retain_sent, DEFAULT_RETAIN_SENT_MS)?,
+            dead_ms: window("retain-dead", s.retain_dead, DEFAULT_RETAIN_DEAD_MS)?,
+        };
+        if let (Some(sent), Some(dead)) = (retention.sent_ms, retention.dead_ms) {
+            if dead < sent {
+                warnings.push(
+                    "--retain-dead is shorter than --retain-sent: dead deliveries, which may \
+                     still be replayed, go first"
+                        .into(),
+                );
+            }
+        }
         /// The smallest size cap: a few pages beyond a new ledger's.
         const MIN_DB_SIZE: u64 = 64 * 1024;
         let max_db_bytes = match s.max_db_size.as_deref() {
@@ -472,6 +512,7 @@ impl Config {
                     dead_threshold,
                     disable_after_ms,
                 },
+                retention,
                 portal_frame_ancestors,
             },
             warnings,
@@ -762,6 +803,31 @@ mod tests {
                 Err("--disable-after"),
             ),
             (
+                "retention ok",
+                Settings {
+                    retain_sent: Some("90s".into()),
+                    retain_dead: Some("forever".into()),
+                    ..base()
+                },
+                Ok(()),
+            ),
+            (
+                "retention nonsense",
+                Settings {
+                    retain_sent: Some("a week".into()),
+                    ..base()
+                },
+                Err("--retain-sent"),
+            ),
+            (
+                "retention too short",
+                Settings {
+                    retain_dead: Some("500ms".into()),
+                    ..base()
+                },
+                Err("--retain-dead"),
+            ),
+            (
                 "never disable",
                 Settings {
                     disable_after: Some("never".into()),
@@ -801,5 +867,24 @@ mod tests {
         })
         .unwrap();
         assert_eq!(c.alert_rules.disable_after_ms, Some(2000));
+        let (c, _) = Config::from_settings(base()).unwrap();
+        assert_eq!(
+            (c.retention.sent_ms, c.retention.dead_ms),
+            (Some(7 * 86_400_000), Some(30 * 86_400_000))
+        );
+        let (c, warnings) = Config::from_settings(Settings {
+            retain_sent: Some("12h".into()),
+            retain_dead: Some("1h".into()),
+            ..base()
+        })
+        .unwrap();
+        assert_eq!(
+            (c.retention.sent_ms, c.retention.dead_ms),
+            (Some(12 * 3_600_000), Some(3_600_000))
+        );
+        assert!(
+            warnings.iter().any(|w| w.contains("--retain-dead")),
+            "{warnings:?}"
+        );
     }
 }

@@ -21,6 +21,7 @@ pub mod model;
 pub mod outbound;
 pub mod portal;
 pub mod redact;
+pub mod retention;
 pub mod server;
 pub mod term;
 pub mod time;
@@ -98,6 +99,8 @@ pub async fn run(
             let store = Store::Postgres(pg.clone());
             let (_renewing, stop_renewing) = tokio::sync::oneshot::channel();
             pg.keep_leases(stop_renewing);
+            let (_folding, stop_folding) = tokio::sync::oneshot::channel();
+            pg.keep_counts_folded(stop_folding);
             // One portal key in the ledger, made by the first daemon: a link issued by one
             // daemon works on every other, and after a restart.
             let portal_key = pg.portal_key(&portal_key_bytes()?, time::now_ms()).await?;
@@ -234,6 +237,12 @@ async fn serve<L: DispatchLedger>(
         forward_announcements(pg, control_tx.clone());
     }
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let retention_task = tokio::spawn(retention::run(
+        store.clone(),
+        cfg.retention,
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
     let mut dispatcher_task = tokio::spawn(dispatcher.run(control_rx, async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
     }));
@@ -245,6 +254,7 @@ async fn serve<L: DispatchLedger>(
             allow_loopback: cfg.allow_loopback,
             max_event_bytes: cfg.max_event_bytes,
             rotation_grace_ms: (cfg.rotation_grace_secs.min(i64::MAX as u64 / 1000) * 1000) as i64,
+            retention: cfg.retention,
             body_timeout: cfg.body_timeout,
             portal_key,
             portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
@@ -302,6 +312,9 @@ async fn serve<L: DispatchLedger>(
             Ok(Err(e)) => tracing::error!(error = %e, "the dispatcher failed while stopping"),
             Err(e) => tracing::error!(error = %e, "the dispatcher task failed"),
         }
+    }
+    if let Err(e) = retention_task.await {
+        tracing::error!(error = %e, "the retention task failed");
     }
     Ok(failed)
 }

@@ -3,8 +3,10 @@
 //! Counters and the latency histogram live here, in memory, and are bumped where results are
 //! recorded (one call per result from the dispatcher, [`Metrics::record`]); they restart at zero
 //! with the process, as Prometheus counters may. Gauges (backlog per subscriber, oldest pending,
-//! paused, breaker, disabled) are read from the ledger at scrape time
-//! ([`crate::ledger::subscriber_stats`]).
+//! paused, breaker, disabled, retention) are read from the ledger at scrape time
+//! ([`crate::ledger::subscriber_stats`], [`crate::ledger::retention::report`]) from counts the
+//! ledger's triggers keep and keyed lookups: a scrape costs the same whatever the ledger holds,
+//! so the unauthenticated route cannot be used to load the daemon.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -14,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use fanout_core::wire::{DeferReason, DeliveryResult};
 
 use crate::ledger::store::Store;
-use crate::ledger::{LedgerError, SubscriberStats};
+use crate::ledger::{self, LedgerError, SubscriberStats};
 
 const LANES: [&str; 2] = ["origin", "edge"];
 const REASONS: [DeferReason; 4] = [
@@ -60,6 +62,8 @@ pub struct Metrics {
     pub events_ingested: AtomicU64,
     pub events_duplicate: AtomicU64,
     pub edge_call_failures: AtomicU64,
+    /// What the retention task measured (its steps' writer time).
+    pub retention: crate::retention::RetentionStats,
 }
 
 /// What the ledger says at scrape time.
@@ -68,6 +72,8 @@ pub struct Snapshot {
     /// Deliveries per status, all subscribers (removed ones included).
     pub status_counts: Vec<(String, i64)>,
     pub subscribers: Vec<SubscriberStats>,
+    /// What retention removed and the oldest finished deliveries kept.
+    pub retention: ledger::retention::RetentionReport,
     pub now_ms: i64,
 }
 
@@ -75,10 +81,11 @@ pub struct Snapshot {
 /// scrape never holds up the dispatcher's writes) and render everything.
 pub async fn scrape(ledger: &Store, metrics: &Metrics) -> Result<String, LedgerError> {
     let now_ms = crate::time::now_ms();
-    let (status_counts, subscribers) = ledger.metrics_snapshot(now_ms).await?;
+    let (status_counts, subscribers, retention) = ledger.metrics_snapshot(now_ms).await?;
     let snap = Snapshot {
         status_counts,
         subscribers,
+        retention,
         now_ms,
     };
     Ok(metrics.render(&snap))
@@ -139,6 +146,7 @@ impl Metrics {
         let mut out = Exposition::default();
         self.render_counters(&mut out);
         render_gauges(&mut out, snap);
+        self.render_retention(&mut out, snap);
         out.text
     }
 
@@ -223,6 +231,64 @@ impl Metrics {
             out.family(name, "counter", help);
             out.sample(name, &[], v.load(Relaxed) as f64);
         }
+    }
+}
+
+impl Metrics {
+    fn render_retention(&self, out: &mut Exposition, snap: &Snapshot) {
+        let r = &snap.retention;
+        out.family(
+            "fanout_retention_removed_total",
+            "counter",
+            "Rows retention removed from the ledger (all time): sent and dead deliveries, their \
+             attempts, and events no delivery referred to.",
+        );
+        for (kind, n) in [
+            ("sent", r.removed_sent),
+            ("dead", r.removed_dead),
+            ("attempts", r.removed_attempts),
+            ("events", r.removed_events),
+        ] {
+            out.sample(
+                "fanout_retention_removed_total",
+                &[("kind", kind)],
+                n as f64,
+            );
+        }
+        out.family(
+            "fanout_retention_oldest_kept_age_seconds",
+            "gauge",
+            "Age of the oldest finished delivery kept, by status (since it was sent or went \
+             dead; 0 when none).",
+        );
+        for (status, at) in [("sent", r.oldest_sent_at_ms), ("dead", r.oldest_dead_at_ms)] {
+            out.sample(
+                "fanout_retention_oldest_kept_age_seconds",
+                &[("status", status)],
+                at.map_or(0.0, |t| (snap.now_ms - t).max(0) as f64 / 1000.0),
+            );
+        }
+        out.family(
+            "fanout_retention_last_run_timestamp_seconds",
+            "gauge",
+            "The time (its cut-offs' now) of the last retention pass that completed (unix seconds; 0 \
+             before the first).",
+        );
+        out.sample(
+            "fanout_retention_last_run_timestamp_seconds",
+            &[],
+            r.last_run_at_ms.map_or(0.0, |t| t as f64 / 1000.0),
+        );
+        out.family(
+            "fanout_retention_longest_step_seconds",
+            "gauge",
+            "The longest one retention step held the ledger's writer since the daemon started.",
+        );
+        out.sample(
+            "fanout_retention_longest_step_seconds",
+            &[],
+            self.retention.longest_step_us.load(Relaxed) as f64 / 1_000_000.0,
+        );
     }
 }
 
@@ -432,6 +498,13 @@ mod tests {
         let snap = Snapshot {
             status_counts: vec![("pending".into(), 5), ("in_flight".into(), 2)],
             subscribers: vec![sub],
+            retention: ledger::retention::RetentionReport {
+                removed_sent: 12,
+                removed_events: 3,
+                oldest_dead_at_ms: Some(500),
+                last_run_at_ms: Some(4_000),
+                ..Default::default()
+            },
             now_ms: 4_500,
         };
         let text = Metrics::new(false).render(&snap);
@@ -446,6 +519,12 @@ mod tests {
             r#"fanout_subscriber_paused{subscriber="p"} 1"#,
             r#"fanout_subscriber_breaker_open{subscriber="p"} 1"#,
             r#"fanout_subscriber_disabled{subscriber="p"} 1"#,
+            r#"fanout_retention_removed_total{kind="sent"} 12"#,
+            r#"fanout_retention_removed_total{kind="events"} 3"#,
+            r#"fanout_retention_removed_total{kind="dead"} 0"#,
+            r#"fanout_retention_oldest_kept_age_seconds{status="dead"} 4"#,
+            r#"fanout_retention_oldest_kept_age_seconds{status="sent"} 0"#,
+            "fanout_retention_last_run_timestamp_seconds 4",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
         }

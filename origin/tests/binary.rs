@@ -255,3 +255,140 @@ fn serve_refuses_a_bad_configuration_with_a_clear_message() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
+
+/// `fanout backup` while the daemon serves under steady ingest: the copy holds every event
+/// acknowledged before the backup began, its leases come back as pending, and a daemon started
+/// on it delivers every delivery it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backup_while_serving_loses_nothing_and_returns_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fanout.db");
+    // A slow subscriber: deliveries stay leased for a while, so the snapshot holds some.
+    let slow =
+        Subscriber::start(|_, _| Answer::status(200).delay(Duration::from_millis(300))).await;
+    let daemon = Binary::start(&db, &[]).await;
+    let mut spec = sub_spec("slow", &slow.url, &["*"]);
+    spec["max_in_flight"] = json!(8);
+    daemon.api.subscriber(spec).await;
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let producer = {
+        let api = daemon.api.clone();
+        let acked = acked.clone();
+        tokio::spawn(async move {
+            let mut batch = 0;
+            while !*stop_rx.borrow_and_update() {
+                let body = events(&format!("evt_b{batch:04}"), 20, "t");
+                let ids: Vec<String> = body
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|e| e["id"].as_str().unwrap().to_string())
+                    .collect();
+                api.events(body).await;
+                acked.lock().unwrap().extend(ids);
+                batch += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    wait_for("ingest under way", Duration::from_secs(20), || async {
+        acked.lock().unwrap().len() >= 400 && slow.count() > 0
+    })
+    .await;
+    let before: Vec<String> = acked.lock().unwrap().clone();
+    let copy = dir.path().join("backup.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["backup", "--db", db.to_str().unwrap(), "--to"])
+        .arg(&copy)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let _ = stop_tx.send(true);
+    producer.await.unwrap();
+    drop(daemon);
+    assert!(
+        report["leases_released"].as_u64().unwrap() > 0,
+        "the snapshot held leases: {report}"
+    );
+    let held = report["deliveries"].as_u64().unwrap() as usize;
+    assert!(
+        held >= before.len(),
+        "{report} vs {} acknowledged",
+        before.len()
+    );
+    {
+        let c = rusqlite::Connection::open(&copy).unwrap();
+        let mut st = c
+            .prepare("SELECT COUNT(*) FROM deliveries WHERE event_id = ?1")
+            .unwrap();
+        for id in &before {
+            let n: i64 = st.query_row([id], |r| r.get(0)).unwrap();
+            assert_eq!(n, 1, "{id} was acknowledged before the backup began");
+        }
+        let in_flight: i64 = c
+            .query_row(
+                "SELECT COUNT(*) FROM deliveries WHERE status = 'in_flight'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(in_flight, 0);
+    }
+    // Restore: a daemon on the copy sends everything the copy holds.
+    let fast = Subscriber::ok().await;
+    let restored = Binary::start(&copy, &[]).await;
+    let (status, _) = restored
+        .api
+        .raw(
+            "PATCH",
+            "/v1/subscribers/slow",
+            Some(json!({ "url": fast.url }).to_string()),
+            true,
+        )
+        .await;
+    assert_eq!(status, 200);
+    wait_for(
+        "every delivery of the copy sent",
+        Duration::from_secs(60),
+        || async { restored.api.count("status=sent").await == held },
+    )
+    .await;
+    let delivered = fast.distinct_ids().0;
+    for id in &before {
+        assert!(
+            delivered.contains(id) || slow.distinct_ids().0.contains(id),
+            "{id} never delivered"
+        );
+    }
+}
+
+/// `fanout backup` on a PostgreSQL ledger refuses, names pg_dump, and writes nothing (it does
+/// not take the URL for a file name).
+#[test]
+fn backup_of_a_postgres_ledger_points_to_pg_dump() {
+    let dir = tempfile::tempdir().unwrap();
+    let to = dir.path().join("copy.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args([
+            "backup",
+            "--db",
+            "postgres://fanout@127.0.0.1:1/fanout",
+            "--to",
+        ])
+        .arg(&to)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("pg_dump"), "{stderr}");
+    assert!(!to.exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

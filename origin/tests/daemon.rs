@@ -914,3 +914,81 @@ async fn restart_resumes_pending_work_from_the_ledger() {
     .await;
     d.stop().await;
 }
+
+/// Retention in the running daemon: with `--retain-sent 1s`, sent deliveries, their attempts
+/// and their events go once a second has passed, and `/v1/retention` and `/metrics` say so; a
+/// held subscriber's pending deliveries and a dead one within its (default, 30d) window stay.
+#[tokio::test]
+async fn retention_removes_sent_deliveries_and_keeps_the_rest() {
+    let d = Daemon::start_with(|s| fanout_origin::config::Settings {
+        retain_sent: Some("1s".into()),
+        max_attempts: Some(1),
+        ..s
+    })
+    .await;
+    let ok = Subscriber::ok().await;
+    let gone = Subscriber::start(|_, _| Answer::status(404)).await;
+    d.api
+        .subscriber(sub_spec("fast", &ok.url, &["video.*"]))
+        .await;
+    d.api
+        .subscriber(sub_spec("gone", &gone.url, &["audit.*"]))
+        .await;
+    d.api
+        .subscriber(sub_spec("held", &ok.url, &["video.*"]))
+        .await;
+    let (status, _) = d
+        .api
+        .raw(
+            "PATCH",
+            "/v1/subscribers/held",
+            Some(json!({ "disabled": true }).to_string()),
+            true,
+        )
+        .await;
+    assert_eq!(status, 200);
+    d.api.events(events("evt_r", 20, "video.trending")).await;
+    d.api.events(events("evt_a", 1, "audit.x")).await;
+    wait_for("sent, then removed", LONG, || async {
+        let (_, r) = d.api.get("/v1/retention").await;
+        r["removed_sent"] == json!(20)
+    })
+    .await;
+    let (_, r) = d.api.get("/v1/retention").await;
+    assert_eq!(
+        (
+            &r["retain_sent"],
+            &r["retain_dead"],
+            &r["removed_dead"],
+            &r["removed_attempts"],
+            &r["oldest_sent_at_ms"]
+        ),
+        (
+            &json!("1s"),
+            &json!("30d"),
+            &json!(0),
+            &json!(20),
+            &Value::Null
+        ),
+        "{r}"
+    );
+    // The disabled subscriber's 20 pending deliveries and the dead one (within its window) are
+    // kept, and so is every event they refer to.
+    assert_eq!(d.api.count("subscriber=fast").await, 0);
+    let held = d.api.deliveries("subscriber=held&limit=100").await;
+    assert_eq!(held.len(), 20);
+    assert!(held
+        .iter()
+        .all(|x| x["event_type"] == "video.trending" && x["status"] == "pending"));
+    assert_eq!(d.api.count("status=dead").await, 1);
+    let (_, text) = d.api.raw("GET", "/metrics", None, false).await;
+    let text = text.as_str().unwrap().to_string();
+    for line in [
+        r#"fanout_retention_removed_total{kind="sent"} 20"#,
+        r#"fanout_retention_removed_total{kind="events"} 0"#,
+        r#"fanout_subscriber_sent{subscriber="fast"} 0"#,
+        r#"fanout_subscriber_dead{subscriber="gone"} 1"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+    }
+}

@@ -3,7 +3,7 @@
 //!   ledger's typed operations), but for the files [`RUSQLITE_ALLOWED`] lists as debt.
 //! - Rows are deleted only where the invariants allow it: [`DELETES_ALLOWED`] lists each
 //!   `DELETE FROM <table>` by file, with the reason. Deliveries, events and attempts are never
-//!   deleted except by retention (add its module here, with its reason, when it lands).
+//!   deleted except by retention (`ledger/retention.rs`).
 
 // Test code: a failed expect is a failed test.
 #![allow(clippy::expect_used)]
@@ -41,6 +41,46 @@ const DELETES_ALLOWED: &[(&str, &str, &str)] = &[
         "ledger/customers.rs",
         "customers",
         "DELETE /v1/customers/{id}: a customer that owns no live subscriber",
+    ),
+    (
+        "ledger/retention.rs",
+        "deliveries",
+        "retention: a sent delivery past --retain-sent, a dead one past --retain-dead (never pending or in flight)",
+    ),
+    (
+        "ledger/retention.rs",
+        "attempts",
+        "retention: the attempts of a delivery it removes",
+    ),
+    (
+        "ledger/retention.rs",
+        "events",
+        "retention: an event no delivery refers to any more",
+    ),
+    (
+        "ledger/pg/retention.rs",
+        "deliveries",
+        "retention on PostgreSQL: as ledger/retention.rs (a sent delivery past --retain-sent, a dead one past --retain-dead)",
+    ),
+    (
+        "ledger/pg/retention.rs",
+        "attempts",
+        "retention on PostgreSQL: the attempts of a delivery it removes",
+    ),
+    (
+        "ledger/pg/retention.rs",
+        "events",
+        "retention on PostgreSQL: an event no delivery refers to any more",
+    ),
+    (
+        "ledger/pg/retention.rs",
+        "delivery_counts",
+        "the fold of the PostgreSQL count rows: replaced by their sums in the same transaction",
+    ),
+    (
+        "ledger/pg/retention.rs",
+        "last_errors",
+        "the fold of the PostgreSQL error rows: all but each subscriber's latest",
     ),
     (
         "ledger/pg/customers.rs",

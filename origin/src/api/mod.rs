@@ -54,6 +54,8 @@ pub struct ApiConfig {
     pub allow_loopback: bool,
     pub max_event_bytes: usize,
     pub rotation_grace_ms: i64,
+    /// How long finished deliveries are kept (shown by `GET /v1/retention`).
+    pub retention: crate::retention::Retention,
     /// A request body must arrive within this long (408 otherwise).
     pub body_timeout: std::time::Duration,
     /// The HMAC key that signs portal tokens (`crate::portal::token`), kept in the ledger.
@@ -114,6 +116,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/deliveries/{id}", get(get_delivery))
         .route("/v1/deliveries/{id}/replay", post(replay_one))
         .route("/v1/replay", post(replay_bulk))
+        .route("/v1/retention", get(retention))
         .merge(customers::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -925,6 +928,16 @@ async fn healthz(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// What retention has removed and the oldest finished deliveries it kept: keyed lookups only.
+async fn retention(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let report = state.ledger.retention_report().await?;
+    Ok(Json(crate::retention::RetentionView::of(
+        &state.cfg.retention,
+        report,
+        &state.metrics.retention,
+    )))
+}
+
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let text = crate::metrics::scrape(&state.ledger, &state.metrics).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
@@ -949,6 +962,7 @@ mod tests {
                 allow_loopback: false,
                 max_event_bytes: 1024,
                 rotation_grace_ms: 0,
+                retention: Default::default(),
                 body_timeout: std::time::Duration::from_secs(1),
                 portal_key: vec![7; 32],
                 portal_frame_ancestors: "'none'".into(),

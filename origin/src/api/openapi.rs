@@ -82,6 +82,7 @@ mod tests {
             "GET /v1/deliveries/{id}",
             "POST /v1/deliveries/{id}/replay",
             "POST /v1/replay",
+            "GET /v1/retention",
             "POST /v1/subscribers/{id}/test",
             "GET /v1/customers",
             "POST /v1/customers",

@@ -192,8 +192,12 @@
   }
 
   async function loadSubscribers() {
-    const data = await api('GET', '/v1/subscribers?stats=true');
+    const [data, retention] = await Promise.all([
+      api('GET', '/v1/subscribers?stats=true'),
+      api('GET', '/v1/retention'),
+    ]);
     if ($('#subscribers-view').hidden) return;
+    $('#retention').textContent = retentionText(retention);
     subscribers = data.subscribers ?? [];
     const body = $('#sub-table tbody');
     body.replaceChildren(...subscribers.map(subscriberRow));
@@ -204,6 +208,16 @@
     pollTimer = null;
     const moving = subscribers.some((s) => !s.disabled && ((s.stats?.pending ?? 0) > 0 || (s.stats?.in_flight ?? 0) > 0));
     if (moving) pollTimer = setTimeout(() => loadSubscribers().catch(() => {}), 2000);
+  }
+
+  /** What retention keeps and has removed, in one line under the table. */
+  function retentionText(r) {
+    const oldest = (ms) => (ms == null ? 'none kept' : `oldest ${fmtTime(ms)}`);
+    return `Retention: sent kept ${r.retain_sent} (${oldest(r.oldest_sent_at_ms)}), ` +
+      `dead kept ${r.retain_dead} (${oldest(r.oldest_dead_at_ms)}); removed ` +
+      `${fmtNum(r.removed_sent)} sent, ${fmtNum(r.removed_dead)} dead, ` +
+      `${fmtNum(r.removed_attempts)} attempts, ${fmtNum(r.removed_events)} events` +
+      (r.last_run_at_ms == null ? '.' : `; last pass ${fmtTime(r.last_run_at_ms)}.`);
   }
 
   function breakerCell(b) {

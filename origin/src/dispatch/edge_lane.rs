@@ -18,7 +18,9 @@ use crate::outbound::{Outbound, SendError, Signer, Trust};
 pub enum EdgeError {
     #[error("edge unreachable: {0}")]
     Unreachable(#[from] SendError),
-    #[error("edge answered {status}")]
+    /// Shown with the edge's error code (a fixed word such as `object_unavailable`), never its
+    /// message.
+    #[error("edge answered {status}{}", error.as_ref().map(|b| format!(" ({})", b.error.code)).unwrap_or_default())]
     Status {
         status: u16,
         /// The edge's JSON error, when it sent one.

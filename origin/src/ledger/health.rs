@@ -280,7 +280,8 @@ mod tests {
             .collect::<Result<_, _>>()
             .unwrap();
         assert!(
-            plan.iter().any(|l| l.contains("deliveries_dead")),
+            plan.iter()
+                .any(|l| l.contains("USING COVERING INDEX deliveries_subscriber_status")),
             "{plan:?}"
         );
     }

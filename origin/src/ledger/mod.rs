@@ -6,14 +6,20 @@
 //! checkpoints the WAL into the database file on its own thread.
 //!
 //! Invariants: a delivery exists at most once per `(subscriber_id, event_id)`; a delivery is
-//! `in_flight` only while leased by the dispatcher; nothing is ever deleted.
+//! `in_flight` only while leased by the dispatcher; deliveries, attempts and events are deleted
+//! only by `retention` (finished deliveries past their window), never anything pending or in
+//! flight.
 
+pub mod backup;
 mod customers;
 mod health;
 pub mod ops;
 pub mod owner;
 pub mod pg;
+#[cfg(test)]
+mod plans;
 mod queries;
+pub mod retention;
 mod schema;
 mod stats;
 pub mod status;
@@ -99,10 +105,6 @@ pub enum LedgerError {
     Closed,
     #[error(transparent)]
     Postgres(#[from] pg::PgError),
-    /// The operation needs a part of the ledger this kind of ledger does not have (customers
-    /// live in the SQLite ledger only in this version).
-    #[error("{0}")]
-    NotSupported(String),
     /// Another daemon owns this SQLite ledger.
     #[error("the ledger {db} is owned by another daemon: {owner}")]
     Owned { db: String, owner: String },

@@ -101,6 +101,87 @@ const MIGRATIONS: &[&str] = &[
         created_ms INTEGER NOT NULL
     );
     "#,
+    // 4: costs that do not grow with the ledger, and retention (ledger/retention.rs; issue 10,
+    // planned as migration 4).
+    // `delivery_counts` holds the deliveries per (subscriber, status), kept by triggers so that
+    // every statement that inserts, deletes or re-statuses a delivery keeps it exact, whatever
+    // code path runs it; `/metrics`, `?stats=true` and `fanout status` read it instead of
+    // counting. `last_errors` holds each subscriber's most recent failed or rejected attempt
+    // (a trigger on attempts). The indexes serve the API's lists paged by id (status,
+    // subscriber, subscriber and status, event, time) and retention (sent and dead by age);
+    // `deliveries_status` replaces `deliveries_by_status` (its rowid suffix keeps id order),
+    // `deliveries_subscriber_status` serves what `deliveries_dead` did.
+    // `retention` holds what retention removed, in total, where its sweep of unreferenced
+    // events has reached (a rowid), and when it last ran.
+    r#"
+    DROP INDEX deliveries_by_status;
+    DROP INDEX deliveries_dead;
+    CREATE INDEX deliveries_status ON deliveries(status);
+    CREATE INDEX deliveries_subscriber_status ON deliveries(subscriber_id, status);
+    CREATE INDEX deliveries_event ON deliveries(event_id);
+    CREATE INDEX deliveries_created ON deliveries(created_ms);
+    CREATE INDEX deliveries_sent_age ON deliveries(updated_ms) WHERE status = 'sent';
+    CREATE INDEX deliveries_dead_age ON deliveries(updated_ms) WHERE status = 'dead';
+
+    CREATE TABLE delivery_counts (
+        subscriber_id TEXT NOT NULL,
+        status        TEXT NOT NULL,
+        n             INTEGER,
+        PRIMARY KEY (subscriber_id, status)
+    ) WITHOUT ROWID;
+    INSERT INTO delivery_counts (subscriber_id, status, n)
+        SELECT subscriber_id, status, COUNT(*) FROM deliveries GROUP BY subscriber_id, status;
+    CREATE TRIGGER delivery_counts_insert AFTER INSERT ON deliveries BEGIN
+        INSERT OR IGNORE INTO delivery_counts (subscriber_id, status, n)
+            VALUES (NEW.subscriber_id, NEW.status, 0);
+        UPDATE delivery_counts SET n = n + 1
+            WHERE subscriber_id = NEW.subscriber_id AND status = NEW.status;
+    END;
+    CREATE TRIGGER delivery_counts_delete AFTER DELETE ON deliveries BEGIN
+        UPDATE delivery_counts SET n = n - 1
+            WHERE subscriber_id = OLD.subscriber_id AND status = OLD.status;
+    END;
+    CREATE TRIGGER delivery_counts_update AFTER UPDATE OF status, subscriber_id ON deliveries
+        WHEN OLD.status IS NOT NEW.status OR OLD.subscriber_id IS NOT NEW.subscriber_id
+    BEGIN
+        UPDATE delivery_counts SET n = n - 1
+            WHERE subscriber_id = OLD.subscriber_id AND status = OLD.status;
+        INSERT OR IGNORE INTO delivery_counts (subscriber_id, status, n)
+            VALUES (NEW.subscriber_id, NEW.status, 0);
+        UPDATE delivery_counts SET n = n + 1
+            WHERE subscriber_id = NEW.subscriber_id AND status = NEW.status;
+    END;
+
+    CREATE TABLE last_errors (
+        subscriber_id TEXT PRIMARY KEY,
+        at_ms         INTEGER,
+        status        INTEGER,
+        error         TEXT
+    ) WITHOUT ROWID;
+    INSERT INTO last_errors (subscriber_id, at_ms, status, error)
+        SELECT subscriber_id, at_ms, status, error FROM (
+            SELECT d.subscriber_id, a.at_ms, a.status, a.error,
+                   ROW_NUMBER() OVER (PARTITION BY d.subscriber_id ORDER BY a.at_ms DESC, a.id DESC) AS k
+            FROM attempts a JOIN deliveries d ON d.id = a.delivery_id
+            WHERE a.outcome IN ('failed', 'rejected'))
+        WHERE k = 1;
+    CREATE TRIGGER last_errors_insert AFTER INSERT ON attempts
+        WHEN NEW.outcome IN ('failed', 'rejected')
+    BEGIN
+        INSERT OR REPLACE INTO last_errors (subscriber_id, at_ms, status, error)
+            SELECT d.subscriber_id, NEW.at_ms, NEW.status, NEW.error
+            FROM deliveries d WHERE d.id = NEW.delivery_id
+              AND NOT EXISTS (SELECT 1 FROM last_errors l
+                              WHERE l.subscriber_id = d.subscriber_id AND l.at_ms > NEW.at_ms);
+    END;
+
+    CREATE TABLE retention (
+        key   TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO retention (key, value) VALUES ('removed_sent', 0), ('removed_dead', 0),
+        ('removed_attempts', 0), ('removed_events', 0), ('events_swept_to', 0), ('last_run_ms', 0);
+    "#,
 ];
 
 pub const VERSION: i64 = MIGRATIONS.len() as i64;

@@ -1,5 +1,7 @@
-//! The per-subscriber gauges of `/metrics`, computed from the ledger at scrape time (so they
-//! can never drift from it) in two aggregate scans. The console's figures are in `status`.
+//! The per-subscriber gauges of `/metrics`, read from the ledger at scrape time: the counts
+//! that triggers keep as deliveries change (`delivery_counts`, migration 4, exact by
+//! construction) and keyed lookups, never a scan of the deliveries. The console's figures are
+//! in `status`.
 
 use std::collections::HashMap;
 
@@ -34,7 +36,9 @@ pub struct SubscriberStats {
     pub disabled: bool,
 }
 
-/// Every live subscriber's gauges, ordered by id: one scan of the deliveries.
+/// Every live subscriber's gauges, ordered by id: the counts the triggers keep
+/// (`delivery_counts`) and two keyed lookups per subscriber for its oldest open delivery, so
+/// the cost follows the number of subscribers, not of deliveries.
 pub fn subscriber_stats(
     c: &Connection,
     breaker: BreakerConfig,
@@ -43,34 +47,25 @@ pub fn subscriber_stats(
     #[derive(Default)]
     struct Counts {
         by_status: HashMap<String, i64>,
-        oldest_open: Option<i64>,
     }
     let mut counts: HashMap<String, Counts> = HashMap::new();
-    let mut st = c.prepare_cached(
-        "SELECT subscriber_id, status, COUNT(*), MIN(created_ms) FROM deliveries
-         GROUP BY subscriber_id, status",
-    )?;
+    let mut st = c.prepare_cached("SELECT subscriber_id, status, n FROM delivery_counts")?;
     let rows = st.query_map([], |r| {
         Ok((
             r.get::<_, String>(0)?,
             r.get::<_, String>(1)?,
             r.get::<_, i64>(2)?,
-            r.get::<_, i64>(3)?,
         ))
     })?;
     for row in rows {
-        let (sub, status, n, oldest) = row?;
-        let e = counts.entry(sub).or_default();
-        if status == "pending" || status == "in_flight" {
-            e.oldest_open = Some(e.oldest_open.map_or(oldest, |o| o.min(oldest)));
-        }
-        e.by_status.insert(status, n);
+        let (sub, status, n) = row?;
+        counts.entry(sub).or_default().by_status.insert(status, n);
     }
     let mut out = Vec::new();
     for s in list_subscribers(c)? {
         let limiter = load_limiter(c, &s.id, now_ms)?;
-        let c = counts.remove(&s.id).unwrap_or_default();
-        let n = |status: &str| c.by_status.get(status).copied().unwrap_or(0);
+        let mine = counts.remove(&s.id).unwrap_or_default();
+        let n = |status: &str| mine.by_status.get(status).copied().unwrap_or(0);
         let view = limiter.breaker.view(breaker, now_ms);
         out.push(SubscriberStats {
             lane: s.lane,
@@ -81,7 +76,7 @@ pub fn subscriber_stats(
             in_flight: n("in_flight"),
             sent: n("sent"),
             dead: n("dead"),
-            oldest_pending_at_ms: c.oldest_open,
+            oldest_pending_at_ms: oldest_open(c, &s.id)?,
             paused_until_ms: limiter.paused_until_ms.filter(|&p| p > now_ms),
             breaker: view.state.as_str().to_string(),
             consecutive_failures: view.consecutive_failures,
@@ -90,6 +85,20 @@ pub fn subscriber_stats(
         });
     }
     Ok(out)
+}
+
+/// When `subscriber`'s oldest open (pending or in flight) delivery was created: the first of
+/// each status in id order (creation order), by the `(subscriber_id, status)` index.
+pub fn oldest_open(c: &Connection, subscriber: &str) -> Result<Option<i64>, LedgerError> {
+    Ok(c.prepare_cached(
+        "SELECT MIN(created_ms) FROM (
+             SELECT created_ms FROM (SELECT created_ms FROM deliveries
+                 WHERE subscriber_id = ?1 AND status = 'pending' ORDER BY id LIMIT 1)
+             UNION ALL
+             SELECT created_ms FROM (SELECT created_ms FROM deliveries
+                 WHERE subscriber_id = ?1 AND status = 'in_flight' ORDER BY id LIMIT 1))",
+    )?
+    .query_row([subscriber], |r| r.get(0))?)
 }
 
 #[cfg(test)]

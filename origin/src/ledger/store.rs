@@ -10,7 +10,10 @@ mod customers;
 
 use std::collections::BTreeMap;
 
+use std::time::{Duration, Instant};
+
 use super::pg::PgLedger;
+use super::retention::{self as purge, Finished, Removed, RetentionReport};
 use super::status::SubscriberCounts;
 use super::{DeliveryFilter, DeliveryView, Ingested, Ledger, LedgerError, NewEvent};
 use crate::customer::sees;
@@ -22,8 +25,13 @@ pub enum Store {
     Postgres(PgLedger),
 }
 
-/// What `/metrics` reads from the ledger.
-pub type MetricsSnapshot = (Vec<(String, i64)>, Vec<super::SubscriberStats>);
+/// What `/metrics` reads from the ledger: deliveries per status, per-subscriber figures, and
+/// what retention did.
+pub type MetricsSnapshot = (
+    Vec<(String, i64)>,
+    Vec<super::SubscriberStats>,
+    RetentionReport,
+);
 
 /// `NotFound` for a subscriber outside the caller's scope, as for one that does not exist.
 fn unseen_subscriber(id: &str) -> LedgerError {
@@ -389,6 +397,7 @@ impl Store {
                     Ok((
                         super::status_counts(&snapshot)?,
                         super::subscriber_stats(&snapshot, breaker, now_ms)?,
+                        purge::report(&snapshot)?,
                     ))
                 })
                 .await
@@ -396,7 +405,66 @@ impl Store {
             Store::Postgres(p) => Ok((
                 p.status_counts().await?,
                 p.subscriber_stats(breaker, now_ms).await?,
+                p.retention_report().await?,
             )),
+        }
+    }
+
+    /// What retention has removed and the oldest finished deliveries it kept.
+    pub async fn retention_report(&self) -> Result<RetentionReport, LedgerError> {
+        match self {
+            Store::Sqlite(l) => l.read(|c| purge::report(c)).await,
+            Store::Postgres(p) => p.retention_report().await,
+        }
+    }
+
+    /// One retention step: up to `batch` finished deliveries of `kind` older than `cutoff_ms`
+    /// removed (on SQLite in one writer transaction). `None` when another daemon sharing the
+    /// ledger is purging; otherwise what was removed and how long the step held the ledger.
+    pub async fn purge_finished(
+        &self,
+        kind: Finished,
+        cutoff_ms: i64,
+        batch: usize,
+    ) -> Result<Option<(Removed, Duration)>, LedgerError> {
+        match self {
+            Store::Sqlite(l) => {
+                l.tx(move |c| {
+                    let start = Instant::now();
+                    let r = purge::purge_finished(c, kind, cutoff_ms, batch)?;
+                    Ok(Some((r, start.elapsed())))
+                })
+                .await
+            }
+            Store::Postgres(p) => p.purge_finished(kind, cutoff_ms, batch).await,
+        }
+    }
+
+    /// One step of the sweep of events no delivery refers to: how many were removed, whether
+    /// it caught up, how long it took; `None` when another daemon is purging.
+    pub async fn sweep_events(
+        &self,
+        cutoff_ms: i64,
+        batch: usize,
+    ) -> Result<Option<(u64, bool, Duration)>, LedgerError> {
+        match self {
+            Store::Sqlite(l) => {
+                l.tx(move |c| {
+                    let start = Instant::now();
+                    let (n, done) = purge::sweep_events(c, cutoff_ms, batch)?;
+                    Ok(Some((n, done, start.elapsed())))
+                })
+                .await
+            }
+            Store::Postgres(p) => p.sweep_events(cutoff_ms, batch).await,
+        }
+    }
+
+    /// Note that the retention pass run at `now_ms` has completed.
+    pub async fn mark_retention_run(&self, now_ms: i64) -> Result<(), LedgerError> {
+        match self {
+            Store::Sqlite(l) => l.tx(move |c| purge::mark_run(c, now_ms)).await,
+            Store::Postgres(p) => p.mark_retention_run(now_ms).await,
         }
     }
 }

@@ -17,7 +17,9 @@
 //!   on commit; they `LISTEN` instead of polling hard.
 //!
 //! Invariants: what the SQLite ledger keeps (a delivery exists at most once per
-//! `(subscriber_id, event_id)`, nothing is ever deleted but rotated-out secrets), and: a delivery
+//! `(subscriber_id, event_id)`; deliveries, attempts and events are deleted only by
+//! `retention.rs`, finished deliveries past their window, never anything pending or in flight;
+//! per-subscriber counts are kept by triggers, never counted from the deliveries), and: a delivery
 //! is `in_flight` exactly when it has a lease owner and expiry (a CHECK); this module never
 //! waits for a delivery row lock while holding a subscriber row lock it took after it (subscriber
 //! rows first, in id order; delivery rows are skipped when locked), so claims never deadlock.
@@ -26,6 +28,7 @@ pub mod copy;
 mod customers;
 mod dispatch;
 mod ops;
+mod retention;
 mod schema;
 
 use std::str::FromStr;
@@ -36,6 +39,7 @@ use tokio_postgres::NoTls;
 
 pub use dispatch::{merge_limiter, LEASE_MS, RENEW_EVERY_MS};
 pub use ops::*;
+pub use retention::{FOLD_EVERY, RETENTION_LOCK};
 pub use schema::VERSION as SCHEMA_VERSION;
 
 use super::LedgerError;

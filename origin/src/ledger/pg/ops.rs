@@ -1057,22 +1057,35 @@ impl PgLedger {
     // -----------------------------------------------------------------------------------------
     // Reading and replaying deliveries
 
+    /// Deliveries matching `f`, in id order, at most `f.limit`, as
+    /// `ledger::list_deliveries`: each is one id range of one index (a status within a
+    /// subscriber, an event, or the primary key; in-flight ones by the lease index, bounded by
+    /// the in-flight caps). A subscriber without a status is read as one range per status, and
+    /// a status without a subscriber as one range per subscriber that has deliveries in it
+    /// (`delivery_counts`), merged: no list reads more than a few ranges of `limit` rows.
     pub async fn list_deliveries(
         &self,
         f: &DeliveryFilter,
     ) -> Result<Vec<DeliveryView>, LedgerError> {
-        let (filter, params) = filter_sql(f, Vec::new());
-        let sql = format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
-             {filter} ORDER BY d.id LIMIT {}",
-            f.limit
-        );
         let c = self.client().await?;
-        c.query(&sql, &refs(&params))
+        if f.subscriber.is_some() && f.status.is_none() && f.event.is_none() {
+            let mut all = Vec::new();
+            for status in Status::ALL {
+                let one = DeliveryFilter {
+                    status: Some(status),
+                    ..f.clone()
+                };
+                all.extend(list_range(&c, &one).await?);
+            }
+            all.sort_by_key(|(rowid, _)| *rowid);
+            all.truncate(f.limit);
+            return Ok(all.into_iter().map(|(_, d)| d).collect());
+        }
+        Ok(list_range(&c, f)
             .await?
-            .iter()
-            .map(delivery_from_row)
-            .collect()
+            .into_iter()
+            .map(|(_, d)| d)
+            .collect())
     }
 
     pub async fn get_delivery(&self, rowid: i64) -> Result<DeliveryView, LedgerError> {
@@ -1234,17 +1247,11 @@ impl PgLedger {
         Ok(())
     }
 
-    /// Deliveries per status, for `/metrics`.
+    /// Deliveries per status, for `/metrics`: the sums of the counts the triggers keep
+    /// (`delivery_counts`), not a count over the deliveries.
     pub async fn status_counts(&self) -> Result<Vec<(String, i64)>, LedgerError> {
         let c = self.client().await?;
-        c.query(
-            "SELECT status, COUNT(*) FROM deliveries GROUP BY status ORDER BY status",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-        .collect()
+        status_counts_on(&c).await
     }
 
     /// Per-subscriber figures for `/metrics`, as `ledger::subscriber_stats`.
@@ -1254,29 +1261,16 @@ impl PgLedger {
         now_ms: i64,
     ) -> Result<Vec<SubscriberStats>, LedgerError> {
         let subs = self.list_subscribers().await?;
+        let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
         let c = self.client().await?;
-        let mut counts: HashMap<String, (HashMap<String, i64>, Option<i64>)> = HashMap::new();
-        for r in c
-            .query(
-                "SELECT subscriber_id, status, COUNT(*), MIN(created_ms) FROM deliveries
-                 GROUP BY subscriber_id, status",
-                &[],
-            )
-            .await?
-        {
-            let (sub, status): (String, String) = (r.try_get(0)?, r.try_get(1)?);
-            let (n, oldest): (i64, i64) = (r.try_get(2)?, r.try_get(3)?);
-            let e = counts.entry(sub).or_default();
-            if status == "pending" || status == "in_flight" {
-                e.1 = Some(e.1.map_or(oldest, |o| o.min(oldest)));
-            }
-            e.0.insert(status, n);
-        }
+        let mut counts = kept_counts(&c, &ids).await?;
+        let mut oldest_at = oldest_open(&c, &ids).await?;
         let limiters = self.limiters(&c, now_ms).await?;
         Ok(subs
             .into_iter()
             .map(|s| {
-                let (by_status, oldest) = counts.remove(&s.id).unwrap_or_default();
+                let by_status = counts.remove(&s.id).unwrap_or_default();
+                let oldest = oldest_at.remove(&s.id);
                 let n = |k: &str| by_status.get(k).copied().unwrap_or(0);
                 let limiter = limiters.get(&s.id).copied().unwrap_or_default();
                 let view = limiter.breaker.view(breaker, now_ms);
@@ -1325,33 +1319,25 @@ impl PgLedger {
             .iter()
             .map(|id| (id.clone(), SubscriberCounts::default()))
             .collect();
-        for r in c
-            .query(
-                "SELECT subscriber_id, status, COUNT(*) FROM deliveries
-                 WHERE subscriber_id = ANY($1) GROUP BY subscriber_id, status",
-                &[&ids],
-            )
-            .await?
-        {
-            let sub: String = r.try_get(0)?;
-            let status: String = r.try_get(1)?;
-            let n: i64 = r.try_get(2)?;
+        for (sub, by_status) in kept_counts(&c, ids).await? {
             if let Some(s) = out.get_mut(&sub) {
-                match Status::parse(&status) {
-                    Some(Status::Pending) => s.pending = n,
-                    Some(Status::InFlight) => s.in_flight = n,
-                    Some(Status::Sent) => s.sent = n,
-                    Some(Status::Dead) => s.dead = n,
-                    None => {}
+                for (status, n) in by_status {
+                    match Status::parse(&status) {
+                        Some(Status::Pending) => s.pending = n,
+                        Some(Status::InFlight) => s.in_flight = n,
+                        Some(Status::Sent) => s.sent = n,
+                        Some(Status::Dead) => s.dead = n,
+                        None => {}
+                    }
                 }
             }
         }
+        // The latest of each subscriber's error rows (folded to one every second).
         for r in c
             .query(
-                "SELECT DISTINCT ON (d.subscriber_id) d.subscriber_id, a.at_ms, a.status, a.error
-                 FROM deliveries d JOIN attempts a ON a.delivery_id = d.id
-                 WHERE d.subscriber_id = ANY($1) AND a.outcome IN ('failed', 'rejected')
-                 ORDER BY d.subscriber_id, a.at_ms DESC, a.id DESC",
+                "SELECT DISTINCT ON (subscriber_id) subscriber_id, at_ms, status, error
+                 FROM last_errors WHERE subscriber_id = ANY($1)
+                 ORDER BY subscriber_id, at_ms DESC, id DESC",
                 &[&ids],
             )
             .await?
@@ -1545,6 +1531,69 @@ async fn dead_count_on(
     Ok(n.max(0) as u64)
 }
 
+/// Deliveries per status, from the counts the triggers keep.
+pub(super) async fn status_counts_on(
+    c: &impl deadpool_postgres::GenericClient,
+) -> Result<Vec<(String, i64)>, LedgerError> {
+    c.query(
+        "SELECT status, SUM(n)::BIGINT FROM delivery_counts GROUP BY status
+         HAVING SUM(n) <> 0 ORDER BY status",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+    .collect()
+}
+
+/// `ids`' deliveries per status, from the counts the triggers keep (a few rows per subscriber
+/// and status between two folds), by the `(subscriber_id, status)` index.
+async fn kept_counts(
+    c: &impl deadpool_postgres::GenericClient,
+    ids: &[String],
+) -> Result<HashMap<String, HashMap<String, i64>>, LedgerError> {
+    let mut out: HashMap<String, HashMap<String, i64>> = HashMap::new();
+    for r in c
+        .query(
+            "SELECT subscriber_id, status, SUM(n)::BIGINT FROM delivery_counts
+             WHERE subscriber_id = ANY($1) GROUP BY subscriber_id, status HAVING SUM(n) <> 0",
+            &[&ids],
+        )
+        .await?
+    {
+        let (sub, status, n): (String, String, i64) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+        out.entry(sub).or_default().insert(status, n);
+    }
+    Ok(out)
+}
+
+/// When each of `ids`' oldest open (pending or in flight) delivery was created: the first
+/// pending one in id order (`deliveries_pending_by_sub`) and the oldest in flight (bounded by
+/// the in-flight cap, `deliveries_leased`) — index probes, whatever the ledger holds.
+async fn oldest_open(
+    c: &impl deadpool_postgres::GenericClient,
+    ids: &[String],
+) -> Result<HashMap<String, i64>, LedgerError> {
+    let mut out = HashMap::new();
+    for r in c
+        .query(
+            "SELECT s.id, LEAST(
+                 (SELECT created_ms FROM deliveries
+                  WHERE subscriber_id = s.id AND status = 'pending' ORDER BY id LIMIT 1),
+                 (SELECT MIN(created_ms) FROM deliveries
+                  WHERE subscriber_id = s.id AND status = 'in_flight'))
+             FROM unnest($1::text[]) AS s(id)",
+            &[&ids],
+        )
+        .await?
+    {
+        if let Some(t) = r.try_get::<_, Option<i64>>(1)? {
+            out.insert(r.try_get(0)?, t);
+        }
+    }
+    Ok(out)
+}
+
 /// A failed attempt in a few words, as `ledger::status` says it.
 fn describe_failure(status: Option<i32>, error: Option<String>) -> String {
     match (error, status) {
@@ -1591,20 +1640,63 @@ fn replayable_sql(f: &DeliveryFilter) -> Result<(String, Vec<Param>), LedgerErro
     }
     let (filter, params) = filter_sql(&f, Vec::new());
     let live = "d.subscriber_id IN (SELECT id FROM subscribers WHERE deleted_ms IS NULL)";
-    let filter = if filter.is_empty() {
-        format!("WHERE {live}")
-    } else {
-        format!("{filter} AND {live}")
-    };
+    let filter = format!("{filter} AND {live}");
     Ok((filter, params))
 }
 
-/// `WHERE …` for a delivery filter, numbering parameters after those in `params`.
+/// Deliveries matching `f` in id order (see `list_deliveries`), with their rowids. A status
+/// other than in flight without a subscriber or an event is read per subscriber: the
+/// subscribers that have deliveries in that status (from the kept counts), each one id range
+/// of its status's index, `limit` at most, merged.
+async fn list_range(
+    c: &impl deadpool_postgres::GenericClient,
+    f: &DeliveryFilter,
+) -> Result<Vec<(i64, DeliveryView)>, LedgerError> {
+    let per_subscriber = f.subscriber.is_none()
+        && f.event.is_none()
+        && matches!(
+            f.status,
+            Some(Status::Pending) | Some(Status::Sent) | Some(Status::Dead)
+        );
+    let (filter, params) = filter_sql(f, Vec::new());
+    let sql = if per_subscriber {
+        let status = f.status.map_or("", |s| s.as_str());
+        format!(
+            "SELECT {DELIVERY_COLUMNS} FROM
+                 (SELECT subscriber_id FROM delivery_counts WHERE status = '{status}'
+                  GROUP BY subscriber_id HAVING SUM(n) > 0) s
+             CROSS JOIN LATERAL (SELECT * FROM deliveries d
+                 {filter} AND d.subscriber_id = s.subscriber_id ORDER BY d.id LIMIT {limit}) d
+             LEFT JOIN events e ON e.id = d.event_id ORDER BY d.id LIMIT {limit}",
+            limit = f.limit
+        )
+    } else {
+        format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
+             {filter} ORDER BY d.id LIMIT {}",
+            f.limit
+        )
+    };
+    c.query(&sql, &refs(&params))
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, delivery_from_row(r)?)))
+        .collect()
+}
+
+/// `WHERE …` for a delivery filter, numbering parameters after those in `params`. Every list
+/// and bulk replay is an id range (`after`, and a time range as ids) within one index; the
+/// status is written out (a fixed word) so that the partial index of that status serves even a
+/// generic plan. A time is turned into the first delivery id created at or after it through
+/// the events (written once, indexed by receive time: a delivery is created with its event's
+/// receive time): the smallest delivery id of the events received first at or after it.
+/// Creation times follow ids within one daemon; across daemons whose clocks differ a delivery
+/// created at nearly the same instant may fall on the other side of a time bound (the times
+/// themselves are checked too, so a list never shows one outside its range).
 fn filter_sql(f: &DeliveryFilter, mut params: Vec<Param>) -> (String, Vec<Param>) {
     let mut clauses = Vec::new();
     if let Some(s) = f.status {
-        params.push(Box::new(s.as_str().to_string()));
-        clauses.push(format!("d.status = ${}", params.len()));
+        clauses.push(format!("d.status = '{}'", s.as_str()));
     }
     if let Some(s) = &f.subscriber {
         params.push(Box::new(s.clone()));
@@ -1614,7 +1706,8 @@ fn filter_sql(f: &DeliveryFilter, mut params: Vec<Param>) -> (String, Vec<Param>
         params.push(Box::new(e.clone()));
         clauses.push(format!("d.event_id = ${}", params.len()));
     }
-    // Type and customer narrow the rows the other clauses find (one key lookup each).
+    // Residual filters (type, customer): the rows are still read in id order from one index
+    // range.
     if let Some(t) = &f.event_type {
         params.push(Box::new(t.clone()));
         clauses.push(format!(
@@ -1629,22 +1722,31 @@ fn filter_sql(f: &DeliveryFilter, mut params: Vec<Param>) -> (String, Vec<Param>
             params.len()
         ));
     }
+    let first_at = |n: usize| {
+        format!(
+            "(SELECT MIN(f.id) FROM deliveries f WHERE f.event_id IN (
+                 SELECT id FROM events WHERE received_ms = (
+                     SELECT received_ms FROM events WHERE received_ms >= ${n}
+                     ORDER BY received_ms LIMIT 1)))"
+        )
+    };
     if let Some(t) = f.since_ms {
         params.push(Box::new(t));
-        clauses.push(format!("d.created_ms >= ${}", params.len()));
+        let n = params.len();
+        clauses.push(format!(
+            "d.id >= COALESCE({}, 0) AND d.created_ms >= ${n}",
+            first_at(n)
+        ));
     }
     if let Some(t) = f.until_ms {
         params.push(Box::new(t));
-        clauses.push(format!("d.created_ms < ${}", params.len()));
+        let n = params.len();
+        clauses.push(format!(
+            "d.id < COALESCE({}, 9223372036854775807) AND d.created_ms < ${n}",
+            first_at(n)
+        ));
     }
-    if let Some(a) = f.after {
-        params.push(Box::new(a));
-        clauses.push(format!("d.id > ${}", params.len()));
-    }
-    let sql = if clauses.is_empty() {
-        String::new()
-    } else {
-        format!("WHERE {}", clauses.join(" AND "))
-    };
-    (sql, params)
+    params.push(Box::new(f.after.unwrap_or(0)));
+    clauses.push(format!("d.id > ${}", params.len()));
+    (format!("WHERE {}", clauses.join(" AND ")), params)
 }

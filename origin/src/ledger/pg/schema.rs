@@ -79,6 +79,126 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX attempts_by_delivery ON attempts(delivery_id);
     "#,
+    // 2: day 30 on PostgreSQL (issue 10's SQLite migration 4): counts kept as deliveries
+    // change, retention, lists paged by id with an index behind each.
+    //
+    // `delivery_counts` is a ledger of count changes per (subscriber, status): statement-level
+    // triggers (transition tables, one row per group per statement) append what each INSERT,
+    // UPDATE or DELETE of deliveries changed, so every path that changes a delivery keeps the
+    // counts exact, and appending never waits for another daemon (a single row per
+    // (subscriber, status) updated in place would serialise every daemon's ingest, claims and
+    // results for a subscriber on one row lock). A fold (`retention.rs`, every second, one
+    // daemon at a time) replaces the rows with their sums, so a reader sums a few rows per
+    // subscriber. `last_errors` is appended to by a trigger on attempts (failed and rejected
+    // ones) and folded to the latest per subscriber the same way.
+    //
+    // Indexes, few because every delivery is written three times and none of those updates
+    // is HOT (each version enters every index whose predicate it meets): per status, in id
+    // order within a subscriber, `deliveries_pending_by_sub`, `deliveries_sent_by_sub` and
+    // `deliveries_dead_by_sub` (which replaces `deliveries_dead`) serve the API's lists, the
+    // oldest open delivery and the dead counts (a list by status alone reads one range per
+    // subscriber that has such deliveries, as `delivery_counts` says); in-flight ones are
+    // read by `deliveries_leased` (bounded by the in-flight caps). `deliveries_sent_age` /
+    // `deliveries_dead_age` serve retention oldest first. `events_received` (events are
+    // written once) serves retention's sweep of events no delivery refers to and turns a
+    // time range into delivery ids. `attempts_by_delivery_id` gives a delivery's attempts in
+    // order (and serves retention's delete of them). `deliveries_by_status` had no reader left. `retention`
+    // holds what retention removed and when a pass last completed, `retention_sweep` where
+    // the sweep is.
+    r#"
+    DROP INDEX IF EXISTS deliveries_by_status;
+    DROP INDEX IF EXISTS deliveries_dead;
+    CREATE INDEX deliveries_pending_by_sub ON deliveries(subscriber_id, id) WHERE status = 'pending';
+    CREATE INDEX deliveries_sent_by_sub ON deliveries(subscriber_id, id) WHERE status = 'sent';
+    CREATE INDEX deliveries_dead_by_sub ON deliveries(subscriber_id, id) WHERE status = 'dead';
+    CREATE INDEX deliveries_sent_age ON deliveries(updated_ms) WHERE status = 'sent';
+    CREATE INDEX deliveries_dead_age ON deliveries(updated_ms) WHERE status = 'dead';
+    CREATE INDEX events_received ON events(received_ms, id);
+    DROP INDEX IF EXISTS attempts_by_delivery;
+    CREATE INDEX attempts_by_delivery_id ON attempts(delivery_id, id);
+
+    CREATE TABLE delivery_counts (
+        subscriber_id TEXT NOT NULL,
+        status        TEXT NOT NULL,
+        n             BIGINT NOT NULL
+    );
+    CREATE INDEX delivery_counts_by_subscriber ON delivery_counts(subscriber_id, status);
+    INSERT INTO delivery_counts (subscriber_id, status, n)
+        SELECT subscriber_id, status, COUNT(*) FROM deliveries GROUP BY subscriber_id, status;
+
+    CREATE FUNCTION delivery_counts_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO delivery_counts (subscriber_id, status, n)
+            SELECT subscriber_id, status, COUNT(*) FROM new_rows GROUP BY subscriber_id, status;
+        RETURN NULL;
+    END $$;
+    CREATE FUNCTION delivery_counts_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO delivery_counts (subscriber_id, status, n)
+            SELECT subscriber_id, status, -COUNT(*) FROM old_rows GROUP BY subscriber_id, status;
+        RETURN NULL;
+    END $$;
+    CREATE FUNCTION delivery_counts_updated() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        -- Only the groups whose count changed (a lease renewed changes none).
+        INSERT INTO delivery_counts (subscriber_id, status, n)
+            SELECT subscriber_id, status, SUM(n) FROM (
+                SELECT subscriber_id, status, -1 AS n FROM old_rows
+                UNION ALL
+                SELECT subscriber_id, status, 1 FROM new_rows) t
+            GROUP BY subscriber_id, status HAVING SUM(n) <> 0;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER delivery_counts_insert AFTER INSERT ON deliveries
+        REFERENCING NEW TABLE AS new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION delivery_counts_inserted();
+    CREATE TRIGGER delivery_counts_delete AFTER DELETE ON deliveries
+        REFERENCING OLD TABLE AS old_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION delivery_counts_deleted();
+    CREATE TRIGGER delivery_counts_update AFTER UPDATE ON deliveries
+        REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION delivery_counts_updated();
+
+    CREATE TABLE last_errors (
+        id            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        subscriber_id TEXT NOT NULL,
+        at_ms         BIGINT NOT NULL,
+        status        INTEGER,
+        error         TEXT
+    );
+    CREATE INDEX last_errors_by_subscriber ON last_errors(subscriber_id, at_ms, id);
+    INSERT INTO last_errors (subscriber_id, at_ms, status, error)
+        SELECT DISTINCT ON (d.subscriber_id) d.subscriber_id, a.at_ms, a.status, a.error
+        FROM attempts a JOIN deliveries d ON d.id = a.delivery_id
+        WHERE a.outcome IN ('failed', 'rejected')
+        ORDER BY d.subscriber_id, a.at_ms DESC, a.id DESC;
+    CREATE FUNCTION last_errors_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO last_errors (subscriber_id, at_ms, status, error)
+            SELECT DISTINCT ON (d.subscriber_id) d.subscriber_id, a.at_ms, a.status, a.error
+            FROM new_rows a JOIN deliveries d ON d.id = a.delivery_id
+            WHERE a.outcome IN ('failed', 'rejected')
+            ORDER BY d.subscriber_id, a.at_ms DESC, a.id DESC;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER last_errors_insert AFTER INSERT ON attempts
+        REFERENCING NEW TABLE AS new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION last_errors_inserted();
+
+    CREATE TABLE retention (
+        key   TEXT PRIMARY KEY,
+        value BIGINT NOT NULL
+    );
+    INSERT INTO retention (key, value) VALUES ('removed_sent', 0), ('removed_dead', 0),
+        ('removed_attempts', 0), ('removed_events', 0), ('last_run_ms', 0);
+    -- Where the sweep of events has reached, in (received_ms, id) order.
+    CREATE TABLE retention_sweep (
+        one         BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+        received_ms BIGINT NOT NULL,
+        event_id    TEXT NOT NULL
+    );
+    INSERT INTO retention_sweep (received_ms, event_id) VALUES (0, '');
+    "#,
     // 3: customers (as the SQLite ledger's migration 3): the customers that own subscribers,
     // their weight in the dispatcher's share and their own in-flight cap; `portal_nonce` is part
     // of every portal token and is checked on each call, so a removed (or re-created) customer's

@@ -268,3 +268,70 @@ async fn ledger_copy_brings_customers_and_links_over() {
     assert_eq!(seen, ["a1"]);
     assert_eq!(portal.get("/v1/subscribers/b1").await.0, 404);
 }
+
+/// Two daemons dispatch from one ledger; the customers and their weights are set through one of
+/// them after both started. The other hears of it (`NOTIFY fanout_customers`) and shares its own
+/// in-flight budget by the same weights: together, under contention, a weight-4 customer is
+/// served about four times as much as a weight-1 customer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_set_through_one_daemon_hold_on_every_daemon() {
+    let server = PgServer::start();
+    let url = server.database("weights").await;
+    let db = Path::new(&url);
+    let extra = ["--max-total-in-flight", "10"];
+    let a = Binary::start(db, &extra).await;
+    let _b = Binary::start(db, &extra).await;
+    for (id, weight) in [("big", 4), ("small", 1)] {
+        let (s, body) = a
+            .api
+            .post("/v1/customers", json!({ "id": id, "weight": weight }))
+            .await;
+        assert_eq!(s, 201, "{body}");
+    }
+    let mut subs = Vec::new();
+    for customer in ["big", "small"] {
+        for k in 0..5 {
+            let sub =
+                Subscriber::start(|_, _| Answer::status(200).delay(Duration::from_millis(50)))
+                    .await;
+            let mut spec = sub_spec(
+                &format!("{customer}_{k}"),
+                &sub.url,
+                &[&format!("{customer}.*")],
+            );
+            spec["customer"] = json!(customer);
+            a.api.subscriber(spec).await;
+            subs.push((customer, sub));
+        }
+    }
+    for customer in ["big", "small"] {
+        let events: Vec<serde_json::Value> = (0..200)
+            .map(|i| json!({ "id": format!("{customer}-{i}"), "type": format!("{customer}.tick") }))
+            .collect();
+        a.api.events(serde_json::Value::Array(events)).await;
+    }
+    let total = 300;
+    wait_for(
+        "300 deliveries received",
+        Duration::from_secs(60),
+        || async { subs.iter().map(|(_, s)| s.count()).sum::<usize>() >= total },
+    )
+    .await;
+    let mut arrivals: Vec<(std::time::Instant, &str)> = subs
+        .iter()
+        .flat_map(|(c, s)| s.received().into_iter().map(move |r| (r.at, *c)))
+        .collect();
+    arrivals.sort_by_key(|(at, _)| *at);
+    let big = arrivals[..total]
+        .iter()
+        .filter(|(_, c)| *c == "big")
+        .count();
+    let small = total - big;
+    let ratio = big as f64 / small.max(1) as f64;
+    println!("two daemons, weights 4:1 -> first {total} deliveries: big {big}, small {small}, ratio {ratio:.2}");
+    assert!(small > 0, "the small customer got nothing");
+    assert!(
+        (ratio / 4.0 - 1.0).abs() < 0.25,
+        "big {big}, small {small}, ratio {ratio:.2}, expected about 4"
+    );
+}

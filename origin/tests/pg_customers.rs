@@ -2,7 +2,7 @@
 //! servers the tests start themselves (tests/common/pg.rs): a portal link works on every
 //! daemon; a customer is never removed while a live subscriber names it, whichever of the two
 //! transactions comes first; `fanout ledger copy` brings customers, ownership and the portal key
-//! over. (The customer API itself runs on PostgreSQL in tests/customers.rs with
+//! over; weights set through one daemon hold on every daemon. (The customer API itself runs on PostgreSQL in tests/customers.rs with
 //! `FANOUT_TEST_LEDGER=postgres`.)
 
 // Test code: a failed unwrap is a failed test.

@@ -4,7 +4,10 @@
 //
 //   cargo build --release -p fanout-origin
 //   node bench/ledger.mjs [--sizes 0,1000000,10000000] [--ingest-seconds 5] [--keep]
-//   node bench/ledger.mjs --paired 10000000     latencies only, empty vs big, interleaved
+//   node bench/ledger.mjs --paired 10000000     empty vs big served at once: latencies interleaved,
+//                                               then rates in alternating rounds [--rate-rounds 3]
+//   node bench/ledger.mjs --paired 50000000 --dir D --keep     keeps D/paired-50000000.db;
+//   node bench/ledger.mjs --paired 50000000 --reuse D/paired-50000000.db   measures it again
 //
 // For each size: a fresh ledger made by the release daemon (migrated, five subscribers held at
 // 0.001/s pointing at bench/sink), stopped, then filled by direct SQL (the sqlite3 CLI, one
@@ -43,10 +46,15 @@ const { values: opts } = parseArgs({
     // requests alternating between them (the machine's load hits both alike).
     paired: { type: 'string' },
     keep: { type: 'boolean', default: false },
+    // --paired only: this big ledger (kept by an earlier --keep run) instead of seeding one.
+    reuse: { type: 'string' },
+    // --paired only: rounds of the rate measurements (ingest, then origin-lane drain).
+    'rate-rounds': { type: 'string', default: '3' },
     dir: { type: 'string' },
   },
 });
 const SIZES = opts.sizes.split(',').map((s) => Math.trunc(Number(s)));
+const RATE_ROUNDS = Math.max(0, Math.trunc(Number(opts['rate-rounds'])) || 0);
 const INGEST_S = Math.max(1, Math.trunc(Number(opts['ingest-seconds'])) || 5);
 const BIN = process.env.FANOUT_BIN ?? path.join(ROOT, 'target', 'release', 'fanout');
 const INGEST = path.join(ROOT, 'bench', 'ingest', 'target', 'release', 'ingest');
@@ -254,10 +262,21 @@ async function measure(label, deliveries, sink, { dropTriggers = false } = {}) {
 
 /** Scrape, stats and dead-list latencies of an empty ledger and an `n` one, interleaved. */
 async function paired(n, sink) {
-  const dbs = [path.join(WORK, 'paired-0.db'), path.join(WORK, `paired-${n}.db`)];
+  const reuse = opts.reuse && fs.existsSync(opts.reuse);
+  const dbs = [path.join(WORK, 'paired-0.db'), reuse ? opts.reuse : path.join(WORK, `paired-${n}.db`)];
   log(`paired: building the ledgers (0 and ${n.toLocaleString('en-US')} deliveries)…`);
+  for (const db of reuse ? dbs.slice(0, 1) : dbs) for (const f of [db, `${db}-wal`, `${db}-shm`]) await fsp.rm(f, { force: true });
   await makeLedger(dbs[0], 0, sink);
-  const seedS = await makeLedger(dbs[1], n, sink);
+  let seedS = 0;
+  if (reuse) {
+    // A big ledger kept by an earlier run (--keep), used in place: this run's ingest adds a few
+    // hundred thousand deliveries to it.
+    log(`paired: reusing ${opts.reuse}`);
+  } else {
+    seedS = await makeLedger(dbs[1], n, sink);
+    if (opts.keep) log(`paired: ${dbs[1]} kept (--reuse it next time)`);
+  }
+  log(`paired: ${(fileBytes(dbs[1]) / 1e9).toFixed(2)} GB; measuring…`);
   const daemons = [await serve(dbs[0]), await serve(dbs[1])];
   const kinds = {
     scrape: (o) => fetch(`${o.url}/metrics`),
@@ -265,6 +284,10 @@ async function paired(n, sink) {
     dead: (o) => o.api('/v1/deliveries?status=dead&limit=100'),
   };
   const times = Object.fromEntries(Object.keys(kinds).map((k) => [k, [[], []]]));
+  const rates = { ingest: [[], []], ingestP99: [[], []], origin: [[], []] };
+  const setRate = (o, rate) =>
+    Promise.all(Array.from({ length: SUBSCRIBERS }, (_, i) =>
+      o.api(`/v1/subscribers/sub_${i}`, { method: 'PATCH', body: { rate_per_sec: rate, burst: rate > 1 ? rate : 1 } })));
   try {
     for (const o of daemons) for (const f of Object.values(kinds)) await timed(3, () => f(o));
     for (let i = 0; i < 200; i++) {
@@ -272,11 +295,35 @@ async function paired(n, sink) {
         for (const d of i % 2 ? [1, 0] : [0, 1]) times[k][d].push(...(await timed(1, () => f(daemons[d]))));
       }
     }
+    // Rates, paired the same way: rounds alternating which ledger goes first; in each, ingest
+    // (subscribers held) for INGEST_S seconds, then the backlog drained at full speed and the
+    // subscribers held again.
+    for (let r = 0; r < RATE_ROUNDS; r++) {
+      for (const d of r % 2 ? [1, 0] : [0, 1]) {
+        const o = daemons[d];
+        const sink0 = await sink.count();
+        const ing = await runIngest(o);
+        rates.ingest[d].push(ing.events / ing.elapsed_s);
+        rates.ingestP99[d].push(ing.p99_ms);
+        const t = performance.now();
+        await setRate(o, 1_000_000);
+        for (;;) {
+          const got = (await sink.count()) - sink0;
+          if (got >= ing.deliveries) break;
+          if (performance.now() - t > 300_000) throw new Error(`drain timed out at ${got} of ${ing.deliveries}`);
+          await sleep(20);
+        }
+        rates.origin[d].push(ing.deliveries / ((performance.now() - t) / 1000));
+        await setRate(o, 0.001);
+        log(`paired rates, round ${r + 1}, ${d ? 'big' : 'empty'}: ingest ${rates.ingest[d].at(-1).toFixed(0)} ` +
+          `events/s, origin lane ${rates.origin[d].at(-1).toFixed(0)} deliveries/s`);
+      }
+    }
   } finally {
     for (const o of daemons) await o.stop();
   }
   const bytes = fileBytes(dbs[1]);
-  if (!opts.keep) for (const db of dbs) for (const f of [db, `${db}-wal`, `${db}-shm`]) await fsp.rm(f, { force: true });
+  if (!opts.keep && !reuse) for (const db of dbs) for (const f of [db, `${db}-wal`, `${db}-shm`]) await fsp.rm(f, { force: true });
   console.log(`paired, 200 rounds alternating: empty ledger vs ${n.toLocaleString('en-US')} deliveries ` +
     `(${(bytes / 1e9).toFixed(2)} GB, seeded in ${seedS.toFixed(0)} s)`);
   console.log('| request | empty p50 | big p50 | ratio | empty p99 | big p99 | ratio |');
@@ -285,6 +332,15 @@ async function paired(n, sink) {
     const [a50, b50, a99, b99] = [pct(a, 50), pct(b, 50), pct(a, 99), pct(b, 99)];
     console.log(`| ${k} | ${a50.toFixed(2)} | ${b50.toFixed(2)} | ${(b50 / a50).toFixed(2)}× | ${a99.toFixed(2)} | ` +
       `${b99.toFixed(2)} | ${(b99 / a99).toFixed(2)}× |`);
+  }
+  console.log(`\nrates, ${RATE_ROUNDS} rounds alternating (medians; per round in brackets):`);
+  console.log('| rate | empty | big | ratio |');
+  console.log('| --- | --: | --: | --: |');
+  for (const [k, name] of [['ingest', 'ingest events/s (held)'], ['ingestP99', 'ingest request p99 (ms)'],
+    ['origin', 'origin lane deliveries/s']]) {
+    const [a, b] = rates[k];
+    const f = (xs) => `${pct(xs, 50).toFixed(0)} [${xs.map((x) => x.toFixed(0)).join(', ')}]`;
+    console.log(`| ${name} | ${f(a)} | ${f(b)} | ${(pct(b, 50) / pct(a, 50)).toFixed(2)}× |`);
   }
 }
 

@@ -201,7 +201,8 @@ pub struct RetentionView {
     pub retain_dead: String,
     #[serde(flatten)]
     pub report: purge::RetentionReport,
-    /// The longest a retention step held the ledger's writer since the daemon started.
+    /// The longest a retention step held the ledger's writer since the daemon started (on
+    /// PostgreSQL: the longest step's transaction, this daemon's steps only).
     pub longest_step_ms: f64,
 }
 

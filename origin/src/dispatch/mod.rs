@@ -388,7 +388,8 @@ impl<L: DispatchLedger> Dispatcher<L> {
                     let signer = signer.clone();
                     let allow_loopback = self.cfg.allow_loopback;
                     tokio::spawn(async move {
-                        let mut meta = Meta::of(&d);
+                        let mut unreported =
+                            Unreported::new(&done, &target.id, "origin", vec![Meta::of(&d)]);
                         let id = delivery_public_id(d.rowid);
                         let started = std::time::Instant::now();
                         let send = origin_lane::Outgoing {
@@ -400,13 +401,15 @@ impl<L: DispatchLedger> Dispatcher<L> {
                         };
                         let result =
                             origin_lane::deliver(&out, &send, d.body, allow_loopback).await;
-                        meta.latency_ms = Some(started.elapsed().as_millis() as u64);
-                        let _ = done.send(Event::Results {
-                            sub: target.id.clone(),
-                            lane: "origin",
-                            items: vec![(meta, result)],
-                            at_ms: now_ms(),
-                        });
+                        let latency_ms = Some(started.elapsed().as_millis() as u64);
+                        if let Some(meta) = unreported.take().pop() {
+                            let _ = done.send(Event::Results {
+                                sub: target.id.clone(),
+                                lane: "origin",
+                                items: vec![(Meta { latency_ms, ..meta }, result)],
+                                at_ms: now_ms(),
+                            });
+                        }
                     });
                 }
             }
@@ -489,9 +492,12 @@ impl<L: DispatchLedger> Dispatcher<L> {
             let sub = target.id.clone();
             let timeout_ms = target.limits.timeout_ms;
             tokio::spawn(async move {
+                let mut unreported = Unreported::new(&done, &sub, "edge", items);
                 let call_id = call_id(now_ms());
-                let wait = edge_lane::call_timeout(items.len(), timeout_ms);
-                let event = match edge.send(body, &call_id, wait).await {
+                let wait = edge_lane::call_timeout(unreported.items.len(), timeout_ms);
+                let result = edge.send(body, &call_id, wait).await;
+                let items = unreported.take();
+                let event = match result {
                     Ok(results) => {
                         let ids: Vec<String> =
                             items.iter().map(|m| delivery_public_id(m.rowid)).collect();
@@ -511,6 +517,60 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 let _ = done.send(event);
             });
         }
+    }
+}
+
+/// The deliveries a send task has not reported yet. Should the task end without reporting them
+/// (a panic unwinding it), dropping this reports them as unsendable: their in-flight slots come
+/// back and each counts a failed attempt (dead at the attempt limit, like a poison event), so a
+/// panic never leaks a slot or strands a delivery until its lease expires.
+struct Unreported {
+    done: mpsc::UnboundedSender<Event>,
+    sub: Arc<str>,
+    lane: &'static str,
+    items: Vec<Meta>,
+}
+
+impl Unreported {
+    fn new(
+        done: &mpsc::UnboundedSender<Event>,
+        sub: &Arc<str>,
+        lane: &'static str,
+        items: Vec<Meta>,
+    ) -> Unreported {
+        Unreported {
+            done: done.clone(),
+            sub: sub.clone(),
+            lane,
+            items,
+        }
+    }
+
+    /// The deliveries, now to be reported by the task itself.
+    fn take(&mut self) -> Vec<Meta> {
+        std::mem::take(&mut self.items)
+    }
+}
+
+impl Drop for Unreported {
+    fn drop(&mut self) {
+        if self.items.is_empty() {
+            return;
+        }
+        tracing::error!(
+            subscriber = %self.sub,
+            lane = self.lane,
+            deliveries = self.items.len(),
+            "a send task ended without reporting its deliveries (it panicked); each counts a failed attempt"
+        );
+        let items = self.take();
+        let _ = self.done.send(Event::Unsendable {
+            sub: self.sub.clone(),
+            lane: self.lane,
+            items,
+            error: "the daemon failed while sending this delivery (an internal error, in its log)"
+                .into(),
+        });
     }
 }
 
@@ -558,6 +618,47 @@ fn call_id(now_ms: i64) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A send task that panics still reports its deliveries (as unsendable, so their slots
+    /// come back); one that reports them itself sends nothing more.
+    #[tokio::test]
+    async fn a_panicking_send_task_still_reports_its_deliveries() {
+        use super::{Event, Meta, Unreported};
+        let (done, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let sub: std::sync::Arc<str> = "s".into();
+        let meta = |rowid| Meta {
+            rowid,
+            event_id: format!("e{rowid}"),
+            event_type: "t".into(),
+            attempt: 1,
+            latency_ms: None,
+        };
+        let (d, s, m) = (done.clone(), sub.clone(), vec![meta(1), meta(2)]);
+        let task = tokio::spawn(async move {
+            let _unreported = Unreported::new(&d, &s, "edge", m);
+            if s.len() == 1 {
+                panic!("a bug in a send task");
+            }
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        match rx.try_recv() {
+            Ok(Event::Unsendable {
+                sub, lane, items, ..
+            }) => {
+                assert_eq!((&*sub, lane), ("s", "edge"));
+                assert_eq!(items.iter().map(|m| m.rowid).collect::<Vec<_>>(), [1, 2]);
+            }
+            other => panic!("expected the deliveries reported unsendable, got {other:?}"),
+        }
+        let (d, s) = (done.clone(), sub.clone());
+        tokio::spawn(async move {
+            let mut unreported = Unreported::new(&d, &s, "origin", vec![meta(3)]);
+            assert_eq!(unreported.take().len(), 1);
+        })
+        .await
+        .unwrap();
+        assert!(rx.try_recv().is_err(), "reported once, by the task");
+    }
+
     use super::*;
 
     #[test]

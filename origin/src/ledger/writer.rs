@@ -1,18 +1,65 @@
 //! The loop of a ledger thread, with group commit: transactional operations found queued
 //! together share one SQLite transaction, each under its own savepoint (its failure undoes only
-//! its own changes), and none is answered before that transaction has committed.
+//! its own changes), and none is answered before that transaction has committed and, on the
+//! writer, before the WAL holding it has been synced to the disk.
 //!
 //! Why: a commit appends every page the transaction changed to the WAL. For a small transaction
 //! (one event from a producer that sends them one at a time) the commit was most of the
 //! writer's work, and consecutive small transactions change mostly the same pages: committed
 //! together, those pages are written once.
+//!
+//! Durability is pipelined: the writer commits with `synchronous = NORMAL` (SQLite appends the
+//! frames to the WAL without syncing it) and hands the group's answers to its syncer thread,
+//! which syncs the WAL file (`fdatasync`) and only then answers them. Meanwhile the writer
+//! already runs the next group; one sync covers every group committed before it started. A
+//! checkpoint syncs the WAL before copying frames out of it, so a frame is never lost to a WAL
+//! that restarts. Operations that run outside a transaction (`Job::Call`) commit under
+//! `synchronous = FULL` instead (SQLite syncs inside their commit).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 
 use rusqlite::Connection;
 
-use super::LedgerError;
+use super::{LedgerError, Unavailable};
+
+/// Makes everything the writer has committed so far durable (in the daemon: [`wal_sync`]).
+pub(super) type SyncFn = Box<dyn FnMut() -> Result<(), LedgerError> + Send>;
+
+/// The answers of one committed group, waiting for the sync that makes it durable.
+type Committed = Vec<Box<dyn Answer>>;
+
+/// Syncs the WAL file of the database `conn` has open: `fdatasync` on a descriptor of our own,
+/// opened at the first sync (the WAL exists once a write transaction has committed). `synced`
+/// counts the syncs that succeeded.
+pub(super) fn wal_sync(
+    conn: &Connection,
+    synced: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> Result<SyncFn, LedgerError> {
+    let db = conn
+        .path()
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| LedgerError::Schema("the ledger is not a file: nothing to sync".into()))?;
+    let wal = std::path::PathBuf::from(format!("{db}-wal"));
+    let mut file: Option<std::fs::File> = None;
+    Ok(Box::new(move || {
+        let f = match &file {
+            Some(f) => f,
+            None => file.insert(std::fs::File::open(&wal).map_err(io_unavailable)?),
+        };
+        f.sync_data().map_err(io_unavailable)?;
+        synced.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }))
+}
+
+/// A failed sync, typed like a failed SQLite write: by the error's kind, never its text.
+fn io_unavailable(e: std::io::Error) -> LedgerError {
+    LedgerError::Unavailable(match e.kind() {
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => Unavailable::Full,
+        _ => Unavailable::Io,
+    })
+}
 
 /// Most operations committed together (the writer never waits for more: a group is whatever
 /// was already queued).
@@ -101,8 +148,38 @@ fn again(e: &LedgerError) -> LedgerError {
     }
 }
 
-/// Serve jobs until every sender is gone.
-pub(super) fn serve(conn: &mut Connection, rx: &mpsc::Receiver<Job>) {
+/// Serve jobs until every sender is gone. With `sync` (the writer), answers wait for the sync
+/// that covers their commit, done on a thread of its own while the next group runs; without it
+/// (a reader), they go as soon as the transaction ends.
+pub(super) fn serve(conn: &mut Connection, rx: &mpsc::Receiver<Job>, sync: Option<SyncFn>) {
+    let Some(sync) = sync else {
+        return serve_jobs(conn, rx, None);
+    };
+    std::thread::scope(|scope| {
+        let (committed, to_sync) = mpsc::channel::<Committed>();
+        let syncer = std::thread::Builder::new()
+            .name("fanout-sync".into())
+            .spawn_scoped(scope, move || sync_loop(&to_sync, sync));
+        if let Err(e) = syncer {
+            tracing::error!(error = %e, "cannot start the ledger's sync thread; it commits with a sync each");
+            return serve_jobs(conn, rx, None);
+        }
+        serve_jobs(conn, rx, Some(&committed));
+        // `committed` drops here: the syncer answers what is left, then ends (joined by scope).
+    });
+}
+
+fn serve_jobs(
+    conn: &mut Connection,
+    rx: &mpsc::Receiver<Job>,
+    committed: Option<&mpsc::Sender<Committed>>,
+) {
+    if committed.is_none() {
+        // No syncer: every commit syncs by itself.
+        if let Err(e) = conn.execute_batch("PRAGMA synchronous = FULL;") {
+            tracing::error!(error = %e, "cannot make the ledger's commits durable");
+        }
+    }
     let mut carried: Option<Job> = None;
     loop {
         let job = match carried.take() {
@@ -114,9 +191,17 @@ pub(super) fn serve(conn: &mut Connection, rx: &mpsc::Receiver<Job>) {
         };
         match job {
             Job::Call(f) => {
+                // Outside a transaction: whatever it commits is synced inside its own commit.
+                let pipelined = committed.is_some();
+                if pipelined {
+                    let _ = conn.execute_batch("PRAGMA synchronous = FULL;");
+                }
                 // A panicking job fails its own caller (its reply channel drops), not the ledger.
                 if catch_unwind(AssertUnwindSafe(|| f(conn))).is_err() {
                     tracing::error!("a ledger operation panicked");
+                }
+                if pipelined && conn.is_autocommit() {
+                    let _ = conn.execute_batch("PRAGMA synchronous = NORMAL;");
                 }
             }
             Job::Tx(first) => {
@@ -131,14 +216,35 @@ pub(super) fn serve(conn: &mut Connection, rx: &mpsc::Receiver<Job>) {
                         Err(_) => break,
                     }
                 }
-                run_group(conn, group);
+                run_group(conn, group, committed);
             }
         }
     }
 }
 
-/// One transaction for the whole group, a savepoint per job, answers after the commit.
-fn run_group(conn: &Connection, group: Vec<Box<dyn TxJob>>) {
+/// Sync, then answer, everything committed since the last sync began.
+fn sync_loop(to_sync: &mpsc::Receiver<Committed>, mut sync: SyncFn) {
+    while let Ok(mut answers) = to_sync.recv() {
+        while let Ok(more) = to_sync.try_recv() {
+            answers.extend(more);
+        }
+        let synced = sync();
+        if let Err(e) = &synced {
+            tracing::error!(error = %e, "syncing the ledger's WAL failed; every operation it covered fails");
+        }
+        for answer in answers {
+            answer.send(synced.as_ref().map(|_| ()));
+        }
+    }
+}
+
+/// One transaction for the whole group, a savepoint per job, answers after the commit (and,
+/// with `committed`, after the syncer has synced it).
+fn run_group(
+    conn: &Connection,
+    group: Vec<Box<dyn TxJob>>,
+    committed: Option<&mpsc::Sender<Committed>>,
+) {
     if let Err(e) = conn.execute_batch("BEGIN") {
         let e = LedgerError::from(e);
         for job in group {
@@ -182,11 +288,21 @@ fn run_group(conn: &Connection, group: Vec<Box<dyn TxJob>>) {
         None => conn.execute_batch("COMMIT").map_err(LedgerError::from),
     };
     match ended {
-        Ok(()) => {
-            for answer in answers {
-                answer.send(Ok(()));
+        Ok(()) => match committed {
+            Some(syncer) => {
+                if let Err(mpsc::SendError(answers)) = syncer.send(answers) {
+                    // The syncer is gone (it panicked): nothing says these are durable.
+                    for answer in answers {
+                        answer.send(Err(&LedgerError::Closed));
+                    }
+                }
             }
-        }
+            None => {
+                for answer in answers {
+                    answer.send(Ok(()));
+                }
+            }
+        },
         Err(e) => {
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
@@ -204,8 +320,122 @@ fn run_group(conn: &Connection, group: Vec<Box<dyn TxJob>>) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Ledger, LedgerError};
-    use std::time::Duration;
+    use super::super::{open_connection, Ledger, LedgerError, Unavailable};
+    use super::{serve, Job, Op, SyncFn};
+    use std::sync::{mpsc, Mutex};
+    use std::time::{Duration, Instant};
+
+    type Reply = tokio::sync::oneshot::Receiver<Result<i64, LedgerError>>;
+
+    /// An insert of `k` into `t`, queued on the writer; its answer comes on the receiver.
+    fn insert(jobs: &mpsc::Sender<Job>, k: i64) -> Reply {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let f = move |c: &rusqlite::Connection| {
+            c.execute("INSERT INTO t (k) VALUES (?1)", [k])?;
+            Ok(k)
+        };
+        jobs.send(Job::Tx(Box::new(Op { f, reply }))).unwrap();
+        answer
+    }
+
+    /// Wait (bounded) until another connection sees `n` committed rows.
+    fn until_committed(db: &std::path::Path, n: i64) {
+        let c = open_connection(db).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while c
+            .query_row("SELECT COUNT(*) FROM t", [], |r| r.get::<_, i64>(0))
+            .unwrap()
+            < n
+        {
+            assert!(Instant::now() < deadline, "never committed {n} rows");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A sync the test holds: each call reports that it started and waits for the test's go
+    /// (`Ok` or the error to fail with).
+    fn held_sync() -> (
+        SyncFn,
+        mpsc::Receiver<()>,
+        mpsc::Sender<Result<(), LedgerError>>,
+    ) {
+        let (started, syncing) = mpsc::channel();
+        let (go, gate) = mpsc::channel::<Result<(), LedgerError>>();
+        let gate = Mutex::new(gate);
+        let sync: SyncFn = Box::new(move || {
+            started.send(()).unwrap();
+            gate.lock().unwrap().recv().unwrap()
+        });
+        (sync, syncing, go)
+    }
+
+    fn writer(db: &std::path::Path, sync: SyncFn) -> mpsc::Sender<Job> {
+        let mut conn = open_connection(db).unwrap();
+        conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+            .unwrap();
+        let (jobs, rx) = mpsc::channel();
+        std::thread::spawn(move || serve(&mut conn, &rx, Some(sync)));
+        jobs
+    }
+
+    /// Pipelined durability, as a table of steps: a committed operation is not answered until
+    /// the sync after its commit has returned; the writer commits the next groups meanwhile;
+    /// one sync then answers every group committed while the last one ran.
+    #[test]
+    fn answers_wait_for_the_sync_and_one_sync_covers_the_groups_committed_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("l.db");
+        let (sync, syncing, go) = held_sync();
+        let jobs = writer(&db, sync);
+
+        let mut a = insert(&jobs, 1);
+        syncing.recv().unwrap(); // a committed, its sync running
+        until_committed(&db, 1);
+        let mut b = insert(&jobs, 2);
+        let mut c = insert(&jobs, 3);
+        until_committed(&db, 3); // b and c committed while a's sync is held
+        std::thread::sleep(Duration::from_millis(50));
+        for (name, r) in [("a", &mut a), ("b", &mut b), ("c", &mut c)] {
+            assert!(
+                r.try_recv().is_err(),
+                "{name} answered before its sync returned"
+            );
+        }
+        go.send(Ok(())).unwrap();
+        assert_eq!(a.blocking_recv().unwrap().unwrap(), 1);
+        syncing.recv().unwrap(); // one sync for b and c
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(b.try_recv().is_err() && c.try_recv().is_err());
+        go.send(Ok(())).unwrap();
+        assert_eq!(b.blocking_recv().unwrap().unwrap(), 2);
+        assert_eq!(c.blocking_recv().unwrap().unwrap(), 3);
+        assert!(
+            syncing.try_recv().is_err(),
+            "b and c needed one sync, not one each"
+        );
+    }
+
+    /// A sync that fails fails every operation it covered, typed (a full disk is `Full`), and
+    /// the writer carries on with the next.
+    #[test]
+    fn a_failed_sync_fails_the_operations_it_covered() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("l.db");
+        let (sync, syncing, go) = held_sync();
+        let jobs = writer(&db, sync);
+        let a = insert(&jobs, 1);
+        syncing.recv().unwrap();
+        go.send(Err(LedgerError::Unavailable(Unavailable::Full)))
+            .unwrap();
+        assert!(matches!(
+            a.blocking_recv().unwrap(),
+            Err(LedgerError::Unavailable(Unavailable::Full))
+        ));
+        let b = insert(&jobs, 2);
+        syncing.recv().unwrap();
+        go.send(Ok(())).unwrap();
+        assert_eq!(b.blocking_recv().unwrap().unwrap(), 2);
+    }
 
     /// Operations queued behind a slow one run as one group: a failing one and a panicking one
     /// lose only their own changes and fail only their own callers.

@@ -439,4 +439,34 @@ pub fn events(prefix: &str, n: usize, ty: &str) -> Value {
             .collect(),
     )
 }
+
+/// The secret alerts are signed with in the tests that receive them.
+pub fn alert_secret() -> fanout_core::sign::Secret {
+    fanout_core::sign::Secret::from_bytes(&[42u8; 32]).unwrap()
+}
+
+/// Every alert the operator endpoint `op` received, each one's Standard Webhooks signature
+/// verified with [`alert_secret`], parsed.
+pub fn signed_alerts(op: &Subscriber) -> Vec<Value> {
+    let now_secs = fanout_origin::time::now_ms() / 1000;
+    op.received()
+        .iter()
+        .map(|r| {
+            fanout_core::sign::verify(
+                &[alert_secret()],
+                r.header("webhook-id"),
+                r.header("webhook-timestamp"),
+                r.header("webhook-signature"),
+                &r.body,
+                now_secs,
+            )
+            .unwrap_or_else(|e| panic!("alert signature refused: {e:?}"));
+            let v: Value = serde_json::from_slice(&r.body).unwrap();
+            assert_eq!(v["id"].as_str(), r.header("webhook-id"), "{v}");
+            assert!(v["at"].as_str().is_some_and(|t| t.ends_with('Z')), "{v}");
+            v
+        })
+        .collect()
+}
+
 pub mod pg;

@@ -1689,7 +1689,8 @@ async fn list_range(
 /// status is written out (a fixed word) so that the partial index of that status serves even a
 /// generic plan. A time is turned into the first delivery id created at or after it through
 /// the events (written once, indexed by receive time: a delivery is created with its event's
-/// receive time): the smallest delivery id of the events received first at or after it.
+/// receive time): the smallest delivery id of the events received first at or after it among
+/// those that have deliveries (none: no delivery was created since).
 /// Creation times follow ids within one daemon; across daemons whose clocks differ a delivery
 /// created at nearly the same instant may fall on the other side of a time bound (the times
 /// themselves are checked too, so a list never shows one outside its range).
@@ -1726,15 +1727,16 @@ fn filter_sql(f: &DeliveryFilter, mut params: Vec<Param>) -> (String, Vec<Param>
         format!(
             "(SELECT MIN(f.id) FROM deliveries f WHERE f.event_id IN (
                  SELECT id FROM events WHERE received_ms = (
-                     SELECT received_ms FROM events WHERE received_ms >= ${n}
-                     ORDER BY received_ms LIMIT 1)))"
+                     SELECT e.received_ms FROM events e WHERE e.received_ms >= ${n}
+                         AND EXISTS (SELECT 1 FROM deliveries x WHERE x.event_id = e.id)
+                     ORDER BY e.received_ms LIMIT 1)))"
         )
     };
     if let Some(t) = f.since_ms {
         params.push(Box::new(t));
         let n = params.len();
         clauses.push(format!(
-            "d.id >= COALESCE({}, 0) AND d.created_ms >= ${n}",
+            "d.id >= COALESCE({}, 9223372036854775807) AND d.created_ms >= ${n}",
             first_at(n)
         ));
     }

@@ -225,7 +225,8 @@ test('console: add, edit and rotate a subscriber; bulk replay a time range', asy
   await page.waitForFunction(() => location.hash.includes('since='));
   await page.locator('#dl-table tbody tr').nth(2).waitFor();
   await page.click('#dl-bulk');
-  await page.locator('#flash:not([hidden])').waitFor();
+  // The flash of an earlier step ("Saved sub_chat.") may still be showing: wait for this one's.
+  await page.locator('#flash:not([hidden])', { hasText: 'queued again' }).waitFor();
   assert.match(await page.locator('#flash').textContent(), /^3 deliveries queued again/);
   await waitFor(async () => (await deliveriesOf(origin, { status: 'sent' })).length === 3, 15_000);
   await page.click('#nav a[data-view=subscribers]');

@@ -12,6 +12,7 @@
 //   are refused;
 // - framed by an allowed origin the portal loads; framed by another origin Chromium refuses it;
 //   the operator console refuses every frame.
+// The click-through runs twice: on a SQLite ledger and on a PostgreSQL one.
 // Screenshots go to $FANOUT_SCREENSHOT_DIR (default /tmp).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -22,7 +23,7 @@ import path from 'node:path';
 import { chromium } from 'playwright-core';
 import { Webhook } from 'standardwebhooks';
 
-import { sleep, startOrigin, startSubscriber, waitFor } from './lib/harness.mjs';
+import { sleep, startOrigin, startPostgres, startSubscriber, waitFor } from './lib/harness.mjs';
 
 const CHROMIUM = process.env.FANOUT_CHROMIUM ?? '/usr/bin/chromium';
 const SHOTS = process.env.FANOUT_SCREENSHOT_DIR ?? '/tmp';
@@ -111,13 +112,22 @@ async function link(origin, customer, ttl_secs) {
   return must(origin, `/v1/customers/${customer}/portal`, { body: ttl_secs ? { ttl_secs } : {} }, 201);
 }
 
-test('portal: customer A finds its failed delivery, reads the body, replays it, bulk-replays a time range; nothing of B', async (t) => {
-  const origin = await startOrigin({ args: ['--max-attempts', '1'] });
+/**
+ * The click-through against a daemon on `ledger`: its own SQLite file, or a database on a
+ * throwaway PostgreSQL server.
+ */
+async function clickThrough(t, ledger) {
+  const pg = ledger === 'postgres' ? await startPostgres() : null;
+  let origin = null;
+  t.after(async () => {
+    await origin?.stop();
+    await pg?.stop();
+  });
+  origin = await startOrigin({ db: pg?.createDatabase('portal'), args: ['--max-attempts', '1'] });
   const browser = await launch();
   const { a, b, state } = await twoCustomers(origin);
   t.after(async () => {
     await browser.close();
-    await origin.stop();
     await a.close();
     await b.close();
   });
@@ -290,7 +300,12 @@ test('portal: customer A finds its failed delivery, reads the body, replays it, 
   assert.ok(overflow <= 0, `the page is ${overflow}px wider than a phone`);
   console.log(`screenshot: ${await shot(phone.page, 'phone')}`);
   assert.deepEqual([...problems, ...phone.problems], []);
-});
+}
+
+test('portal: customer A finds its failed delivery, reads the body, replays it, bulk-replays a time range; nothing of B', (t) =>
+  clickThrough(t, 'sqlite'));
+
+test('portal on a PostgreSQL ledger: the same click-through, the same scope', (t) => clickThrough(t, 'postgres'));
 
 test('portal: an expired link, a changed link and a removed customer\'s link are refused', async (t) => {
   const origin = await startOrigin();

@@ -80,9 +80,34 @@ pub fn validate_max_in_flight(m: Option<u32>) -> Result<(), String> {
     }
 }
 
+/// Does a caller limited to `scope` (a portal token's customer; `None`: the operator, no limit)
+/// see a subscriber owned by `owner`, or its deliveries? The one rule every ledger's scoped
+/// operation and the API apply: a customer sees its own and nothing else (not the operator's
+/// own subscribers either).
+pub fn sees(scope: Option<&str>, owner: Option<&str>) -> bool {
+    match scope {
+        None => true,
+        Some(customer) => owner == Some(customer),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scope_table() {
+        let cases: &[(Option<&str>, Option<&str>, bool)] = &[
+            (None, None, true),
+            (None, Some("acme"), true),
+            (Some("acme"), Some("acme"), true),
+            (Some("acme"), Some("globex"), false),
+            (Some("acme"), None, false),
+        ];
+        for &(scope, owner, seen) in cases {
+            assert_eq!(sees(scope, owner), seen, "{scope:?} sees {owner:?}");
+        }
+    }
 
     #[test]
     fn bounds_table() {

@@ -101,10 +101,11 @@ pub async fn run(
             pg.keep_leases(stop_renewing);
             let (_folding, stop_folding) = tokio::sync::oneshot::channel();
             pg.keep_counts_folded(stop_folding);
-            // No customers on PostgreSQL in this version: the portal key only has to outlive
-            // this run (no token can name a customer that exists).
+            // One portal key in the ledger, made by the first daemon: a link issued by one
+            // daemon works on every other, and after a restart.
+            let portal_key = pg.portal_key(&portal_key_bytes()?, time::now_ms()).await?;
             let served = Served {
-                portal_key: portal_key_bytes()?.to_vec(),
+                portal_key,
                 writes: Arc::default(),
                 lock: None,
             };
@@ -167,6 +168,7 @@ fn forward_announcements(
                             Announcement::Due(subs) => dispatch::Control::Due(subs),
                             Announcement::DueAll => dispatch::Control::Rescan,
                             Announcement::Changed(id) => dispatch::Control::Changed(id),
+                            Announcement::Customers => dispatch::Control::Customers,
                         };
                         if control.send(msg).is_err() {
                             return;

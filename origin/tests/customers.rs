@@ -2,6 +2,8 @@
 //! customer, and what a portal token for customer A may and may not see or do — B's ids (and
 //! the operator's own subscribers) answer 404 and nothing of B changes; other routes answer 403;
 //! a changed, expired or orphaned token answers 401.
+//! Runs on SQLite, and on PostgreSQL with `FANOUT_TEST_LEDGER=postgres` (scripts/test.sh runs it
+//! both ways).
 // Tests: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
@@ -577,7 +579,12 @@ async fn changed_expired_and_orphaned_tokens_are_refused() {
 #[tokio::test]
 async fn a_link_outlives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("fanout.db");
+    // The ledger the suite runs on: a SQLite file, or a throwaway PostgreSQL database.
+    let server = (backend() == Backend::Postgres).then(pg::PgServer::start);
+    let db = match &server {
+        Some(server) => std::path::PathBuf::from(server.database("fanout").await),
+        None => dir.path().join("fanout.db"),
+    };
     let mut first = Binary::start(&db, &[]).await;
     assert_eq!(
         first

@@ -829,10 +829,10 @@ async fn renewed_leases_hold_and_lapsed_ones_are_taken_over() {
     assert_eq!(taken[0].claimed.len(), 4);
 }
 
-/// A daemon on PostgreSQL refuses what needs customers (501 `not_supported`, saying why) and
-/// serves the rest; with PostgreSQL gone, ingest answers 503 `unavailable`.
+/// A daemon on PostgreSQL serves customers like one on SQLite (they were refused with 501
+/// `not_supported` before migration 3); with PostgreSQL gone, ingest answers 503 `unavailable`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn customers_are_refused_on_postgres_and_a_lost_server_is_unavailable() {
+async fn customers_are_served_on_postgres_and_a_lost_server_is_unavailable() {
     let mut server = PgServer::start();
     let url = server.database("c").await;
     let daemon = common::Daemon::start_with(|mut s| {
@@ -841,21 +841,37 @@ async fn customers_are_refused_on_postgres_and_a_lost_server_is_unavailable() {
     })
     .await;
     let api = &daemon.api;
-    let refused = |(s, body): (u16, serde_json::Value)| {
-        assert_eq!(s, 501, "{body}");
-        assert_eq!(body["error"]["code"], "not_supported", "{body}");
-        assert_eq!(
-            body["error"]["message"],
-            "customers need the SQLite ledger in this version"
-        );
-    };
-    refused(
-        api.post("/v1/customers", serde_json::json!({ "id": "acme" }))
-            .await,
+    let (s, body) = api
+        .post(
+            "/v1/customers",
+            serde_json::json!({ "id": "acme", "weight": 3 }),
+        )
+        .await;
+    assert_eq!(
+        (s, body["weight"].clone()),
+        (201, serde_json::json!(3)),
+        "{body}"
     );
-    refused(api.get("/v1/customers").await);
-    let spec = serde_json::json!({ "id": "s1", "url": "http://127.0.0.1:9/h", "event_types": ["*"], "customer": "acme" });
-    refused(api.post("/v1/subscribers", spec).await);
+    let (s, body) = api.get("/v1/customers").await;
+    assert_eq!(
+        (s, body["customers"][0]["id"].clone()),
+        (200, "acme".into()),
+        "{body}"
+    );
+    let spec = serde_json::json!({ "id": "s1", "url": "http://127.0.0.1:9/h", "event_types": ["*"], "rate_per_sec": 0.001, "customer": "acme" });
+    let (s, body) = api.post("/v1/subscribers", spec).await;
+    assert_eq!(
+        (s, body["customer"].clone()),
+        (201, "acme".into()),
+        "{body}"
+    );
+    let nobody = serde_json::json!({ "id": "s2", "url": "http://127.0.0.1:9/h", "event_types": ["*"], "customer": "nobody" });
+    let (s, body) = api.post("/v1/subscribers", nobody).await;
+    assert_eq!(
+        (s, body["error"]["code"].clone()),
+        (400, "invalid_request".into()),
+        "{body}"
+    );
     let plain = serde_json::json!({ "id": "s2", "url": "http://127.0.0.1:9/h", "event_types": ["*"], "rate_per_sec": 0.001 });
     let (s, body) = api.post("/v1/subscribers", plain).await;
     assert_eq!(
@@ -864,9 +880,19 @@ async fn customers_are_refused_on_postgres_and_a_lost_server_is_unavailable() {
         "{body}"
     );
     let patch = serde_json::json!({ "customer": "acme" }).to_string();
-    refused(
-        api.raw("PATCH", "/v1/subscribers/s2", Some(patch), true)
-            .await,
+    let (s, body) = api
+        .raw("PATCH", "/v1/subscribers/s2", Some(patch), true)
+        .await;
+    assert_eq!(
+        (s, body["customer"].clone()),
+        (200, "acme".into()),
+        "{body}"
+    );
+    let (s, body) = api.get("/v1/customers/acme").await;
+    assert_eq!(
+        (s, body["subscribers"].clone()),
+        (200, serde_json::json!(2)),
+        "{body}"
     );
 
     server.stop();

@@ -3,10 +3,10 @@
 //! [`authenticate`] turns the bearer token into a [`Principal`]: the admin token is
 //! [`Principal::Admin`]; a portal token (`crate::portal::token`) whose signature, expiry and
 //! customer nonce check out is [`Principal::Portal`]. It then asks [`Principal::may_call`] about
-//! the route (403 when not allowed) and hands the principal to the handler, which scopes what it
-//! reads and changes with [`Principal::sees`] and [`Principal::customer`]: a portal token's
-//! calls about another customer's (or no customer's) subscribers and deliveries answer 404,
-//! exactly as for ids that do not exist.
+//! the route (403 when not allowed) and hands the principal to the handler, which passes
+//! [`Principal::scope`] to the ledger's operations: those check it in the transaction that acts
+//! (`crate::ledger::store`), so a portal token's calls about another customer's (or no
+//! customer's) subscribers and deliveries answer 404, exactly as for ids that do not exist.
 
 use axum::extract::{FromRequestParts, MatchedPath, Request, State};
 use axum::http::request::Parts;
@@ -55,19 +55,13 @@ impl Principal {
         }
     }
 
-    /// Does this principal see a subscriber (or its deliveries) owned by `owner`?
-    pub fn sees(&self, owner: Option<&str>) -> bool {
-        match self {
-            Principal::Admin => true,
-            Principal::Portal { customer } => owner == Some(customer.as_str()),
-        }
-    }
-
-    /// The customer every read and change is limited to (`None`: no limit).
-    pub fn customer(&self) -> Option<&str> {
+    /// The customer every read and change is limited to (`None`: no limit): the `scope` the
+    /// ledger's operations take (`crate::ledger::store`), which act only on what it sees
+    /// (`crate::customer::sees`).
+    pub fn scope(&self) -> Option<String> {
         match self {
             Principal::Admin => None,
-            Principal::Portal { customer } => Some(customer),
+            Principal::Portal { customer } => Some(customer.clone()),
         }
     }
 
@@ -116,16 +110,11 @@ async fn principal_of(state: &AppState, bearer: &str) -> Result<Principal, ApiEr
     }
     let claims = token::verify(&state.cfg.portal_key, bearer, now_ms())
         .map_err(|e| ApiError::PortalToken(e.to_string()))?;
-    let id = claims.customer.clone();
-    let current = state
-        .ledger
-        .sqlite()?
-        .read(move |c| match ledger::get_customer(c, &id) {
-            Ok(cu) => Ok(Some(cu.portal_nonce)),
-            Err(ledger::LedgerError::NotFound(_)) => Ok(None),
-            Err(e) => Err(e),
-        })
-        .await?;
+    let current = match state.ledger.customer(claims.customer.clone()).await {
+        Ok(cu) => Some(cu.portal_nonce),
+        Err(ledger::LedgerError::NotFound(_)) => None,
+        Err(e) => return Err(e.into()),
+    };
     match current {
         Some(nonce) if token_matches(nonce.as_bytes(), claims.nonce.as_bytes()) => {
             Ok(Principal::Portal {
@@ -231,13 +220,8 @@ mod tests {
         let portal = Principal::Portal {
             customer: "acme".into(),
         };
-        assert!(portal.sees(Some("acme")));
-        assert!(!portal.sees(Some("globex")));
-        assert!(!portal.sees(None));
-        assert!(Principal::Admin.sees(None));
-        assert!(Principal::Admin.sees(Some("globex")));
-        assert_eq!(portal.customer(), Some("acme"));
-        assert_eq!(Principal::Admin.customer(), None);
+        assert_eq!(portal.scope().as_deref(), Some("acme"));
+        assert_eq!(Principal::Admin.scope(), None);
         assert!(portal.may_patch(&["disabled"]).is_ok());
         assert!(portal.may_patch(&[]).is_ok());
         for f in ["url", "rate_per_sec", "customer", "event_types", "secret"] {

@@ -17,7 +17,7 @@ use crate::customer::{
     DEFAULT_WEIGHT,
 };
 use crate::dispatch::Control;
-use crate::ledger::{self, LedgerError};
+use crate::ledger::LedgerError;
 use crate::model::validate_id;
 use crate::portal::token;
 use crate::time::{now_ms, random_bytes};
@@ -90,18 +90,11 @@ fn patched(mut c: Customer, input: CustomerInput, now: i64) -> Result<Customer, 
 }
 
 async fn view(state: &AppState, id: String) -> Result<CustomerView, LedgerError> {
-    state
-        .ledger
-        .sqlite()?
-        .read(move |c| {
-            let cu = ledger::get_customer(c, &id)?;
-            let n = ledger::customer_subscriber_counts(c)?
-                .get(&id)
-                .copied()
-                .unwrap_or(0);
-            Ok(CustomerView::of(&cu, n))
-        })
-        .await
+    let found = state.ledger.customers(Some(id.clone())).await?;
+    found
+        .first()
+        .map(|(cu, n)| CustomerView::of(cu, *n))
+        .ok_or_else(|| LedgerError::NotFound(format!("customer {id}")))
 }
 
 async fn create(
@@ -112,12 +105,7 @@ async fn create(
     let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
     let input: CustomerInput = parse_json(&bytes)?;
     let cu = customer_from(input, nonce()?, now_ms())?;
-    let stored = cu.clone();
-    state
-        .ledger
-        .sqlite()?
-        .tx(move |c| ledger::create_customer(c, &stored))
-        .await?;
+    state.ledger.create_customer(cu.clone()).await?;
     state.tell(Control::Customers);
     Ok((StatusCode::CREATED, Json(CustomerView::of(&cu, 0))))
 }
@@ -125,15 +113,11 @@ async fn create(
 async fn list(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let views = state
         .ledger
-        .sqlite()?
-        .read(|c| {
-            let counts = ledger::customer_subscriber_counts(c)?;
-            Ok(ledger::list_customers(c)?
-                .iter()
-                .map(|cu| CustomerView::of(cu, counts.get(&cu.id).copied().unwrap_or(0)))
-                .collect::<Vec<_>>())
-        })
-        .await?;
+        .customers(None)
+        .await?
+        .iter()
+        .map(|(cu, n)| CustomerView::of(cu, *n))
+        .collect();
     Ok(Json(CustomerList { customers: views }))
 }
 
@@ -156,20 +140,9 @@ async fn update(
     let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
     let input: CustomerInput = parse_json(&bytes)?;
     let now = now_ms();
-    let lookup = id.clone();
     let result = state
         .ledger
-        .sqlite()?
-        .tx(move |c| {
-            let current = ledger::get_customer(c, &lookup)?;
-            match patched(current, input, now) {
-                Ok(next) => {
-                    ledger::update_customer(c, &next)?;
-                    Ok(Ok(()))
-                }
-                Err(e) => Ok(Err(e)),
-            }
-        })
+        .update_customer(id.clone(), move |current| patched(current, input, now))
         .await
         .map_err(|e| unknown(e, &id))?;
     result?;
@@ -187,11 +160,9 @@ async fn remove(
     State(state): State<AppState>,
     PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
-    let lookup = id.clone();
     state
         .ledger
-        .sqlite()?
-        .tx(move |c| ledger::delete_customer(c, &lookup))
+        .delete_customer(id.clone())
         .await
         .map_err(|e| unknown(e, &id))?;
     state.tell(Control::Customers);
@@ -236,11 +207,9 @@ async fn portal_link(
         parse_json(&bytes)?
     };
     let ttl = token::ttl_secs(input.ttl_secs).map_err(ApiError::Invalid)?;
-    let lookup = id.clone();
     let cu = state
         .ledger
-        .sqlite()?
-        .read(move |c| ledger::get_customer(c, &lookup))
+        .customer(id.clone())
         .await
         .map_err(|e| unknown(e, &id))?;
     let expires_at_ms = now_ms() + (ttl as i64) * 1000;

@@ -82,9 +82,6 @@ impl ApiError {
             ApiError::Ledger(LedgerError::Postgres(e)) if e.is_unreachable() => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
             }
-            ApiError::Ledger(LedgerError::NotSupported(_)) => {
-                (StatusCode::NOT_IMPLEMENTED, "not_supported")
-            }
             ApiError::Ledger(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -103,7 +100,6 @@ impl IntoResponse for ApiError {
             ApiError::Ledger(LedgerError::Postgres(e)) if e.is_unreachable() => {
                 format!("the ledger cannot be reached ({e}); nothing of this request was kept, retry later")
             }
-            ApiError::Ledger(LedgerError::NotSupported(m)) => m.clone(),
             ApiError::Ledger(e) => {
                 tracing::error!(error = %e, "ledger failure while serving a request");
                 "internal error".to_string()

@@ -358,24 +358,6 @@ fn validate_customer_ref(customer: &Option<Option<String>>) -> Result<(), ApiErr
     Ok(())
 }
 
-/// A subscriber may only name a customer that exists: 400 otherwise, saying which.
-fn check_customer_exists(
-    c: &rusqlite::Connection,
-    customer: Option<&str>,
-) -> Result<(), ledger::LedgerError> {
-    match customer {
-        Some(id) => ledger::get_customer(c, id)
-            .map(|_| ())
-            .map_err(|e| match e {
-                ledger::LedgerError::NotFound(_) => ledger::LedgerError::Invalid(format!(
-                    "customer {id} does not exist: create it with POST /v1/customers first"
-                )),
-                other => other,
-            }),
-        None => Ok(()),
-    }
-}
-
 fn new_secret() -> Result<String, ApiError> {
     let bytes = random_bytes::<32>().map_err(|e| {
         ApiError::Ledger(ledger::LedgerError::Invalid(format!("no randomness: {e}")))
@@ -547,22 +529,7 @@ async fn create_subscriber(
         Some(s) => s,
         None => new_secret()?,
     };
-    let created = match &state.ledger {
-        Store::Sqlite(l) => {
-            let stored = sub.clone();
-            let first = secret.clone();
-            l.tx(move |c| {
-                check_customer_exists(c, stored.customer.as_deref())?;
-                ledger::create_subscriber(c, &stored, &first)?;
-                ledger::get_subscriber(c, &stored.id)
-            })
-            .await?
-        }
-        Store::Postgres(_) => {
-            Store::no_customer(sub.customer.as_deref())?;
-            state.ledger.create_subscriber(sub, secret.clone()).await?
-        }
-    };
+    let created = state.ledger.create_subscriber(sub, secret.clone()).await?;
     state.tell(Control::Changed(created.id.clone()));
     Ok((
         StatusCode::CREATED,
@@ -581,33 +548,8 @@ async fn subscribers_with_stats(
     only: Option<String>,
     with_stats: bool,
 ) -> Result<Vec<stats::ViewWithStats>, ledger::LedgerError> {
-    let now = now_ms();
-    let who = who.clone();
-    let l = match &state.ledger {
-        Store::Sqlite(l) => l,
-        Store::Postgres(_) => {
-            Store::no_customer(who.customer())?;
-            let (subs, counts) = state.ledger.subscribers(only, with_stats).await?;
-            return Ok(stats::views(&subs, counts.as_ref(), now_ms()));
-        }
-    };
-    let (subs, counts) = l
-        .read(move |c| {
-            let snapshot = c.transaction()?;
-            let mut subs = match &only {
-                Some(id) => vec![ledger::get_subscriber(&snapshot, id)?],
-                None => ledger::list_subscribers(&snapshot)?,
-            };
-            subs.retain(|s| who.sees(s.customer.as_deref()));
-            let counts = if with_stats {
-                let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
-                Some(ledger::status::subscriber_counts(&snapshot, &ids, now)?)
-            } else {
-                None
-            };
-            Ok((subs, counts))
-        })
-        .await?;
+    let scope = who.scope();
+    let (subs, counts) = state.ledger.subscribers(only, with_stats, scope).await?;
     Ok(stats::views(&subs, counts.as_ref(), now_ms()))
 }
 
@@ -636,20 +578,6 @@ async fn get_subscriber(
         .ok_or_else(|| ApiError::UnknownSubscriber(format!("no subscriber {id}")))
 }
 
-/// The live subscriber `id`, if `who` may see it (`NotFound` otherwise, as for no subscriber).
-fn visible_subscriber(
-    c: &rusqlite::Connection,
-    who: &Principal,
-    id: &str,
-) -> Result<Subscriber, ledger::LedgerError> {
-    let s = ledger::get_subscriber(c, id)?;
-    if who.sees(s.customer.as_deref()) {
-        Ok(s)
-    } else {
-        Err(ledger::LedgerError::NotFound(format!("subscriber {id}")))
-    }
-}
-
 async fn patch_subscriber(
     State(state): State<AppState>,
     who: Principal,
@@ -662,47 +590,16 @@ async fn patch_subscriber(
     who.may_patch(&input.fields())?;
     let allow_loopback = state.cfg.allow_loopback;
     let now = now_ms();
-    let lookup = id.clone();
-    let l = match &state.ledger {
-        Store::Sqlite(l) => l,
-        Store::Postgres(_) => {
-            Store::no_customer(who.customer())?;
-            Store::no_customer(input.customer.clone().flatten().as_deref())?;
-            let actor = who.actor();
-            let sub = state
-                .ledger
-                .update_subscriber(id.clone(), move |current| {
-                    let toggled = input.disabled.is_some();
-                    patched(current, input, allow_loopback, now, actor).map(|next| (next, toggled))
-                })
-                .await
-                .map_err(|e| unknown_subscriber(e, &id))??;
-            state.tell(Control::Changed(id));
-            return Ok(Json(SubscriberView::of(&sub, now, None)));
-        }
-    };
-    let result = l
-        .tx(move |c| {
-            let current = visible_subscriber(c, &who, &lookup)?;
+    let actor = who.actor();
+    let scope = who.scope();
+    let sub = state
+        .ledger
+        .update_subscriber(id.clone(), scope, move |current| {
             let toggled = input.disabled.is_some();
-            if let Some(customer) = &input.customer {
-                if let Err(e) = check_customer_exists(c, customer.as_deref()) {
-                    return Ok(Err(e.into()));
-                }
-            }
-            let next = match patched(current, input, allow_loopback, now, who.actor()) {
-                Ok(s) => s,
-                Err(e) => return Ok(Err(e)),
-            };
-            ledger::update_subscriber(c, &next)?;
-            if toggled {
-                ledger::set_disabled(c, &next.id, next.health.disabled.as_ref())?;
-            }
-            Ok(Ok(next))
+            patched(current, input, allow_loopback, now, actor).map(|next| (next, toggled))
         })
         .await
-        .map_err(|e| unknown_subscriber(e, &id))?;
-    let sub = result?;
+        .map_err(|e| unknown_subscriber(e, &id))??;
     state.tell(Control::Changed(id));
     Ok(Json(SubscriberView::of(&sub, now, None)))
 }
@@ -733,22 +630,12 @@ async fn rotate_secret(
     let now = now_ms();
     let secret = new_secret()?;
     let grace = state.cfg.rotation_grace_ms;
-    let lookup = id.clone();
-    let stored = secret.clone();
-    match &state.ledger {
-        Store::Sqlite(l) => {
-            l.tx(move |c| {
-                visible_subscriber(c, &who, &lookup)?;
-                ledger::rotate_secret(c, &lookup, &stored, now, grace)
-            })
-            .await
-        }
-        Store::Postgres(_) => match Store::no_customer(who.customer()) {
-            Ok(()) => state.ledger.rotate_secret(lookup, stored, now, grace).await,
-            Err(e) => Err(e),
-        },
-    }
-    .map_err(|e| unknown_subscriber(e, &id))?;
+    let scope = who.scope();
+    state
+        .ledger
+        .rotate_secret(id.clone(), secret.clone(), now, grace, scope)
+        .await
+        .map_err(|e| unknown_subscriber(e, &id))?;
     state.tell(Control::Changed(id.clone()));
     Ok((
         NO_STORE,
@@ -768,15 +655,12 @@ async fn get_secrets(
     PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let now = now_ms();
-    let lookup = id.clone();
-    let sub = match &state.ledger {
-        Store::Sqlite(l) => l.read(move |c| visible_subscriber(c, &who, &lookup)).await,
-        Store::Postgres(_) => match Store::no_customer(who.customer()) {
-            Ok(()) => state.ledger.subscriber(lookup).await,
-            Err(e) => Err(e),
-        },
-    }
-    .map_err(|e| unknown_subscriber(e, &id))?;
+    let scope = who.scope();
+    let sub = state
+        .ledger
+        .subscriber(id.clone(), scope)
+        .await
+        .map_err(|e| unknown_subscriber(e, &id))?;
     Ok((NO_STORE, Json(SecretsView::of(&sub, now))))
 }
 
@@ -814,14 +698,10 @@ async fn send_test(
     })?;
     let event = test_event(&id, now, random);
     let event_id = event.id.clone();
-    let lookup = id.clone();
+    let scope = who.scope();
     let rowid = state
         .ledger
-        .sqlite()?
-        .tx(move |c| {
-            visible_subscriber(c, &who, &lookup)?;
-            ledger::ingest_test(c, &lookup, &event, now)
-        })
+        .ingest_test(id.clone(), event, now, scope)
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     state.tell(Control::Due(vec![id]));
@@ -928,7 +808,7 @@ async fn list_deliveries(
         }
     }
     let mut filter = filter_from(query)?;
-    filter.customer = who.customer().map(str::to_string);
+    filter.customer = who.scope();
     let limit = filter.limit;
     let rows = state.ledger.list_deliveries(filter).await?;
     let next = (rows.len() == limit)
@@ -944,43 +824,14 @@ fn delivery_id(id: &str) -> Result<i64, ApiError> {
     parse_delivery_id(id).ok_or_else(|| ApiError::NotFound(format!("no delivery {id}")))
 }
 
-/// `NotFound` unless `who` may see delivery `rowid`.
-fn check_delivery_visible(
-    c: &rusqlite::Connection,
-    who: &Principal,
-    rowid: i64,
-) -> Result<(), ledger::LedgerError> {
-    let owner = ledger::delivery_owner(c, rowid)?;
-    if who.sees(owner.as_deref()) {
-        Ok(())
-    } else {
-        Err(ledger::LedgerError::NotFound(format!(
-            "delivery {}",
-            crate::model::delivery_public_id(rowid)
-        )))
-    }
-}
-
 async fn get_delivery(
     State(state): State<AppState>,
     who: Principal,
     PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let rowid = delivery_id(&id)?;
-    let d = match &state.ledger {
-        Store::Sqlite(l) => {
-            l.read(move |c| {
-                check_delivery_visible(c, &who, rowid)?;
-                ledger::get_delivery(c, rowid)
-            })
-            .await?
-        }
-        Store::Postgres(_) => {
-            Store::no_customer(who.customer())?;
-            state.ledger.get_delivery(rowid).await?
-        }
-    };
-    Ok(Json(d))
+    let scope = who.scope();
+    Ok(Json(state.ledger.get_delivery(rowid, scope).await?))
 }
 
 async fn replay_one(
@@ -990,19 +841,8 @@ async fn replay_one(
 ) -> Result<impl IntoResponse, ApiError> {
     let rowid = delivery_id(&id)?;
     let now = now_ms();
-    let sub = match &state.ledger {
-        Store::Sqlite(l) => {
-            l.tx(move |c| {
-                check_delivery_visible(c, &who, rowid)?;
-                ledger::replay_one(c, rowid, now)
-            })
-            .await?
-        }
-        Store::Postgres(_) => {
-            Store::no_customer(who.customer())?;
-            state.ledger.replay_one(rowid, now).await?
-        }
-    };
+    let scope = who.scope();
+    let sub = state.ledger.replay_one(rowid, now, scope).await?;
     state.tell(Control::Replayed(vec![sub]));
     Ok((
         StatusCode::ACCEPTED,
@@ -1027,41 +867,25 @@ async fn replay_bulk(
     };
     let dry_run = q.dry_run.unwrap_or(false);
     let mut filter = filter_from(q)?;
-    filter.customer = who.customer().map(str::to_string);
+    filter.customer = who.scope();
     let now = now_ms();
-    let check = move |c: &rusqlite::Connection, f: &DeliveryFilter| match &f.subscriber {
-        Some(s) => visible_subscriber(c, &who, s).map(|_| ()),
-        None => Ok(()),
+    let unknown = |e| match e {
+        ledger::LedgerError::NotFound(m) => ApiError::UnknownSubscriber(m),
+        other => ApiError::Ledger(other),
     };
     if dry_run {
         let n = state
             .ledger
-            .sqlite()?
-            .read(move |c| {
-                check(c, &filter)?;
-                ledger::count_replayable(c, &filter)
-            })
+            .count_replayable(filter)
             .await
-            .map_err(|e| match e {
-                ledger::LedgerError::NotFound(m) => ApiError::UnknownSubscriber(m),
-                other => ApiError::Ledger(other),
-            })?;
+            .map_err(unknown)?;
         return Ok(Json(json!({ "count": n })).into_response());
     }
-    let (n, subs) = match &state.ledger {
-        Store::Sqlite(l) => l
-            .tx(move |c| {
-                check(c, &filter)?;
-                ledger::replay_bulk(c, &filter, now)
-            })
-            .await
-            .map(|(n, subs)| (n as u64, subs)),
-        Store::Postgres(_) => state.ledger.replay_bulk(filter, now).await,
-    }
-    .map_err(|e| match e {
-        ledger::LedgerError::NotFound(m) => ApiError::UnknownSubscriber(m),
-        other => ApiError::Ledger(other),
-    })?;
+    let (n, subs) = state
+        .ledger
+        .replay_bulk(filter, now)
+        .await
+        .map_err(unknown)?;
     if !subs.is_empty() {
         state.tell(Control::Replayed(subs));
     }

@@ -72,6 +72,19 @@ pub fn customer_subscriber_counts(
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
+/// A subscriber may only name a customer that exists: `Invalid` otherwise, saying which.
+pub fn check_customer_exists(c: &Connection, customer: Option<&str>) -> Result<(), LedgerError> {
+    match customer {
+        Some(id) => get_customer(c, id).map(|_| ()).map_err(|e| match e {
+            LedgerError::NotFound(_) => LedgerError::Invalid(format!(
+                "customer {id} does not exist: create it with POST /v1/customers first"
+            )),
+            other => other,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Store a changed weight and cap.
 pub fn update_customer(c: &Connection, cu: &Customer) -> Result<(), LedgerError> {
     let n = c

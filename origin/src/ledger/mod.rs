@@ -105,10 +105,6 @@ pub enum LedgerError {
     Closed,
     #[error(transparent)]
     Postgres(#[from] pg::PgError),
-    /// The operation needs a part of the ledger this kind of ledger does not have (customers
-    /// live in the SQLite ledger only in this version).
-    #[error("{0}")]
-    NotSupported(String),
     /// Another daemon owns this SQLite ledger.
     #[error("the ledger {db} is owned by another daemon: {owner}")]
     Owned { db: String, owner: String },

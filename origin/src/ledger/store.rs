@@ -1,5 +1,12 @@
 //! The API's ledger: the embedded SQLite one or a PostgreSQL one shared by several daemons,
 //! behind the same operations. The API never sees which (nor SQL, nor a connection).
+//!
+//! Operations that take a `scope` (a portal token's customer; `None`: the operator) act only on
+//! what that customer owns (`crate::customer::sees`), checked in the transaction that acts:
+//! anything else is `NotFound`, exactly as for an id that does not exist. Customers themselves
+//! are in `store/customers.rs`.
+
+mod customers;
 
 use std::collections::BTreeMap;
 
@@ -9,7 +16,8 @@ use super::pg::PgLedger;
 use super::retention::{self as purge, Finished, Removed, RetentionReport};
 use super::status::SubscriberCounts;
 use super::{DeliveryFilter, DeliveryView, Ingested, Ledger, LedgerError, NewEvent};
-use crate::model::Subscriber;
+use crate::customer::sees;
+use crate::model::{delivery_public_id, Subscriber};
 
 #[derive(Debug, Clone)]
 pub enum Store {
@@ -25,32 +33,62 @@ pub type MetricsSnapshot = (
     RetentionReport,
 );
 
-/// What a PostgreSQL ledger answers to anything about customers: it has none in this version.
-pub const NO_CUSTOMERS: &str = "customers need the SQLite ledger in this version";
+/// `NotFound` for a subscriber outside the caller's scope, as for one that does not exist.
+fn unseen_subscriber(id: &str) -> LedgerError {
+    LedgerError::NotFound(format!("subscriber {id}"))
+}
+
+/// `NotFound` for a delivery outside the caller's scope, as for one that does not exist.
+fn unseen_delivery(rowid: i64) -> LedgerError {
+    LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid)))
+}
+
+/// On SQLite, inside the caller's transaction: the live subscriber `id` if `scope` sees it.
+fn visible_subscriber(
+    c: &rusqlite::Connection,
+    id: &str,
+    scope: Option<&str>,
+) -> Result<Subscriber, LedgerError> {
+    let s = super::get_subscriber(c, id)?;
+    if sees(scope, s.customer.as_deref()) {
+        Ok(s)
+    } else {
+        Err(unseen_subscriber(id))
+    }
+}
+
+/// On SQLite, inside the caller's transaction: `NotFound` unless `scope` sees delivery `rowid`.
+fn check_delivery_visible(
+    c: &rusqlite::Connection,
+    rowid: i64,
+    scope: Option<&str>,
+) -> Result<(), LedgerError> {
+    let owner = super::delivery_owner(c, rowid)?;
+    if sees(scope, owner.as_deref()) {
+        Ok(())
+    } else {
+        Err(unseen_delivery(rowid))
+    }
+}
 
 impl Store {
-    /// The SQLite ledger, for what only it keeps (customers, portal tokens' nonces, test
-    /// events, replay counts); [`LedgerError::NotSupported`] on PostgreSQL.
-    pub fn sqlite(&self) -> Result<&Ledger, LedgerError> {
-        match self {
-            Store::Sqlite(l) => Ok(l),
-            Store::Postgres(_) => Err(LedgerError::NotSupported(NO_CUSTOMERS.into())),
-        }
-    }
-
-    /// On a PostgreSQL ledger: refuse anything that names a customer.
-    pub fn no_customer(customer: Option<&str>) -> Result<(), LedgerError> {
-        match customer {
-            Some(_) => Err(LedgerError::NotSupported(NO_CUSTOMERS.into())),
-            None => Ok(()),
-        }
-    }
-
-    /// One live subscriber as stored (with its secrets).
-    pub async fn subscriber(&self, id: String) -> Result<Subscriber, LedgerError> {
-        match self {
-            Store::Sqlite(l) => l.read(move |c| super::get_subscriber(c, &id)).await,
-            Store::Postgres(p) => p.get_subscriber(&id).await,
+    /// One live subscriber as stored (with its secrets), if `scope` sees it.
+    pub async fn subscriber(
+        &self,
+        id: String,
+        scope: Option<String>,
+    ) -> Result<Subscriber, LedgerError> {
+        let s = match self {
+            Store::Sqlite(l) => {
+                let lookup = id.clone();
+                l.read(move |c| super::get_subscriber(c, &lookup)).await?
+            }
+            Store::Postgres(p) => p.get_subscriber(&id).await?,
+        };
+        if sees(scope.as_deref(), s.customer.as_deref()) {
+            Ok(s)
+        } else {
+            Err(unseen_subscriber(&id))
         }
     }
 
@@ -66,7 +104,8 @@ impl Store {
         }
     }
 
-    /// Create a subscriber with its first secret; returns it as stored.
+    /// Create a subscriber with its first secret; returns it as stored. A customer it names
+    /// must exist (`Invalid` otherwise).
     pub async fn create_subscriber(
         &self,
         s: Subscriber,
@@ -75,6 +114,7 @@ impl Store {
         match self {
             Store::Sqlite(l) => {
                 l.tx(move |c| {
+                    super::customers::check_customer_exists(c, s.customer.as_deref())?;
                     super::create_subscriber(c, &s, &secret)?;
                     super::get_subscriber(c, &s.id)
                 })
@@ -87,20 +127,23 @@ impl Store {
         }
     }
 
-    /// One subscriber (`only`) or every live one, with their figures when `with_stats`.
+    /// One subscriber (`only`) or every live one, those `scope` sees, with their figures when
+    /// `with_stats`. `only` outside the scope: none.
     pub async fn subscribers(
         &self,
         only: Option<String>,
         with_stats: bool,
+        scope: Option<String>,
     ) -> Result<(Vec<Subscriber>, Option<BTreeMap<String, SubscriberCounts>>), LedgerError> {
         match self {
             Store::Sqlite(l) => {
                 l.read(move |c| {
                     let snapshot = c.transaction()?;
-                    let subs = match &only {
+                    let mut subs = match &only {
                         Some(id) => vec![super::get_subscriber(&snapshot, id)?],
                         None => super::list_subscribers(&snapshot)?,
                     };
+                    subs.retain(|s| sees(scope.as_deref(), s.customer.as_deref()));
                     let counts = if with_stats {
                         let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
                         Some(super::status::subscriber_counts(
@@ -116,10 +159,11 @@ impl Store {
                 .await
             }
             Store::Postgres(p) => {
-                let subs = match &only {
+                let mut subs = match &only {
                     Some(id) => vec![p.get_subscriber(id).await?],
                     None => p.list_subscribers().await?,
                 };
+                subs.retain(|s| sees(scope.as_deref(), s.customer.as_deref()));
                 let counts = if with_stats {
                     let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
                     Some(p.subscriber_counts(&ids, crate::time::now_ms()).await?)
@@ -131,11 +175,14 @@ impl Store {
         }
     }
 
-    /// Change a subscriber: `change` gets it as stored and returns the next definition and
-    /// whether its disabled state was set (or refuses with its own error, changing nothing).
+    /// Change a live subscriber `scope` sees, in one transaction: `change` gets it as stored
+    /// and returns the next definition and whether its disabled state was set (or refuses with
+    /// its own error, changing nothing). A customer the next definition names must exist
+    /// (`Invalid` otherwise).
     pub async fn update_subscriber<E, F>(
         &self,
         id: String,
+        scope: Option<String>,
         change: F,
     ) -> Result<Result<Subscriber, E>, LedgerError>
     where
@@ -145,11 +192,12 @@ impl Store {
         match self {
             Store::Sqlite(l) => {
                 l.tx(move |c| {
-                    let current = super::get_subscriber(c, &id)?;
+                    let current = visible_subscriber(c, &id, scope.as_deref())?;
                     let (next, toggled) = match change(current) {
                         Ok(n) => n,
                         Err(e) => return Ok(Err(e)),
                     };
+                    super::customers::check_customer_exists(c, next.customer.as_deref())?;
                     super::update_subscriber(c, &next)?;
                     if toggled {
                         super::set_disabled(c, &next.id, next.health.disabled.as_ref())?;
@@ -158,19 +206,7 @@ impl Store {
                 })
                 .await
             }
-            Store::Postgres(p) => {
-                let current = p.get_subscriber(&id).await?;
-                let (next, toggled) = match change(current) {
-                    Ok(n) => n,
-                    Err(e) => return Ok(Err(e)),
-                };
-                p.update_subscriber(&next).await?;
-                if toggled {
-                    p.set_disabled(&next.id, next.health.disabled.as_ref(), next.updated_ms)
-                        .await?;
-                }
-                Ok(Ok(next))
-            }
+            Store::Postgres(p) => p.change_subscriber(&id, scope.as_deref(), change).await,
         }
     }
 
@@ -184,51 +220,87 @@ impl Store {
         }
     }
 
+    /// Add `secret` as the current secret of a live subscriber `scope` sees; the others keep
+    /// signing until `now + grace_ms`.
     pub async fn rotate_secret(
         &self,
         id: String,
         secret: String,
         now_ms: i64,
         grace_ms: i64,
+        scope: Option<String>,
     ) -> Result<(), LedgerError> {
         match self {
             Store::Sqlite(l) => {
-                l.tx(move |c| super::rotate_secret(c, &id, &secret, now_ms, grace_ms))
+                l.tx(move |c| {
+                    visible_subscriber(c, &id, scope.as_deref())?;
+                    super::rotate_secret(c, &id, &secret, now_ms, grace_ms)
+                })
+                .await
+            }
+            Store::Postgres(p) => {
+                p.rotate_secret_scoped(&id, &secret, now_ms, grace_ms, scope.as_deref())
                     .await
             }
-            Store::Postgres(p) => p.rotate_secret(&id, &secret, now_ms, grace_ms).await,
         }
     }
 
+    /// Deliveries matching the filter (its `customer` is the caller's scope).
     pub async fn list_deliveries(
         &self,
         filter: DeliveryFilter,
     ) -> Result<Vec<DeliveryView>, LedgerError> {
         match self {
             Store::Sqlite(l) => l.read(move |c| super::list_deliveries(c, &filter)).await,
+            Store::Postgres(p) => p.list_deliveries(&filter).await,
+        }
+    }
+
+    /// One delivery with its attempts, if `scope` sees it.
+    pub async fn get_delivery(
+        &self,
+        rowid: i64,
+        scope: Option<String>,
+    ) -> Result<DeliveryView, LedgerError> {
+        match self {
+            Store::Sqlite(l) => {
+                l.read(move |c| {
+                    check_delivery_visible(c, rowid, scope.as_deref())?;
+                    super::get_delivery(c, rowid)
+                })
+                .await
+            }
             Store::Postgres(p) => {
-                Store::no_customer(filter.customer.as_deref())?;
-                p.list_deliveries(&filter).await
+                let owner = p.delivery_owner(rowid).await?;
+                if !sees(scope.as_deref(), owner.as_deref()) {
+                    return Err(unseen_delivery(rowid));
+                }
+                p.get_delivery(rowid).await
             }
         }
     }
 
-    pub async fn get_delivery(&self, rowid: i64) -> Result<DeliveryView, LedgerError> {
+    /// Replay one delivery `scope` sees; returns its subscriber.
+    pub async fn replay_one(
+        &self,
+        rowid: i64,
+        now_ms: i64,
+        scope: Option<String>,
+    ) -> Result<String, LedgerError> {
         match self {
-            Store::Sqlite(l) => l.read(move |c| super::get_delivery(c, rowid)).await,
-            Store::Postgres(p) => p.get_delivery(rowid).await,
+            Store::Sqlite(l) => {
+                l.tx(move |c| {
+                    check_delivery_visible(c, rowid, scope.as_deref())?;
+                    super::replay_one(c, rowid, now_ms)
+                })
+                .await
+            }
+            Store::Postgres(p) => p.replay_one_scoped(rowid, now_ms, scope.as_deref()).await,
         }
     }
 
-    /// Replay one delivery; returns its subscriber.
-    pub async fn replay_one(&self, rowid: i64, now_ms: i64) -> Result<String, LedgerError> {
-        match self {
-            Store::Sqlite(l) => l.tx(move |c| super::replay_one(c, rowid, now_ms)).await,
-            Store::Postgres(p) => p.replay_one(rowid, now_ms).await,
-        }
-    }
-
-    /// Replay what matches; a filter naming a subscriber that does not exist is `NotFound`.
+    /// Replay what matches (its `customer` is the caller's scope); a filter naming a subscriber
+    /// that does not exist, or that the scope does not see, is `NotFound`.
     pub async fn replay_bulk(
         &self,
         filter: DeliveryFilter,
@@ -239,7 +311,7 @@ impl Store {
                 let (n, subs) = l
                     .tx(move |c| {
                         if let Some(s) = &filter.subscriber {
-                            super::get_subscriber(c, s)?;
+                            visible_subscriber(c, s, filter.customer.as_deref())?;
                         }
                         super::replay_bulk(c, &filter, now_ms)
                     })
@@ -247,11 +319,57 @@ impl Store {
                 Ok((n as u64, subs))
             }
             Store::Postgres(p) => {
-                Store::no_customer(filter.customer.as_deref())?;
                 if let Some(s) = &filter.subscriber {
-                    p.get_subscriber(s).await?;
+                    self.subscriber(s.clone(), filter.customer.clone()).await?;
                 }
                 p.replay_bulk(&filter, now_ms).await
+            }
+        }
+    }
+
+    /// How many deliveries [`Store::replay_bulk`] would replay now, changing nothing.
+    pub async fn count_replayable(&self, filter: DeliveryFilter) -> Result<u64, LedgerError> {
+        match self {
+            Store::Sqlite(l) => {
+                let n = l
+                    .read(move |c| {
+                        if let Some(s) = &filter.subscriber {
+                            visible_subscriber(c, s, filter.customer.as_deref())?;
+                        }
+                        super::count_replayable(c, &filter)
+                    })
+                    .await?;
+                Ok(n as u64)
+            }
+            Store::Postgres(p) => {
+                if let Some(s) = &filter.subscriber {
+                    self.subscriber(s.clone(), filter.customer.clone()).await?;
+                }
+                p.count_replayable(&filter).await
+            }
+        }
+    }
+
+    /// Store a test event and a delivery of it to live subscriber `subscriber` alone, if
+    /// `scope` sees it. Returns the delivery's row id.
+    pub async fn ingest_test(
+        &self,
+        subscriber: String,
+        event: NewEvent,
+        now_ms: i64,
+        scope: Option<String>,
+    ) -> Result<i64, LedgerError> {
+        match self {
+            Store::Sqlite(l) => {
+                l.tx(move |c| {
+                    visible_subscriber(c, &subscriber, scope.as_deref())?;
+                    super::ingest_test(c, &subscriber, &event, now_ms)
+                })
+                .await
+            }
+            Store::Postgres(p) => {
+                p.ingest_test(&subscriber, &event, now_ms, scope.as_deref())
+                    .await
             }
         }
     }

@@ -141,7 +141,6 @@ fn again(e: &LedgerError) -> LedgerError {
         LedgerError::Invalid(m) => LedgerError::Invalid(m.clone()),
         LedgerError::Closed => LedgerError::Closed,
         LedgerError::Postgres(e) => LedgerError::Postgres(e.clone()),
-        LedgerError::NotSupported(m) => LedgerError::NotSupported(m.clone()),
         LedgerError::Owned { db, owner } => LedgerError::Owned {
             db: db.clone(),
             owner: owner.clone(),

@@ -3,7 +3,9 @@
 //! (removed ones too, for their history), secrets, events, deliveries with their status and
 //! attempt counts, attempts, limiter and health state come over as they are; deliveries that
 //! were in flight come over pending, due at once (their lease died with the daemon). Public
-//! delivery ids (`dlv_<id>`) stay the same.
+//! delivery ids (`dlv_<id>`) stay the same. Customers, which subscriber each owns and the
+//! portal signing key come over too (`customers::copy_customers`): links issued before the
+//! move keep working.
 
 use std::path::Path;
 
@@ -18,6 +20,7 @@ const CHUNK: i64 = 5_000;
 /// What was copied.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Copied {
+    pub customers: u64,
     pub subscribers: u64,
     pub secrets: u64,
     pub events: u64,
@@ -156,6 +159,8 @@ pub async fn copy_sqlite_to_pg(
             "subscribers: {} ({} secrets)",
             done.subscribers, done.secrets
         ));
+        done.customers = super::customers::copy_customers(&src, &tx).await?;
+        progress(&format!("customers: {}", done.customers));
     }
 
     // Events, by rowid pages.
@@ -345,8 +350,8 @@ pub async fn copy_sqlite_to_pg(
     tx.commit().await?;
     src.execute_batch("COMMIT")?;
     progress(&format!(
-        "done: {} subscribers, {} events, {} deliveries ({} were in flight: now pending), {} attempts",
-        done.subscribers, done.events, done.deliveries, done.requeued, done.attempts
+        "done: {} customers, {} subscribers, {} events, {} deliveries ({} were in flight: now pending), {} attempts",
+        done.customers, done.subscribers, done.events, done.deliveries, done.requeued, done.attempts
     ));
     Ok(done)
 }

@@ -280,10 +280,15 @@ impl PgLedger {
 }
 
 impl DispatchLedger for PgLedger {
-    /// No customers on PostgreSQL in this version (creating one, or naming one on a
-    /// subscriber, is refused): every subscriber shares as if it had none.
+    /// The customers' weights and caps as stored (shared by every daemon; a change is
+    /// announced on `CUSTOMERS_CHANNEL`, so each daemon reads them again).
     async fn dispatch_customers(&self) -> Result<Vec<(String, u32, Option<u32>)>, LedgerError> {
-        Ok(Vec::new())
+        Ok(self
+            .list_customers()
+            .await?
+            .into_iter()
+            .map(|c| (c.id, c.weight, c.max_in_flight))
+            .collect())
     }
 
     async fn dispatch_subscribers(&self) -> Result<Vec<(Subscriber, LimiterState)>, LedgerError> {

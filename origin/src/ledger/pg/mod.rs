@@ -28,6 +28,7 @@
 //! rows first, in id order; delivery rows are skipped when locked), so claims never deadlock.
 
 pub mod copy;
+mod customers;
 mod dispatch;
 mod ops;
 mod retention;
@@ -52,6 +53,9 @@ pub const DUE_CHANNEL: &str = "fanout_due";
 /// The channel on which a subscriber's change (created, edited, rotated, disabled, removed) is
 /// announced: the payload is its id.
 pub const CHANGED_CHANNEL: &str = "fanout_changed";
+/// The channel on which a customer's change (created, edited, removed) is announced: every
+/// daemon reads the customers' weights and caps again.
+pub const CUSTOMERS_CHANNEL: &str = "fanout_customers";
 
 /// What another daemon (or this one) announced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +66,8 @@ pub enum Announcement {
     DueAll,
     /// This subscriber changed: read it again.
     Changed(String),
+    /// A customer changed: read the customers again.
+    Customers,
 }
 
 /// Errors of the PostgreSQL driver and pool (cheap to clone, like every `LedgerError`).
@@ -198,6 +204,8 @@ impl PgLedger {
                     Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
                         let heard = if n.channel() == CHANGED_CHANNEL {
                             Announcement::Changed(n.payload().to_string())
+                        } else if n.channel() == CUSTOMERS_CHANNEL {
+                            Announcement::Customers
                         } else if n.payload().is_empty() {
                             Announcement::DueAll
                         } else {
@@ -217,7 +225,9 @@ impl PgLedger {
             }
         });
         client
-            .batch_execute(&format!("LISTEN {DUE_CHANNEL}; LISTEN {CHANGED_CHANNEL}"))
+            .batch_execute(&format!(
+                "LISTEN {DUE_CHANNEL}; LISTEN {CHANGED_CHANNEL}; LISTEN {CUSTOMERS_CHANNEL}"
+            ))
             .await?;
         Ok(Listener {
             _client: client,

@@ -45,7 +45,7 @@ fn unique_violation(e: &tokio_postgres::Error) -> bool {
 
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms";
+     failing_since_ms, customer";
 
 /// A text column holding one of an enum's names.
 fn enum_column<T>(r: &Row, i: usize, parse: fn(&str) -> Option<T>) -> Result<T, LedgerError> {
@@ -82,8 +82,7 @@ fn subscriber_from_row(r: &Row) -> Result<Subscriber, LedgerError> {
             }),
             failing_since_ms: r.try_get(13)?,
         },
-        // No customers on PostgreSQL in this version (see `ledger::store::NO_CUSTOMERS`).
-        customer: None,
+        customer: r.try_get(14)?,
     })
 }
 
@@ -138,7 +137,7 @@ impl PgLedger {
         Ok(out)
     }
 
-    async fn get_subscriber_on(
+    pub(super) async fn get_subscriber_on(
         c: &impl deadpool_postgres::GenericClient,
         id: &str,
     ) -> Result<Subscriber, LedgerError> {
@@ -194,17 +193,25 @@ impl PgLedger {
         let tx = c.transaction().await?;
         let existing = tx
             .query_opt(
-                "SELECT deleted_ms FROM subscribers WHERE id = $1 FOR UPDATE",
+                "SELECT deleted_ms, customer FROM subscribers WHERE id = $1 FOR UPDATE",
                 &[&s.id],
             )
             .await?;
         let conflict = || LedgerError::Conflict(format!("subscriber {} already exists", s.id));
-        match existing
-            .map(|r| r.try_get::<_, Option<i64>>(0))
-            .transpose()?
-        {
-            Some(None) => return Err(conflict()),
-            Some(Some(_)) => {
+        let existing: Option<(Option<i64>, Option<String>)> = existing
+            .map(|r| Ok::<_, LedgerError>((r.try_get(0)?, r.try_get(1)?)))
+            .transpose()?;
+        match existing {
+            Some((None, _)) => return Err(conflict()),
+            // A removed endpoint's deliveries stay readable under its id: another customer
+            // taking the id over would see them.
+            Some((Some(_), Some(owner))) if s.customer.as_deref() != Some(owner.as_str()) => {
+                return Err(LedgerError::Conflict(format!(
+                    "the id {} belonged to a removed subscriber of another customer",
+                    s.id
+                )))
+            }
+            Some((Some(_), _)) => {
                 tx.execute(
                     "DELETE FROM subscriber_secrets WHERE subscriber_id = $1",
                     &[&s.id],
@@ -215,11 +222,12 @@ impl PgLedger {
             }
             None => {}
         }
+        super::customers::hold_customer(&tx, s.customer.as_deref()).await?;
         let inserted = tx
             .execute(
                 "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
-                     timeout_ms, lane, legacy_signature, created_ms, updated_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)",
+                     timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11)",
                 &[
                     &s.id,
                     &s.url,
@@ -231,6 +239,7 @@ impl PgLedger {
                     &s.lane.as_str(),
                     &s.legacy_signature,
                     &s.created_ms,
+                    &s.customer,
                 ],
             )
             .await;
@@ -248,15 +257,26 @@ impl PgLedger {
         Ok(())
     }
 
-    /// Store a changed definition (not its secrets), and its disabled state when `disabled`
-    /// says so (as `set_disabled`): the limiter is kept, so a change never grants a fresh burst.
+    /// Store a changed definition (not its secrets; its customer must exist): the limiter is
+    /// kept, so a change never grants a fresh burst.
     pub async fn update_subscriber(&self, s: &Subscriber) -> Result<(), LedgerError> {
-        let c = self.client().await?;
-        let n = c
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        Self::update_subscriber_in(&tx, s).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// [`PgLedger::update_subscriber`] inside the caller's transaction.
+    pub(super) async fn update_subscriber_in(
+        tx: &Transaction<'_>,
+        s: &Subscriber,
+    ) -> Result<(), LedgerError> {
+        let n = tx
             .execute(
                 "UPDATE subscribers SET url = $2, event_types = $3, rate_per_sec = $4, burst = $5,
                      max_in_flight = $6, timeout_ms = $7, lane = $8, legacy_signature = $9,
-                     updated_ms = $10
+                     updated_ms = $10, customer = $11
                  WHERE id = $1 AND deleted_ms IS NULL",
                 &[
                     &s.id,
@@ -269,13 +289,16 @@ impl PgLedger {
                     &s.lane.as_str(),
                     &s.legacy_signature,
                     &s.updated_ms,
+                    &s.customer,
                 ],
             )
             .await?;
         if n == 0 {
             return Err(LedgerError::NotFound(format!("subscriber {}", s.id)));
         }
-        announce_change(&c, &s.id).await?;
+        // After the subscriber's row (locked by the update): subscriber rows first.
+        super::customers::hold_customer(tx, s.customer.as_deref()).await?;
+        announce_change(tx, &s.id).await?;
         Ok(())
     }
 
@@ -318,6 +341,19 @@ impl PgLedger {
     ) -> Result<(), LedgerError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
+        Self::rotate_secret_in(&tx, id, secret, now_ms, grace_ms).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// [`PgLedger::rotate_secret`] inside the caller's transaction.
+    pub(super) async fn rotate_secret_in(
+        tx: &Transaction<'_>,
+        id: &str,
+        secret: &str,
+        now_ms: i64,
+        grace_ms: i64,
+    ) -> Result<(), LedgerError> {
         let live = tx
             .execute(
                 "UPDATE subscribers SET updated_ms = $2 WHERE id = $1 AND deleted_ms IS NULL",
@@ -344,8 +380,7 @@ impl PgLedger {
             &[&id, &secret, &now_ms],
         )
         .await?;
-        announce_change(&tx, id).await?;
-        tx.commit().await?;
+        announce_change(tx, id).await?;
         Ok(())
     }
 
@@ -359,6 +394,18 @@ impl PgLedger {
     ) -> Result<bool, LedgerError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
+        let changed = Self::set_disabled_in(&tx, id, disabled, now_ms).await?;
+        tx.commit().await?;
+        Ok(changed)
+    }
+
+    /// [`PgLedger::set_disabled`] inside the caller's transaction.
+    pub(super) async fn set_disabled_in(
+        tx: &Transaction<'_>,
+        id: &str,
+        disabled: Option<&Disabled>,
+        now_ms: i64,
+    ) -> Result<bool, LedgerError> {
         let changed = match disabled {
             Some(d) => tx
                 .query_opt(
@@ -393,8 +440,7 @@ impl PgLedger {
             )
             .await?;
         }
-        announce_change(&tx, id).await?;
-        tx.commit().await?;
+        announce_change(tx, id).await?;
         Ok(true)
     }
 
@@ -1135,6 +1181,17 @@ impl PgLedger {
     pub async fn replay_one(&self, rowid: i64, now_ms: i64) -> Result<String, LedgerError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
+        let sub = Self::replay_one_in(&tx, rowid, now_ms).await?;
+        tx.commit().await?;
+        Ok(sub)
+    }
+
+    /// [`PgLedger::replay_one`] inside the caller's transaction.
+    pub(super) async fn replay_one_in(
+        tx: &Transaction<'_>,
+        rowid: i64,
+        now_ms: i64,
+    ) -> Result<String, LedgerError> {
         let row = tx
             .query_opt(
                 "SELECT d.subscriber_id, d.status, s.deleted_ms IS NULL AND s.id IS NOT NULL
@@ -1172,7 +1229,6 @@ impl PgLedger {
             &[&DUE_CHANNEL, &notify_payload(std::slice::from_ref(&sub))],
         )
         .await?;
-        tx.commit().await?;
         Ok(sub)
     }
 
@@ -1183,18 +1239,7 @@ impl PgLedger {
         f: &DeliveryFilter,
         now_ms: i64,
     ) -> Result<(u64, Vec<String>), LedgerError> {
-        let mut f = f.clone();
-        if f.status.is_none() {
-            f.status = Some(Status::Dead);
-        }
-        if f.status == Some(Status::InFlight) {
-            return Err(LedgerError::Invalid(
-                "in-flight deliveries cannot be replayed".into(),
-            ));
-        }
-        let (filter, mut params) = filter_sql(&f, Vec::new());
-        let live = "d.subscriber_id IN (SELECT id FROM subscribers WHERE deleted_ms IS NULL)";
-        let filter = format!("{filter} AND {live}");
+        let (filter, mut params) = replayable_sql(f)?;
         params.push(Box::new(now_ms));
         let now_arg = params.len();
         let mut c = self.client().await?;
@@ -1226,6 +1271,20 @@ impl PgLedger {
         }
         tx.commit().await?;
         Ok((n, subs))
+    }
+
+    /// How many deliveries a bulk replay with this filter would replay now (`dry_run`).
+    pub async fn count_replayable(&self, f: &DeliveryFilter) -> Result<u64, LedgerError> {
+        let (filter, params) = replayable_sql(f)?;
+        let c = self.client().await?;
+        let n: i64 = c
+            .query_one(
+                &format!("SELECT COUNT(*) FROM deliveries d {filter}"),
+                &refs(&params),
+            )
+            .await?
+            .try_get(0)?;
+        Ok(n.max(0) as u64)
     }
 
     /// Answers when the database does.
@@ -1613,6 +1672,24 @@ fn delivery_from_row(r: &Row) -> Result<DeliveryView, LedgerError> {
     })
 }
 
+/// `WHERE …` for what a bulk replay with this filter replays: its status (dead unless said),
+/// never in flight, only live subscribers'.
+fn replayable_sql(f: &DeliveryFilter) -> Result<(String, Vec<Param>), LedgerError> {
+    let mut f = f.clone();
+    if f.status.is_none() {
+        f.status = Some(Status::Dead);
+    }
+    if f.status == Some(Status::InFlight) {
+        return Err(LedgerError::Invalid(
+            "in-flight deliveries cannot be replayed".into(),
+        ));
+    }
+    let (filter, params) = filter_sql(&f, Vec::new());
+    let live = "d.subscriber_id IN (SELECT id FROM subscribers WHERE deleted_ms IS NULL)";
+    let filter = format!("{filter} AND {live}");
+    Ok((filter, params))
+}
+
 /// Deliveries matching `f` in id order (see `list_deliveries`), with their rowids. A status
 /// other than in flight without a subscriber or an event is read per subscriber: the
 /// subscribers that have deliveries in that status (from the kept counts), each one id range
@@ -1676,11 +1753,19 @@ fn filter_sql(f: &DeliveryFilter, mut params: Vec<Param>) -> (String, Vec<Param>
         params.push(Box::new(e.clone()));
         clauses.push(format!("d.event_id = ${}", params.len()));
     }
-    // A residual filter: the rows are still read in id order from one index range.
+    // Residual filters (type, customer): the rows are still read in id order from one index
+    // range.
     if let Some(t) = &f.event_type {
         params.push(Box::new(t.clone()));
         clauses.push(format!(
             "(SELECT type FROM events WHERE id = d.event_id) = ${}",
+            params.len()
+        ));
+    }
+    if let Some(cu) = &f.customer {
+        params.push(Box::new(cu.clone()));
+        clauses.push(format!(
+            "d.subscriber_id IN (SELECT id FROM subscribers WHERE customer = ${})",
             params.len()
         ));
     }

@@ -206,6 +206,32 @@ const MIGRATIONS: &[&str] = &[
     );
     INSERT INTO retention_sweep (received_ms, event_id) VALUES (0, '');
     "#,
+    // 3: customers (as the SQLite ledger's migration 3): the customers that own subscribers,
+    // their weight in the dispatcher's share and their own in-flight cap; `portal_nonce` is part
+    // of every portal token and is checked on each call, so a removed (or re-created) customer's
+    // links stop working. A subscriber names its customer (NULL: the operator's own); a removed
+    // subscriber keeps it, so no other customer takes its id (and its history) over. No foreign
+    // key: a customer goes only once no live subscriber names it (`ledger/pg/customers.rs`
+    // checks that under the customer row's lock), and removed subscribers keep its id.
+    // `portal_key` holds the one HMAC key that signs portal tokens, made by the first daemon
+    // that starts and shared by every daemon on this ledger, so a link works on any of them.
+    r#"
+    CREATE TABLE customers (
+        id            TEXT PRIMARY KEY,
+        weight        INTEGER NOT NULL DEFAULT 1 CHECK (weight >= 1),
+        max_in_flight INTEGER CHECK (max_in_flight IS NULL OR max_in_flight >= 1),
+        portal_nonce  TEXT NOT NULL,
+        created_ms    BIGINT NOT NULL,
+        updated_ms    BIGINT NOT NULL
+    );
+    ALTER TABLE subscribers ADD COLUMN customer TEXT;             -- NULL: no customer
+    CREATE INDEX subscribers_by_customer ON subscribers(customer) WHERE customer IS NOT NULL;
+    CREATE TABLE portal_key (
+        id         INTEGER PRIMARY KEY CHECK (id = 1),
+        key        BYTEA NOT NULL,
+        created_ms BIGINT NOT NULL
+    );
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

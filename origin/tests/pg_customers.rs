@@ -1,0 +1,337 @@
+//! Customers on a PostgreSQL ledger shared by several daemons, against throwaway PostgreSQL
+//! servers the tests start themselves (tests/common/pg.rs): a portal link works on every
+//! daemon; a customer is never removed while a live subscriber names it, whichever of the two
+//! transactions comes first; `fanout ledger copy` brings customers, ownership and the portal key
+//! over; weights set through one daemon hold on every daemon. (The customer API itself runs on PostgreSQL in tests/customers.rs with
+//! `FANOUT_TEST_LEDGER=postgres`.)
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::pg::PgServer;
+use common::*;
+use fanout_origin::customer::Customer;
+use fanout_origin::ledger::pg::PgLedger;
+use fanout_origin::ledger::LedgerError;
+use fanout_origin::model::{Lane, Limits, Subscriber as Definition};
+use serde_json::json;
+
+fn customer(id: &str) -> Customer {
+    Customer {
+        id: id.into(),
+        weight: 1,
+        max_in_flight: None,
+        portal_nonce: format!("nonce-{id}"),
+        created_ms: 1,
+        updated_ms: 1,
+    }
+}
+
+fn owned(id: &str, customer: &str) -> Definition {
+    Definition {
+        id: id.into(),
+        url: "https://example.com/h".into(),
+        event_types: vec!["*".into()],
+        limits: Limits {
+            rate_per_sec: 10.0,
+            burst: 10,
+            max_in_flight: 4,
+            timeout_ms: 1000,
+        },
+        lane: Lane::Origin,
+        legacy_signature: false,
+        secrets: vec![],
+        created_ms: 1,
+        updated_ms: 1,
+        health: Default::default(),
+        customer: Some(customer.into()),
+    }
+}
+
+/// Wait until `n` sessions of the server wait on a lock (another transaction holds the row).
+async fn waiting_on_a_lock(watcher: &tokio_postgres::Client, n: i64) {
+    wait_for(
+        "a transaction waiting on a row lock",
+        Duration::from_secs(10),
+        || async {
+            let waiting: i64 = watcher
+                .query_one(
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            waiting == n
+        },
+    )
+    .await;
+}
+
+/// Another daemon's transaction, caught between its statements with raw SQL (each doing what
+/// the ledger's own operation does first), and the ledger's operation run against it: the
+/// removal of a customer waits for a subscriber being created under it and then refuses; the
+/// creation of a subscriber under a customer being removed waits for it and then refuses.
+#[tokio::test]
+async fn a_customer_is_never_removed_while_a_live_subscriber_names_it() {
+    let server = PgServer::start();
+    let url = server.database("c").await;
+    let ledger = PgLedger::open(&url, "daemon-a").await.unwrap();
+    let watcher = server.connect("c").await;
+    ledger.create_customer(&customer("acme")).await.unwrap();
+    ledger.create_customer(&customer("globex")).await.unwrap();
+
+    // 1. A subscriber is being created under acme (not committed yet) when acme is removed.
+    let mut other = server.connect("c").await;
+    let creating = other.transaction().await.unwrap();
+    creating
+        .execute("SELECT 1 FROM customers WHERE id = 'acme' FOR SHARE", &[])
+        .await
+        .unwrap();
+    creating
+        .execute(
+            "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
+                 timeout_ms, lane, created_ms, updated_ms, customer)
+             VALUES ('hook', 'https://example.com/h', '[\"*\"]', 1, 1, 1, 1000, 'origin', 1, 1,
+                     'acme')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let removing = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { ledger.delete_customer("acme").await }
+    });
+    waiting_on_a_lock(&watcher, 1).await;
+    creating.commit().await.unwrap();
+    let removed = removing.await.unwrap();
+    assert!(
+        matches!(removed, Err(LedgerError::Conflict(_))),
+        "{removed:?}"
+    );
+    assert_eq!(ledger.get_customer("acme").await.unwrap().id, "acme");
+
+    // 2. Globex is being removed (not committed yet) when a subscriber is created under it.
+    let removing = other.transaction().await.unwrap();
+    removing
+        .execute("DELETE FROM customers WHERE id = 'globex'", &[])
+        .await
+        .unwrap();
+    let creating = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { ledger.create_subscriber(&owned("g1", "globex"), "s").await }
+    });
+    waiting_on_a_lock(&watcher, 1).await;
+    removing.commit().await.unwrap();
+    let created = creating.await.unwrap();
+    assert!(
+        matches!(created, Err(LedgerError::Invalid(_))),
+        "{created:?}"
+    );
+    assert!(matches!(
+        ledger.get_subscriber("g1").await,
+        Err(LedgerError::NotFound(_))
+    ));
+    let names_a_missing_customer: i64 = watcher
+        .query_one(
+            "SELECT COUNT(*) FROM subscribers s WHERE s.deleted_ms IS NULL
+             AND s.customer IS NOT NULL
+             AND NOT EXISTS (SELECT 1 FROM customers c WHERE c.id = s.customer)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(names_a_missing_customer, 0);
+}
+
+/// The portal key is one row of the shared ledger: a link issued by one daemon works on
+/// another (and on a daemon started later), a customer removed through one is refused by all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_portal_link_works_on_every_daemon() {
+    let server = PgServer::start();
+    let url = server.database("shared").await;
+    let db = Path::new(&url);
+    let a = Binary::start(db, &[]).await;
+    let b = Binary::start(db, &[]).await;
+    let (s, body) = a.api.post("/v1/customers", json!({ "id": "acme" })).await;
+    assert_eq!(s, 201, "{body}");
+    let (s, body) = b.api.get("/v1/customers/acme").await;
+    assert_eq!(s, 200, "{body}");
+    let (s, link) = a.api.post("/v1/customers/acme/portal", json!({})).await;
+    assert_eq!(s, 201, "{link}");
+    let token = link["token"].as_str().unwrap().to_string();
+    let later = Binary::start(db, &[]).await;
+    for d in [&a, &b, &later] {
+        let mut portal = Api::new(d.api.base.clone());
+        portal.token = token.clone();
+        let (s, body) = portal.get("/v1/subscribers").await;
+        assert_eq!(
+            s, 200,
+            "{} refused a link issued by another daemon: {body}",
+            d.api.base
+        );
+    }
+    let (s, _) = b.api.raw("DELETE", "/v1/customers/acme", None, true).await;
+    assert_eq!(s, 200);
+    for d in [&a, &b, &later] {
+        let mut portal = Api::new(d.api.base.clone());
+        portal.token = token.clone();
+        assert_eq!(portal.get("/v1/subscribers").await.0, 401, "{}", d.api.base);
+    }
+}
+
+/// `fanout ledger copy` brings a SQLite ledger's customers over, with which subscriber each
+/// owns and the portal key: a link issued on SQLite works on the PostgreSQL daemon after the
+/// move, and still sees only its own customer's endpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_copy_brings_customers_and_links_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fanout.db");
+    let sink = Subscriber::ok().await;
+    let mut before = Binary::start(&file, &[]).await;
+    for (id, weight) in [("acme", 4), ("globex", 1)] {
+        let (s, body) = before
+            .api
+            .post("/v1/customers", json!({ "id": id, "weight": weight }))
+            .await;
+        assert_eq!(s, 201, "{body}");
+    }
+    for (id, owner) in [("a1", Some("acme")), ("b1", Some("globex")), ("op", None)] {
+        let mut spec = sub_spec(id, &sink.url, &["order.*"]);
+        if let Some(c) = owner {
+            spec["customer"] = json!(c);
+        }
+        before.api.subscriber(spec).await;
+    }
+    let (s, link) = before
+        .api
+        .post("/v1/customers/acme/portal", json!({}))
+        .await;
+    assert_eq!(s, 201, "{link}");
+    let token = link["token"].as_str().unwrap().to_string();
+    before.kill9();
+
+    let server = PgServer::start();
+    let url = server.database("moved").await;
+    let out = tokio::task::spawn_blocking({
+        let (file, url) = (file.clone(), url.clone());
+        move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+                .args(["ledger", "copy", "--from"])
+                .arg(&file)
+                .args(["--to", &url])
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("customers: 2"), "{stderr}");
+
+    let after = Binary::start(Path::new(&url), &[]).await;
+    let (s, list) = after.api.get("/v1/customers").await;
+    assert_eq!(s, 200, "{list}");
+    let got: Vec<(String, u64, u64)> = list["customers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["weight"].as_u64().unwrap(),
+                c["subscribers"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![("acme".to_string(), 4, 1), ("globex".to_string(), 1, 1)]
+    );
+    let mut portal = Api::new(after.api.base.clone());
+    portal.token = token;
+    let (s, list) = portal.get("/v1/subscribers").await;
+    assert_eq!(s, 200, "the link issued before the move: {list}");
+    let seen: Vec<&str> = list["subscribers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(seen, ["a1"]);
+    assert_eq!(portal.get("/v1/subscribers/b1").await.0, 404);
+}
+
+/// Two daemons dispatch from one ledger; the customers and their weights are set through one of
+/// them after both started. The other hears of it (`NOTIFY fanout_customers`) and shares its own
+/// in-flight budget by the same weights: together, under contention, a weight-4 customer is
+/// served about four times as much as a weight-1 customer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_set_through_one_daemon_hold_on_every_daemon() {
+    let server = PgServer::start();
+    let url = server.database("weights").await;
+    let db = Path::new(&url);
+    let extra = ["--max-total-in-flight", "10"];
+    let a = Binary::start(db, &extra).await;
+    let _b = Binary::start(db, &extra).await;
+    for (id, weight) in [("big", 4), ("small", 1)] {
+        let (s, body) = a
+            .api
+            .post("/v1/customers", json!({ "id": id, "weight": weight }))
+            .await;
+        assert_eq!(s, 201, "{body}");
+    }
+    let mut subs = Vec::new();
+    for customer in ["big", "small"] {
+        for k in 0..5 {
+            let sub =
+                Subscriber::start(|_, _| Answer::status(200).delay(Duration::from_millis(50)))
+                    .await;
+            let mut spec = sub_spec(
+                &format!("{customer}_{k}"),
+                &sub.url,
+                &[&format!("{customer}.*")],
+            );
+            spec["customer"] = json!(customer);
+            a.api.subscriber(spec).await;
+            subs.push((customer, sub));
+        }
+    }
+    for customer in ["big", "small"] {
+        let events: Vec<serde_json::Value> = (0..200)
+            .map(|i| json!({ "id": format!("{customer}-{i}"), "type": format!("{customer}.tick") }))
+            .collect();
+        a.api.events(serde_json::Value::Array(events)).await;
+    }
+    let total = 300;
+    wait_for(
+        "300 deliveries received",
+        Duration::from_secs(60),
+        || async { subs.iter().map(|(_, s)| s.count()).sum::<usize>() >= total },
+    )
+    .await;
+    let mut arrivals: Vec<(std::time::Instant, &str)> = subs
+        .iter()
+        .flat_map(|(c, s)| s.received().into_iter().map(move |r| (r.at, *c)))
+        .collect();
+    arrivals.sort_by_key(|(at, _)| *at);
+    let big = arrivals[..total]
+        .iter()
+        .filter(|(_, c)| *c == "big")
+        .count();
+    let small = total - big;
+    let ratio = big as f64 / small.max(1) as f64;
+    println!("two daemons, weights 4:1 -> first {total} deliveries: big {big}, small {small}, ratio {ratio:.2}");
+    assert!(small > 0, "the small customer got nothing");
+    assert!(
+        (ratio / 4.0 - 1.0).abs() < 0.25,
+        "big {big}, small {small}, ratio {ratio:.2}, expected about 4"
+    );
+}

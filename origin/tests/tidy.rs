@@ -4,6 +4,7 @@
 //! - Rows are deleted only where the invariants allow it: [`DELETES_ALLOWED`] lists each
 //!   `DELETE FROM <table>` by file, with the reason. Deliveries, events and attempts are never
 //!   deleted except by retention (`ledger/retention.rs`).
+//! - No file git tracks holds an unresolved merge conflict (one reached main in a document once).
 
 // Test code: a failed expect is a failed test.
 #![allow(clippy::expect_used)]
@@ -211,5 +212,66 @@ fn the_checks_catch_violations() {
     assert_eq!(
         disallowed(&deletes(&files)),
         vec![("ledger/purge.rs".to_string(), "deliveries".to_string())]
+    );
+}
+
+/// Lines that a merge left unresolved (`<<<<<<< `, `>>>>>>> ` or a lone `=======` between
+/// them), as `path:line`.
+fn conflict_markers(files: &[(String, String)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, text) in files {
+        let mut open = false;
+        for (i, line) in text.lines().enumerate() {
+            let marker = line.starts_with("<<<<<<< ")
+                || line.starts_with(">>>>>>> ")
+                || (open && line == "=======");
+            if line.starts_with("<<<<<<< ") {
+                open = true;
+            } else if line.starts_with(">>>>>>> ") {
+                open = false;
+            }
+            if marker {
+                found.push(format!("{path}:{}", i + 1));
+            }
+        }
+    }
+    found
+}
+
+/// Every file git tracks in the repository, as (path, text), text files only.
+fn tracked_texts() -> Vec<(String, String)> {
+    let root = src().join("../..");
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(&root)
+        .args(["ls-files", "-z"])
+        .output()
+        .expect("git ls-files");
+    assert!(out.status.success(), "git ls-files failed");
+    String::from_utf8_lossy(&out.stdout)
+        .split('\0')
+        .filter(|p| !p.is_empty())
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(root.join(p)).ok()?;
+            Some((p.to_string(), text))
+        })
+        .collect()
+}
+
+#[test]
+fn no_tracked_file_holds_a_merge_conflict() {
+    let found = conflict_markers(&tracked_texts());
+    assert!(
+        found.is_empty(),
+        "unresolved merge conflict markers at: {found:?}"
+    );
+}
+
+#[test]
+fn the_conflict_check_catches_markers() {
+    let text = "a\n<<<<<<< HEAD\nb\n=======\nc\n>>>>>>> main\nd\n=======\n".to_string();
+    assert_eq!(
+        conflict_markers(&[("f.md".into(), text)]),
+        ["f.md:2", "f.md:4", "f.md:6"]
     );
 }

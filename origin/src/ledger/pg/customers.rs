@@ -441,21 +441,7 @@ pub(super) async fn copy_customers(
             "the PostgreSQL ledger already has customers: copy only into an empty database".into(),
         ));
     }
-    let mut st = src.prepare(&format!(
-        "SELECT {CUSTOMER_COLUMNS} FROM customers ORDER BY id"
-    ))?;
-    let customers = st
-        .query_map([], |r| {
-            Ok(Customer {
-                id: r.get(0)?,
-                weight: r.get(1)?,
-                max_in_flight: r.get(2)?,
-                portal_nonce: r.get(3)?,
-                created_ms: r.get(4)?,
-                updated_ms: r.get(5)?,
-            })
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
+    let customers = super::super::list_customers(src)?;
     let ids: Vec<&str> = customers.iter().map(|c| c.id.as_str()).collect();
     let weights: Vec<i32> = customers.iter().map(|c| int(c.weight)).collect();
     let caps: Vec<Option<i32>> = customers.iter().map(|c| c.max_in_flight.map(int)).collect();

@@ -51,6 +51,15 @@ impl Turn {
             && self.notices.is_empty()
             && self.claims.iter().all(|(_, n)| *n == 0)
     }
+
+    /// The claims that ask for something: `(subscriber, how many)` with a count above zero.
+    pub fn asks(&self) -> Vec<(String, usize)> {
+        self.claims
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .cloned()
+            .collect()
+    }
 }
 
 /// A committed turn's answer.
@@ -230,12 +239,7 @@ fn record_turn_sql(c: &rusqlite::Connection, turn: &Turn) -> Result<Recorded, Le
             now,
         )?);
     }
-    let asks: Vec<(String, usize)> = turn
-        .claims
-        .iter()
-        .filter(|(_, n)| *n > 0)
-        .cloned()
-        .collect();
+    let asks = turn.asks();
     let claims = super::claim(c, &asks, &turn.limiters, now, turn.lease_until_ms)?;
     Ok(Recorded { claims, notices })
 }

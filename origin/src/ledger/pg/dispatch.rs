@@ -90,12 +90,7 @@ impl PgLedger {
         }));
         ids.sort_unstable();
         ids.dedup();
-        let asks: Vec<(String, usize)> = turn
-            .claims
-            .iter()
-            .filter(|(_, n)| *n > 0)
-            .cloned()
-            .collect();
+        let asks = turn.asks();
         let wanted = wanted_of(&asks);
         // The claim reads its subscribers' rows from this turn's locks (as this turn leaves
         // them) unless a health change (which may disable one) comes in between.
@@ -241,18 +236,15 @@ impl PgLedger {
     /// Renew this daemon's leases every [`RENEW_EVERY_MS`] until `stop` is dropped.
     pub fn keep_leases(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();
-        tokio::spawn(async move {
-            tokio::pin!(stop);
-            loop {
-                tokio::select! {
-                    _ = &mut stop => return,
-                    _ = tokio::time::sleep(std::time::Duration::from_millis(RENEW_EVERY_MS as u64)) => {}
-                }
-                if let Err(e) = me.renew_leases(crate::time::now_ms()).await {
-                    tracing::warn!(error = %e, "could not renew this daemon's leases");
-                }
-            }
-        });
+        super::every(
+            std::time::Duration::from_millis(RENEW_EVERY_MS as u64),
+            stop,
+            "renew this daemon's leases",
+            move || {
+                let me = me.clone();
+                async move { me.renew_leases(crate::time::now_ms()).await.map(drop) }
+            },
+        );
     }
 
     /// Leases of any daemon that expired before `now_ms` back to pending, due at `now_ms`

@@ -101,6 +101,31 @@ impl PgError {
     }
 }
 
+/// Run `work` every `period` until `stop` fires or is dropped; a failed round is logged with
+/// `what` and the next one comes on time.
+fn every<F, Fut>(
+    period: std::time::Duration,
+    stop: tokio::sync::oneshot::Receiver<()>,
+    what: &'static str,
+    mut work: F,
+) where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), LedgerError>> + Send,
+{
+    tokio::spawn(async move {
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+            if let Err(e) = work().await {
+                tracing::warn!(error = %e, "could not {what}");
+            }
+        }
+    });
+}
+
 fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("postgres: {} ({})", db.message(), db.code().code()),

@@ -242,18 +242,15 @@ impl PgLedger {
     /// advisory lock lets one fold at a time).
     pub fn keep_counts_folded(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();
-        tokio::spawn(async move {
-            tokio::pin!(stop);
-            loop {
-                tokio::select! {
-                    _ = &mut stop => return,
-                    _ = tokio::time::sleep(FOLD_EVERY) => {}
-                }
-                if let Err(e) = me.fold_counts().await {
-                    tracing::warn!(error = %e, "could not fold the kept delivery counts");
-                }
-            }
-        });
+        super::every(
+            FOLD_EVERY,
+            stop,
+            "fold the kept delivery counts",
+            move || {
+                let me = me.clone();
+                async move { me.fold_counts().await.map(drop) }
+            },
+        );
     }
 }
 

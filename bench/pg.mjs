@@ -40,6 +40,9 @@ const { values: opts } = parseArgs({
     configs: { type: 'string', default: 'sqlite-1,pg-1,pg-2,pg-3' },
     'before-bin': { type: 'string' },
     'max-in-flight': { type: 'string', default: '100' },
+    statements: { type: 'boolean', default: false },
+    'explain-ms': { type: 'string' },
+    'keep-log': { type: 'string' },
   },
 });
 const ROUNDS = Math.min(Math.max(Number(opts.rounds) || 1, 1), 5);
@@ -103,6 +106,28 @@ function pgCounters(db) {
   return { wal: wal || 0, commits: commits || 0, functionsMs: functionsMs || 0 };
 }
 
+function psql(db, sql) {
+  const r = spawnSync(PSQL, [db, '-XAtc', sql], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`psql: ${r.stderr}`);
+  return r.stdout;
+}
+
+/** With --statements: where PostgreSQL's execution time went over the drain, per statement
+ * (pg_stat_statements, nested statements — the triggers' — included), per delivery. */
+function statements(db, delivered) {
+  const rows = psql(
+    db,
+    `SELECT calls, total_exec_time, rows, regexp_replace(left(query, 110), '\\s+', ' ', 'g')
+     FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
+     ORDER BY total_exec_time DESC LIMIT 14`,
+  );
+  log('    statement time per delivery (µs), calls, rows, statement:');
+  for (const line of rows.trim().split('\n')) {
+    const [calls, ms, n, q] = line.split('|');
+    log(`    ${((Number(ms) * 1000) / Math.max(1, delivered)).toFixed(1).padStart(6)} ${calls.padStart(6)} ${n.padStart(7)}  ${q}`);
+  }
+}
+
 async function sentTotal(url) {
   const text = await (await fetch(`${url}/metrics`)).text();
   const m = /^fanout_deliveries\{status="sent"\} (\d+)/m.exec(text);
@@ -144,6 +169,7 @@ async function once(config, sink, pg, round) {
   let dir = null;
   if (kind === 'pg') {
     db = pg.createDatabase(`bench_${round}_${daemons}_${variant ?? 'now'}`);
+    if (opts.statements) psql(db, 'CREATE EXTENSION pg_stat_statements');
   } else {
     dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-bench-'));
     db = path.join(dir, 'fanout.db');
@@ -203,6 +229,7 @@ async function once(config, sink, pg, round) {
     const m0 = machineBusy();
     const c2 = cpu();
     const p2 = kind === 'pg' ? pgCounters(db) : null;
+    if (kind === 'pg' && opts.statements) psql(db, 'SELECT pg_stat_statements_reset()');
     const t1 = performance.now();
     await Promise.all(ids.map((id) => call(first, `/v1/subscribers/${id}`, FAST, 'PATCH')));
     // The sink's counter first (up to one held delivery per subscriber may have been out,
@@ -221,6 +248,7 @@ async function once(config, sink, pg, round) {
     if (kind === 'pg') await sleep(1200);
     const p3 = kind === 'pg' ? pgCounters(db) : null;
     const delivered = (await sentTotal(first.url)) - before;
+    if (kind === 'pg' && opts.statements) statements(db, delivered);
     const res = {
       config,
       round,
@@ -267,7 +295,18 @@ async function main() {
   if (CONFIGS.some((c) => c.endsWith('@before')) && !opts['before-bin']) throw new Error('@before needs --before-bin');
   if (!fs.existsSync(path.join(SINK_DIR, 'target', 'release', 'sink'))) cargoBuild(SINK_DIR);
   const sink = await startSink();
-  const pg = await startPostgres({ options: ['track_functions=pl'] });
+  const pgOptions = ['track_functions=pl'];
+  if (opts.statements) pgOptions.push('shared_preload_libraries=pg_stat_statements', 'pg_stat_statements.track=all');
+  if (opts['explain-ms']) {
+    pgOptions.push(
+      `shared_preload_libraries=${opts.statements ? 'pg_stat_statements,' : ''}auto_explain`,
+      `auto_explain.log_min_duration=${Number(opts['explain-ms'])}`,
+      'auto_explain.log_analyze=on',
+      'auto_explain.log_buffers=on',
+      'auto_explain.log_nested_statements=on',
+    );
+  }
+  const pg = await startPostgres({ options: pgOptions });
   const results = [];
   try {
     for (let round = 1; round <= ROUNDS; round++) {
@@ -275,6 +314,7 @@ async function main() {
       for (const config of order) results.push(await once(config, sink, pg, round));
     }
   } finally {
+    if (opts['keep-log']) fs.copyFileSync(pg.log, opts['keep-log']);
     await pg.stop();
     sink.stop();
   }

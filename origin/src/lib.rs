@@ -101,6 +101,8 @@ pub async fn run(
             pg.keep_leases(stop_renewing);
             let (_folding, stop_folding) = tokio::sync::oneshot::channel();
             pg.keep_counts_folded(stop_folding);
+            let (_analyzing, stop_analyzing) = tokio::sync::oneshot::channel();
+            pg.keep_statistics(stop_analyzing);
             // One portal key in the ledger, made by the first daemon: a link issued by one
             // daemon works on every other, and after a restart.
             let portal_key = pg.portal_key(&portal_key_bytes()?, time::now_ms()).await?;

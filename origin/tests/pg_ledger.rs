@@ -1359,14 +1359,28 @@ fn names(sql: &str, table: &str) -> bool {
 /// sequential scans and sorts priced out: one shows up only where no index can serve (a
 /// tiny test table would otherwise be read whole and sorted, cheaper there than anything).
 async fn generic_plan(c: &tokio_postgres::Client, sql: &str) -> Result<String, String> {
+    planned(c, sql, true).await
+}
+
+/// The generic plan of `sql`; with `priced_out`, sequential scans and sorts priced out (see
+/// [`generic_plan`]), else with the server's own settings.
+async fn planned(
+    c: &tokio_postgres::Client,
+    sql: &str,
+    priced_out: bool,
+) -> Result<String, String> {
     let params = (1..=99)
         .filter(|k| sql.contains(&format!("${k}")))
         .max()
         .unwrap_or(0);
-    c.batch_execute(
-        "DEALLOCATE ALL; BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off;
-         SET LOCAL plan_cache_mode = force_generic_plan",
-    )
+    let settings = if priced_out {
+        "SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off;"
+    } else {
+        ""
+    };
+    c.batch_execute(&format!(
+        "DEALLOCATE ALL; BEGIN; {settings} SET LOCAL plan_cache_mode = force_generic_plan"
+    ))
     .await
     .map_err(|e| e.to_string())?;
     let plan = async {
@@ -1689,4 +1703,155 @@ async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
     }
     let merged = "Limit  (cost=1.00..1.00 rows=1 width=8)\n  ->  Sort  (cost=1.00..1.00 rows=1 width=8)\n        ->  Nested Loop  (cost=1.00..1.00 rows=1 width=8)\n              ->  Limit  (cost=0.00..1.00 rows=1 width=8)\n                    ->  Index Scan using deliveries_dead_by_sub on deliveries d  (cost=0.00..1.00 rows=1 width=8)\n                          Index Cond: ((subscriber_id = s.subscriber_id) AND (id > $1))";
     assert_eq!(plan_problems(merged), Vec::<String>::new());
+}
+
+/// What is wrong with the plan of a statement of a turn (EXPLAIN's text, the server's own
+/// settings): a read of the API's pending list index (a turn reads pending deliveries in due
+/// order, `deliveries_due`; the list index would make it sort a subscriber's whole backlog),
+/// or a read of the leases with no index condition below a nested loop (once per outer row).
+fn turn_plan_problems(plan: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut loops: Vec<usize> = Vec::new(); // depths of the nested loops above
+    let lines: Vec<&str> = plan.lines().collect();
+    for (k, l) in lines.iter().enumerate() {
+        let depth = match l.find("->") {
+            Some(d) => d,
+            None if !l.starts_with(' ') => 0,
+            None => continue, // a detail line of the node above
+        };
+        while loops.last().is_some_and(|d| *d >= depth) {
+            loops.pop();
+        }
+        if l.contains("using deliveries_pending_by_sub") {
+            problems.push(format!("reads the pending list index: {}", l.trim()));
+        }
+        if l.contains("deliveries_leased") && !loops.is_empty() {
+            let detail = lines[k + 1..]
+                .iter()
+                .take_while(|d| !d.contains("->"))
+                .any(|d| d.contains("Index Cond"));
+            if !detail {
+                problems.push(format!(
+                    "reads every lease once per outer row: {}",
+                    l.trim()
+                ));
+            }
+        }
+        if l.contains("Nested Loop") {
+            loops.push(depth);
+        }
+    }
+    problems
+}
+
+/// A queue that outgrows its planner statistics (a new ledger, a backlog grown within a
+/// minute) has them refreshed by the daemon, once per doubling; and a turn's statements are
+/// then planned, with the server's own settings, to read pending deliveries by the due index
+/// (never sorting a subscriber's backlog) and each subscriber's leases once (in-flight rows
+/// are too short-lived for any statistics — here, as usual, none were in flight when they
+/// were taken: the plan must not depend on them).
+#[tokio::test]
+async fn a_queue_that_outgrows_its_statistics_is_analyzed_and_turns_read_it_by_index() {
+    let server = PgServer::start();
+    let url = server.database("stats").await;
+    let l = PgLedger::open(&url, "d0").await.unwrap();
+    for id in ["a", "b"] {
+        l.create_subscriber(&sub(id, &["t"], 1e6, 1_000_000, 1_000), "s")
+            .await
+            .unwrap();
+    }
+    assert!(
+        !l.refresh_statistics().await.unwrap(),
+        "nothing has changed"
+    );
+    for chunk in evs("e", 3_000).chunks(500) {
+        l.ingest(chunk, 0).await.unwrap();
+    }
+    let c = server.connect("stats").await;
+    // The server's activity counters take a moment to publish (bounded: 10 s).
+    for k in 0.. {
+        let changed: i64 = c
+            .query_one(
+                "SELECT COALESCE(n_mod_since_analyze, 0) FROM pg_stat_user_tables
+                 WHERE relname = 'deliveries'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if changed >= 6_000 {
+            break;
+        }
+        assert!(k < 200, "the server never counted the changes ({changed})");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(l.refresh_statistics().await.unwrap(), "6,000 rows inserted");
+    let analyzed: bool = c
+        .query_one(
+            "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'deliveries'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(analyzed);
+    assert!(
+        !l.refresh_statistics().await.unwrap(),
+        "just refreshed: nothing to do"
+    );
+
+    c.batch_execute("ALTER DATABASE stats SET log_statement = 'all'")
+        .await
+        .unwrap();
+    // A daemon connecting now: its statements go to the log.
+    let d = PgLedger::open(&url, "d1").await.unwrap();
+    let claims = vec![("a".to_string(), 100), ("b".to_string(), 100)];
+    let leased = d
+        .record_turn(Turn {
+            now_ms: 10,
+            claims: claims.clone(),
+            lease_until_ms: 10 + LEASE,
+            ..Turn::default()
+        })
+        .await
+        .map_err(|e| e.error)
+        .unwrap();
+    let outcomes: Vec<Outcome> = leased
+        .claims
+        .iter()
+        .flat_map(|c| c.claimed.iter())
+        .map(|x| sent(x.rowid, None, 11).outcome)
+        .collect();
+    assert_eq!(outcomes.len(), 200);
+    d.record_turn(Turn {
+        now_ms: 11,
+        outcomes,
+        claims,
+        lease_until_ms: 11 + LEASE,
+        ..Turn::default()
+    })
+    .await
+    .map_err(|e| e.error)
+    .unwrap();
+    let statements: Vec<String> = logged_statements(&server.log())
+        .into_iter()
+        .filter(|s| names(s, "deliveries"))
+        .collect();
+    assert!(
+        statements.len() >= 5,
+        "the log holds the turn's statements: {statements:#?}"
+    );
+    let mut bad = Vec::new();
+    for sql in &statements {
+        match planned(&c, sql, false).await {
+            Ok(plan) => {
+                let problems = turn_plan_problems(&plan);
+                if !problems.is_empty() {
+                    bad.push(format!("{sql}\n{}\n{plan}", problems.join("\n")));
+                }
+            }
+            Err(e) => bad.push(format!("{sql}\ncannot plan: {e}")),
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n\n"));
 }

@@ -490,6 +490,8 @@ export async function startPostgres({ options = [] } = {}) {
   return {
     port,
     url,
+    /** The server's log file (gone once stopped). */
+    log: path.join(dir, 'log'),
     createDatabase: (name) => {
       run('createdb', ['-h', '127.0.0.1', '-p', String(port), '-U', 'postgres', name]);
       return url(name);

@@ -9,22 +9,29 @@
 //! together, those pages are written once.
 //!
 //! Durability is pipelined: the writer commits with `synchronous = NORMAL` (SQLite appends the
-//! frames to the WAL without syncing it) and hands the group's answers to its syncer thread,
-//! which syncs the WAL file (`fdatasync`) and only then answers them. Meanwhile the writer
-//! already runs the next group; one sync covers every group committed before it started. A
-//! checkpoint syncs the WAL before copying frames out of it, so a frame is never lost to a WAL
-//! that restarts. Operations that run outside a transaction (`Job::Call`) commit under
-//! `synchronous = FULL` instead (SQLite syncs inside their commit).
+//! frames to the WAL without syncing it) and hands the group's answers to its two syncer
+//! threads; one of them syncs the WAL file (`fdatasync`) and only then answers them. Meanwhile
+//! the writer already runs the next group, whose commit the other syncer can sync while the
+//! first sync still runs (a sync covers every group committed before it started, whichever
+//! returns first). While both syncers are busy the writer keeps its transaction open: what
+//! arrives meanwhile joins that group (it could not be synced sooner anyway), so a page the
+//! group's operations all change (the same index leaves, for events that come one at a time)
+//! is written to the WAL once per sync instead of once per operation. A checkpoint syncs the WAL before copying frames
+//! out of it, so a frame is never lost to a WAL that restarts. Operations that run outside a
+//! transaction (`Job::Call`) commit under `synchronous = FULL` instead (SQLite syncs inside
+//! their commit).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::time::Duration;
 
 use rusqlite::Connection;
 
 use super::{LedgerError, Unavailable};
 
 /// Makes everything the writer has committed so far durable (in the daemon: [`wal_sync`]).
-pub(super) type SyncFn = Box<dyn FnMut() -> Result<(), LedgerError> + Send>;
+pub(super) type SyncFn = Box<dyn Fn() -> Result<(), LedgerError> + Send + Sync>;
 
 /// The answers of one committed group, waiting for the sync that makes it durable.
 type Committed = Vec<Box<dyn Answer>>;
@@ -41,11 +48,14 @@ pub(super) fn wal_sync(
         .filter(|p| !p.is_empty())
         .ok_or_else(|| LedgerError::Schema("the ledger is not a file: nothing to sync".into()))?;
     let wal = std::path::PathBuf::from(format!("{db}-wal"));
-    let mut file: Option<std::fs::File> = None;
+    let file: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
     Ok(Box::new(move || {
-        let f = match &file {
+        let f = match file.get() {
             Some(f) => f,
-            None => file.insert(std::fs::File::open(&wal).map_err(io_unavailable)?),
+            None => {
+                let opened = std::fs::File::open(&wal).map_err(io_unavailable)?;
+                file.get_or_init(|| opened)
+            }
         };
         f.sync_data().map_err(io_unavailable)?;
         synced.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -61,9 +71,29 @@ fn io_unavailable(e: std::io::Error) -> LedgerError {
     })
 }
 
-/// Most operations committed together (the writer never waits for more: a group is whatever
-/// was already queued).
+/// Most operations committed together. A group is whatever was already queued, and, while the
+/// syncer is still syncing an earlier commit, whatever arrives until it is done.
 const MAX_GROUP: usize = 64;
+
+/// Syncs that may run at once.
+const SYNCERS: usize = 2;
+
+/// How often a writer with a group open looks whether the syncer is done (it waits for the
+/// next operation at most this long).
+const SYNCER_POLL: Duration = Duration::from_micros(200);
+
+/// The writer's side of its syncer: where committed groups go, and how many of them are not
+/// yet synced.
+struct Syncer<'a> {
+    committed: mpsc::Sender<Committed>,
+    unsynced: &'a AtomicUsize,
+}
+
+impl Syncer<'_> {
+    fn busy(&self) -> bool {
+        self.unsynced.load(Ordering::Acquire) >= SYNCERS
+    }
+}
 
 pub(super) enum Job {
     /// Runs alone, outside any transaction.
@@ -155,26 +185,34 @@ pub(super) fn serve(conn: &mut Connection, rx: &mpsc::Receiver<Job>, sync: Optio
     let Some(sync) = sync else {
         return serve_jobs(conn, rx, None);
     };
+    let unsynced = AtomicUsize::new(0);
+    let (committed, to_sync) = mpsc::channel::<Committed>();
+    let to_sync = std::sync::Mutex::new(to_sync);
     std::thread::scope(|scope| {
-        let (committed, to_sync) = mpsc::channel::<Committed>();
-        let syncer = std::thread::Builder::new()
-            .name("fanout-sync".into())
-            .spawn_scoped(scope, move || sync_loop(&to_sync, sync));
-        if let Err(e) = syncer {
-            tracing::error!(error = %e, "cannot start the ledger's sync thread; it commits with a sync each");
-            return serve_jobs(conn, rx, None);
+        let unsynced = &unsynced;
+        let to_sync = &to_sync;
+        let sync = &sync;
+        for _ in 0..SYNCERS {
+            let syncer = std::thread::Builder::new()
+                .name("fanout-sync".into())
+                .spawn_scoped(scope, move || sync_loop(to_sync, sync, unsynced));
+            if let Err(e) = syncer {
+                tracing::error!(error = %e, "cannot start the ledger's sync thread; it commits with a sync each");
+                return serve_jobs(conn, rx, None);
+            }
         }
-        serve_jobs(conn, rx, Some(&committed));
-        // `committed` drops here: the syncer answers what is left, then ends (joined by scope).
+        let syncer = Syncer {
+            committed,
+            unsynced,
+        };
+        serve_jobs(conn, rx, Some(&syncer));
+        // `syncer` drops here: the syncer thread answers what is left, then ends (joined by
+        // scope).
     });
 }
 
-fn serve_jobs(
-    conn: &mut Connection,
-    rx: &mpsc::Receiver<Job>,
-    committed: Option<&mpsc::Sender<Committed>>,
-) {
-    if committed.is_none() {
+fn serve_jobs(conn: &mut Connection, rx: &mpsc::Receiver<Job>, syncer: Option<&Syncer<'_>>) {
+    if syncer.is_none() {
         // No syncer: every commit syncs by itself.
         if let Err(e) = conn.execute_batch("PRAGMA synchronous = FULL;") {
             tracing::error!(error = %e, "cannot make the ledger's commits durable");
@@ -192,7 +230,7 @@ fn serve_jobs(
         match job {
             Job::Call(f) => {
                 // Outside a transaction: whatever it commits is synced inside its own commit.
-                let pipelined = committed.is_some();
+                let pipelined = syncer.is_some();
                 if pipelined {
                     let _ = conn.execute_batch("PRAGMA synchronous = FULL;");
                 }
@@ -204,30 +242,30 @@ fn serve_jobs(
                     let _ = conn.execute_batch("PRAGMA synchronous = NORMAL;");
                 }
             }
-            Job::Tx(first) => {
-                let mut group = vec![first];
-                while group.len() < MAX_GROUP {
-                    match rx.try_recv() {
-                        Ok(Job::Tx(job)) => group.push(job),
-                        Ok(other) => {
-                            carried = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
-                run_group(conn, group, committed);
-            }
+            Job::Tx(first) => carried = run_group(conn, first, rx, syncer),
         }
     }
 }
 
-/// Sync, then answer, everything committed since the last sync began.
-fn sync_loop(to_sync: &mpsc::Receiver<Committed>, mut sync: SyncFn) {
-    while let Ok(mut answers) = to_sync.recv() {
-        while let Ok(more) = to_sync.try_recv() {
-            answers.extend(more);
-        }
+/// Sync, then answer, everything committed since the last sync began; `unsynced` counts the
+/// groups handed over and not yet answered.
+fn sync_loop(
+    to_sync: &std::sync::Mutex<mpsc::Receiver<Committed>>,
+    sync: &SyncFn,
+    unsynced: &AtomicUsize,
+) {
+    loop {
+        // Under the receiver's lock: the first group, and every group queued behind it.
+        let (answers, groups) = {
+            let Ok(rx) = to_sync.lock() else { return };
+            let Ok(mut answers) = rx.recv() else { return };
+            let mut groups = 1;
+            while let Ok(more) = rx.try_recv() {
+                answers.extend(more);
+                groups += 1;
+            }
+            (answers, groups)
+        };
         let synced = sync();
         if let Err(e) = &synced {
             tracing::error!(error = %e, "syncing the ledger's WAL failed; every operation it covered fails");
@@ -235,52 +273,64 @@ fn sync_loop(to_sync: &mpsc::Receiver<Committed>, mut sync: SyncFn) {
         for answer in answers {
             answer.send(synced.as_ref().map(|_| ()));
         }
+        unsynced.fetch_sub(groups, Ordering::AcqRel);
     }
 }
 
-/// One transaction for the whole group, a savepoint per job, answers after the commit (and,
-/// with `committed`, after the syncer has synced it).
+/// One transaction for a group, a savepoint per job, answers after the commit (and, with a
+/// syncer, after it has synced it). The group is `first` and whatever is queued behind it;
+/// while the syncer is still busy with an earlier commit, also whatever arrives until it is
+/// done. Returns a `Job::Call` that arrived meanwhile (it runs after this commit).
 fn run_group(
     conn: &Connection,
-    group: Vec<Box<dyn TxJob>>,
-    committed: Option<&mpsc::Sender<Committed>>,
-) {
+    first: Box<dyn TxJob>,
+    rx: &mpsc::Receiver<Job>,
+    syncer: Option<&Syncer<'_>>,
+) -> Option<Job> {
     if let Err(e) = conn.execute_batch("BEGIN") {
-        let e = LedgerError::from(e);
-        for job in group {
-            job.fail(&e);
-        }
-        return;
+        first.fail(&LedgerError::from(e));
+        return None;
     }
-    let mut answers: Vec<Box<dyn Answer>> = Vec::with_capacity(group.len());
+    let mut answers: Vec<Box<dyn Answer>> = Vec::new();
     let mut broken: Option<LedgerError> = None;
-    let mut jobs = group.into_iter();
-    for job in jobs.by_ref() {
-        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
-            job.fail(&LedgerError::from(e));
-            continue;
+    let mut carried: Option<Job> = None;
+    let mut ran = 0;
+    let mut next = Some(first);
+    loop {
+        if let Some(job) = next.take() {
+            ran += 1;
+            if let Err(e) = run_one(conn, job, &mut answers) {
+                broken = Some(e);
+                break;
+            }
         }
-        let keep = match catch_unwind(AssertUnwindSafe(|| job.run(conn))) {
-            Ok((keep, answer)) => {
-                answers.push(answer);
-                keep
-            }
-            Err(_) => {
-                // Its reply channel dropped with it: its caller sees the ledger as closed.
-                tracing::error!("a ledger operation panicked; its changes were rolled back");
-                false
-            }
-        };
-        let end = if keep {
-            "RELEASE job"
-        } else {
-            "ROLLBACK TO job; RELEASE job"
-        };
-        // This fails only if SQLite already rolled the whole transaction back (an I/O error,
-        // a full disk): then nothing of the group is kept.
-        if let Err(e) = conn.execute_batch(end) {
-            broken = Some(LedgerError::from(e));
+        if ran >= MAX_GROUP {
             break;
+        }
+        match rx.try_recv() {
+            Ok(Job::Tx(job)) => {
+                next = Some(job);
+                continue;
+            }
+            Ok(other) => {
+                carried = Some(other);
+                break;
+            }
+            Err(mpsc::TryRecvError::Disconnected) => break,
+            Err(mpsc::TryRecvError::Empty) => {}
+        }
+        // Nothing queued: commit now, unless the syncer is still syncing an earlier commit.
+        if !syncer.is_some_and(Syncer::busy) {
+            break;
+        }
+        match rx.recv_timeout(SYNCER_POLL) {
+            Ok(Job::Tx(job)) => next = Some(job),
+            Ok(other) => {
+                carried = Some(other);
+                break;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
     let ended = match broken {
@@ -288,9 +338,10 @@ fn run_group(
         None => conn.execute_batch("COMMIT").map_err(LedgerError::from),
     };
     match ended {
-        Ok(()) => match committed {
+        Ok(()) => match syncer {
             Some(syncer) => {
-                if let Err(mpsc::SendError(answers)) = syncer.send(answers) {
+                syncer.unsynced.fetch_add(1, Ordering::AcqRel);
+                if let Err(mpsc::SendError(answers)) = syncer.committed.send(answers) {
                     // The syncer is gone (it panicked): nothing says these are durable.
                     for answer in answers {
                         answer.send(Err(&LedgerError::Closed));
@@ -311,11 +362,40 @@ fn run_group(
             for answer in answers {
                 answer.send(Err(&e));
             }
-            for job in jobs {
-                job.fail(&e);
-            }
         }
     }
+    carried
+}
+
+/// One job of a group under its own savepoint: its answer joins `answers` (a panicking job
+/// has none: its reply channel dropped with it). `Err` when the transaction itself is gone
+/// (SQLite rolled it back: an I/O error, a full disk).
+fn run_one(
+    conn: &Connection,
+    job: Box<dyn TxJob>,
+    answers: &mut Vec<Box<dyn Answer>>,
+) -> Result<(), LedgerError> {
+    if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+        job.fail(&LedgerError::from(e));
+        return Ok(());
+    }
+    let keep = match catch_unwind(AssertUnwindSafe(|| job.run(conn))) {
+        Ok((keep, answer)) => {
+            answers.push(answer);
+            keep
+        }
+        Err(_) => {
+            // Its caller sees the ledger as closed.
+            tracing::error!("a ledger operation panicked; its changes were rolled back");
+            false
+        }
+    };
+    let end = if keep {
+        "RELEASE job"
+    } else {
+        "ROLLBACK TO job; RELEASE job"
+    };
+    conn.execute_batch(end).map_err(LedgerError::from)
 }
 
 #[cfg(test)]
@@ -323,7 +403,7 @@ mod tests {
     use super::super::{open_connection, Ledger, LedgerError, Unavailable};
     use super::{serve, Job, Op, SyncFn};
     use std::sync::{mpsc, Mutex};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     type Reply = tokio::sync::oneshot::Receiver<Result<i64, LedgerError>>;
 
@@ -336,20 +416,6 @@ mod tests {
         };
         jobs.send(Job::Tx(Box::new(Op { f, reply }))).unwrap();
         answer
-    }
-
-    /// Wait (bounded) until another connection sees `n` committed rows.
-    fn until_committed(db: &std::path::Path, n: i64) {
-        let c = open_connection(db).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while c
-            .query_row("SELECT COUNT(*) FROM t", [], |r| r.get::<_, i64>(0))
-            .unwrap()
-            < n
-        {
-            assert!(Instant::now() < deadline, "never committed {n} rows");
-            std::thread::sleep(Duration::from_millis(5));
-        }
     }
 
     /// A sync the test holds: each call reports that it started and waits for the test's go
@@ -369,6 +435,13 @@ mod tests {
         (sync, syncing, go)
     }
 
+    /// Wait (bounded: 10 s) for the next sync to start.
+    fn started(syncing: &mpsc::Receiver<()>, what: &str) {
+        syncing
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("{what} never started"));
+    }
+
     fn writer(db: &std::path::Path, sync: SyncFn) -> mpsc::Sender<Job> {
         let mut conn = open_connection(db).unwrap();
         conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY)")
@@ -379,39 +452,51 @@ mod tests {
     }
 
     /// Pipelined durability, as a table of steps: a committed operation is not answered until
-    /// the sync after its commit has returned; the writer commits the next groups meanwhile;
-    /// one sync then answers every group committed while the last one ran.
+    /// a sync after its commit has returned; up to two syncs run at once; what arrives while
+    /// both run waits in the writer's open transaction and is committed, as one group, as soon
+    /// as one of them is done; one sync then answers it.
     #[test]
-    fn answers_wait_for_the_sync_and_one_sync_covers_the_groups_committed_meanwhile() {
+    fn answers_wait_for_a_sync_and_what_arrives_while_both_run_is_one_commit_and_one_sync() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("l.db");
         let (sync, syncing, go) = held_sync();
         let jobs = writer(&db, sync);
+        let rows = || {
+            open_connection(&db)
+                .unwrap()
+                .query_row("SELECT COUNT(*) FROM t", [], |r| r.get::<_, i64>(0))
+                .unwrap()
+        };
 
         let mut a = insert(&jobs, 1);
-        syncing.recv().unwrap(); // a committed, its sync running
-        until_committed(&db, 1);
+        started(&syncing, "a's sync");
         let mut b = insert(&jobs, 2);
+        started(&syncing, "b's sync, beside a's");
+        assert_eq!(rows(), 2);
         let mut c = insert(&jobs, 3);
-        until_committed(&db, 3); // b and c committed while a's sync is held
+        let mut d = insert(&jobs, 4);
         std::thread::sleep(Duration::from_millis(50));
-        for (name, r) in [("a", &mut a), ("b", &mut b), ("c", &mut c)] {
+        assert_eq!(rows(), 2, "c and d wait, uncommitted, while both syncs run");
+        for (name, r) in [("a", &mut a), ("b", &mut b), ("c", &mut c), ("d", &mut d)] {
             assert!(
                 r.try_recv().is_err(),
                 "{name} answered before its sync returned"
             );
         }
-        go.send(Ok(())).unwrap();
+        go.send(Ok(())).unwrap(); // a's sync returns
         assert_eq!(a.blocking_recv().unwrap().unwrap(), 1);
-        syncing.recv().unwrap(); // one sync for b and c
+        started(&syncing, "the sync of c and d, committed together");
+        assert_eq!(rows(), 4);
         std::thread::sleep(Duration::from_millis(50));
-        assert!(b.try_recv().is_err() && c.try_recv().is_err());
+        assert!(b.try_recv().is_err() && c.try_recv().is_err() && d.try_recv().is_err());
+        go.send(Ok(())).unwrap();
         go.send(Ok(())).unwrap();
         assert_eq!(b.blocking_recv().unwrap().unwrap(), 2);
         assert_eq!(c.blocking_recv().unwrap().unwrap(), 3);
+        assert_eq!(d.blocking_recv().unwrap().unwrap(), 4);
         assert!(
             syncing.try_recv().is_err(),
-            "b and c needed one sync, not one each"
+            "c and d needed one sync, not one each"
         );
     }
 

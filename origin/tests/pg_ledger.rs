@@ -1764,7 +1764,7 @@ async fn a_queue_that_outgrows_its_statistics_is_analyzed_and_turns_read_it_by_i
         !l.refresh_statistics().await.unwrap(),
         "nothing has changed"
     );
-    for chunk in evs("e", 3_000).chunks(500) {
+    for chunk in evs("e", 6_000).chunks(500) {
         l.ingest(chunk, 0).await.unwrap();
     }
     let c = server.connect("stats").await;
@@ -1779,13 +1779,16 @@ async fn a_queue_that_outgrows_its_statistics_is_analyzed_and_turns_read_it_by_i
             .await
             .unwrap()
             .get(0);
-        if changed >= 6_000 {
+        if changed >= 12_000 {
             break;
         }
         assert!(k < 200, "the server never counted the changes ({changed})");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert!(l.refresh_statistics().await.unwrap(), "6,000 rows inserted");
+    assert!(
+        l.refresh_statistics().await.unwrap(),
+        "12,000 rows inserted"
+    );
     let analyzed: bool = c
         .query_one(
             "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'deliveries'",

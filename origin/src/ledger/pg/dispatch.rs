@@ -59,17 +59,16 @@ const TURN_LOCK: &str = "SELECT id, rate_per_sec, burst, max_in_flight, limiter,
      ORDER BY id FOR UPDATE OF s";
 
 /// Sends open (every daemon's) for each subscriber whose sends the turn ends, just before
-/// they end: the subscribers first (each ended id by its key), then one count of each one's
-/// leases.
+/// they end: the subscribers first (by the ended ids), then one count of each one's leases.
 /// Written so, not as a semi-join of the leased rows with themselves: in-flight rows are too
 /// short-lived for the planner's statistics to see (it estimates one), and a join it planned
-/// as a nested loop read every leased row once per leased row (113 ms for 500).
+/// as a nested loop read every leased row once per leased row (113 ms for 500). (Joined to
+/// `unnest` of the ids instead, it was planned as a loop over the ids per leased row.)
 const TURN_OPEN: &str = "SELECT e.subscriber_id,
          (SELECT COUNT(*) FROM deliveries o
           WHERE o.subscriber_id = e.subscriber_id AND o.status = 'in_flight')
-     FROM (SELECT DISTINCT d.subscriber_id FROM unnest($1::bigint[]) AS u(id)
-           JOIN deliveries d ON d.id = u.id
-           WHERE d.status = 'in_flight' AND d.lease_owner = $2) e";
+     FROM (SELECT DISTINCT subscriber_id FROM deliveries
+           WHERE id = ANY($1) AND status = 'in_flight' AND lease_owner = $2) e";
 
 impl PgLedger {
     /// One turn in one transaction, in few round trips: `BEGIN`; the subscribers' locks and
@@ -278,16 +277,46 @@ impl PgLedger {
 
 /// The advisory lock of a statistics refresh, shared by every daemon ("fanout" + 3).
 const STATISTICS_LOCK: i64 = 0x6661_6e6f_7574 + 3;
-/// How often a daemon looks whether `deliveries` has outgrown its planner statistics.
+/// How often a daemon looks whether `deliveries` has outgrown its planner statistics (and
+/// at once when its own ingest has, [`Growth`]).
 pub const STATISTICS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// Changes to `deliveries` below this many never call for a refresh (autovacuum's analyze
-/// follows in its own time).
-const STATISTICS_MIN_CHANGES: i64 = 1_000;
+/// follows in its own time; a misplanned turn over fewer pending rows costs little).
+const STATISTICS_MIN_CHANGES: i64 = 10_000;
+
+/// Whether `changed` rows since the statistics counted `counted` call for a refresh: the
+/// table may have tripled (each refresh of a growing table samples it again, so not at every
+/// doubling while a backlog is ingested).
+fn outgrown(changed: i64, counted: i64) -> bool {
+    changed >= STATISTICS_MIN_CHANGES.max(counted.saturating_mul(2))
+}
+
+/// The deliveries this daemon inserted since the statistics were last refreshed, against the
+/// row count they were taken with: the server's own count of changes is published about once
+/// a second, and a queue that grew tenfold within it would be read with the old plans until
+/// then.
+#[derive(Debug, Default)]
+pub struct Growth {
+    inserted: std::sync::atomic::AtomicI64,
+    counted: std::sync::atomic::AtomicI64,
+    wake: tokio::sync::Notify,
+}
+
+impl Growth {
+    /// `n` deliveries inserted: wakes the refresh when they outnumber what the statistics
+    /// counted.
+    pub fn inserted(&self, n: i64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let total = self.inserted.fetch_add(n, Relaxed) + n;
+        if outgrown(total, self.counted.load(Relaxed)) {
+            self.wake.notify_one();
+        }
+    }
+}
 
 impl PgLedger {
-    /// `ANALYZE deliveries` when more rows have changed since its statistics were taken than
-    /// the statistics count (the table at least doubled, or turned over): returns whether it
-    /// did.
+    /// `ANALYZE deliveries` when at least twice as many rows have changed since its
+    /// statistics were taken as they counted (and 10,000): returns whether it did.
     ///
     /// Why: the claim and the due probe read `deliveries_due` in due order, and
     /// `deliveries_pending_by_sub` (the API's lists) has the same predicate and subscriber
@@ -297,9 +326,11 @@ impl PgLedger {
     /// on every turn: measured at 10,000 pending each, 8 ms per subscriber per turn, two
     /// thirds of the server's time per delivery. Autovacuum's analyze comes only after its
     /// naptime (a minute by default) and a 10 % change; this refresh follows the queue
-    /// within seconds and, once the table is large, rarely (only when it doubles). It never
-    /// waits for a lock: if autovacuum is working on the table, it leaves it for later.
+    /// within a second (at once for what this daemon ingested) and, once the table is large,
+    /// rarely (only when it has turned over twice). It never waits for a lock: if autovacuum is working on
+    /// the table, it leaves it for later.
     pub async fn refresh_statistics(&self) -> Result<bool, LedgerError> {
+        use std::sync::atomic::Ordering::Relaxed;
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let locked: bool = tx
@@ -309,16 +340,16 @@ impl PgLedger {
         if !locked {
             return Ok(false);
         }
-        let row = tx
-            .query_one(
-                "SELECT GREATEST(c.reltuples, 0)::BIGINT, COALESCE(s.n_mod_since_analyze, 0)
-                 FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-                 WHERE c.oid = 'deliveries'::regclass",
-                &[],
-            )
-            .await?;
-        let (counted, changed): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
-        if changed < STATISTICS_MIN_CHANGES.max(counted) {
+        const COUNTS: &str = "SELECT GREATEST(c.reltuples, 0)::BIGINT,
+                 COALESCE(s.n_mod_since_analyze, 0)
+             FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+             WHERE c.oid = 'deliveries'::regclass";
+        let row = tx.query_one(COUNTS, &[]).await?;
+        let (counted, published): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+        self.growth.counted.store(counted, Relaxed);
+        let mine = self.growth.inserted.load(Relaxed);
+        let changed = published.max(mine);
+        if !outgrown(changed, counted) {
             return Ok(false);
         }
         tx.batch_execute("SET LOCAL lock_timeout = '100ms'").await?;
@@ -329,7 +360,10 @@ impl PgLedger {
             }
             Err(e) => return Err(e.into()),
         }
+        let counted: i64 = tx.query_one(COUNTS, &[]).await?.try_get(0)?;
         tx.commit().await?;
+        self.growth.counted.store(counted, Relaxed);
+        self.growth.inserted.fetch_sub(mine, Relaxed);
         tracing::debug!(
             counted,
             changed,
@@ -339,18 +373,23 @@ impl PgLedger {
     }
 
     /// Refresh the statistics of `deliveries` when due ([`PgLedger::refresh_statistics`]),
-    /// looking every [`STATISTICS_EVERY`] until `stop` is dropped.
+    /// looking every [`STATISTICS_EVERY`], and at once when this daemon's ingest outgrew
+    /// them, until `stop` fires or is dropped.
     pub fn keep_statistics(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();
-        super::every(
-            STATISTICS_EVERY,
-            stop,
-            "refresh the planner's statistics of deliveries",
-            move || {
-                let me = me.clone();
-                async move { me.refresh_statistics().await.map(drop) }
-            },
-        );
+        tokio::spawn(async move {
+            tokio::pin!(stop);
+            loop {
+                tokio::select! {
+                    _ = &mut stop => return,
+                    _ = tokio::time::sleep(STATISTICS_EVERY) => {}
+                    _ = me.growth.wake.notified() => {}
+                }
+                if let Err(e) = me.refresh_statistics().await {
+                    tracing::warn!(error = %e, "could not refresh the planner's statistics of deliveries");
+                }
+            }
+        });
     }
 }
 

@@ -156,6 +156,8 @@ pub struct PgLedger {
     owner: Arc<str>,
     /// The breaker settings the shared limiter is asked with (the daemon's).
     breaker: fanout_core::breaker::BreakerConfig,
+    /// What this daemon inserted since the planner's statistics were last refreshed.
+    growth: Arc<dispatch::Growth>,
 }
 
 impl std::fmt::Debug for PgLedger {
@@ -196,6 +198,7 @@ impl PgLedger {
             config: Arc::new(config),
             owner: Arc::from(owner),
             breaker: fanout_core::breaker::BreakerConfig::default(),
+            growth: Arc::default(),
         };
         let mut client = ledger.pool.get().await?;
         schema::migrate(&mut client).await?;

@@ -541,6 +541,8 @@ impl PgLedger {
                 .await?;
         }
         tx.commit().await?;
+        self.growth
+            .inserted(created.values().map(|n| i64::from(*n)).sum());
         let mut seen: HashSet<&str> = HashSet::new();
         let out = events
             .iter()

@@ -242,6 +242,7 @@ impl PgLedger {
         let me = self.clone();
         super::every(
             std::time::Duration::from_millis(RENEW_EVERY_MS as u64),
+            None,
             stop,
             "renew this daemon's leases",
             move || {
@@ -299,7 +300,7 @@ fn outgrown(changed: i64, counted: i64) -> bool {
 pub struct Growth {
     inserted: std::sync::atomic::AtomicI64,
     counted: std::sync::atomic::AtomicI64,
-    wake: tokio::sync::Notify,
+    wake: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl Growth {
@@ -377,19 +378,16 @@ impl PgLedger {
     /// them, until `stop` fires or is dropped.
     pub fn keep_statistics(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();
-        tokio::spawn(async move {
-            tokio::pin!(stop);
-            loop {
-                tokio::select! {
-                    _ = &mut stop => return,
-                    _ = tokio::time::sleep(STATISTICS_EVERY) => {}
-                    _ = me.growth.wake.notified() => {}
-                }
-                if let Err(e) = me.refresh_statistics().await {
-                    tracing::warn!(error = %e, "could not refresh the planner's statistics of deliveries");
-                }
-            }
-        });
+        super::every(
+            STATISTICS_EVERY,
+            Some(self.growth.wake.clone()),
+            stop,
+            "refresh the planner's statistics of deliveries",
+            move || {
+                let me = me.clone();
+                async move { me.refresh_statistics().await.map(drop) }
+            },
+        );
     }
 }
 

@@ -101,10 +101,11 @@ impl PgError {
     }
 }
 
-/// Run `work` every `period` until `stop` fires or is dropped; a failed round is logged with
-/// `what` and the next one comes on time.
+/// Run `work` every `period` (and whenever `wake` is notified) until `stop` fires or is
+/// dropped; a failed round is logged with `what` and the next one comes on time.
 fn every<F, Fut>(
     period: std::time::Duration,
+    wake: Option<Arc<tokio::sync::Notify>>,
     stop: tokio::sync::oneshot::Receiver<()>,
     what: &'static str,
     mut work: F,
@@ -115,9 +116,17 @@ fn every<F, Fut>(
     tokio::spawn(async move {
         tokio::pin!(stop);
         loop {
+            // A notification while `work` ran is kept by `Notify` for the next wait.
+            let woken = async {
+                match &wake {
+                    Some(w) => w.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = &mut stop => return,
                 _ = tokio::time::sleep(period) => {}
+                _ = woken => {}
             }
             if let Err(e) = work().await {
                 tracing::warn!(error = %e, "could not {what}");

@@ -244,6 +244,7 @@ impl PgLedger {
         let me = self.clone();
         super::every(
             FOLD_EVERY,
+            None,
             stop,
             "fold the kept delivery counts",
             move || {

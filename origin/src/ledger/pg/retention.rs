@@ -29,6 +29,11 @@ const FOLD_LOCK: i64 = 0x6661_6e6f_7574 + 2;
 /// How often a daemon folds the kept counts.
 pub const FOLD_EVERY: Duration = Duration::from_secs(1);
 
+/// The events of `$1` that no delivery refers to any more, deleted (by a purge step, for the
+/// events of the deliveries it removed, and by the sweep).
+const DELETE_UNREFERENCED_EVENTS: &str = "DELETE FROM events e WHERE e.id = ANY($1)
+     AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.id)";
+
 fn status(kind: Finished) -> &'static str {
     match kind {
         Finished::Sent => "sent",
@@ -88,13 +93,7 @@ impl PgLedger {
         let deliveries = tx
             .execute("DELETE FROM deliveries WHERE id = ANY($1)", &[&ids])
             .await?;
-        let gone_events = tx
-            .execute(
-                "DELETE FROM events e WHERE e.id = ANY($1)
-                     AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.id)",
-                &[&events],
-            )
-            .await?;
+        let gone_events = tx.execute(DELETE_UNREFERENCED_EVENTS, &[&events]).await?;
         let removed = Removed {
             deliveries,
             attempts,
@@ -152,13 +151,7 @@ impl PgLedger {
             .iter()
             .map(|r| r.try_get(1))
             .collect::<Result<_, _>>()?;
-        let removed = tx
-            .execute(
-                "DELETE FROM events e WHERE e.id = ANY($1)
-                     AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.id)",
-                &[&ids],
-            )
-            .await?;
+        let removed = tx.execute(DELETE_UNREFERENCED_EVENTS, &[&ids]).await?;
         tx.execute(
             "UPDATE retention_sweep SET received_ms = $1, event_id = $2",
             &[&last_ms, &last_id],

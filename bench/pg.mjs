@@ -7,6 +7,9 @@
 //   # a configuration named NAME@before runs the binary given by --before-bin (an older
 //   # build, for a before/after comparison in the same run), e.g.
 //   #   --configs sqlite-1,pg-1@before,pg-1,pg-2 --before-bin /tmp/fanout-before
+//   # where PostgreSQL's time goes: --statements (pg_stat_statements over each drain, per
+//   # delivery), --explain-ms N (auto_explain: plans of statements slower than N ms, in the
+//   # server's log), --keep-log FILE (that log, copied out before the server goes)
 //
 // Configurations, interleaved per round so drift on the shared machine hits them alike:
 //   sqlite-1  one daemon on a fresh SQLite file (the default)

@@ -172,9 +172,7 @@ pub async fn copy_sqlite_to_pg(
              ORDER BY rowid LIMIT ?2",
         )?;
         let page: Vec<(i64, String, String, String, i64)> = st
-            .query_map([after, CHUNK], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-            })?
+            .query_map([after, CHUNK], |r| r.try_into())?
             .collect::<Result<_, _>>()?;
         let Some(last) = page.last() else { break };
         after = last.0;
@@ -213,19 +211,7 @@ pub async fn copy_sqlite_to_pg(
             i64,
             i64,
         )> = st
-            .query_map([after, CHUNK], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                    r.get(7)?,
-                    r.get(8)?,
-                ))
-            })?
+            .query_map([after, CHUNK], |r| r.try_into())?
             .collect::<Result<_, _>>()?;
         let Some(last) = page.last() else { break };
         after = last.0;
@@ -289,20 +275,7 @@ pub async fn copy_sqlite_to_pg(
             Option<String>,
             Option<String>,
         )> = st
-            .query_map([after, CHUNK], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                    r.get(7)?,
-                    r.get(8)?,
-                    r.get(9)?,
-                ))
-            })?
+            .query_map([after, CHUNK], |r| r.try_into())?
             .collect::<Result<_, _>>()?;
         let Some(last) = page.last() else { break };
         after = last.0;

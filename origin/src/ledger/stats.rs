@@ -6,11 +6,12 @@
 use std::collections::HashMap;
 
 use fanout_core::breaker::BreakerConfig;
+use fanout_core::limiter::LimiterState;
 use rusqlite::Connection;
 use serde::Serialize;
 
 use super::{list_subscribers, load_limiter, LedgerError};
-use crate::model::Lane;
+use crate::model::{Lane, Subscriber};
 
 /// One live subscriber's gauges.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -36,6 +37,38 @@ pub struct SubscriberStats {
     pub disabled: bool,
 }
 
+impl SubscriberStats {
+    /// The gauges of `s` from its kept counts by status, the creation time of its oldest open
+    /// delivery and its stored limiter (either ledger).
+    pub fn of(
+        s: Subscriber,
+        by_status: &HashMap<String, i64>,
+        oldest_pending_at_ms: Option<i64>,
+        limiter: &LimiterState,
+        breaker: BreakerConfig,
+        now_ms: i64,
+    ) -> SubscriberStats {
+        let n = |status: &str| by_status.get(status).copied().unwrap_or(0);
+        let view = limiter.breaker.view(breaker, now_ms);
+        SubscriberStats {
+            lane: s.lane,
+            rate_per_sec: s.limits.rate_per_sec,
+            burst: s.limits.burst,
+            max_in_flight: s.limits.max_in_flight,
+            pending: n("pending"),
+            in_flight: n("in_flight"),
+            sent: n("sent"),
+            dead: n("dead"),
+            oldest_pending_at_ms,
+            paused_until_ms: limiter.paused_until_ms.filter(|&p| p > now_ms),
+            breaker: view.state.as_str().to_string(),
+            consecutive_failures: view.consecutive_failures,
+            disabled: s.health.disabled.is_some(),
+            id: s.id,
+        }
+    }
+}
+
 /// Every live subscriber's gauges, ordered by id: the counts the triggers keep
 /// (`delivery_counts`) and two keyed lookups per subscriber for its oldest open delivery, so
 /// the cost follows the number of subscribers, not of deliveries.
@@ -44,11 +77,7 @@ pub fn subscriber_stats(
     breaker: BreakerConfig,
     now_ms: i64,
 ) -> Result<Vec<SubscriberStats>, LedgerError> {
-    #[derive(Default)]
-    struct Counts {
-        by_status: HashMap<String, i64>,
-    }
-    let mut counts: HashMap<String, Counts> = HashMap::new();
+    let mut counts: HashMap<String, HashMap<String, i64>> = HashMap::new();
     let mut st = c.prepare_cached("SELECT subscriber_id, status, n FROM delivery_counts")?;
     let rows = st.query_map([], |r| {
         Ok((
@@ -59,30 +88,16 @@ pub fn subscriber_stats(
     })?;
     for row in rows {
         let (sub, status, n) = row?;
-        counts.entry(sub).or_default().by_status.insert(status, n);
+        counts.entry(sub).or_default().insert(status, n);
     }
     let mut out = Vec::new();
     for s in list_subscribers(c)? {
         let limiter = load_limiter(c, &s.id, now_ms)?;
         let mine = counts.remove(&s.id).unwrap_or_default();
-        let n = |status: &str| mine.by_status.get(status).copied().unwrap_or(0);
-        let view = limiter.breaker.view(breaker, now_ms);
-        out.push(SubscriberStats {
-            lane: s.lane,
-            rate_per_sec: s.limits.rate_per_sec,
-            burst: s.limits.burst,
-            max_in_flight: s.limits.max_in_flight,
-            pending: n("pending"),
-            in_flight: n("in_flight"),
-            sent: n("sent"),
-            dead: n("dead"),
-            oldest_pending_at_ms: oldest_open(c, &s.id)?,
-            paused_until_ms: limiter.paused_until_ms.filter(|&p| p > now_ms),
-            breaker: view.state.as_str().to_string(),
-            consecutive_failures: view.consecutive_failures,
-            disabled: s.health.disabled.is_some(),
-            id: s.id,
-        });
+        let oldest = oldest_open(c, &s.id)?;
+        out.push(SubscriberStats::of(
+            s, &mine, oldest, &limiter, breaker, now_ms,
+        ));
     }
     Ok(out)
 }

@@ -1319,25 +1319,8 @@ impl PgLedger {
             .map(|s| {
                 let by_status = counts.remove(&s.id).unwrap_or_default();
                 let oldest = oldest_at.remove(&s.id);
-                let n = |k: &str| by_status.get(k).copied().unwrap_or(0);
                 let limiter = limiters.get(&s.id).copied().unwrap_or_default();
-                let view = limiter.breaker.view(breaker, now_ms);
-                SubscriberStats {
-                    lane: s.lane,
-                    rate_per_sec: s.limits.rate_per_sec,
-                    burst: s.limits.burst,
-                    max_in_flight: s.limits.max_in_flight,
-                    pending: n("pending"),
-                    in_flight: n("in_flight"),
-                    sent: n("sent"),
-                    dead: n("dead"),
-                    oldest_pending_at_ms: oldest,
-                    paused_until_ms: limiter.paused_until_ms.filter(|&p| p > now_ms),
-                    breaker: view.state.as_str().to_string(),
-                    consecutive_failures: view.consecutive_failures,
-                    disabled: s.health.disabled.is_some(),
-                    id: s.id,
-                }
+                SubscriberStats::of(s, &by_status, oldest, &limiter, breaker, now_ms)
             })
             .collect())
     }

@@ -1,11 +1,11 @@
-// What bench/edge.mjs and bench/origin.mjs share: their child processes (each in its own process
+// What the benchmarks (bench/edge.mjs, bench/origin.mjs, bench/pg.mjs) share: their child processes (each in its own process
 // group, all killed when the benchmark exits however it ends), cargo builds of the bench tools,
 // and bench/sink (a one-thread Rust HTTP server that answers 200 "ok" and counts requests).
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 
-import { ROOT } from '../tests/lib/harness.mjs';
+import { ROOT, sleep } from '../tests/lib/harness.mjs';
 
 export const SINK_DIR = path.join(ROOT, 'bench', 'sink');
 
@@ -82,4 +82,26 @@ export function machineBusy() {
   const idle = l[3] + l[4];
   const total = l.reduce((s, v) => s + v, 0);
   return [total - idle, total];
+}
+
+/** `n` events of about 250 bytes, ids `<prefix>_000000` on. */
+export function makeEvents(n, prefix) {
+  const pad = 'x'.repeat(160);
+  return Array.from({ length: n }, (_, i) => ({
+    id: `${prefix}_${String(i).padStart(6, '0')}`,
+    type: 'video.trending',
+    data: { video: `v_${i}`, views: i, text: pad },
+  }));
+}
+
+/** Poll `pred` every `intervalMs` until it gives a truthy value (returned) or `limitMs` has
+ * passed (null). */
+export async function until(pred, limitMs, intervalMs = 25) {
+  const deadline = Date.now() + limitMs;
+  for (;;) {
+    const v = await pred();
+    if (v) return v;
+    if (Date.now() > deadline) return null;
+    await sleep(intervalMs);
+  }
 }

@@ -34,7 +34,7 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 
 import { ROOT, freePort, newSecret, originBinary, sleep, startEdge, startOrigin, strictPartner } from '../tests/lib/harness.mjs';
-import { SINK_DIR, cargoBuild, children, log, machineBusy, procCpu, startSink } from './lib.mjs';
+import { SINK_DIR, cargoBuild, children, log, machineBusy, procCpu, startSink, makeEvents, until } from './lib.mjs';
 
 const { values: opts } = parseArgs({
   options: {
@@ -260,25 +260,6 @@ async function postEvents(o, events, batch = 100, conns = 4) {
       }
     }),
   );
-}
-
-function makeEvents(n, prefix) {
-  const pad = 'x'.repeat(160);
-  return Array.from({ length: n }, (_, i) => ({
-    id: `${prefix}_${String(i).padStart(6, '0')}`,
-    type: 'video.trending',
-    data: { video: `v_${i}`, views: i, text: pad },
-  }));
-}
-
-async function until(pred, limitMs, intervalMs = 25) {
-  const deadline = Date.now() + limitMs;
-  for (;;) {
-    const v = await pred();
-    if (v) return v;
-    if (Date.now() > deadline) return null;
-    await sleep(intervalMs);
-  }
 }
 
 // ---------- part 1: ingest ----------

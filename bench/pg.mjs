@@ -34,7 +34,7 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 
 import { sleep, startOrigin, startPostgres } from '../tests/lib/harness.mjs';
-import { CLK_TCK, SINK_DIR, cargoBuild, log, machineBusy, procCpu, startSink } from './lib.mjs';
+import { CLK_TCK, SINK_DIR, cargoBuild, log, machineBusy, procCpu, startSink, makeEvents, until } from './lib.mjs';
 
 const { values: opts } = parseArgs({
   options: {
@@ -135,24 +135,6 @@ async function sentTotal(url) {
   const text = await (await fetch(`${url}/metrics`)).text();
   const m = /^fanout_deliveries\{status="sent"\} (\d+)/m.exec(text);
   return m ? Number(m[1]) : 0;
-}
-
-function makeEvents(n, prefix) {
-  const pad = 'x'.repeat(160);
-  return Array.from({ length: n }, (_, i) => ({
-    id: `${prefix}_${String(i).padStart(6, '0')}`,
-    type: 'video.trending',
-    data: { video: `v_${i}`, views: i, text: pad },
-  }));
-}
-
-async function until(pred, limitMs, intervalMs = 25) {
-  const deadline = Date.now() + limitMs;
-  for (;;) {
-    if (await pred()) return true;
-    if (Date.now() > deadline) return false;
-    await sleep(intervalMs);
-  }
 }
 
 async function call(o, p, body, method) {

@@ -115,19 +115,20 @@ function psql(db, sql) {
   return r.stdout;
 }
 
-/** With --statements: where PostgreSQL's execution time went over the drain, per statement
+/** With --statements: where PostgreSQL's time went over the drain (executing and planning), per statement
  * (pg_stat_statements, nested statements — the triggers' — included), per delivery. */
 function statements(db, delivered) {
   const rows = psql(
     db,
-    `SELECT calls, total_exec_time, rows, regexp_replace(left(query, 110), '\\s+', ' ', 'g')
+    `SELECT calls, total_exec_time, total_plan_time, rows, regexp_replace(left(query, 110), '\\s+', ' ', 'g')
      FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
-     ORDER BY total_exec_time DESC LIMIT 14`,
+     ORDER BY total_exec_time + total_plan_time DESC LIMIT 14`,
   );
-  log('    statement time per delivery (µs), calls, rows, statement:');
+  const us = (ms) => ((Number(ms) * 1000) / Math.max(1, delivered)).toFixed(1).padStart(6);
+  log('    statement time per delivery (µs): executing, planning; calls, rows, statement:');
   for (const line of rows.trim().split('\n')) {
-    const [calls, ms, n, q] = line.split('|');
-    log(`    ${((Number(ms) * 1000) / Math.max(1, delivered)).toFixed(1).padStart(6)} ${calls.padStart(6)} ${n.padStart(7)}  ${q}`);
+    const [calls, ms, planMs, n, q] = line.split('|');
+    log(`    ${us(ms)} ${us(planMs)} ${calls.padStart(6)} ${n.padStart(7)}  ${q}`);
   }
 }
 
@@ -281,7 +282,7 @@ async function main() {
   if (!fs.existsSync(path.join(SINK_DIR, 'target', 'release', 'sink'))) cargoBuild(SINK_DIR);
   const sink = await startSink();
   const pgOptions = ['track_functions=pl'];
-  if (opts.statements) pgOptions.push('shared_preload_libraries=pg_stat_statements', 'pg_stat_statements.track=all');
+  if (opts.statements) pgOptions.push('shared_preload_libraries=pg_stat_statements', 'pg_stat_statements.track=all', 'pg_stat_statements.track_planning=on');
   if (opts['explain-ms']) {
     pgOptions.push(
       `shared_preload_libraries=${opts.statements ? 'pg_stat_statements,' : ''}auto_explain`,

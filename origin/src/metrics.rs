@@ -62,6 +62,9 @@ pub struct Metrics {
     pub events_ingested: AtomicU64,
     pub events_duplicate: AtomicU64,
     pub edge_call_failures: AtomicU64,
+    /// The daemons sharing the ledger as the dispatcher last read them (0 before it has; 1 on
+    /// SQLite).
+    pub daemons: AtomicU64,
     /// What the retention task measured (its steps' writer time).
     pub retention: crate::retention::RetentionStats,
 }
@@ -231,6 +234,13 @@ impl Metrics {
             out.family(name, "counter", help);
             out.sample(name, &[], v.load(Relaxed) as f64);
         }
+        out.family(
+            "fanout_daemons",
+            "gauge",
+            "Daemons sharing the ledger (they split its subscribers' claims), as this one last \
+             read them: 1 on SQLite.",
+        );
+        out.sample("fanout_daemons", &[], self.daemons.load(Relaxed) as f64);
     }
 }
 

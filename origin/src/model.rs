@@ -392,6 +392,68 @@ pub struct Claim {
     pub next_due_ms: Option<i64>,
 }
 
+/// Which daemon claims for which subscriber when several share one ledger (`me` among the
+/// live `members`, as the ledger lists them): rendezvous hashing, the highest score of
+/// `(member, subscriber)` wins. Every daemon computes the same owner from the same list, and
+/// a daemon joining or leaving moves only the subscribers it gains or loses.
+///
+/// Ownership makes daemons fast, not safe: a claim still takes the subscriber's row lock and
+/// its shared limiter, so two daemons that disagree for a moment (one has not yet read a
+/// change of members) only wait for each other's turns, as every daemon did before owners.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Share {
+    me: String,
+    /// Sorted, without repeats, `me` included.
+    members: Vec<String>,
+}
+
+impl Share {
+    pub fn new(me: &str, mut members: Vec<String>) -> Share {
+        members.push(me.to_string());
+        members.sort_unstable();
+        members.dedup();
+        Share {
+            me: me.to_string(),
+            members,
+        }
+    }
+
+    /// The daemons sharing the ledger, this one included, by name.
+    pub fn members(&self) -> &[String] {
+        &self.members
+    }
+
+    /// The member that claims for `subscriber`.
+    pub fn owner(&self, subscriber: &str) -> &str {
+        self.members
+            .iter()
+            .max_by_key(|m| (share_score(m, subscriber), m.as_str()))
+            .map_or(self.me.as_str(), String::as_str)
+    }
+
+    /// Whether this daemon claims for `subscriber`.
+    pub fn owns(&self, subscriber: &str) -> bool {
+        self.owner(subscriber) == self.me
+    }
+}
+
+/// A member's score for a subscriber: FNV-1a over both names (a 0xff byte, which no UTF-8
+/// text holds, between them), mixed by SplitMix64's finaliser. Fixed arithmetic: every
+/// daemon, whatever its build or platform, computes the same number.
+fn share_score(member: &str, subscriber: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = member.bytes().chain([0xff]).chain(subscriber.bytes());
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
 /// What happens to a leased delivery.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Transition {
@@ -447,6 +509,58 @@ pub enum HealthWrite {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_split_subscribers_once_and_move_few_when_members_change() {
+        let subs: Vec<String> = (0..300).map(|i| format!("sub_{i}")).collect();
+        let names = |n: usize| (0..n).map(|k| format!("host-{k}:8080")).collect::<Vec<_>>();
+        let owners = |n: usize| {
+            let all = names(n);
+            let shares: Vec<Share> = all.iter().map(|me| Share::new(me, all.clone())).collect();
+            subs.iter()
+                .map(|s| {
+                    // Exactly one member owns each subscriber, and all agree which.
+                    let owning: Vec<&Share> = shares.iter().filter(|sh| sh.owns(s)).collect();
+                    assert_eq!(owning.len(), 1, "{s} among {n}");
+                    assert!(shares.iter().all(|sh| sh.owner(s) == owning[0].me));
+                    owning[0].me.clone()
+                })
+                .collect::<Vec<String>>()
+        };
+        // (members, fewest and most subscribers a member may own of 300)
+        let cases: &[(usize, usize, usize)] =
+            &[(1, 300, 300), (2, 120, 180), (3, 70, 130), (5, 35, 85)];
+        let mut before: Option<(usize, Vec<String>)> = None;
+        for &(n, fewest, most) in cases {
+            let now = owners(n);
+            for m in names(n) {
+                let k = now.iter().filter(|o| **o == m).count();
+                assert!(
+                    (fewest..=most).contains(&k),
+                    "{m} owns {k} of 300 among {n}"
+                );
+            }
+            // Growing the members moves only what the newcomers take.
+            if let Some((was, before)) = &before {
+                let old = names(*was);
+                for (b, a) in before.iter().zip(&now) {
+                    assert!(
+                        a == b || !old.contains(a),
+                        "{b} -> {a} when {was} became {n}"
+                    );
+                }
+            }
+            before = Some((n, now));
+        }
+        // `me` always counts, even when the list read does not hold it yet; order and repeats
+        // do not matter.
+        let a = Share::new("b", vec!["a".into()]);
+        let b = Share::new("b", vec!["b".into(), "a".into(), "a".into()]);
+        assert_eq!(a, b);
+        assert_eq!(a.members(), ["a", "b"]);
+        // Alone, a daemon owns everything.
+        assert!(subs.iter().all(|s| Share::new("solo", Vec::new()).owns(s)));
+    }
 
     #[test]
     fn type_matching_table() {

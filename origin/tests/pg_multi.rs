@@ -269,3 +269,80 @@ async fn when_one_of_two_daemons_dies_for_good_the_other_finishes_everything() {
     }
     drop(b);
 }
+
+/// Two daemons split the subscribers between them: each subscriber's deliveries all go out
+/// through one daemon (so their turns never wait on each other's subscriber locks), both
+/// work, and when one stops the other takes its subscribers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemons_split_the_subscribers_and_the_survivor_takes_them_over_at_once() {
+    let server = PgServer::start();
+    let url = server.database("share").await;
+    let db = Path::new(&url);
+    let mut daemons = vec![Binary::start(db, &[]).await, Binary::start(db, &[]).await];
+    let ids: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
+    let mut sinks = Vec::new();
+    for id in &ids {
+        let sink = Subscriber::ok().await;
+        daemons[0]
+            .api
+            .subscriber(sub_spec(id, &sink.url, &["*"]))
+            .await;
+        sinks.push(sink);
+    }
+    for d in &daemons {
+        wait_for("both daemons seen", Duration::from_secs(10), || async {
+            d.metric("fanout_daemons").await == 2.0
+        })
+        .await;
+    }
+    // Every daemon has read the other (a second more: the last to write has been read too).
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let n = 200;
+    ingest_anywhere(&daemons, events("a", n, "t")).await;
+    let pg = server.connect("share").await;
+    let all = (n * ids.len()) as i64;
+    wait_for("all sent", Duration::from_secs(60), || async {
+        statuses(&pg).await.get("sent").copied() == Some(all)
+    })
+    .await;
+    let delivered = |id: &str| {
+        format!("fanout_delivery_results_total{{subscriber=\"{id}\",lane=\"origin\",outcome=\"delivered\"}}")
+    };
+    let mut owned = [0usize; 2];
+    for id in &ids {
+        let mut by = Vec::new();
+        for d in &daemons {
+            by.push(d.metric(&delivered(id)).await);
+        }
+        assert_eq!(by.iter().sum::<f64>(), n as f64, "{id}: {by:?}");
+        let senders: Vec<usize> = (0..2).filter(|&k| by[k] > 0.0).collect();
+        assert_eq!(senders.len(), 1, "{id} was sent by both daemons: {by:?}");
+        owned[senders[0]] += 1;
+    }
+    assert!(
+        owned.iter().all(|&k| k > 0),
+        "one daemon sent everything: {owned:?}"
+    );
+    // One stops (SIGTERM): it leaves the share, the other owns every subscriber within its
+    // next read of the share (a second), well before the stopped one would age out (5 s).
+    daemons[1].terminate();
+    let left = daemons.remove(0);
+    let t = Instant::now();
+    wait_for("the survivor alone", Duration::from_secs(3), || async {
+        left.metric("fanout_daemons").await == 1.0
+    })
+    .await;
+    eprintln!(
+        "the survivor owned everything {} ms after the stop",
+        t.elapsed().as_millis()
+    );
+    left.api.events(events("b", n, "t")).await;
+    wait_for("the second batch sent", Duration::from_secs(30), || async {
+        statuses(&pg).await.get("sent").copied() == Some(2 * all)
+    })
+    .await;
+    for (id, sink) in ids.iter().zip(&sinks) {
+        assert!(left.metric(&delivered(id)).await >= n as f64, "{id}");
+        assert_eq!(sink.distinct_ids().0.len(), 2 * n, "{id}");
+    }
+}

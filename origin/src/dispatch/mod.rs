@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 use crate::alert::{AlertRules, Alerter};
 use crate::ledger::{DispatchLedger, LedgerError};
 use crate::metrics::Metrics;
-use crate::model::{active_secrets, delivery_public_id, Claimed, Lane};
+use crate::model::{active_secrets, delivery_public_id, Claimed, Lane, Share};
 use crate::outbound::{Outbound, Signer};
 use crate::time::{jitter, now_ms};
 use edge_lane::{edge_failure, EdgeClient};
@@ -43,6 +43,9 @@ use state::{Effect, Event, Meta, Settings, State, Target};
 const SWEEP_EVERY_MS: i64 = 5_000;
 /// The dispatcher re-reads the queue at least this often, whatever it believes.
 const RESCAN_EVERY_MS: i64 = 2_000;
+/// The dispatcher writes that it is alive, and reads which daemons share the ledger, this
+/// often (`DispatchLedger::share`).
+pub const SHARE_EVERY_MS: i64 = 1_000;
 /// At shutdown, results of sends in flight are awaited this long.
 const DRAIN_MS: u64 = 5_000;
 
@@ -202,6 +205,24 @@ impl<L: DispatchLedger> Dispatcher<L> {
         }
     }
 
+    /// Write that this dispatcher is alive and take in who shares the ledger now. On failure
+    /// the last share stays (this daemon ages out of the others' lists meanwhile, and both
+    /// may claim for the same subscribers: slower, never wrong).
+    async fn reshare(&mut self) {
+        match self.ledger.share().await {
+            Ok(share) => {
+                let members = |s: Option<&Share>| s.map(|s| s.members().to_vec());
+                if members(share.as_ref()) != members(self.state.share()) {
+                    tracing::info!(daemons = ?members(share.as_ref()), "the daemons sharing the ledger changed: each claims for its own subscribers");
+                }
+                let n = share.as_ref().map_or(1, |s| s.members().len());
+                self.metrics.daemons.store(n as u64, Ordering::Relaxed);
+                self.step(Event::Share(share)).await;
+            }
+            Err(e) => tracing::warn!(error = %e, "could not read which daemons share the ledger"),
+        }
+    }
+
     async fn rescan(&mut self) -> Result<(), LedgerError> {
         // Record first, so the ledger's view includes every result processed so far.
         self.step(Event::Flush).await;
@@ -269,17 +290,21 @@ impl<L: DispatchLedger> Dispatcher<L> {
             }
         }
         self.step(Event::Loaded(subs)).await;
+        self.reshare().await;
         if let Err(e) = self.rescan().await {
             tracing::error!(error = %e, "dispatcher cannot read the queue");
         }
         tokio::pin!(shutdown);
         let mut sweep_at = now_ms() + SWEEP_EVERY_MS;
         let mut rescan_at = now_ms() + RESCAN_EVERY_MS;
+        let mut share_at = now_ms() + SHARE_EVERY_MS;
         loop {
             self.cfg.heartbeat.beat(now_ms());
             self.step(Event::Tick).await;
             let now = now_ms();
-            let wake = self.state.next_wake(now, sweep_at.min(rescan_at));
+            let wake = self
+                .state
+                .next_wake(now, sweep_at.min(rescan_at).min(share_at));
             let sleep = tokio::time::sleep(Duration::from_millis((wake - now).max(0) as u64));
             let result = tokio::select! {
                 _ = &mut shutdown => break,
@@ -318,6 +343,14 @@ impl<L: DispatchLedger> Dispatcher<L> {
                     tracing::error!(error = %e, "rescan failed");
                 }
             }
+            if now >= share_at {
+                share_at = now + SHARE_EVERY_MS;
+                self.reshare().await;
+            }
+        }
+        // Claims stop here: the other daemons take this one's subscribers now.
+        if let Err(e) = self.ledger.leave().await {
+            tracing::warn!(error = %e, "could not leave the ledger's share: the other daemons take this one's subscribers once it ages out");
         }
         // Record what is still in flight, for a few seconds; the rest is released at the next
         // start.

@@ -14,6 +14,8 @@
 //! - A turn the ledger could not record comes back whole and is retried first; its results are
 //!   never dropped, and the limiter tokens it reserved are released exactly.
 //! - At most one turn is being recorded at a time.
+//! - A daemon that shares its ledger asks to claim only for the subscribers it owns
+//!   ([`Share`]), and wakes for no other's due work.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -29,7 +31,7 @@ use crate::alert::rules::{after_attempt, AfterAttempt, Alert, Seen};
 use crate::alert::{AlertRules, Notice};
 use crate::ledger::ops::{Recorded, Turn, TurnError};
 use crate::model::{
-    delivery_public_id, AttemptRecord, Claimed, Health, HealthWrite, Lane, Limits, Outcome,
+    delivery_public_id, AttemptRecord, Claimed, Health, HealthWrite, Lane, Limits, Outcome, Share,
     StoredSecret, Subscriber, Transition,
 };
 
@@ -134,6 +136,9 @@ pub enum Event {
     Due(Vec<String>),
     /// When each subscriber's earliest pending delivery is due, from the ledger (a rescan).
     DueWork(Vec<(String, i64)>),
+    /// The daemons sharing the ledger now: this one claims only for the subscribers it owns
+    /// (`None`: it is alone and owns them all). Those it gains are looked at at once.
+    Share(Option<Share>),
     /// Results of one launch's deliveries.
     Results {
         sub: Arc<str>,
@@ -249,6 +254,8 @@ pub struct State {
     /// The ledger failed this many turns in a row; nothing is recorded before `ledger_retry_at`.
     ledger_failures: u32,
     ledger_retry_at: i64,
+    /// Which subscribers this daemon claims for, when it shares the ledger.
+    share: Option<Share>,
 }
 
 impl State {
@@ -269,7 +276,18 @@ impl State {
             recording: false,
             ledger_failures: 0,
             ledger_retry_at: 0,
+            share: None,
         }
+    }
+
+    /// The daemons sharing the ledger as last told (`None`: alone).
+    pub fn share(&self) -> Option<&Share> {
+        self.share.as_ref()
+    }
+
+    /// Whether this daemon claims for `id` (every subscriber when it is alone).
+    pub fn owns(&self, id: &str) -> bool {
+        self.share.as_ref().is_none_or(|s| s.owns(id))
     }
 
     /// Deliveries out now, across all subscribers.
@@ -317,6 +335,17 @@ impl State {
                     Some((s, limiter)) => self.upsert(s, limiter, now),
                     None => self.remove(&id),
                 }
+                Vec::new()
+            }
+            Event::Share(share) => {
+                for (id, st) in self.subs.iter_mut() {
+                    let was = self.share.as_ref().is_none_or(|s| s.owns(id));
+                    if !was && share.as_ref().is_none_or(|s| s.owns(id)) {
+                        // Another daemon claimed for it until now: whatever it left is due.
+                        st.due_at(now);
+                    }
+                }
+                self.share = share;
                 Vec::new()
             }
             Event::Customers(all) => {
@@ -397,10 +426,11 @@ impl State {
             // Only a result can free a slot, and a result wakes the loop.
             return wake;
         }
-        for st in self.subs.values() {
+        for (id, st) in &self.subs {
             if st.removed
                 || st.in_flight >= st.target.limits.max_in_flight
                 || st.health.disabled.is_some()
+                || !self.owns(id)
             {
                 continue;
             }
@@ -509,6 +539,9 @@ impl State {
         let mut candidates: Vec<(Arc<str>, Reservation)> = Vec::new();
         for k in 0..n {
             let id = self.order[(self.rr + k) % n].clone();
+            if !self.owns(&id) {
+                continue;
+            }
             let Some(st) = self.subs.get_mut(&id) else {
                 continue;
             };
@@ -1128,6 +1161,63 @@ mod tests {
             .filter(|(s, _)| s == sub)
             .map(|(_, m)| m.len())
             .sum()
+    }
+
+    /// Two daemons sharing a ledger each ask to claim only for the subscribers they own —
+    /// together every subscriber, none twice — and wake for no other's work; when one
+    /// leaves, the other looks at its subscribers at once.
+    #[test]
+    fn daemons_sharing_a_ledger_claim_each_for_its_own_subscribers() {
+        let ids: Vec<String> = (0..10).map(|i| format!("s{i}")).collect();
+        let mut q = Queue::with(&ids.iter().map(|s| (s.as_str(), 5)).collect::<Vec<_>>());
+        let members = vec!["a:1".to_string(), "b:1".to_string()];
+        let mut daemons: Vec<State> = Vec::new();
+        for me in &members {
+            let mut st = State::new(settings(1000));
+            let loaded = ids
+                .iter()
+                .map(|s| (subscriber(s, 100), LimiterState::default()));
+            on(&mut st, Event::Loaded(loaded.collect()), 0);
+            on(
+                &mut st,
+                Event::Share(Some(Share::new(me, members.clone()))),
+                0,
+            );
+            daemons.push(st);
+        }
+        let mut asked: Vec<BTreeSet<String>> = Vec::new();
+        for st in &mut daemons {
+            let launched = tick(st, &mut q, 10);
+            // Nothing of the other's is due for it: it sleeps until its next timer.
+            assert_eq!(st.next_wake(10, 1_000), 1_000);
+            asked.push(
+                launched
+                    .into_iter()
+                    .map(|(s, m)| {
+                        assert_eq!(m.len(), 5, "{s}: all its pending");
+                        s
+                    })
+                    .collect(),
+            );
+        }
+        assert!(asked[0].is_disjoint(&asked[1]), "{asked:?}");
+        assert_eq!(asked[0].len() + asked[1].len(), ids.len(), "{asked:?}");
+        assert!(!asked[0].is_empty() && !asked[1].is_empty(), "{asked:?}");
+        // b leaves (stopped, or aged out): a takes its subscribers' new work at once.
+        for s in &asked[1] {
+            q.pending.insert(s.clone(), 3);
+        }
+        let a = &mut daemons[0];
+        on(
+            a,
+            Event::Share(Some(Share::new("a:1", vec!["a:1".into()]))),
+            20,
+        );
+        assert_eq!(a.next_wake(20, 1_000), 20);
+        let taken: BTreeSet<String> = tick(a, &mut q, 20).into_iter().map(|(s, _)| s).collect();
+        assert_eq!(taken, asked[1]);
+        // Alone on its ledger (no share), a daemon owns everything.
+        assert!(ids.iter().all(|s| State::new(settings(1)).owns(s)));
     }
 
     /// What happens to the subscriber while its sends are out.

@@ -17,7 +17,7 @@ use fanout_core::limiter::LimiterState;
 
 use super::{Ledger, LedgerError};
 use crate::alert::Notice;
-use crate::model::{Claim, HealthWrite, Outcome, Subscriber};
+use crate::model::{Claim, HealthWrite, Outcome, Share, Subscriber};
 
 /// Everything one dispatcher turn writes, and the deliveries it asks to lease next.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -129,6 +129,15 @@ pub trait DispatchLedger: Clone + Send + Sync + 'static {
         &self,
         now_ms: i64,
     ) -> impl Future<Output = Result<usize, LedgerError>> + Send;
+
+    /// Write that this daemon's dispatcher is alive, and read which daemons share the ledger
+    /// now (this one among them). `None`: the ledger has one daemon, which owns every
+    /// subscriber.
+    fn share(&self) -> impl Future<Output = Result<Option<Share>, LedgerError>> + Send;
+
+    /// This daemon stops dispatching: the others take its subscribers at once, without
+    /// waiting for it to age out of the share.
+    fn leave(&self) -> impl Future<Output = Result<(), LedgerError>> + Send;
 }
 
 impl DispatchLedger for Ledger {
@@ -218,6 +227,15 @@ impl DispatchLedger for Ledger {
 
     async fn release_all_leases(&self, now_ms: i64) -> Result<usize, LedgerError> {
         self.tx(move |c| super::release_all_leases(c, now_ms)).await
+    }
+
+    /// A SQLite ledger has one daemon (the owner lock): it owns every subscriber.
+    async fn share(&self) -> Result<Option<Share>, LedgerError> {
+        Ok(None)
+    }
+
+    async fn leave(&self) -> Result<(), LedgerError> {
+        Ok(())
     }
 }
 

@@ -414,6 +414,27 @@ impl Binary {
         Binary { api, child }
     }
 
+    /// SIGTERM, and wait for it to exit: a graceful stop.
+    pub fn terminate(&mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        self.child.wait().unwrap();
+    }
+
+    /// One sample of its `/metrics` (0 when absent): `name{labels}` exactly as exposed.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        let (_, body) = self.api.raw("GET", "/metrics", None, false).await;
+        let text = body.as_str().unwrap_or_default().to_string();
+        text.lines()
+            .filter_map(|l| l.strip_prefix(sample))
+            .filter_map(|rest| rest.strip_prefix(' '))
+            .find_map(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
     /// SIGKILL: no chance to clean up.
     pub fn kill9(&mut self) {
         self.child.kill().unwrap();

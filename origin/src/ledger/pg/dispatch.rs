@@ -25,7 +25,7 @@ use super::ops::{
     core_limits, wanted_of, CLAIM_COUNT, CLAIM_EXPIRE, RECORD_OUTCOMES, STORE_LIMITERS,
 };
 use super::{decode_limiter, encode_limiter, PgLedger};
-use crate::model::{Claim, HealthWrite, Outcome, Subscriber};
+use crate::model::{Claim, HealthWrite, Outcome, Share, Subscriber};
 
 /// How long a lease lasts without renewal: the longest a dead daemon's work waits.
 pub const LEASE_MS: i64 = 15_000;
@@ -447,7 +447,43 @@ impl DispatchLedger for PgLedger {
     async fn release_all_leases(&self, now_ms: i64) -> Result<usize, LedgerError> {
         Ok(self.release_own_leases(now_ms).await? as usize)
     }
+
+    async fn share(&self) -> Result<Option<Share>, LedgerError> {
+        let c = self.client().await?;
+        let st = c.prepare_cached(SHARE).await?;
+        let members = c
+            .query(&st, &[&&*self.owner, &MEMBER_TTL_MS, &MEMBER_FORGET_MS])
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<Vec<String>, _>>()?;
+        Ok(Some(Share::new(&self.owner, members)))
+    }
+
+    async fn leave(&self) -> Result<(), LedgerError> {
+        let c = self.client().await?;
+        c.execute("DELETE FROM daemons WHERE name = $1", &[&&*self.owner])
+            .await?;
+        Ok(())
+    }
 }
+
+/// A daemon that has not written that its dispatcher is alive for this long is out of the
+/// share, and the others take its subscribers. The dispatcher writes every
+/// `dispatch::SHARE_EVERY_MS` (a second): five of them, so one slow turn does not drop it.
+pub const MEMBER_TTL_MS: i64 = 5_000;
+/// Rows of daemons gone this long are deleted.
+const MEMBER_FORGET_MS: i64 = 7 * 86_400_000;
+
+/// This daemon (`$1`) is alive now (the server's clock: daemons on several hosts agree on
+/// it); the daemons seen within `$2` ms, this one's earlier row among them (the statement
+/// sees the table as it was before its own write); rows older than `$3` ms deleted.
+const SHARE: &str =
+    "WITH t AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now),
+     me AS (INSERT INTO daemons (name, seen_ms) SELECT $1, now FROM t
+            ON CONFLICT (name) DO UPDATE SET seen_ms = EXCLUDED.seen_ms),
+     gone AS (DELETE FROM daemons WHERE name <> $1 AND seen_ms < (SELECT now FROM t) - $3)
+ SELECT name FROM daemons, t WHERE seen_ms >= t.now - $2";
 
 #[cfg(test)]
 mod tests {

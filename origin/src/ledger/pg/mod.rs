@@ -16,6 +16,9 @@
 //!   anyone; a result is recorded only while its lease is still the one it was sent under (same
 //!   owner, same expiry), so a daemon that comes back after its work was taken over records
 //!   nothing for it.
+//! - The live daemons split the subscribers (`model::Share`, from the `daemons` table each
+//!   dispatcher writes every second): each claims for its own, so their turns do not queue on
+//!   each other's subscriber locks. The locks above still decide; the split only spares the wait.
 //! - Ingest notifies the other daemons (`NOTIFY fanout_due`) of the subscribers that got work,
 //!   on commit; they `LISTEN` instead of polling hard.
 //!

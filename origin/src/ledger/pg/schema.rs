@@ -232,6 +232,15 @@ const MIGRATIONS: &[&str] = &[
         created_ms BIGINT NOT NULL
     );
     "#,
+    // 4: the daemons sharing the ledger, each as it last wrote that its dispatcher is alive
+    // (the server's clock, unix ms): the live ones split the subscribers between them
+    // (`model::Share`), so their turns do not wait on each other's row locks.
+    r#"
+    CREATE TABLE daemons (
+        name    TEXT PRIMARY KEY,                  -- host:port, as in lease_owner
+        seen_ms BIGINT NOT NULL
+    );
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

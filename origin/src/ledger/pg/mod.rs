@@ -201,8 +201,12 @@ impl PgLedger {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        // Last in, first out: the connection just returned is the next one lent, so the few
+        // that the dispatcher's turns and the API keep busy stay warm (their prepared
+        // statements, plans and caches), and the rest of the pool waits for a burst.
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
+            .queue_mode(deadpool_postgres::QueueMode::Lifo)
             .build()
             .map_err(|e| LedgerError::Postgres(PgError::Config(e.to_string())))?;
         let ledger = PgLedger {

@@ -7,15 +7,19 @@
 // RequestInit and Request, awaiting the fetch and the body, copying the body into wasm).
 //
 // sendBatch(url, batchJson, timeoutMs, bodyLimit, maxOpen, onDone) -> Promise<void>
-//   batchJson  {"common": [[name, value], ...], "items": [{"headers": [[name, value], ...],
-//              "body": "..."}, ...]}: every item is POSTed to url with the common headers and its
-//              own, redirect "manual" (a 3xx is reported as its status, Location never followed).
+//   batchJson  [{"headers": {name: value, ...}, "body": "..."}, ...]: every item is POSTed to url
+//              with its headers (all of them, as one plain object: the runtime copies a record
+//              faster than it iterates pairs), redirect "manual" (a 3xx is reported as its
+//              status, Location never followed).
 //   maxOpen    at most this many items are open at once (the platform lets an invocation keep 6
 //              connections open; more would queue inside the runtime, their wait counted against
 //              their timeouts). The rest wait here, in order, and start as slots free.
-//   timeoutMs  per item, from the moment its own fetch starts: when it fires before the status
+//   timeoutMs  per item, from the moment its own fetch starts: when it passes before the status
 //              arrived the item is aborted and reported as a timeout; when the status is known
 //              and only the body is still coming, it is reported with the body read so far.
+//              Items start in order with the same timeout, so their deadlines are in start
+//              order: one timer per batch, armed for the oldest open item's deadline, stands in
+//              for a timer per item (a timer costs the runtime more than the check).
 //   bodyLimit  at most this many bytes of a non-2xx response body are read and handed back
 //              (decoded lossily); the rest is never read. A 2xx is reported as soon as its status
 //              arrives: the status decides. Its body is cancelled unread, unless it declares a
@@ -71,101 +75,134 @@ function decode(chunks) {
   return new TextDecoder().decode(all);
 }
 
-function sendOne(url, common, item, timeoutMs, bodyLimit, report) {
-  // Resolves when the item's slot is free again: reported, and its connection let go of.
-  return new Promise((resolve) => {
-    const started = Date.now();
-    const controller = new AbortController();
-    // status: set once the status line arrived; partial: the body chunks read so far.
-    const state = { status: null, retryAfter: null, partial: [], reader: null };
-    let reported = false;
-    let released = false;
-    let timer;
-    const release = () => {
-      if (released) return;
-      released = true;
-      clearTimeout(timer);
-      resolve();
-    };
-    const tell = (status, retryAfter, body) => {
-      if (reported) return;
-      reported = true;
-      report(status, retryAfter, body, Date.now() - started);
-    };
-    const done = (status, retryAfter, body) => {
-      try {
-        tell(status, retryAfter, body);
-      } finally {
-        release();
-      }
-    };
-    timer = setTimeout(() => {
-      if (reported) {
-        // Only the drain of a short 2xx body was left: let the connection go.
-        controller.abort();
-        release();
-      } else if (state.status === null) {
-        controller.abort();
-        done(TIMEOUT, null, null);
-      } else {
-        // The status is in; only a slow error body is left: keep what arrived.
-        state.reader?.cancel().catch(ignore);
-        controller.abort();
-        done(state.status, state.retryAfter, decode(state.partial));
-      }
-    }, timeoutMs);
-    let request;
+/**
+ * One item's exchange. `deadline` is when its timeout passes; `expire()` (called by the batch's
+ * timer once it has) and the exchange itself both end in `release()`, exactly once.
+ */
+function startOne(url, item, bodyLimit, report, release, open, timeoutMs) {
+  const started = Date.now();
+  const controller = new AbortController();
+  // status: set once the status line arrived; partial: the body chunks read so far.
+  const state = { status: null, retryAfter: null, partial: [], reader: null };
+  const send = { deadline: started + timeoutMs, expire: null };
+  let reported = false;
+  let released = false;
+  const free = () => {
+    if (released) return;
+    released = true;
+    open.delete(send);
+    release();
+  };
+  const tell = (status, retryAfter, body) => {
+    if (reported) return;
+    reported = true;
+    report(status, retryAfter, body, Date.now() - started);
+  };
+  const done = (status, retryAfter, body) => {
     try {
-      request = new Request(url, {
-        method: 'POST',
-        headers: common.concat(item.headers),
-        body: item.body,
-        redirect: 'manual',
-        signal: controller.signal,
-      });
-    } catch {
-      done(BAD_REQUEST, null, null);
-      return;
+      tell(status, retryAfter, body);
+    } finally {
+      free();
     }
-    fetch(request).then(
-      (resp) => {
-        state.status = resp.status;
-        state.retryAfter = resp.headers.get('retry-after');
-        const success = resp.status >= 200 && resp.status <= 299;
-        if (success && resp.body) {
-          // The status decides, now. A short declared body (the usual "ok") is still drained,
-          // within the item's timeout and without holding up the result, so that the
-          // connection can be reused; any other body is cancelled unread.
-          tell(resp.status, state.retryAfter, null);
-          const declared = Number(resp.headers.get('content-length') ?? NaN);
-          if (declared <= bodyLimit) resp.arrayBuffer().then(release, release);
-          else {
-            resp.body.cancel().catch(ignore);
-            release();
-          }
-          return;
+  };
+  send.expire = () => {
+    if (reported) {
+      // Only the drain of a short 2xx body was left: let the connection go.
+      controller.abort();
+      free();
+    } else if (state.status === null) {
+      controller.abort();
+      done(TIMEOUT, null, null);
+    } else {
+      // The status is in; only a slow error body is left: keep what arrived.
+      state.reader?.cancel().catch(ignore);
+      controller.abort();
+      done(state.status, state.retryAfter, decode(state.partial));
+    }
+  };
+  open.add(send);
+  let pending;
+  try {
+    pending = fetch(url, {
+      method: 'POST',
+      headers: item.headers,
+      body: item.body,
+      redirect: 'manual',
+      signal: controller.signal,
+    });
+  } catch {
+    done(BAD_REQUEST, null, null);
+    return;
+  }
+  pending.then(
+    (resp) => {
+      state.status = resp.status;
+      state.retryAfter = resp.headers.get('retry-after');
+      const success = resp.status >= 200 && resp.status <= 299;
+      if (success && resp.body) {
+        // The status decides, now. A short declared body (the usual "ok") is still drained,
+        // within the item's timeout and without holding up the result, so that the
+        // connection can be reused; any other body is cancelled unread.
+        tell(resp.status, state.retryAfter, null);
+        const declared = Number(resp.headers.get('content-length') ?? NaN);
+        if (declared <= bodyLimit) resp.arrayBuffer().then(free, free);
+        else {
+          resp.body.cancel().catch(ignore);
+          free();
         }
-        if (!resp.body) {
-          done(resp.status, state.retryAfter, success ? null : '');
-          return;
-        }
-        readUpTo(resp.body, bodyLimit, state).then(
-          (chunks) => done(resp.status, state.retryAfter, decode(chunks)),
-          // The body broke off: keep the status and what arrived of the body.
-          () => done(resp.status, state.retryAfter, decode(state.partial)),
-        );
-      },
-      () => done(controller.signal.aborted ? TIMEOUT : CONNECT_ERROR, null, null),
-    );
-  });
+        return;
+      }
+      if (!resp.body) {
+        done(resp.status, state.retryAfter, success ? null : '');
+        return;
+      }
+      readUpTo(resp.body, bodyLimit, state).then(
+        (chunks) => done(resp.status, state.retryAfter, decode(chunks)),
+        // The body broke off: keep the status and what arrived of the body.
+        () => done(resp.status, state.retryAfter, decode(state.partial)),
+      );
+    },
+    () => done(controller.signal.aborted ? TIMEOUT : CONNECT_ERROR, null, null),
+  );
 }
 
 export function sendBatch(url, batchJson, timeoutMs, bodyLimit, maxOpen, onDone) {
-  const { common, items } = JSON.parse(batchJson);
+  const items = JSON.parse(batchJson);
+  // The URL is the same for every item: one that the runtime refuses is refused once, here.
+  let refused = false;
+  try {
+    new Request(url, { method: 'POST', redirect: 'manual' });
+  } catch {
+    refused = true;
+  }
   let next = 0;
   let left = items.length;
+  let running = 0;
+  // The items open now, in start order (= deadline order), and the batch's one timer.
+  const open = new Set();
+  let timer = null;
+  const arm = () => {
+    if (timer !== null || open.size === 0) return;
+    const first = open.values().next().value;
+    timer = setTimeout(expire, Math.max(1, first.deadline - Date.now()));
+  };
+  const expire = () => {
+    timer = null;
+    const now = Date.now();
+    for (const send of open) {
+      if (send.deadline > now) break;
+      send.expire(); // removes it from `open`
+    }
+    arm();
+  };
   // The batch is done when every item is reported, even if a slot is still draining a body.
   return new Promise((resolve) => {
+    const finish = () => {
+      if (timer !== null && open.size === 0) {
+        clearTimeout(timer);
+        timer = null;
+      }
+    };
     if (left === 0) {
       resolve();
       return;
@@ -178,16 +215,31 @@ export function sendBatch(url, batchJson, timeoutMs, bodyLimit, maxOpen, onDone)
         if (left === 0) resolve();
       }
     };
-    // One lane per open slot; each takes the next waiting item when its current one's slot frees.
-    const lane = async () => {
-      while (next < items.length) {
+    // Each freed slot takes the next waiting item.
+    const release = () => {
+      running -= 1;
+      fill();
+      finish();
+    };
+    const fill = () => {
+      while (running < maxOpen && next < items.length) {
         const i = next;
         next += 1;
-        await sendOne(url, common, items[i], timeoutMs, bodyLimit, reportOne(i)).catch(ignore);
+        running += 1;
+        if (refused) {
+          reportOne(i)(BAD_REQUEST, null, null, 0);
+          running -= 1;
+          continue;
+        }
+        try {
+          startOne(url, items[i], bodyLimit, reportOne(i), release, open, timeoutMs);
+        } catch {
+          /* startOne reports and releases every item itself */
+        }
       }
+      arm();
     };
-    const lanes = Math.max(1, Math.min(maxOpen, items.length));
-    for (let k = 0; k < lanes; k += 1) lane();
+    fill();
   });
 }
 

@@ -67,54 +67,60 @@ fn now_ms() -> i64 {
     js_sys::Date::now() as i64
 }
 
-/// What `send.js` is handed: the headers every delivery of the batch shares, then each
-/// delivery's own headers and body.
-#[derive(Serialize)]
-struct JsBatch<'a> {
-    common: [(&'static str, &'a str); 3],
-    items: Vec<JsItem<'a>>,
-}
-
+/// What `send.js` is handed for each delivery: every header it carries, as one JSON object
+/// (the runtime takes a record of headers more cheaply than a list of pairs), and its body.
 #[derive(Serialize)]
 struct JsItem<'a> {
-    headers: Vec<(&'static str, String)>,
+    headers: JsHeaders<'a>,
     body: &'a str,
+}
+
+/// The headers of one delivery: those every delivery of the batch shares, then its own.
+struct JsHeaders<'a> {
+    common: &'a [(&'static str, &'a str)],
+    own: Vec<(&'static str, String)>,
+}
+
+impl Serialize for JsHeaders<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.common.len() + self.own.len()))?;
+        for (name, value) in self.common {
+            map.serialize_entry(name, value)?;
+        }
+        for (name, value) in &self.own {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
 }
 
 fn js_batch<'a>(
     target: &Target<'_>,
     deliveries: &'a [Delivery],
-    timestamp: &'a str,
+    common: &'a [(&'static str, &'a str)],
     now_secs: i64,
-) -> JsBatch<'a> {
-    let items = deliveries
+) -> Vec<JsItem<'a>> {
+    deliveries
         .iter()
         .map(|d| {
             let body = d.body.as_bytes();
             let signed = sign::sign_headers(target.secrets, &d.event_id, now_secs, body);
-            let mut headers = vec![
+            let mut own = vec![
                 (sign::HEADER_ID, signed.id),
                 (sign::HEADER_SIGNATURE, signed.signature),
             ];
             if target.legacy {
                 if let Some(first) = target.secrets.first() {
-                    headers.push((sign::HEADER_LEGACY, first.sign_legacy(body)));
+                    own.push((sign::HEADER_LEGACY, first.sign_legacy(body)));
                 }
             }
             JsItem {
-                headers,
+                headers: JsHeaders { common, own },
                 body: &d.body,
             }
         })
-        .collect();
-    JsBatch {
-        common: [
-            ("content-type", "application/json"),
-            ("user-agent", "Fanout/1 (+webhooks)"),
-            (sign::HEADER_TIMESTAMP, timestamp),
-        ],
-        items,
-    }
+        .collect()
 }
 
 /// What one settled exchange left behind until the batch is done.
@@ -139,8 +145,13 @@ pub async fn deliver_all(
     let timestamp = (started / 1000).to_string();
     let slots: Rc<RefCell<Vec<Option<Settled>>>> =
         Rc::new(RefCell::new(deliveries.iter().map(|_| None).collect()));
+    let common = [
+        ("content-type", "application/json"),
+        ("user-agent", "Fanout/1 (+webhooks)"),
+        (sign::HEADER_TIMESTAMP, timestamp.as_str()),
+    ];
     // Serialising strings and string pairs cannot fail.
-    let json = serde_json::to_string(&js_batch(target, deliveries, &timestamp, started / 1000))
+    let json = serde_json::to_string(&js_batch(target, deliveries, &common, started / 1000))
         .unwrap_or_default();
 
     let on_done = Rc::new(RefCell::new(on_done));

@@ -199,12 +199,15 @@ struct Sub {
     /// Removed from the ledger: nothing more is claimed for it; it is forgotten once its last
     /// send is back, and a re-created subscriber of the same id takes its place and its slots.
     removed: bool,
+    /// This daemon claims for it ([`owned`] under the share last told): kept here, not hashed
+    /// again on every pass of the loop.
+    mine: bool,
     /// The tokens taken for the turn being recorded.
     reserved: Option<Reservation>,
 }
 
 impl Sub {
-    fn new(target: Arc<Target>, limiter: LimiterState, health: Health) -> Sub {
+    fn new(target: Arc<Target>, limiter: LimiterState, health: Health, mine: bool) -> Sub {
         Sub {
             target,
             limiter,
@@ -215,6 +218,7 @@ impl Sub {
             edge_failures: 0,
             health,
             removed: false,
+            mine,
             reserved: None,
         }
     }
@@ -222,6 +226,11 @@ impl Sub {
     fn due_at(&mut self, at_ms: i64) {
         self.next_due = Some(self.next_due.map_or(at_ms, |d| d.min(at_ms)));
     }
+}
+
+/// Whether a daemon under `share` claims for `id`: alone (`None`), for every subscriber.
+fn owned(share: Option<&Share>, id: &str) -> bool {
+    share.is_none_or(|s| s.owns(id))
 }
 
 /// The dispatcher's whole state.
@@ -287,7 +296,7 @@ impl State {
 
     /// Whether this daemon claims for `id` (every subscriber when it is alone).
     pub fn owns(&self, id: &str) -> bool {
-        self.share.as_ref().is_none_or(|s| s.owns(id))
+        owned(self.share.as_ref(), id)
     }
 
     /// Deliveries out now, across all subscribers.
@@ -338,14 +347,17 @@ impl State {
                 Vec::new()
             }
             Event::Share(share) => {
-                for (id, st) in self.subs.iter_mut() {
-                    let was = self.share.as_ref().is_none_or(|s| s.owns(id));
-                    if !was && share.as_ref().is_none_or(|s| s.owns(id)) {
-                        // Another daemon claimed for it until now: whatever it left is due.
-                        st.due_at(now);
+                if share != self.share {
+                    for (id, st) in self.subs.iter_mut() {
+                        let mine = owned(share.as_ref(), id);
+                        if mine && !st.mine {
+                            // Another daemon claimed for it until now: whatever it left is due.
+                            st.due_at(now);
+                        }
+                        st.mine = mine;
                     }
+                    self.share = share;
                 }
-                self.share = share;
                 Vec::new()
             }
             Event::Customers(all) => {
@@ -426,11 +438,11 @@ impl State {
             // Only a result can free a slot, and a result wakes the loop.
             return wake;
         }
-        for (id, st) in &self.subs {
+        for st in self.subs.values() {
             if st.removed
                 || st.in_flight >= st.target.limits.max_in_flight
                 || st.health.disabled.is_some()
-                || !self.owns(id)
+                || !st.mine
             {
                 continue;
             }
@@ -473,8 +485,9 @@ impl State {
             }
             None => {
                 let id = target.id.clone();
+                let mine = self.owns(&id);
                 self.subs
-                    .insert(id.clone(), Sub::new(target, stored, s.health));
+                    .insert(id.clone(), Sub::new(target, stored, s.health, mine));
                 self.order.push(id);
                 self.order.sort();
             }
@@ -539,13 +552,11 @@ impl State {
         let mut candidates: Vec<(Arc<str>, Reservation)> = Vec::new();
         for k in 0..n {
             let id = self.order[(self.rr + k) % n].clone();
-            if !self.owns(&id) {
-                continue;
-            }
             let Some(st) = self.subs.get_mut(&id) else {
                 continue;
             };
-            if st.next_due.is_none_or(|d| d > now)
+            if !st.mine
+                || st.next_due.is_none_or(|d| d > now)
                 || st.not_before > now
                 || st.health.disabled.is_some()
                 || st.removed

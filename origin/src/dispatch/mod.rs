@@ -211,9 +211,8 @@ impl<L: DispatchLedger> Dispatcher<L> {
     async fn reshare(&mut self) {
         match self.ledger.share().await {
             Ok(share) => {
-                let members = |s: Option<&Share>| s.map(|s| s.members().to_vec());
-                if members(share.as_ref()) != members(self.state.share()) {
-                    tracing::info!(daemons = ?members(share.as_ref()), "the daemons sharing the ledger changed: each claims for its own subscribers");
+                if share.as_ref() != self.state.share() {
+                    tracing::info!(daemons = ?share.as_ref().map(Share::members), "the daemons sharing the ledger changed: each claims for its own subscribers");
                 }
                 let n = share.as_ref().map_or(1, |s| s.members().len());
                 self.metrics.daemons.store(n as u64, Ordering::Relaxed);

@@ -1355,15 +1355,10 @@ fn names(sql: &str, table: &str) -> bool {
     })
 }
 
-/// The plan of `sql` as PostgreSQL would run it with any arguments (a generic plan), with
-/// sequential scans and sorts priced out: one shows up only where no index can serve (a
-/// tiny test table would otherwise be read whole and sorted, cheaper there than anything).
-async fn generic_plan(c: &tokio_postgres::Client, sql: &str) -> Result<String, String> {
-    planned(c, sql, true).await
-}
-
-/// The generic plan of `sql`; with `priced_out`, sequential scans and sorts priced out (see
-/// [`generic_plan`]), else with the server's own settings.
+/// The plan of `sql` as PostgreSQL would run it with any arguments (a generic plan). With
+/// `priced_out`, sequential scans and sorts are priced out: one shows up only where no index
+/// can serve (a tiny test table would otherwise be read whole and sorted, cheaper there than
+/// anything); else the server's own settings plan it.
 async fn planned(
     c: &tokio_postgres::Client,
     sql: &str,
@@ -1404,6 +1399,29 @@ async fn planned(
         .await
         .map_err(|e| e.to_string())?;
     plan.map_err(|e| format!("{e:?}"))
+}
+
+/// Each statement planned (see [`planned`]) and its plan checked by `problems`: the statements
+/// that have any, or cannot be planned, each with why and its plan.
+async fn bad_plans(
+    c: &tokio_postgres::Client,
+    statements: &[String],
+    priced_out: bool,
+    problems: fn(&str) -> Vec<String>,
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    for sql in statements {
+        match planned(c, sql, priced_out).await {
+            Ok(plan) => {
+                let found = problems(&plan);
+                if !found.is_empty() {
+                    bad.push(format!("{sql}\n{}\n{plan}", found.join("\n")));
+                }
+            }
+            Err(e) => bad.push(format!("{sql}\ncannot plan: {e}")),
+        }
+    }
+    bad
 }
 
 /// Whether a scan's index condition picks rows by key (a delivery id or ids, an event): a few
@@ -1679,18 +1697,7 @@ async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
         "the log holds the hot statements: {statements:#?}"
     );
     let c = server.connect("plans").await;
-    let mut bad = Vec::new();
-    for sql in &statements {
-        match generic_plan(&c, sql).await {
-            Ok(plan) => {
-                let problems = plan_problems(&plan);
-                if !problems.is_empty() {
-                    bad.push(format!("{sql}\n{}\n{plan}", problems.join("\n")));
-                }
-            }
-            Err(e) => bad.push(format!("{sql}\ncannot plan: {e}")),
-        }
-    }
+    let bad = bad_plans(&c, &statements, true, plan_problems).await;
     assert!(bad.is_empty(), "{}", bad.join("\n\n"));
     // The checker itself, on plans it must refuse and one it must pass.
     let refused = [
@@ -1844,17 +1851,6 @@ async fn a_queue_that_outgrows_its_statistics_is_analyzed_and_turns_read_it_by_i
         statements.len() >= 5,
         "the log holds the turn's statements: {statements:#?}"
     );
-    let mut bad = Vec::new();
-    for sql in &statements {
-        match planned(&c, sql, false).await {
-            Ok(plan) => {
-                let problems = turn_plan_problems(&plan);
-                if !problems.is_empty() {
-                    bad.push(format!("{sql}\n{}\n{plan}", problems.join("\n")));
-                }
-            }
-            Err(e) => bad.push(format!("{sql}\ncannot plan: {e}")),
-        }
-    }
+    let bad = bad_plans(&c, &statements, false, turn_plan_problems).await;
     assert!(bad.is_empty(), "{}", bad.join("\n\n"));
 }

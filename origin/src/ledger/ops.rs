@@ -306,8 +306,9 @@ mod tests {
             .unwrap();
         let rows: Vec<i64> = leased.claims[0].claimed.iter().map(|d| d.rowid).collect();
         assert_eq!(rows.len(), 3);
-        // Big attempt records, so the turn needs pages the full file does not have.
-        let big = "x".repeat(4000);
+        // Big attempt records, so the turn needs more pages than the full file has (free
+        // pages included: a new ledger's migrations leave some).
+        let big = "x".repeat(100_000);
         let turn = Turn {
             now_ms: 10,
             outcomes: vec![

@@ -99,7 +99,10 @@ impl Store {
         now_ms: i64,
     ) -> Result<(Vec<Ingested>, Vec<String>), LedgerError> {
         match self {
-            Store::Sqlite(l) => l.tx(move |c| super::ingest(c, &events, now_ms)).await,
+            Store::Sqlite(l) => {
+                l.tx_shared(move |c| super::ingest(c, &events, now_ms))
+                    .await
+            }
             Store::Postgres(p) => p.ingest(&events, now_ms).await,
         }
     }

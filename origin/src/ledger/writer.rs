@@ -572,6 +572,45 @@ mod tests {
         );
     }
 
+    /// With no checkpoint thread, the writer alone keeps the WAL bounded under a steady
+    /// stream of commits: it checkpoints between groups once the WAL holds
+    /// `CHECKPOINT_PAGES` pages (SQLite's own autocheckpoint is replaced by its WAL hook).
+    #[test]
+    fn the_writer_checkpoints_between_groups_and_the_wal_stays_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("l.db");
+        let mut conn = open_connection(&db).unwrap();
+        conn.execute_batch("CREATE TABLE b (v BLOB)").unwrap();
+        let (jobs, rx) = mpsc::channel();
+        let synced: SyncFn = Box::new(|| Ok(()));
+        std::thread::spawn(move || serve(&mut conn, &rx, Some(synced)));
+        let page = 4096u64;
+        let blob = 64 * 1024;
+        let written = 2 * super::CHECKPOINT_PAGES as u64 * page;
+        for _ in 0..written / blob as u64 {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let f = move |c: &rusqlite::Connection| {
+                c.execute("INSERT INTO b (v) VALUES (zeroblob(?1))", [blob])?;
+                Ok(0i64)
+            };
+            jobs.send(Job::Tx(Box::new(Op {
+                f,
+                reply,
+                guard: Guard::Group,
+            })))
+            .unwrap();
+            answer.blocking_recv().unwrap().unwrap();
+        }
+        let wal = std::fs::metadata(format!("{}-wal", db.display()))
+            .unwrap()
+            .len();
+        let bound = (super::CHECKPOINT_PAGES as u64 + 64) * (page + 24);
+        assert!(
+            wal <= bound,
+            "{written} bytes written, the WAL is {wal} bytes (bound {bound})"
+        );
+    }
+
     /// A sync that fails fails every operation it covered, typed (a full disk is `Full`), and
     /// the writer carries on with the next.
     #[test]

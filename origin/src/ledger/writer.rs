@@ -633,10 +633,11 @@ mod tests {
         assert_eq!(b.blocking_recv().unwrap().unwrap(), 2);
     }
 
-    /// Operations queued behind a slow one run as one group: a failing one and a panicking one
-    /// lose only their own changes and fail only their own callers.
-    #[tokio::test]
-    async fn a_group_keeps_each_operations_own_outcome() {
+    /// Operations 0..n queued together behind a slow one (so that they all run as one group
+    /// unless a failure ends it), each inserting its `k` under the guard `guard(k)`; 3 fails
+    /// and 5 panics. Returns each one's answer and the rows kept, once the ledger has been
+    /// seen to write again.
+    async fn grouped(n: i64, guard: fn(i64) -> Guard) -> (Vec<Result<i64, LedgerError>>, Vec<i64>) {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(&dir.path().join("l.db")).unwrap();
         ledger
@@ -655,71 +656,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         let mut ops = Vec::new();
-        for k in 0..10i64 {
-            let l = ledger.clone();
-            ops.push(tokio::spawn(async move {
-                l.tx(move |c| {
-                    c.execute("INSERT INTO t (k) VALUES (?1)", [k])?;
-                    match k {
-                        3 => Err(LedgerError::Invalid("no".into())),
-                        5 => panic!("operation {k} panics"),
-                        _ => Ok(k),
-                    }
-                })
-                .await
-            }));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        hold.await.unwrap().unwrap();
-        let mut got = Vec::new();
-        for op in ops {
-            got.push(op.await.unwrap());
-        }
-        for (k, r) in got.iter().enumerate() {
-            match k {
-                3 => assert!(matches!(r, Err(LedgerError::Invalid(_))), "{k}: {r:?}"),
-                5 => assert!(matches!(r, Err(LedgerError::Closed)), "{k}: {r:?}"),
-                _ => assert_eq!(r.as_ref().ok(), Some(&(k as i64)), "{k}: {r:?}"),
-            }
-        }
-        let kept: Vec<i64> = ledger
-            .read(|c| {
-                let mut st = c.prepare("SELECT k FROM t ORDER BY k")?;
-                let rows = st.query_map([], |r| r.get(0))?;
-                Ok(rows.collect::<Result<_, _>>()?)
-            })
-            .await
-            .unwrap();
-        assert_eq!(kept, vec![0, 1, 2, 4, 6, 7, 8, 9]);
-        // The writer still works after all that.
-        assert_eq!(ledger.tx(|_| Ok(1)).await.unwrap(), 1);
-    }
-
-    /// An operation guarded by its group (ingest) that fails or panics takes its group down:
-    /// the operations that ran before it in the same transaction (guarded by their own
-    /// savepoint or not) fail with its error and keep nothing; those queued after it run in
-    /// the next group as usual.
-    #[tokio::test]
-    async fn a_failure_guarded_by_the_group_fails_the_whole_group() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(&dir.path().join("l.db")).unwrap();
-        ledger
-            .call(|c| Ok(c.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY)")?))
-            .await
-            .unwrap();
-        // Hold the writer (queued first) so that the next operations are all queued when it
-        // looks.
-        let l = ledger.clone();
-        let hold = tokio::spawn(async move {
-            l.call(|_| {
-                std::thread::sleep(Duration::from_millis(300));
-                Ok(())
-            })
-            .await
-        });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let mut ops = Vec::new();
-        for k in 0..9i64 {
+        for k in 0..n {
             let l = ledger.clone();
             ops.push(tokio::spawn(async move {
                 let f = move |c: &rusqlite::Connection| {
@@ -730,25 +667,16 @@ mod tests {
                         _ => Ok(k),
                     }
                 };
-                if k == 1 {
-                    l.tx(f).await
-                } else {
-                    l.tx_shared(f).await
+                match guard(k) {
+                    Guard::Own => l.tx(f).await,
+                    Guard::Group => l.tx_shared(f).await,
                 }
             }));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
         hold.await.unwrap().unwrap();
         let mut got = Vec::new();
         for op in ops {
             got.push(op.await.unwrap());
-        }
-        for (k, r) in got.iter().enumerate() {
-            match k {
-                0..=3 => assert!(matches!(r, Err(LedgerError::Invalid(_))), "{k}: {r:?}"),
-                4 | 5 => assert!(matches!(r, Err(LedgerError::Closed)), "{k}: {r:?}"),
-                _ => assert_eq!(r.as_ref().ok(), Some(&(k as i64)), "{k}: {r:?}"),
-            }
         }
         let kept: Vec<i64> = ledger
             .read(|c| {
@@ -758,7 +686,42 @@ mod tests {
             })
             .await
             .unwrap();
+        // The writer still works after all that.
+        assert_eq!(ledger.tx(|_| Ok(1)).await.unwrap(), 1);
+        assert_eq!(ledger.tx_shared(|_| Ok(2)).await.unwrap(), 2);
+        (got, kept)
+    }
+
+    /// Operations guarded by their own savepoint: a failing one and a panicking one lose only
+    /// their own changes and fail only their own callers.
+    #[tokio::test]
+    async fn a_group_keeps_each_operations_own_outcome() {
+        let (got, kept) = grouped(10, |_| Guard::Own).await;
+        for (k, r) in got.iter().enumerate() {
+            match k {
+                3 => assert!(matches!(r, Err(LedgerError::Invalid(_))), "{k}: {r:?}"),
+                5 => assert!(matches!(r, Err(LedgerError::Closed)), "{k}: {r:?}"),
+                _ => assert_eq!(r.as_ref().ok(), Some(&(k as i64)), "{k}: {r:?}"),
+            }
+        }
+        assert_eq!(kept, vec![0, 1, 2, 4, 6, 7, 8, 9]);
+    }
+
+    /// An operation guarded by its group (ingest) that fails or panics takes its group down:
+    /// the operations that ran before it in the same transaction (guarded by their own
+    /// savepoint or not) fail with its error and keep nothing; those queued after it run in
+    /// the next group as usual.
+    #[tokio::test]
+    async fn a_failure_guarded_by_the_group_fails_the_whole_group() {
+        let guard = |k| if k == 1 { Guard::Own } else { Guard::Group };
+        let (got, kept) = grouped(9, guard).await;
+        for (k, r) in got.iter().enumerate() {
+            match k {
+                0..=3 => assert!(matches!(r, Err(LedgerError::Invalid(_))), "{k}: {r:?}"),
+                4 | 5 => assert!(matches!(r, Err(LedgerError::Closed)), "{k}: {r:?}"),
+                _ => assert_eq!(r.as_ref().ok(), Some(&(k as i64)), "{k}: {r:?}"),
+            }
+        }
         assert_eq!(kept, vec![6, 7, 8]);
-        assert_eq!(ledger.tx_shared(|_| Ok(1)).await.unwrap(), 1);
     }
 }

@@ -1,7 +1,8 @@
 //! The loop of a ledger thread, with group commit: transactional operations found queued
 //! together share one SQLite transaction, each under its own savepoint (its failure undoes only
-//! its own changes), and none is answered before that transaction has committed and, on the
-//! writer, before the WAL holding it has been synced to the disk.
+//! its own changes) unless it is guarded by the group ([`Guard::Group`], ingest: its failure
+//! undoes and fails the whole group), and none is answered before that transaction has
+//! committed and, on the writer, before the WAL holding it has been synced to the disk.
 //!
 //! Why: a commit appends every page the transaction changed to the WAL. For a small transaction
 //! (one event from a producer that sends them one at a time) the commit was most of the

@@ -96,8 +96,6 @@ const SYNCER_POLL: Duration = Duration::from_micros(200);
 struct Syncer<'a> {
     committed: mpsc::Sender<Committed>,
     unsynced: &'a AtomicUsize,
-    /// Pages in the WAL after the last commit.
-    wal_pages: &'a AtomicUsize,
 }
 
 impl Syncer<'_> {
@@ -216,7 +214,7 @@ fn again(e: &LedgerError) -> LedgerError {
 /// (a reader), they go as soon as the transaction ends.
 pub(super) fn serve(conn: &mut Connection, rx: &mpsc::Receiver<Job>, sync: Option<SyncFn>) {
     let Some(sync) = sync else {
-        return serve_jobs(conn, rx, None);
+        return serve_jobs(conn, rx, None, None);
     };
     // Replaces SQLite's autocheckpoint: the pages in the WAL after each commit.
     let wal_pages = std::sync::Arc::new(AtomicUsize::new(0));
@@ -243,21 +241,28 @@ pub(super) fn serve(conn: &mut Connection, rx: &mpsc::Receiver<Job>, sync: Optio
                 .spawn_scoped(scope, move || sync_loop(to_sync, sync, unsynced));
             if let Err(e) = syncer {
                 tracing::error!(error = %e, "cannot start the ledger's sync thread; it commits with a sync each");
-                return serve_jobs(conn, rx, None);
+                return serve_jobs(conn, rx, None, Some(wal_pages));
             }
         }
         let syncer = Syncer {
             committed,
             unsynced,
-            wal_pages,
         };
-        serve_jobs(conn, rx, Some(&syncer));
+        serve_jobs(conn, rx, Some(&syncer), Some(wal_pages));
         // `syncer` drops here: the syncer thread answers what is left, then ends (joined by
         // scope).
     });
 }
 
-fn serve_jobs(conn: &mut Connection, rx: &mpsc::Receiver<Job>, syncer: Option<&Syncer<'_>>) {
+/// Run jobs as they come: groups (answered through `syncer` when there is one), and, on the
+/// writer (`wal_pages`: the WAL's size after its last commit), a checkpoint between them once
+/// the WAL holds `CHECKPOINT_PAGES` pages, with or without a syncer.
+fn serve_jobs(
+    conn: &mut Connection,
+    rx: &mpsc::Receiver<Job>,
+    syncer: Option<&Syncer<'_>>,
+    wal_pages: Option<&AtomicUsize>,
+) {
     if syncer.is_none() {
         // No syncer: every commit syncs by itself.
         if let Err(e) = conn.execute_batch("PRAGMA synchronous = FULL;") {
@@ -290,9 +295,9 @@ fn serve_jobs(conn: &mut Connection, rx: &mpsc::Receiver<Job>, syncer: Option<&S
             }
             Job::Tx(first) => carried = run_group(conn, first, rx, syncer),
         }
-        if let Some(syncer) = syncer {
-            if syncer.wal_pages.load(Ordering::Relaxed) >= CHECKPOINT_PAGES {
-                syncer.wal_pages.store(0, Ordering::Relaxed);
+        if let Some(wal_pages) = wal_pages {
+            if wal_pages.load(Ordering::Relaxed) >= CHECKPOINT_PAGES {
+                wal_pages.store(0, Ordering::Relaxed);
                 if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
                     tracing::warn!(error = %e, "checkpoint failed");
                 }

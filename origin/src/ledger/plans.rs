@@ -2,7 +2,9 @@
 //! leases, due lookups, lists by status, subscriber, event and time, replay ranges, stats,
 //! retention) is recorded while they run on a small ledger, then `EXPLAIN QUERY PLAN` of each
 //! must show no full scan of deliveries, attempts or events and no sort of their rows: every
-//! one is a keyed lookup or an index range, so its cost does not grow with the ledger.
+//! one is a keyed lookup or an index range, so its cost does not grow with the ledger. The one
+//! sort allowed is of a single event's deliveries read by their key (`bounded_sort`: at most
+//! one per subscriber).
 
 use std::sync::{Arc, Mutex};
 

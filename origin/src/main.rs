@@ -7,6 +7,11 @@ use clap::Parser as _;
 use fanout_origin::cli::{run_client, Cli, Command, LogFormat};
 use fanout_origin::config::Config;
 
+/// mimalloc instead of the system allocator: the daemon allocates and frees small buffers on
+/// every request, send and turn, from several threads (BENCHMARKS.md, "The allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Crates whose debug and trace output can carry URLs, headers or bodies: capped at `info`
 /// whatever `FANOUT_LOG` asks (their `info` and above name no request).
 const QUIET_CRATES: &[&str] = &["hyper", "hyper_util", "h2", "reqwest", "rustls", "tower"];

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fanout_core::breaker::BreakerConfig;
+use fanout_core::endpoint::check_url;
 use fanout_core::logrec::LogRecord;
 use fanout_core::sign::Secret;
 use fanout_core::wire::{DeferReason, Delivery, DeliveryResult, SubscriberSpec};
@@ -413,12 +414,14 @@ impl<L: DispatchLedger> Dispatcher<L> {
             }
             _ => {
                 let signer = Signer::new(secrets, target.legacy_signature);
+                // Parsed and checked once for the whole launch; each send reuses the parse.
+                let url = Arc::new(check_url(&target.url, self.cfg.allow_loopback).ok());
                 for d in claimed {
                     let out = self.cfg.outbound.clone();
                     let done = self.done_tx.clone();
                     let target = target.clone();
                     let signer = signer.clone();
-                    let allow_loopback = self.cfg.allow_loopback;
+                    let url = url.clone();
                     tokio::spawn(async move {
                         let mut unreported =
                             Unreported::new(&done, &target.id, "origin", vec![Meta::of(&d)]);
@@ -427,12 +430,11 @@ impl<L: DispatchLedger> Dispatcher<L> {
                         let send = origin_lane::Outgoing {
                             delivery_id: &id,
                             event_id: &d.event_id,
-                            url: &target.url,
+                            url: url.as_ref().as_ref(),
                             signer: &signer,
                             timeout_ms: target.limits.timeout_ms,
                         };
-                        let result =
-                            origin_lane::deliver(&out, &send, d.body, allow_loopback).await;
+                        let result = origin_lane::deliver(&out, &send, d.body).await;
                         let latency_ms = Some(started.elapsed().as_millis() as u64);
                         if let Some(meta) = unreported.take().pop() {
                             let _ = done.send(Event::Results {

@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use fanout_core::endpoint::check_url;
 use fanout_core::retry::{parse_retry_after, result_for, Attempt};
 use fanout_core::wire::{DeliveryResult, TransportError, RESPONSE_BODY_LIMIT};
 
@@ -16,20 +15,16 @@ use crate::time::now_ms;
 pub struct Outgoing<'a> {
     pub delivery_id: &'a str,
     pub event_id: &'a str,
-    pub url: &'a str,
+    /// The subscriber's URL as `fanout_core::endpoint::check_url` accepted it (checked once
+    /// per launch, not per delivery), or `None` when it refused it.
+    pub url: Option<&'a url::Url>,
     pub signer: &'a Signer,
     pub timeout_ms: u64,
 }
 
 /// Send one delivery and report it as the edge would.
-pub async fn deliver(
-    out: &Outbound,
-    s: &Outgoing<'_>,
-    body: String,
-    allow_loopback: bool,
-) -> DeliveryResult {
-    // The check parses the URL; the request reuses that parse.
-    let Ok(url) = check_url(s.url, allow_loopback) else {
+pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> DeliveryResult {
+    let Some(url) = s.url.cloned() else {
         return result_for(
             s.delivery_id,
             &Attempt::Transport(TransportError::RefusedUrl),

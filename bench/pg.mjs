@@ -117,7 +117,7 @@ function psql(db, sql) {
 
 /** With --statements: where PostgreSQL's time went over the drain (executing and planning), per statement
  * (pg_stat_statements, nested statements — the triggers' — included), per delivery. */
-function statements(db, delivered) {
+function statements(db, delivered, what = 'delivery') {
   const rows = psql(
     db,
     `SELECT calls, total_exec_time, total_plan_time, rows, regexp_replace(left(query, 110), '\\s+', ' ', 'g')
@@ -125,7 +125,7 @@ function statements(db, delivered) {
      ORDER BY total_exec_time + total_plan_time DESC LIMIT 14`,
   );
   const us = (ms) => ((Number(ms) * 1000) / Math.max(1, delivered)).toFixed(1).padStart(6);
-  log('    statement time per delivery (µs): executing, planning; calls, rows, statement:');
+  log(`    statement time per ${what} (µs): executing, planning; calls, rows, statement:`);
   for (const line of rows.trim().split('\n')) {
     const [calls, ms, planMs, n, q] = line.split('|');
     log(`    ${us(ms)} ${us(planMs)} ${calls.padStart(6)} ${n.padStart(7)}  ${q}`);
@@ -192,6 +192,7 @@ async function once(config, sink, pg, round) {
     });
     // Ingest, spread over the daemons.
     const events = makeEvents(EVENTS, `r${round}`);
+    if (kind === 'pg' && opts.statements) psql(db, 'SELECT pg_stat_statements_reset()');
     const c0 = cpu();
     const t0 = performance.now();
     let next = 0;
@@ -207,6 +208,7 @@ async function once(config, sink, pg, round) {
     );
     const ingestS = (performance.now() - t0) / 1000;
     const c1 = cpu();
+    if (kind === 'pg' && opts.statements) statements(db, EVENTS, 'ingested event');
     // Held subscribers had a burst of 1: up to one delivery each may already be out.
     await sleep(300);
     const expected = EVENTS * SUBSCRIBERS;

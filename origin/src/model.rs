@@ -390,6 +390,10 @@ pub struct Claim {
     pub claimed: Vec<Claimed>,
     /// When the subscriber's earliest remaining pending delivery is due, if it has one.
     pub next_due_ms: Option<i64>,
+    /// Due work was left because the ledger's own limiter said wait (PostgreSQL: the limiter
+    /// every daemon shares, which may have less than this daemon's copy): nothing of it is
+    /// asked for again before this time. `None` when the caller's limiter decides alone.
+    pub not_before_ms: Option<i64>,
 }
 
 /// Which daemon claims for which subscriber when several share one ledger (`me` among the

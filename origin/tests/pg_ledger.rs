@@ -448,11 +448,50 @@ async fn a_retry_after_pause_is_shared_by_every_daemon() {
     assert_eq!(paused[0].wait_ms, Some(1_010));
     let stats = l[1].subscriber_stats(BREAKER, t0 + 1_000).await.unwrap();
     assert_eq!(stats[0].paused_until_ms, Some(t0 + 2_010));
+    // A dispatcher's turn is told the same: its daemon asks again only once the pause is over
+    // (its own copy of the limiter knows nothing of the 429 another daemon got).
+    let turn = l[1]
+        .record_turn(Turn {
+            now_ms: t0 + 1_000,
+            claims: vec![("a".into(), 5)],
+            lease_until_ms: t0 + 1_000 + LEASE,
+            ..Turn::default()
+        })
+        .await
+        .map_err(|e| e.error)
+        .unwrap();
+    assert!(turn.claims[0].claimed.is_empty());
+    assert_eq!(turn.claims[0].not_before_ms, Some(t0 + 2_010));
     let after = l[1]
         .claim(&[("a".into(), 5)], BREAKER, t0 + 2_011, LEASE)
         .await
         .unwrap();
     assert_eq!(after[0].claimed.len(), 5);
+}
+
+/// A turn that leases up to the in-flight cap tells its daemon no wait: a result frees a
+/// slot, and the daemon asks again as soon as one comes back (a wait here held every
+/// subscriber at its cap back for a quarter of a second per turn).
+#[tokio::test]
+async fn a_full_in_flight_cap_is_no_wait() {
+    let server = PgServer::start();
+    let l = ledgers(&server, "cap", 1).await;
+    l[0].create_subscriber(&sub("a", &["*"], 1000.0, 1000, 2), "s")
+        .await
+        .unwrap();
+    l[0].ingest(&evs("e", 5), 0).await.unwrap();
+    let turn = l[0]
+        .record_turn(Turn {
+            now_ms: 5_000,
+            claims: vec![("a".into(), 5)],
+            lease_until_ms: 5_000 + LEASE,
+            ..Turn::default()
+        })
+        .await
+        .map_err(|e| e.error)
+        .unwrap();
+    assert_eq!(turn.claims[0].claimed.len(), 2);
+    assert_eq!(turn.claims[0].not_before_ms, None);
 }
 
 #[tokio::test]

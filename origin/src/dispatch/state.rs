@@ -653,6 +653,12 @@ impl State {
                 Some(d) if got == 0 && d <= now => Some(now + EMPTY_CLAIM_RETRY_MS),
                 other => other,
             };
+            if let Some(at) = claim.not_before_ms {
+                // The shared limiter has less than this daemon's copy: wait for it, whatever
+                // new work is announced meanwhile (each announcement would otherwise ask
+                // again, and get nothing, once per ingest).
+                st.not_before = st.not_before.max(at);
+            }
             if got == 0 {
                 continue;
             }
@@ -1088,6 +1094,7 @@ mod tests {
                     subscriber_id: sub.clone(),
                     claimed,
                     next_due_ms: (*left > 0).then_some(0),
+                    not_before_ms: None,
                 });
             }
             Recorded {
@@ -1172,6 +1179,49 @@ mod tests {
             .filter(|(s, _)| s == sub)
             .map(|(_, m)| m.len())
             .sum()
+    }
+
+    /// On PostgreSQL the daemons share one limiter, which may hold less than a daemon's own
+    /// copy (another daemon spent it). A claim that comes back empty because the shared
+    /// limiter says wait is not asked again before then, however much new work is announced
+    /// meanwhile: each announcement (one per ingest) used to cost a whole turn that got nothing.
+    #[test]
+    fn a_claim_the_shared_limiter_refused_waits_for_it() {
+        let mut state = State::new(settings(1000));
+        on(
+            &mut state,
+            Event::Loaded(vec![(subscriber("a", 10), LimiterState::default())]),
+            0,
+        );
+        // What a tick asks for; a turn that asks nothing (a limiter to store) is recorded.
+        let asks = |state: &mut State, now: i64| -> Vec<(String, usize)> {
+            let asked = match on(state, Event::Tick, now).as_slice() {
+                [Effect::Record(turn)] => turn.asks(),
+                [] => return Vec::new(),
+                other => panic!("{other:?}"),
+            };
+            if asked.is_empty() {
+                on(state, Event::Recorded(Recorded::default()), now);
+            }
+            asked
+        };
+        assert_eq!(asks(&mut state, 10), vec![("a".to_string(), 10)]);
+        let refused = Recorded {
+            claims: vec![Claim {
+                subscriber_id: "a".into(),
+                claimed: vec![],
+                next_due_ms: Some(5),
+                not_before_ms: Some(510),
+            }],
+            notices: vec![],
+        };
+        assert!(on(&mut state, Event::Recorded(refused), 10).is_empty());
+        for now in [20, 200, 509] {
+            on(&mut state, Event::Due(vec!["a".into()]), now);
+            assert_eq!(asks(&mut state, now), vec![], "asked again at {now}");
+            assert_eq!(state.next_wake(now, 10_000), 510);
+        }
+        assert_eq!(asks(&mut state, 510), vec![("a".to_string(), 10)]);
     }
 
     /// Two daemons sharing a ledger each ask to claim only for the subscribers they own —
@@ -1644,6 +1694,7 @@ mod tests {
                     subscriber_id: "a".into(),
                     claimed: again,
                     next_due_ms: None,
+                    not_before_ms: None,
                 }],
                 notices: vec![],
             };

@@ -504,6 +504,8 @@ pub fn claim(
             subscriber_id: sub.clone(),
             claimed,
             next_due_ms,
+            // The dispatcher's own limiter granted these: it knows its waits.
+            not_before_ms: None,
         });
     }
     store_limiters(c, limiters)?;

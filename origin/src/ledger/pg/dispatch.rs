@@ -215,6 +215,9 @@ impl PgLedger {
                     subscriber_id: c.subscriber_id,
                     claimed: c.claimed,
                     next_due_ms: c.next_due_ms,
+                    not_before_ms: c
+                        .wait_ms
+                        .map(|w| now.saturating_add(i64::try_from(w).unwrap_or(i64::MAX))),
                 });
             }
         }

@@ -603,7 +603,8 @@ pub struct PgClaim {
     pub lease_expires_ms: i64,
     /// Deliveries in flight for this subscriber across every daemon, these included.
     pub in_flight: u32,
-    /// Due work was left because the shared limiter said wait: how long, at least.
+    /// Due work was left because the shared limiter said wait (its rate, a pause, the
+    /// breaker; never the in-flight cap): how long, at least.
     pub wait_ms: Option<u64>,
     /// When its earliest remaining pending delivery is due, if it has one.
     pub next_due_ms: Option<i64>,
@@ -879,12 +880,16 @@ impl PgLedger {
         for (id, l, limiter, _) in held {
             let next_due_ms = next_due.get(&id).copied();
             let busy = in_flight.get(&id).copied().unwrap_or(0);
-            // Due work left because the shared limiter says wait: how long, as the limiter
-            // would answer for one more (asked of a copy, nothing is taken).
+            // Due work left because the shared limiter says wait (rate, pause, breaker): how
+            // long, as the limiter would answer for one more (asked of a copy, nothing is
+            // taken). A full in-flight cap is no wait: a result frees a slot.
             let wait_ms = match next_due_ms {
                 Some(due) if due <= now_ms => {
                     let mut probe = limiter;
-                    probe.plan(l, busy, now_ms, 1).deferred.first().map(|d| d.1)
+                    let one = probe.reserve(l, busy, now_ms, 1);
+                    let wait = one.wait_ms();
+                    probe.commit(l, one, 0);
+                    wait
                 }
                 _ => None,
             };

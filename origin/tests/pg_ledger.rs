@@ -18,7 +18,7 @@ use fanout_core::retry::Attempt;
 use fanout_origin::ledger::pg::{Announcement, Feedback, LeasedOutcome, PgLedger};
 use fanout_origin::ledger::{
     AttemptRecord, DeliveryFilter, DispatchLedger, HealthWrite, LedgerError, NewEvent, Outcome,
-    Transition, Turn,
+    Transition, Turn, Unavailable,
 };
 use fanout_origin::model::{Disabled, Lane, Limits, Status, Subscriber};
 
@@ -467,6 +467,89 @@ async fn a_retry_after_pause_is_shared_by_every_daemon() {
         .await
         .unwrap();
     assert_eq!(after[0].claimed.len(), 5);
+}
+
+/// A PostgreSQL whose disk is full answers as a full SQLite ledger does: ingest fails as
+/// `Unavailable::Full` (the API's 503 `unavailable`, not 500), nothing of the refused batch is
+/// kept, a dispatcher turn is handed back whole, and ingest is accepted again once the disk
+/// has room. The ledger's tables live in a tablespace on a 2 MiB tmpfs.
+#[tokio::test]
+async fn a_full_disk_is_unavailable_and_ingest_resumes_once_it_has_room() {
+    if !common::pg::is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root (the test command runs as root in CI)");
+        return;
+    }
+    let disk = common::pg::SmallDisk::mount(2);
+    let server = PgServer::start();
+    let c = server.connect("postgres").await;
+    for sql in [
+        format!(
+            "CREATE TABLESPACE small LOCATION '{}'",
+            disk.path().display()
+        ),
+        "CREATE DATABASE full_disk".into(),
+        "ALTER DATABASE full_disk SET default_tablespace = small".into(),
+    ] {
+        c.batch_execute(&sql).await.unwrap();
+    }
+    let l = PgLedger::open(&server.url("full_disk"), "d1")
+        .await
+        .unwrap();
+    l.create_subscriber(&sub("a", &["*"], 1000.0, 1000, 100), "s")
+        .await
+        .unwrap();
+    let body = "x".repeat(2000);
+    let batch = |k: usize| -> Vec<NewEvent> {
+        (0..100)
+            .map(|i| NewEvent {
+                body: body.clone(),
+                ..ev(&format!("b{k}-{i}"), "t")
+            })
+            .collect()
+    };
+    let mut accepted = 0;
+    let full = loop {
+        assert!(accepted < 100, "2 MiB never filled up");
+        match l.ingest(&batch(accepted), 0).await {
+            Ok(_) => accepted += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(full, LedgerError::Unavailable(Unavailable::Full)),
+        "{full:?}"
+    );
+    let db = server.connect("full_disk").await;
+    let kept: i64 = db
+        .query_one("SELECT COUNT(*) FROM events", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        kept,
+        accepted as i64 * 100,
+        "only whole acknowledged batches are kept"
+    );
+    // A dispatcher's turn is handed back whole, with the same kind of error.
+    let failed = l
+        .record_turn(Turn {
+            now_ms: 10,
+            claims: vec![("a".into(), 100)],
+            lease_until_ms: 10 + LEASE,
+            ..Turn::default()
+        })
+        .await;
+    if let Err(e) = &failed {
+        assert!(
+            matches!(e.error, LedgerError::Unavailable(_)),
+            "{:?}",
+            e.error
+        );
+    }
+    disk.grow(64);
+    l.ingest(&batch(1000), 0).await.unwrap();
+    drop(l);
+    drop(server);
 }
 
 /// A turn that leases up to the in-flight cap tells its daemon no wait: a result frees a

@@ -30,7 +30,7 @@ pub fn bin_dir() -> PathBuf {
         .1
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     // The effective uid, without libc: /proc/self/status has "Uid: real effective …".
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -222,5 +222,48 @@ impl PgServer {
 impl Drop for PgServer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A small disk for the server: a tmpfs of a few MiB mounted on a temp dir the server may
+/// write, unmounted when dropped (drop the server first). Mounting needs root, which the test
+/// command has in CI.
+#[derive(Debug)]
+pub struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    pub fn mount(mib: u32) -> SmallDisk {
+        assert!(is_root(), "mounting a tmpfs needs root");
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Command::new("mount");
+        c.args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir.path());
+        run(c, "mount -t tmpfs");
+        give_to_postgres(dir.path());
+        SmallDisk { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Make room: the same tmpfs, `mib` MiB now (its files stay).
+    pub fn grow(&self, mib: u32) {
+        let mut c = Command::new("mount");
+        c.args(["-o", &format!("remount,size={mib}m")])
+            .arg(self.dir.path());
+        run(c, "mount -o remount");
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .stdin(Stdio::null())
+            .status();
     }
 }

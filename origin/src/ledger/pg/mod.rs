@@ -48,7 +48,7 @@ pub use ops::*;
 pub use retention::{FOLD_EVERY, RETENTION_LOCK};
 pub use schema::VERSION as SCHEMA_VERSION;
 
-use super::LedgerError;
+use super::{LedgerError, Unavailable};
 
 /// The channel on which ingest and replays announce new work: the payload is the subscriber
 /// ids, one per line (empty: look at every subscriber).
@@ -146,8 +146,17 @@ fn describe(e: &tokio_postgres::Error) -> String {
 }
 
 impl From<tokio_postgres::Error> for LedgerError {
+    /// A server that cannot write now is told by its SQLSTATE, as SQLite's by its result code:
+    /// a full disk (`53100`, also what a table that cannot grow reports) or an I/O error
+    /// (`58030`) is [`Unavailable`] (the API answers 503 `unavailable`, a dispatcher turn is
+    /// retried whole), every other failure stays PostgreSQL's own.
     fn from(e: tokio_postgres::Error) -> Self {
-        LedgerError::Postgres(PgError::Db(Arc::new(e)))
+        use tokio_postgres::error::SqlState;
+        match e.code() {
+            Some(c) if *c == SqlState::DISK_FULL => LedgerError::Unavailable(Unavailable::Full),
+            Some(c) if *c == SqlState::IO_ERROR => LedgerError::Unavailable(Unavailable::Io),
+            _ => LedgerError::Postgres(PgError::Db(Arc::new(e))),
+        }
     }
 }
 

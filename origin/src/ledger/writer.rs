@@ -437,11 +437,8 @@ fn run_one(
 ) -> Result<(), LedgerError> {
     let guard = job.guard();
     if guard == Guard::Own {
-        if let Err(e) = conn
-            .prepare_cached("SAVEPOINT job")
-            .and_then(|mut st| st.execute([]))
-        {
-            job.fail(&LedgerError::from(e));
+        if let Err(e) = savepoint(conn, "SAVEPOINT job") {
+            job.fail(&e);
             return Ok(());
         }
     }
@@ -458,15 +455,16 @@ fn run_one(
     };
     match (guard, status) {
         (Guard::Group, status) => status,
-        (Guard::Own, Ok(())) => end_savepoint(conn, "RELEASE job"),
+        (Guard::Own, Ok(())) => savepoint(conn, "RELEASE job"),
         (Guard::Own, Err(_)) => {
-            end_savepoint(conn, "ROLLBACK TO job")?;
-            end_savepoint(conn, "RELEASE job")
+            savepoint(conn, "ROLLBACK TO job")?;
+            savepoint(conn, "RELEASE job")
         }
     }
 }
 
-fn end_savepoint(conn: &Connection, sql: &str) -> Result<(), LedgerError> {
+/// Open, release or roll back to a job's savepoint (statements prepared once per connection).
+fn savepoint(conn: &Connection, sql: &str) -> Result<(), LedgerError> {
     conn.prepare_cached(sql)?.execute([])?;
     Ok(())
 }

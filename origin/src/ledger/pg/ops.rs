@@ -886,10 +886,7 @@ impl PgLedger {
             let wait_ms = match next_due_ms {
                 Some(due) if due <= now_ms => {
                     let mut probe = limiter;
-                    let one = probe.reserve(l, busy, now_ms, 1);
-                    let wait = one.wait_ms();
-                    probe.commit(l, one, 0);
-                    wait
+                    probe.reserve(l, busy, now_ms, 1).wait_ms()
                 }
                 _ => None,
             };

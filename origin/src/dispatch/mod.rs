@@ -430,7 +430,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
                         let send = origin_lane::Outgoing {
                             delivery_id: &id,
                             event_id: &d.event_id,
-                            url: url.as_ref().as_ref(),
+                            url: (*url).as_ref(),
                             signer: &signer,
                             timeout_ms: target.limits.timeout_ms,
                         };

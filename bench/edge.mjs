@@ -3,7 +3,7 @@
 // BENCHMARKS.md has the commands, the reading and the results.
 //
 //   npm run bench:edge                      builds the Worker (if stale) and the sink, then runs
-//   node bench/edge.mjs [--duration 5] [--warmup 1] [--concurrency 8] [--rounds 3]
+//   node bench/edge.mjs [--duration 5] [--warmup 1] [--prime 5] [--concurrency 8] [--rounds 3]
 //                       [--runner cli|api] [--subscribers 1,10,100] [--batches 1,10,100]
 //                       [--variant name=path/to/wrangler.toml ...] [--probe name=query ...]
 //                       [--json out.json]
@@ -20,10 +20,18 @@
 // bench/probe-worker with switches, both for investigation.
 //
 // Then, for each configuration, `concurrency` callers call back to back for `duration` seconds
-// (after `warmup` seconds that are not counted). A configuration's rate is the deliveries that
+// (after `warmup` seconds that are not counted). Before the first round every configuration is
+// driven once for `prime` seconds, not counted either: the first seconds of a Worker pay one-time
+// costs (V8 compiling the edge's 0.8 MB of wasm to optimised code on the same two cores,
+// Durable Objects created with their SQLite files, connection pools), which in 1 s windows made
+// the edge's first round read 0.55–0.6 of its later ones in two runs out of three. A configuration's rate is the deliveries that
 // came back `delivered` (bare: fetches that got a 2xx) divided by the time from the start of the
 // measured window until the last call in it returned. Rounds interleave edge and bare runs so
-// that drift in the (shared, noisy) machine hits both alike; the table shows the median.
+// that drift in the (shared, noisy) machine hits both alike; the table shows the median, and the
+// ratios are also given round by round (each from two windows run back to back) with their
+// median. Each window starts once every Worker's processes have gone quiet (see settle()): the
+// bare Worker's `wrangler dev` tooling is still logging its last window's inspector messages for
+// 6–12 s after its calls end, and that work used to run inside the edge's window.
 // Every edge subscriber has rate 1e6/s, burst 1e6 and max_in_flight 1e6, so nothing should be
 // deferred; deferrals, failures and call errors are counted and printed.
 //
@@ -45,6 +53,7 @@ const { values: opts } = parseArgs({
   options: {
     duration: { type: 'string', default: '5' },
     warmup: { type: 'string', default: '1' },
+    prime: { type: 'string', default: '5' },
     concurrency: { type: 'string', default: '8' },
     rounds: { type: 'string', default: '3' },
     runner: { type: 'string', default: 'cli' },
@@ -60,8 +69,9 @@ const { values: opts } = parseArgs({
 const clamp = (v, lo, hi) => Math.min(Math.max(v, lo), hi);
 const DURATION_S = clamp(Number(opts.duration), 1, 30);
 const WARMUP_S = clamp(Number(opts.warmup), 0, 10);
+const PRIME_S = clamp(Number(opts.prime), 0, 60);
 const CONCURRENCY = clamp(Math.trunc(Number(opts.concurrency)), 1, 256);
-const ROUNDS = clamp(Math.trunc(Number(opts.rounds)), 1, 5);
+const ROUNDS = clamp(Math.trunc(Number(opts.rounds)), 1, 10);
 // cli: both Workers under `npx wrangler dev` (the edge through tests/lib/harness.mjs startEdge).
 // api: both through bench/start-worker.mjs (wrangler's unstable_startWorker, dev inspector off).
 const RUNNER = opts.runner === 'api' ? 'api' : 'cli';
@@ -188,7 +198,7 @@ function cpuDelta(a, b) {
  * Runs `concurrency` callers back to back: `warmup` seconds uncounted, then `duration` seconds
  * counted. `call(seq)` returns {delivered, deferred, failed, other, error?}.
  */
-async function drive(call, beforeMeasuring) {
+async function drive(call, beforeMeasuring, warmupS = WARMUP_S, durationS = DURATION_S) {
   let seq = 0;
   const run = async (seconds, counted) => {
     const tot = { calls: 0, delivered: 0, deferred: 0, failed: 0, other: 0, errors: 0, firstError: null, lat: [] };
@@ -222,9 +232,9 @@ async function drive(call, beforeMeasuring) {
     tot.elapsed = (performance.now() - start) / 1000;
     return tot;
   };
-  if (WARMUP_S > 0) await run(WARMUP_S, false);
+  if (warmupS > 0) await run(warmupS, false);
   await beforeMeasuring();
-  return run(DURATION_S, true);
+  return run(durationS, true);
 }
 
 function edgeCaller(edge, sinkUrl, subscribers, batch, secret) {
@@ -274,18 +284,49 @@ function bareCaller(bare, sinkUrl, n, query = '') {
   };
 }
 
+// Process groups of every Worker started (the edge, its variants, bare, probe): see settle().
+const workerGroups = [];
+const groupTotal = (pgid) => Object.values(groupCpu(pgid)).reduce((a, b) => a + b, 0);
+const othersCpu = (pgid) => workerGroups.filter((g) => g !== pgid).reduce((t, g) => t + groupTotal(g), 0);
+
+/**
+ * Waits until no Worker's processes are busy (under 0.1 of a core over 0.5 s; at most 30 s).
+ * wrangler dev's tooling works through a backlog of inspector messages after its Worker's calls
+ * end (its Node process logs every one), and without this that backlog ran in the next window,
+ * taking up to half of the machine from whichever Worker was measured there.
+ */
+async function settle() {
+  const started = performance.now();
+  let before = workerGroups.reduce((t, g) => t + groupTotal(g), 0);
+  for (;;) {
+    await sleep(500);
+    const now = workerGroups.reduce((t, g) => t + groupTotal(g), 0);
+    if (now - before < 0.05) break;
+    before = now;
+    if (performance.now() - started > 30_000) {
+      log('  (the Workers did not go quiet within 30 s; measuring anyway)');
+      break;
+    }
+  }
+  return (performance.now() - started) / 1000;
+}
+
 async function measure(name, call, { sink, pgid, logs }) {
+  const settledS = await settle();
   // Snapshots taken after the warmup: CPU, sink count and log lines cover the measured window.
-  let cpu0, sink0, sinkCpu0, m0, logs0;
+  let cpu0, sink0, sinkCpu0, m0, logs0, others0;
   const r = await drive(call, async () => {
     sink0 = await sink.count();
     cpu0 = groupCpu(pgid);
+    others0 = othersCpu(pgid);
     sinkCpu0 = procCpu(sink.pid);
     m0 = machineBusy();
     logs0 = logs?.length ?? 0;
   });
   const m1 = machineBusy();
   const cpu = cpuDelta(cpu0, groupCpu(pgid));
+  // CPU the other Workers' processes used during this window (what settle() keeps near zero).
+  const others = othersCpu(pgid) - others0;
   const sinkSeen = (await sink.count()) - sink0;
   const sinkCpu = procCpu(sink.pid) - sinkCpu0;
   const lat = r.lat.sort((a, b) => a - b);
@@ -305,6 +346,8 @@ async function measure(name, call, { sink, pgid, logs }) {
     // CPU seconds over the measured window (the sink saw `sinkSeen` requests in it).
     cpu,
     sinkCpu,
+    others,
+    settledS,
     machineBusyPct: (100 * (m1[0] - m0[0])) / (m1[1] - m0[1]),
     logLines: logs ? logs.length - logs0 : 0,
   };
@@ -312,7 +355,7 @@ async function measure(name, call, { sink, pgid, logs }) {
     `  ${name.padEnd(22)} ${res.rate.toFixed(0).padStart(6)} deliveries/s  (${r.delivered} in ${r.elapsed.toFixed(2)} s, ` +
       `${r.calls} calls, p50 ${res.p50ms.toFixed(1)} ms, deferred ${r.deferred}, failed ${r.failed}, errors ${r.errors}` +
       `${r.firstError ? ` [${r.firstError}]` : ''}, cpu ${Object.entries(cpu).map(([k, v]) => `${k} ${v.toFixed(2)}s`).join(' ')}, ` +
-      `machine ${res.machineBusyPct.toFixed(0)}% busy)`,
+      `other Workers ${others.toFixed(2)}s (settled ${settledS.toFixed(1)} s before), machine ${res.machineBusyPct.toFixed(0)}% busy)`,
   );
   return res;
 }
@@ -374,6 +417,7 @@ async function main() {
       probes.push({ label: `probe[${v.slice(0, i)}]`, query: v.slice(i + 1) });
     }
   }
+  workerGroups.push(...edges.map((e) => e.pgid), bare.pgid, ...(probe ? [probe.pgid] : []));
   const secret = newSecret();
   log(`${edges.map((e) => `${e.label} ${e.url}`).join(', ')}, bare ${bare.url}; ${CONCURRENCY} concurrent calls, ` +
     `${WARMUP_S} s warmup + ${DURATION_S} s per configuration, ${ROUNDS} round(s)`);
@@ -382,6 +426,15 @@ async function main() {
   const push = (r) => (results[r.name] ??= []).push(r);
   const edgeName = (e, s, b) => `${e.label} subs=${s} batch=${b}`;
   try {
+    if (PRIME_S > 0) {
+      log(`priming every configuration for ${PRIME_S} s (not counted)`);
+      const prime = (call) => drive(call, async () => {}, 0, PRIME_S);
+      for (const b of BATCHES) {
+        await prime(bareCaller(bare, sink.url, b));
+        for (const pr of probes) await prime(bareCaller(probe, sink.url, b, pr.query));
+        for (const e of edges) for (const s of SUBSCRIBERS) await prime(edgeCaller(e, sink.url, s, b, secret));
+      }
+    }
     for (let round = 1; round <= ROUNDS; round++) {
       log(`round ${round}/${ROUNDS}`);
       // Interleave: for each batch size, the bare Worker then each edge at 1, 10, 100 subscribers.
@@ -452,6 +505,12 @@ async function main() {
         `  ${`${e.label}, ${s} sub${s > 1 ? 's' : ''}`.padEnd(w)}: ${batching}` +
           `edge ÷ bare at ${bHi} = ${vsBare.toFixed(2)} ${vsBare >= 0.9 ? 'PASS' : 'MISS'} (by CPU ${byCpu.toFixed(2)})`,
       );
+      // The same ratios round by round, each from windows run back to back (so a change in
+      // what else the machine is doing hits both sides of a pair alike), and their median.
+      const paired = (num, den) => (results[num] ?? []).map((r, i) => ratio(r.rate, results[den]?.[i]?.rate ?? NaN));
+      const show = (xs) => `median ${median(xs).toFixed(2)} (rounds: ${xs.map((x) => x.toFixed(2)).join(', ')})`;
+      p(`  ${''.padEnd(w)}  paired by round: edge ÷ bare at ${bHi} ${show(paired(edgeName(e, s, bHi), `bare N=${bHi}`))}` +
+        (bHi !== bLo ? `; batch ${bHi} ÷ ${bLo} ${show(paired(edgeName(e, s, bHi), edgeName(e, s, bLo)))}` : ''));
     }
   }
   p('');

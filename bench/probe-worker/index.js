@@ -1,5 +1,5 @@
 // Investigation Worker for bench/edge.mjs `--probe`: POST /?n=N&url=<sink>&<switches> fetches the
-// sink N times concurrently like bench/bare-worker, with switches that add one cost of the real
+// sink N times, at most `open` (default 6) at once, like bench/bare-worker, with switches that add one cost of the real
 // edge each (all off = the bare Worker):
 //   do=1       run the fetch loop inside a Durable Object (one DO round trip per call, like the edge)
 //   sql=1      (with do=1) one SQLite upsert before and one after the loop, like the edge's limiter
@@ -62,9 +62,22 @@ async function run(u, body) {
     }
     return ok;
   };
-  const settled = await Promise.allSettled(Array.from({ length: n }, (_, i) => one(i)));
+  // At most `open` fetches at once (default 6), as the edge and bench/bare-worker do.
+  const open = Math.min(Math.max(Number(u.searchParams.get('open') ?? '6') | 0, 1), 1000);
+  let next = 0;
+  let delivered = 0;
+  const lane = async () => {
+    while (next < n) {
+      const i = next++;
+      try {
+        if (await one(i)) delivered += 1;
+      } catch {
+        /* counted as failed */
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(open, n) }, lane));
   if (lines.length) console.log(lines.join('\n'));
-  const delivered = settled.filter((s) => s.status === 'fulfilled' && s.value).length;
   return { delivered, failed: n - delivered };
 }
 

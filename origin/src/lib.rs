@@ -103,12 +103,14 @@ pub async fn run(
             pg.keep_counts_folded(stop_folding);
             let (_analyzing, stop_analyzing) = tokio::sync::oneshot::channel();
             pg.keep_statistics(stop_analyzing);
+            let (_probing, stop_probing) = tokio::sync::oneshot::channel();
+            pg.keep_probing_room(stop_probing);
             // One portal key in the ledger, made by the first daemon: a link issued by one
             // daemon works on every other, and after a restart.
             let portal_key = pg.portal_key(&portal_key_bytes()?, time::now_ms()).await?;
             let served = Served {
                 portal_key,
-                writes: Arc::default(),
+                writes: pg.write_state(),
                 lock: None,
             };
             let failed =

@@ -519,6 +519,17 @@ async fn a_full_disk_is_unavailable_and_ingest_resumes_once_it_has_room() {
         matches!(full, LedgerError::Unavailable(Unavailable::Full)),
         "{full:?}"
     );
+    // `/healthz` reads this: the ledger cannot write, and a probe agrees.
+    assert!(
+        matches!(l.write_state().failing(), Some((Unavailable::Full, _))),
+        "{:?}",
+        l.write_state().failing()
+    );
+    assert!(matches!(
+        l.probe_room().await,
+        Err(LedgerError::Unavailable(Unavailable::Full))
+    ));
+    assert!(l.write_state().failing().is_some());
     let db = server.connect("full_disk").await;
     let kept: i64 = db
         .query_one("SELECT COUNT(*) FROM events", &[])
@@ -547,6 +558,9 @@ async fn a_full_disk_is_unavailable_and_ingest_resumes_once_it_has_room() {
         );
     }
     disk.grow(64);
+    // Writable again as soon as a probe finds room, before any producer tries.
+    l.probe_room().await.unwrap();
+    assert_eq!(l.write_state().failing(), None);
     l.ingest(&batch(1000), 0).await.unwrap();
     drop(l);
     drop(server);

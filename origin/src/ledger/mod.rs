@@ -224,7 +224,14 @@ impl WriteState {
 
     /// Note what an operation's result says about the ledger's ability to write.
     fn observe<T>(&self, r: &Result<T, LedgerError>) {
-        if let Err(LedgerError::Unavailable(why)) = r {
+        if let Err(e) = r {
+            self.observe_error(e);
+        }
+    }
+
+    /// Note what an operation's error says about the ledger's ability to write.
+    fn observe_error(&self, e: &LedgerError) {
+        if let LedgerError::Unavailable(why) = e {
             if self.failing().is_none() {
                 tracing::error!(error = %why, "the ledger cannot write; ingest answers 503 until it can");
             }

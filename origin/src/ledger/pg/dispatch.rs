@@ -434,7 +434,10 @@ impl DispatchLedger for PgLedger {
     async fn record_turn(&self, turn: Turn) -> Result<Recorded, TurnError> {
         match self.record_turn_pg(&turn).await {
             Ok(recorded) => Ok(recorded),
-            Err(error) => Err(TurnError { turn, error }),
+            Err(error) => {
+                self.writes.observe_error(&error);
+                Err(TurnError { turn, error })
+            }
         }
     }
 

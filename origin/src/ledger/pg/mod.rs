@@ -48,7 +48,7 @@ pub use ops::*;
 pub use retention::{FOLD_EVERY, RETENTION_LOCK};
 pub use schema::VERSION as SCHEMA_VERSION;
 
-use super::{LedgerError, Unavailable};
+use super::{LedgerError, Unavailable, WriteState};
 
 /// The channel on which ingest and replays announce new work: the payload is the subscriber
 /// ids, one per line (empty: look at every subscriber).
@@ -179,6 +179,8 @@ pub struct PgLedger {
     breaker: fanout_core::breaker::BreakerConfig,
     /// What this daemon inserted since the planner's statistics were last refreshed.
     growth: Arc<dispatch::Growth>,
+    /// Whether this daemon's writes fail for want of room or by I/O errors (`/healthz`).
+    writes: Arc<WriteState>,
 }
 
 impl std::fmt::Debug for PgLedger {
@@ -224,6 +226,7 @@ impl PgLedger {
             owner: Arc::from(owner),
             breaker: fanout_core::breaker::BreakerConfig::default(),
             growth: Arc::default(),
+            writes: Arc::default(),
         };
         let mut client = ledger.pool.get().await?;
         schema::migrate(&mut client).await?;
@@ -239,6 +242,60 @@ impl PgLedger {
     /// This daemon's name in its leases.
     pub fn owner(&self) -> &str {
         &self.owner
+    }
+
+    /// Whether the ledger can write, as this daemon's ingest and dispatcher turns last found
+    /// it (atomics: `/healthz` reads it without asking the server).
+    pub fn write_state(&self) -> Arc<WriteState> {
+        self.writes.clone()
+    }
+
+    /// Whether the ledger has room for a little more: 64 KiB that do not compress, inserted
+    /// into `events` in a transaction that is rolled back (the table ingest grows first).
+    /// Fails with [`Unavailable::Full`] while the server cannot extend it; when it succeeds
+    /// the ledger counts as writable again.
+    pub async fn probe_room(&self) -> Result<(), LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let probed = tx
+            .execute(
+                "INSERT INTO events (id, type, body, received_ms) \
+                 SELECT 'fanout-probe-' || md5(random()::text), 'fanout.probe', \
+                        string_agg(md5(random()::text), ''), 0 \
+                 FROM generate_series(1, 2048)",
+                &[],
+            )
+            .await;
+        drop(tx); // rolled back
+        probed?;
+        self.writes.recovered();
+        Ok(())
+    }
+
+    /// While the ledger cannot write, probe it every second ([`PgLedger::probe_room`]) so that
+    /// it is reported writable again without waiting for the next producer, until `stop`
+    /// fires or is dropped.
+    pub fn keep_probing_room(&self, stop: tokio::sync::oneshot::Receiver<()>) {
+        let me = self.clone();
+        every(
+            std::time::Duration::from_secs(1),
+            None,
+            stop,
+            "probe the ledger for room",
+            move || {
+                let me = me.clone();
+                async move {
+                    match me.writes.failing() {
+                        // Still full: nothing to log every second (ingest said so already).
+                        Some(_) => match me.probe_room().await {
+                            Err(LedgerError::Unavailable(_)) => Ok(()),
+                            other => other,
+                        },
+                        None => Ok(()),
+                    }
+                }
+            },
+        );
     }
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, LedgerError> {

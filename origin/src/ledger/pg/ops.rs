@@ -461,8 +461,18 @@ impl PgLedger {
 
     /// Store events and fan each out to every live subscriber whose patterns match; announce
     /// the subscribers that got work to every listening daemon (on commit). Returns the
-    /// per-event outcome and those subscribers.
+    /// per-event outcome and those subscribers. A server without room is noted for `/healthz`.
     pub async fn ingest(
+        &self,
+        events: &[NewEvent],
+        now_ms: i64,
+    ) -> Result<(Vec<Ingested>, Vec<String>), LedgerError> {
+        let r = self.ingest_events(events, now_ms).await;
+        self.writes.observe(&r);
+        r
+    }
+
+    async fn ingest_events(
         &self,
         events: &[NewEvent],
         now_ms: i64,

@@ -232,44 +232,52 @@ async function startThrowingDo() {
     detached: true,
     stdio: 'ignore',
   });
-  await waitFor(async () => {
-    const r = await fetch(`http://127.0.0.1:${port}/`);
-    await r.text();
-    return r.status === 200;
-  }, 90_000, { intervalMs: 200, message: 'the throwing Durable Object fixture started' });
-  return {
-    stop: async () => {
-      try {
-        process.kill(-child.pid, 'SIGKILL');
-      } catch {
-        /* gone */
-      }
-      await fsp.rm(persistDir, { recursive: true, force: true });
-    },
+  const stop = async () => {
+    try {
+      process.kill(-child.pid, 'SIGKILL');
+    } catch {
+      /* gone */
+    }
+    await fsp.rm(persistDir, { recursive: true, force: true });
   };
+  try {
+    await waitFor(async () => {
+      const r = await fetch(`http://127.0.0.1:${port}/`, { signal: AbortSignal.timeout(5000) });
+      await r.text();
+      return r.status === 200;
+    }, 90_000, { intervalMs: 200, message: 'the throwing Durable Object fixture started' });
+  } catch (e) {
+    await stop(); // a fixture left running would keep this file's process (and the run) alive
+    throw e;
+  }
+  return { stop };
 }
 
 test('a Durable Object that throws (overloaded, reset, unreachable): 503 `object_unavailable` with Retry-After, nothing sent', async () => {
   const fixture = await startThrowingDo();
   const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-edge-orphan-'));
   const config = path.join(dir, 'wrangler.toml');
-  // The project's Worker (build/), its SUBSCRIBER binding pointed at the fixture's class.
-  await fsp.writeFile(
-    config,
-    [
-      'name = "fanout-edge-throwing-do"',
-      `main = ${JSON.stringify(path.join(ROOT, 'build', 'index.js'))}`,
-      'compatibility_date = "2026-04-26"',
-      '[[durable_objects.bindings]]',
-      'name = "SUBSCRIBER"',
-      'class_name = "SubscriberDO"',
-      'script_name = "fanout-throwing-do"',
-      '',
-    ].join('\n'),
-  );
-  const orphan = await startEdge({ config });
-  const sub = await startSubscriber(() => 200);
+  // Everything started is stopped whatever fails, the start of the next part included: a
+  // process left running would keep this file's process, and so the whole run, from ending.
+  let orphan;
+  let sub;
   try {
+    // The project's Worker (build/), its SUBSCRIBER binding pointed at the fixture's class.
+    await fsp.writeFile(
+      config,
+      [
+        'name = "fanout-edge-throwing-do"',
+        `main = ${JSON.stringify(path.join(ROOT, 'build', 'index.js'))}`,
+        'compatibility_date = "2026-04-26"',
+        '[[durable_objects.bindings]]',
+        'name = "SUBSCRIBER"',
+        'class_name = "SubscriberDO"',
+        'script_name = "fanout-throwing-do"',
+        '',
+      ].join('\n'),
+    );
+    orphan = await startEdge({ config });
+    sub = await startSubscriber(() => 200);
     const r = await waitFor(async () => {
       const x = await postBatch(orphan, subscriberSpec(`${sub.url}/h`), deliveries(2));
       // wrangler's dev registry answers its own 503 until it has seen the fixture.
@@ -302,8 +310,8 @@ test('a Durable Object that throws (overloaded, reset, unreachable): 503 `object
       await origin.stop();
     }
   } finally {
-    await sub.close();
-    await orphan.stop();
+    await sub?.close();
+    await orphan?.stop();
     await fixture.stop();
     await fsp.rm(dir, { recursive: true, force: true });
   }

@@ -4,6 +4,8 @@
 // text is the request body), treats response bodies as the edge does (a 2xx body declared at most
 // 4 KiB is drained, any other cancelled) and answers {"delivered": k, "failed": m}.
 // Only http://127.0.0.1 targets are accepted (it is a local benchmark tool).
+import { atMostOpen, openOf } from '../lanes.js';
+
 export default {
   async fetch(request) {
     const u = new URL(request.url);
@@ -13,7 +15,6 @@ export default {
     if (!target.startsWith('http://127.0.0.1:')) {
       return new Response('url must be http://127.0.0.1:<port>/...', { status: 400 });
     }
-    const open = Math.min(Math.max(Number(u.searchParams.get('open') ?? '6') | 0, 1), 1000);
     const body = await request.text();
     const one = async () => {
       const resp = await fetch(target, {
@@ -29,19 +30,7 @@ export default {
       else await resp.arrayBuffer();
       return ok;
     };
-    let next = 0;
-    let delivered = 0;
-    const lane = async () => {
-      while (next < n) {
-        next += 1;
-        try {
-          if (await one()) delivered += 1;
-        } catch {
-          /* counted as failed */
-        }
-      }
-    };
-    await Promise.all(Array.from({ length: Math.min(open, n) }, lane));
+    const delivered = await atMostOpen(n, openOf(u.searchParams), one);
     return Response.json({ delivered, failed: n - delivered });
   },
 };

@@ -11,6 +11,8 @@
 // Only http://127.0.0.1 targets. Answers {"delivered": k, "failed": m}.
 import { DurableObject } from 'cloudflare:workers';
 
+import { atMostOpen, openOf } from '../lanes.js';
+
 const enc = new TextEncoder();
 let hmacKey;
 
@@ -63,20 +65,7 @@ async function run(u, body) {
     return ok;
   };
   // At most `open` fetches at once (default 6), as the edge and bench/bare-worker do.
-  const open = Math.min(Math.max(Number(u.searchParams.get('open') ?? '6') | 0, 1), 1000);
-  let next = 0;
-  let delivered = 0;
-  const lane = async () => {
-    while (next < n) {
-      const i = next++;
-      try {
-        if (await one(i)) delivered += 1;
-      } catch {
-        /* counted as failed */
-      }
-    }
-  };
-  await Promise.all(Array.from({ length: Math.min(open, n) }, lane));
+  const delivered = await atMostOpen(n, openOf(u.searchParams), one);
   if (lines.length) console.log(lines.join('\n'));
   return { delivered, failed: n - delivered };
 }

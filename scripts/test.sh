@@ -46,11 +46,10 @@ step "deploy dry run (wrangler bundle, gzipped size within the Free plan's 3 MiB
 
 export FANOUT_BIN="$PWD/target/debug/fanout"
 export FANOUT_SKIP_BUILD=1
-# A test that hangs fails after 5 minutes (the longest takes about 45 s), and a file whose tests
-# are done exits even if something it started is still running: a run ends, red or green, instead
-# of waiting for CI's time limit.
-step "end-to-end tests (node --test)" \
-  node --test --test-concurrency=1 --test-timeout=300000 --test-force-exit tests/
+# package.json's test:e2e: a test that hangs fails after 5 minutes (the longest takes about 45 s),
+# and a file whose tests are done exits even if something it started is still running, so a run
+# ends, red or green, instead of waiting for CI's time limit.
+step "end-to-end tests (node --test)" npm run --silent test:e2e
 
 current_step=""
 printf '\n==> all checks and tests passed in %ss\n' "$((SECONDS - started))"

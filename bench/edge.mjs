@@ -6,15 +6,18 @@
 //   node bench/edge.mjs [--duration 5] [--warmup 1] [--prime 5] [--concurrency 8] [--rounds 3]
 //                       [--runner cli|api] [--subscribers 1,10,100] [--batches 1,10,100]
 //                       [--variant name=path/to/wrangler.toml ...] [--probe name=query ...]
-//                       [--json out.json]
+//                       [--unsigned] [--json out.json]
 //
 // In one run it starts:
 //   - the sink (bench/sink, Rust/hyper, one thread): answers 200 "ok"; its own capacity is
 //     measured first with bench/sink's `load` client;
 //   - the real edge (build/; with --runner cli, the default, through tests/lib/harness.mjs
 //     startEdge, i.e. `wrangler dev`), with ALLOW_LOOPBACK_HTTP so it may deliver to the sink;
-//   - the bare Worker (bench/bare-worker, JS, no Durable Object, no signing, no logging): the
-//     ceiling of workerd's outbound fetch, under its own `wrangler dev` on another port.
+//   - the bare Worker (bench/bare-worker, JS): the same signed webhooks the edge sends (the same
+//     headers, HMAC-SHA256 through crypto.subtle), 6 open at a time, and nothing else (no Durable
+//     Object, no limiter, no result bookkeeping, no logging), under its own `wrangler dev` on
+//     another port: the ceiling the edge is measured against. --unsigned adds a row for the same
+//     Worker sending one header and no signature (`signed=0`, the ceiling of earlier runs).
 // --runner api starts both through bench/start-worker.mjs instead (wrangler's programmatic API
 // with the dev inspector off); --variant adds other builds of the edge and --probe adds
 // bench/probe-worker with switches, both for investigation.
@@ -27,7 +30,8 @@
 // the edge's first round read 0.55–0.6 of its later ones in two runs out of three. A configuration's rate is the deliveries that
 // came back `delivered` (bare: fetches that got a 2xx) divided by the time from the start of the
 // measured window until the last call in it returned. Rounds interleave edge and bare runs so
-// that drift in the (shared, noisy) machine hits both alike; the table shows the median, and the
+// that drift in the (shared, noisy) machine hits both alike, and alternate which goes first (odd
+// rounds the bare Worker, even rounds the edge); the table shows the median, and the
 // ratios are also given round by round (each from two windows run back to back) with their
 // median. Each window starts once every Worker's processes have gone quiet (see settle()): the
 // bare Worker's `wrangler dev` tooling is still logging its last window's inspector messages for
@@ -63,6 +67,8 @@ const { values: opts } = parseArgs({
     variant: { type: 'string', multiple: true, default: [] },
     // name=query: bench/probe-worker with switches (e.g. do=1&log=1), measured like the bare Worker.
     probe: { type: 'string', multiple: true, default: [] },
+    // Also measure the bare Worker unsigned (one header, no signature).
+    unsigned: { type: 'boolean', default: false },
     json: { type: 'string' },
   },
 });
@@ -431,22 +437,38 @@ async function main() {
       const prime = (call) => drive(call, async () => {}, 0, PRIME_S);
       for (const b of BATCHES) {
         await prime(bareCaller(bare, sink.url, b));
+        if (opts.unsigned) await prime(bareCaller(bare, sink.url, b, 'signed=0'));
         for (const pr of probes) await prime(bareCaller(probe, sink.url, b, pr.query));
         for (const e of edges) for (const s of SUBSCRIBERS) await prime(edgeCaller(e, sink.url, s, b, secret));
       }
     }
     for (let round = 1; round <= ROUNDS; round++) {
       log(`round ${round}/${ROUNDS}`);
-      // Interleave: for each batch size, the bare Worker then each edge at 1, 10, 100 subscribers.
+      // Interleave: for each batch size, the bare Worker (and its unsigned row, the probes) and
+      // each edge at 1, 10, 100 subscribers; even rounds run the edges first.
       for (const b of BATCHES) {
-        push(await measure(`bare N=${b}`, bareCaller(bare, sink.url, b), { sink, pgid: bare.pgid }));
-        for (const pr of probes) {
-          push(await measure(`${pr.label} N=${b}`, bareCaller(probe, sink.url, b, pr.query), { sink, pgid: probe.pgid, logs: probe.logs }));
-        }
-        for (const e of edges) {
-          for (const s of SUBSCRIBERS) {
-            push(await measure(edgeName(e, s, b), edgeCaller(e, sink.url, s, b, secret), { sink, pgid: e.pgid, logs: e.logs }));
+        const ceilings = async () => {
+          push(await measure(`bare N=${b}`, bareCaller(bare, sink.url, b), { sink, pgid: bare.pgid }));
+          if (opts.unsigned) {
+            push(await measure(`bare unsigned N=${b}`, bareCaller(bare, sink.url, b, 'signed=0'), { sink, pgid: bare.pgid }));
           }
+          for (const pr of probes) {
+            push(await measure(`${pr.label} N=${b}`, bareCaller(probe, sink.url, b, pr.query), { sink, pgid: probe.pgid, logs: probe.logs }));
+          }
+        };
+        const theEdges = async () => {
+          for (const e of edges) {
+            for (const s of SUBSCRIBERS) {
+              push(await measure(edgeName(e, s, b), edgeCaller(e, sink.url, s, b, secret), { sink, pgid: e.pgid, logs: e.logs }));
+            }
+          }
+        };
+        if (round % 2 === 1) {
+          await ceilings();
+          await theEdges();
+        } else {
+          await theEdges();
+          await ceilings();
         }
       }
     }
@@ -468,6 +490,7 @@ async function main() {
   const p = (s = '') => lines.push(s);
   const [bLo, bHi] = [BATCHES[0], BATCHES[BATCHES.length - 1]];
   const rows = [{ label: 'bare Worker (ceiling)', names: BATCHES.map((b) => `bare N=${b}`) }];
+  if (opts.unsigned) rows.push({ label: 'bare Worker, unsigned', names: BATCHES.map((b) => `bare unsigned N=${b}`) });
   for (const pr of probes) rows.push({ label: `${pr.label} (${pr.query})`, names: BATCHES.map((b) => `${pr.label} N=${b}`) });
   for (const e of edges) {
     for (const s of SUBSCRIBERS) {
@@ -511,6 +534,11 @@ async function main() {
       const show = (xs) => `median ${median(xs).toFixed(2)} (rounds: ${xs.map((x) => x.toFixed(2)).join(', ')})`;
       p(`  ${''.padEnd(w)}  paired by round: edge ÷ bare at ${bHi} ${show(paired(edgeName(e, s, bHi), `bare N=${bHi}`))}` +
         (bHi !== bLo ? `; batch ${bHi} ÷ ${bLo} ${show(paired(edgeName(e, s, bHi), edgeName(e, s, bLo)))}` : ''));
+      if (opts.unsigned) {
+        const u = `bare unsigned N=${bHi}`;
+        p(`  ${''.padEnd(w)}  against the unsigned bare Worker: edge ÷ bare at ${bHi} = ${ratio(rate(edgeName(e, s, bHi)), rate(u)).toFixed(2)}` +
+          ` (by CPU ${ratio(cpuPer(u), cpuPer(edgeName(e, s, bHi))).toFixed(2)}), paired ${show(paired(edgeName(e, s, bHi), u))}`);
+      }
     }
   }
   p('');

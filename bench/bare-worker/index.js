@@ -1,10 +1,24 @@
-// The ceiling for bench/edge.mjs: POST /?n=N&url=<sink>[&open=6] fetches the sink N times, at
-// most `open` at once (default 6, like the edge's MAX_OPEN_SENDS and the platform's limit of
-// simultaneous connections), each a POST of the same small JSON body the edge sends (the body
-// text is the request body), treats response bodies as the edge does (a 2xx body declared at most
-// 4 KiB is drained, any other cancelled) and answers {"delivered": k, "failed": m}.
-// Only http://127.0.0.1 targets are accepted (it is a local benchmark tool).
+// The ceiling for bench/edge.mjs: a Worker that delivers the same webhooks as the edge with
+// nothing else around them. POST /?n=N&url=<sink>[&open=6][&signed=0] POSTs the request's body
+// (the body text) to the sink N times, at most `open` at once (default 6, like the edge's
+// MAX_OPEN_SENDS and the platform's limit of simultaneous connections). Each request carries
+// what the edge's does: content-type, user-agent and the Standard Webhooks headers, signed with
+// HMAC-SHA256 over "{id}.{timestamp}.{body}" (crypto.subtle, a random key imported once per
+// isolate). `signed=0` sends only content-type (the unsigned loop earlier runs measured).
+// Response bodies are treated as the edge treats them (a 2xx body declared at most 4 KiB is
+// drained, any other cancelled). Answers {"delivered": k, "failed": m}.
+// No Durable Object, no limiter, no result bookkeeping, no logging: what the edge does on top of
+// this is what bench/edge.mjs prices. Only http://127.0.0.1 targets are accepted.
 import { atMostOpen, openOf } from '../lanes.js';
+
+const enc = new TextEncoder();
+let key; // the HMAC key, imported on first use
+
+function base64(bytes) {
+  let s = '';
+  for (const b of bytes) s += String.fromCharCode(b);
+  return btoa(s);
+}
 
 export default {
   async fetch(request) {
@@ -15,14 +29,25 @@ export default {
     if (!target.startsWith('http://127.0.0.1:')) {
       return new Response('url must be http://127.0.0.1:<port>/...', { status: 400 });
     }
+    const signed = u.searchParams.get('signed') !== '0';
+    if (signed && !key) {
+      const raw = crypto.getRandomValues(new Uint8Array(32));
+      key = await crypto.subtle.importKey('raw', raw, { name: 'HMAC', hash: 'SHA-256' }, false, ['sign']);
+    }
     const body = await request.text();
-    const one = async () => {
-      const resp = await fetch(target, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body,
-        redirect: 'manual',
-      });
+    const call = crypto.randomUUID();
+    const one = async (i) => {
+      const headers = { 'content-type': 'application/json' };
+      if (signed) {
+        const id = `evt_${call}_${i}`;
+        const ts = String(Math.floor(Date.now() / 1000));
+        const mac = await crypto.subtle.sign('HMAC', key, enc.encode(`${id}.${ts}.${body}`));
+        headers['user-agent'] = 'Fanout/1 (+webhooks)';
+        headers['webhook-id'] = id;
+        headers['webhook-timestamp'] = ts;
+        headers['webhook-signature'] = `v1,${base64(new Uint8Array(mac))}`;
+      }
+      const resp = await fetch(target, { method: 'POST', headers, body, redirect: 'manual' });
       const ok = resp.status >= 200 && resp.status < 300;
       // As the edge does: a 2xx body declared at most 4 KiB is drained (connection reuse), any
       // other 2xx body cancelled unread.

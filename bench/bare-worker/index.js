@@ -9,16 +9,7 @@
 // drained, any other cancelled). Answers {"delivered": k, "failed": m}.
 // No Durable Object, no limiter, no result bookkeeping, no logging: what the edge does on top of
 // this is what bench/edge.mjs prices. Only http://127.0.0.1 targets are accepted.
-import { atMostOpen, openOf } from '../lanes.js';
-
-const enc = new TextEncoder();
-let key; // the HMAC key, imported on first use
-
-function base64(bytes) {
-  let s = '';
-  for (const b of bytes) s += String.fromCharCode(b);
-  return btoa(s);
-}
+import { atMostOpen, openOf, signature } from '../lanes.js';
 
 export default {
   async fetch(request) {
@@ -30,10 +21,6 @@ export default {
       return new Response('url must be http://127.0.0.1:<port>/...', { status: 400 });
     }
     const signed = u.searchParams.get('signed') !== '0';
-    if (signed && !key) {
-      const raw = crypto.getRandomValues(new Uint8Array(32));
-      key = await crypto.subtle.importKey('raw', raw, { name: 'HMAC', hash: 'SHA-256' }, false, ['sign']);
-    }
     const body = await request.text();
     const call = crypto.randomUUID();
     const one = async (i) => {
@@ -41,11 +28,10 @@ export default {
       if (signed) {
         const id = `evt_${call}_${i}`;
         const ts = String(Math.floor(Date.now() / 1000));
-        const mac = await crypto.subtle.sign('HMAC', key, enc.encode(`${id}.${ts}.${body}`));
         headers['user-agent'] = 'Fanout/1 (+webhooks)';
         headers['webhook-id'] = id;
         headers['webhook-timestamp'] = ts;
-        headers['webhook-signature'] = `v1,${base64(new Uint8Array(mac))}`;
+        headers['webhook-signature'] = await signature(id, ts, body);
       }
       const resp = await fetch(target, { method: 'POST', headers, body, redirect: 'manual' });
       const ok = resp.status >= 200 && resp.status < 300;

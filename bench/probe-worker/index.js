@@ -11,10 +11,7 @@
 // Only http://127.0.0.1 targets. Answers {"delivered": k, "failed": m}.
 import { DurableObject } from 'cloudflare:workers';
 
-import { atMostOpen, openOf } from '../lanes.js';
-
-const enc = new TextEncoder();
-let hmacKey;
+import { atMostOpen, openOf, signature } from '../lanes.js';
 
 async function run(u, body) {
   const n = Math.min(Math.max(Number(u.searchParams.get('n') ?? '1') | 0, 1), 1000);
@@ -24,9 +21,6 @@ async function run(u, body) {
   const [log, sign, timeout, headers] = ['log', 'sign', 'timeout', 'headers'].map(on);
   const logBatch = u.searchParams.get('log') === '2';
   const lines = [];
-  if (sign && !hmacKey) {
-    hmacKey = await crypto.subtle.importKey('raw', crypto.getRandomValues(new Uint8Array(32)), { name: 'HMAC', hash: 'SHA-256' }, false, ['sign']);
-  }
   const one = async (i) => {
     const started = Date.now();
     const h = { 'content-type': 'application/json' };
@@ -36,8 +30,7 @@ async function run(u, body) {
       h['webhook-timestamp'] = String(Math.floor(started / 1000));
     }
     if (sign) {
-      const mac = await crypto.subtle.sign('HMAC', hmacKey, enc.encode(`evt_${i}.${Math.floor(started / 1000)}.${body}`));
-      h['webhook-signature'] = `v1,${btoa(String.fromCharCode(...new Uint8Array(mac)))}`;
+      h['webhook-signature'] = await signature(`evt_${i}`, Math.floor(started / 1000), body);
     }
     let ok;
     if (timeout) {

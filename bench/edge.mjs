@@ -293,7 +293,8 @@ function bareCaller(bare, sinkUrl, n, query = '') {
 // Process groups of every Worker started (the edge, its variants, bare, probe): see settle().
 const workerGroups = [];
 const groupTotal = (pgid) => Object.values(groupCpu(pgid)).reduce((a, b) => a + b, 0);
-const othersCpu = (pgid) => workerGroups.filter((g) => g !== pgid).reduce((t, g) => t + groupTotal(g), 0);
+const cpuOf = (groups) => groups.reduce((t, g) => t + groupTotal(g), 0);
+const othersCpu = (pgid) => cpuOf(workerGroups.filter((g) => g !== pgid));
 
 /**
  * Waits until no Worker's processes are busy (under 0.1 of a core over 0.5 s; at most 30 s).
@@ -303,10 +304,10 @@ const othersCpu = (pgid) => workerGroups.filter((g) => g !== pgid).reduce((t, g)
  */
 async function settle() {
   const started = performance.now();
-  let before = workerGroups.reduce((t, g) => t + groupTotal(g), 0);
+  let before = cpuOf(workerGroups);
   for (;;) {
     await sleep(500);
-    const now = workerGroups.reduce((t, g) => t + groupTotal(g), 0);
+    const now = cpuOf(workerGroups);
     if (now - before < 0.05) break;
     before = now;
     if (performance.now() - started > 30_000) {
@@ -431,44 +432,32 @@ async function main() {
   const results = {}; // name -> [runs]
   const push = (r) => (results[r.name] ??= []).push(r);
   const edgeName = (e, s, b) => `${e.label} subs=${s} batch=${b}`;
+  // What is measured at each batch size: the ceilings (the bare Worker, its unsigned row, the
+  // probes), then each edge at 1, 10, 100 subscribers.
+  const configurations = BATCHES.map((b) => ({
+    ceilings: [
+      { name: `bare N=${b}`, call: bareCaller(bare, sink.url, b), pgid: bare.pgid },
+      ...(opts.unsigned ? [{ name: `bare unsigned N=${b}`, call: bareCaller(bare, sink.url, b, 'signed=0'), pgid: bare.pgid }] : []),
+      ...probes.map((pr) => ({ name: `${pr.label} N=${b}`, call: bareCaller(probe, sink.url, b, pr.query), pgid: probe.pgid, logs: probe.logs })),
+    ],
+    edges: edges.flatMap((e) =>
+      SUBSCRIBERS.map((s) => ({ name: edgeName(e, s, b), call: edgeCaller(e, sink.url, s, b, secret), pgid: e.pgid, logs: e.logs })),
+    ),
+  }));
   try {
     if (PRIME_S > 0) {
       log(`priming every configuration for ${PRIME_S} s (not counted)`);
-      const prime = (call) => drive(call, async () => {}, 0, PRIME_S);
-      for (const b of BATCHES) {
-        await prime(bareCaller(bare, sink.url, b));
-        if (opts.unsigned) await prime(bareCaller(bare, sink.url, b, 'signed=0'));
-        for (const pr of probes) await prime(bareCaller(probe, sink.url, b, pr.query));
-        for (const e of edges) for (const s of SUBSCRIBERS) await prime(edgeCaller(e, sink.url, s, b, secret));
+      for (const { ceilings, edges: atB } of configurations) {
+        for (const c of [...ceilings, ...atB]) await drive(c.call, async () => {}, 0, PRIME_S);
       }
     }
     for (let round = 1; round <= ROUNDS; round++) {
       log(`round ${round}/${ROUNDS}`);
-      // Interleave: for each batch size, the bare Worker (and its unsigned row, the probes) and
-      // each edge at 1, 10, 100 subscribers; even rounds run the edges first.
-      for (const b of BATCHES) {
-        const ceilings = async () => {
-          push(await measure(`bare N=${b}`, bareCaller(bare, sink.url, b), { sink, pgid: bare.pgid }));
-          if (opts.unsigned) {
-            push(await measure(`bare unsigned N=${b}`, bareCaller(bare, sink.url, b, 'signed=0'), { sink, pgid: bare.pgid }));
-          }
-          for (const pr of probes) {
-            push(await measure(`${pr.label} N=${b}`, bareCaller(probe, sink.url, b, pr.query), { sink, pgid: probe.pgid, logs: probe.logs }));
-          }
-        };
-        const theEdges = async () => {
-          for (const e of edges) {
-            for (const s of SUBSCRIBERS) {
-              push(await measure(edgeName(e, s, b), edgeCaller(e, sink.url, s, b, secret), { sink, pgid: e.pgid, logs: e.logs }));
-            }
-          }
-        };
-        if (round % 2 === 1) {
-          await ceilings();
-          await theEdges();
-        } else {
-          await theEdges();
-          await ceilings();
+      // Interleave, batch size by batch size; odd rounds run the ceilings first, even rounds the
+      // edges.
+      for (const { ceilings, edges: atB } of configurations) {
+        for (const c of round % 2 === 1 ? [...ceilings, ...atB] : [...atB, ...ceilings]) {
+          push(await measure(c.name, c.call, { sink, pgid: c.pgid, logs: c.logs }));
         }
       }
     }

@@ -35,7 +35,7 @@ use crate::config::{Config, LedgerLocation};
 use crate::dispatch::edge_lane::EdgeClient;
 use crate::dispatch::plan::RetryRules;
 use crate::dispatch::{DispatchConfig, Dispatcher};
-use crate::ledger::pg::{Announcement, PgLedger};
+use crate::ledger::pg::{Announcement, Listener, PgLedger};
 use crate::ledger::store::Store;
 use crate::ledger::{DispatchLedger, Ledger, LedgerError};
 
@@ -157,35 +157,45 @@ fn daemon_name(listen: std::net::SocketAddr) -> String {
     format!("{host}:{}", listen.port())
 }
 
-/// Hand the dispatcher what other daemons announce (new events, replays), listening again
-/// after a lost connection; the dispatcher's periodic rescan covers any gap.
+/// Hand the dispatcher what other daemons announce (new events, replays, changed subscribers
+/// and customers), listening again after a lost connection. `heard` is the first listener,
+/// opened before the dispatcher read the subscribers; whenever listening begins later (the
+/// first attempt failed, or the connection was lost) the dispatcher reads everything again,
+/// since whatever was announced meanwhile went unheard.
 fn forward_announcements(
     pg: PgLedger,
+    mut heard: Option<Listener>,
     control: tokio::sync::mpsc::UnboundedSender<dispatch::Control>,
 ) {
     tokio::spawn(async move {
         loop {
-            match pg.listen().await {
-                Ok(mut heard) => {
-                    while let Some(announced) = heard.recv().await {
-                        let msg = match announced {
-                            Announcement::Due(subs) => dispatch::Control::Due(subs),
-                            Announcement::DueAll => dispatch::Control::Rescan,
-                            Announcement::Changed(id) => dispatch::Control::Changed(id),
-                            Announcement::Customers => dispatch::Control::Customers,
-                        };
-                        if control.send(msg).is_err() {
-                            return;
-                        }
+            if let Some(mut listener) = heard.take() {
+                while let Some(announced) = listener.recv().await {
+                    let msg = match announced {
+                        Announcement::Due(subs) => dispatch::Control::Due(subs),
+                        Announcement::DueAll => dispatch::Control::Rescan,
+                        Announcement::Changed(id) => dispatch::Control::Changed(id),
+                        Announcement::Customers => dispatch::Control::Customers,
+                    };
+                    if control.send(msg).is_err() {
+                        return;
                     }
-                    tracing::warn!("lost the PostgreSQL LISTEN connection: listening again");
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot LISTEN for new work"),
+                tracing::warn!("lost the PostgreSQL LISTEN connection: listening again");
             }
             if control.is_closed() {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            match pg.listen().await {
+                Ok(listener) => {
+                    if control.send(dispatch::Control::Reload).is_err() {
+                        return;
+                    }
+                    heard = Some(listener);
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot LISTEN for new work"),
+            }
         }
     });
 }
@@ -238,7 +248,14 @@ async fn serve<L: DispatchLedger>(
     );
     let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
     if let Some(pg) = announcements {
-        forward_announcements(pg, control_tx.clone());
+        // Listening before the dispatcher reads the subscribers: nothing announced in between
+        // goes unheard.
+        let heard = pg
+            .listen()
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot LISTEN for new work"))
+            .ok();
+        forward_announcements(pg, heard, control_tx.clone());
     }
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let retention_task = tokio::spawn(retention::run(

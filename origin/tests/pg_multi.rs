@@ -346,3 +346,77 @@ async fn daemons_split_the_subscribers_and_the_survivor_takes_them_over_at_once(
         assert_eq!(sink.distinct_ids().0.len(), 2 * n, "{id}");
     }
 }
+
+/// The LISTEN connections of both daemons are cut (as a restarted PostgreSQL or a proxy's idle
+/// timeout would). Subscribers created through one daemon before the other listens again were
+/// never announced to it; it reads every subscriber again once it listens, so those it owns
+/// are served too (none is left to a daemon that never heard of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn subscribers_created_while_a_daemon_was_not_listening_are_served() {
+    let server = PgServer::start();
+    let url = server.database("relisten").await;
+    let db = Path::new(&url);
+    let daemons = vec![Binary::start(db, &[]).await, Binary::start(db, &[]).await];
+    for d in &daemons {
+        wait_for("both daemons seen", Duration::from_secs(10), || async {
+            d.metric("fanout_daemons").await == 2.0
+        })
+        .await;
+    }
+    let pg = server.connect("relisten").await;
+    let listening = || async {
+        pg.query_one(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+    };
+    assert_eq!(listening().await, 2);
+    pg.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'",
+        &[],
+    )
+    .await
+    .unwrap();
+    wait_for(
+        "the LISTEN connections gone",
+        Duration::from_secs(5),
+        || async { listening().await == 0 },
+    )
+    .await;
+    // Within the second before they listen again.
+    let t = Instant::now();
+    let ids: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
+    let mut sinks = Vec::new();
+    for id in &ids {
+        let sink = Subscriber::ok().await;
+        daemons[0]
+            .api
+            .subscriber(sub_spec(id, &sink.url, &["*"]))
+            .await;
+        sinks.push(sink);
+    }
+    let unheard = listening().await;
+    eprintln!(
+        "8 subscribers created in {} ms, {unheard} daemons listening meanwhile",
+        t.elapsed().as_millis()
+    );
+    wait_for(
+        "both daemons listen again",
+        Duration::from_secs(10),
+        || async { listening().await == 2 },
+    )
+    .await;
+    let n = 20;
+    daemons[0].api.events(events("a", n, "t")).await;
+    let all = (n * ids.len()) as i64;
+    wait_for("all sent", Duration::from_secs(30), || async {
+        statuses(&pg).await.get("sent").copied() == Some(all)
+    })
+    .await;
+    for (id, sink) in ids.iter().zip(&sinks) {
+        assert_eq!(sink.distinct_ids().0.len(), n, "{id}");
+    }
+}

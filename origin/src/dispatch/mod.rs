@@ -64,6 +64,9 @@ pub enum Control {
     Rescan,
     /// A customer was created, changed or removed: re-read their weights and caps.
     Customers,
+    /// Announcements may have been missed (another daemon's changes while this one was not
+    /// listening): re-read the customers, every subscriber and the queue.
+    Reload,
 }
 
 /// The executor's liveness, for `/healthz`: the time (unix ms) its loop last began a turn, 0
@@ -234,6 +237,20 @@ impl<L: DispatchLedger> Dispatcher<L> {
         Ok(())
     }
 
+    /// Read the customers and every subscriber as stored.
+    async fn load(&mut self) -> Result<(), LedgerError> {
+        let customers = self.ledger.dispatch_customers().await?;
+        self.step(Event::Customers(customers)).await;
+        let subs = self.ledger.dispatch_subscribers().await?;
+        for (s, _) in &subs {
+            if s.lane == Lane::Edge && self.cfg.edge.is_none() {
+                tracing::warn!(subscriber = %s.id, "lane is edge but no edge is configured: using the origin lane");
+            }
+        }
+        self.step(Event::Loaded(subs)).await;
+        Ok(())
+    }
+
     async fn on_control(&mut self, c: Control) -> Result<(), LedgerError> {
         match c {
             Control::Due(ids) => self.step(Event::Due(ids)).await,
@@ -255,6 +272,10 @@ impl<L: DispatchLedger> Dispatcher<L> {
             Control::Customers => {
                 let all = self.ledger.dispatch_customers().await?;
                 self.step(Event::Customers(all)).await;
+            }
+            Control::Reload => {
+                self.load().await?;
+                self.rescan().await?;
             }
         }
         Ok(())
@@ -279,17 +300,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
         mut control: mpsc::UnboundedReceiver<Control>,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), LedgerError> {
-        match self.ledger.dispatch_customers().await {
-            Ok(all) => self.step(Event::Customers(all)).await,
-            Err(e) => tracing::error!(error = %e, "dispatcher cannot read the customers"),
-        }
-        let subs = self.ledger.dispatch_subscribers().await?;
-        for (s, _) in &subs {
-            if s.lane == Lane::Edge && self.cfg.edge.is_none() {
-                tracing::warn!(subscriber = %s.id, "lane is edge but no edge is configured: using the origin lane");
-            }
-        }
-        self.step(Event::Loaded(subs)).await;
+        self.load().await?;
         self.reshare().await;
         if let Err(e) = self.rescan().await {
             tracing::error!(error = %e, "dispatcher cannot read the queue");

@@ -17,7 +17,7 @@
 //! - A daemon that shares its ledger asks to claim only for the subscribers it owns
 //!   ([`Share`]), and wakes for no other's due work.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use fanout_core::breaker::BreakerConfig;
@@ -123,7 +123,8 @@ pub enum Event {
     Tick,
     /// Record what is unrecorded now, claiming nothing (shutdown, before a rescan).
     Flush,
-    /// Every live subscriber, as stored (at start).
+    /// Every live subscriber, as stored: at start, and again when announcements may have been
+    /// missed (a subscriber known here and not in the set was removed meanwhile).
     Loaded(Vec<(Subscriber, LimiterState)>),
     /// A subscriber was created, edited, re-enabled, rotated (`Some`) or removed (`None`).
     Changed {
@@ -334,6 +335,16 @@ impl State {
             Event::Tick => self.turn(now, true),
             Event::Flush => self.turn(now, false),
             Event::Loaded(subs) => {
+                let stored: HashSet<String> = subs.iter().map(|(s, _)| s.id.clone()).collect();
+                let gone: Vec<Arc<str>> = self
+                    .order
+                    .iter()
+                    .filter(|id| !stored.contains(id.as_ref()))
+                    .cloned()
+                    .collect();
+                for id in gone {
+                    self.remove(&id);
+                }
                 for (s, limiter) in subs {
                     self.upsert(s, limiter, now);
                 }
@@ -1321,7 +1332,10 @@ mod tests {
             let a_out = out[0].1.clone();
             on(
                 &mut state,
-                Event::Loaded(vec![(subscriber("b", 8), limiter)]),
+                Event::Changed {
+                    id: "b".into(),
+                    found: Some((subscriber("b", 8), limiter)),
+                },
                 1,
             );
             match change {
@@ -1408,6 +1422,38 @@ mod tests {
                 "{change:?}: every slot usable afterwards"
             );
         }
+    }
+
+    /// Announcements missed while a daemon was not listening (its LISTEN connection lost, or
+    /// not yet open when it loaded) are made up by loading every subscriber again: one created
+    /// meanwhile is served, one removed meanwhile is not claimed for any more (its sends still
+    /// out count until they come back), one unchanged keeps its sends in flight.
+    #[test]
+    fn loading_every_subscriber_again_makes_up_for_missed_announcements() {
+        let mut state = State::new(settings(100));
+        let mut q = Queue::with(&[("a", 100), ("b", 100), ("c", 100)]);
+        let l = LimiterState::default();
+        let loaded =
+            |ids: &[&str]| Event::Loaded(ids.iter().map(|id| (subscriber(id, 4), l)).collect());
+        on(&mut state, loaded(&["a", "b"]), 0);
+        let out = tick(&mut state, &mut q, 0);
+        let counts = |out: &[(String, Vec<Meta>)]| ["a", "b", "c"].map(|s| count(out, s));
+        assert_eq!(counts(&out), [4, 4, 0]);
+        // b removed and c created through another daemon; neither heard.
+        on(&mut state, loaded(&["a", "c"]), 1);
+        assert_eq!(state.in_flight(), 8, "b's sends still out are counted");
+        let more = tick(&mut state, &mut q, 2);
+        assert_eq!(counts(&more), [0, 0, 4], "a is full, b is gone, c is new");
+        let b_out = out.iter().find(|(s, _)| s == "b").map(|(_, m)| m.clone());
+        on(&mut state, delivered("b", &b_out.unwrap_or_default(), 3), 3);
+        assert_eq!(state.in_flight(), 8);
+        assert_eq!(state.in_flight_of("b"), 0);
+        let later = tick(&mut state, &mut q, 4);
+        assert_eq!(
+            counts(&later),
+            [0, 0, 0],
+            "nothing for b, even with its slots free"
+        );
     }
 
     /// A turn the ledger could not record comes back whole: its results go first into the next

@@ -709,12 +709,15 @@ async fn weighted_share_under_contention() {
                 subs.push((customer, sub));
             }
         }
-        for customer in ["big", "small"] {
-            let events: Vec<Value> = (0..120)
-                .map(|i| json!({ "id": format!("{customer}-{i}"), "type": format!("{customer}.tick") }))
-                .collect();
-            api.events(Value::Array(events)).await;
-        }
+        // Both backlogs in one request: neither customer starts ahead.
+        let events: Vec<Value> = (0..120)
+            .flat_map(|i| {
+                ["big", "small"].map(
+                    |customer| json!({ "id": format!("{customer}-{i}"), "type": format!("{customer}.tick") }),
+                )
+            })
+            .collect();
+        api.events(Value::Array(events)).await;
         let total = 200;
         wait_for("200 deliveries received", LONG, || async {
             subs.iter().map(|(_, s)| s.count()).sum::<usize>() >= total

@@ -273,6 +273,11 @@ async fn ledger_copy_brings_customers_and_links_over() {
 /// them after both started. The other hears of it (`NOTIFY fanout_customers`) and shares its own
 /// in-flight budget by the same weights: together, under contention, a weight-4 customer is
 /// served about four times as much as a weight-1 customer.
+///
+/// Each daemon shares its budget between the subscribers it claims for, so the endpoints are
+/// named for each daemon to own two or three of each customer's five (with names picked at
+/// random, one daemon would own none of a customer's five in one run of sixteen, and give its
+/// whole budget to the other customer: README "Customers").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weights_set_through_one_daemon_hold_on_every_daemon() {
     let server = PgServer::start();
@@ -280,7 +285,39 @@ async fn weights_set_through_one_daemon_hold_on_every_daemon() {
     let db = Path::new(&url);
     let extra = ["--max-total-in-flight", "10"];
     let a = Binary::start(db, &extra).await;
-    let _b = Binary::start(db, &extra).await;
+    let b = Binary::start(db, &extra).await;
+    for d in [&a, &b] {
+        wait_for("both daemons seen", Duration::from_secs(10), || async {
+            d.metric("fanout_daemons").await == 2.0
+        })
+        .await;
+    }
+    let pg = server.connect("weights").await;
+    let names: Vec<String> = pg
+        .query("SELECT name FROM daemons ORDER BY name", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let share = fanout_origin::model::Share::new(&names[0], names.clone());
+    let endpoints = |customer: &str| -> Vec<String> {
+        let mut owned = std::collections::HashMap::<String, usize>::new();
+        let mut ids = Vec::new();
+        for k in 0.. {
+            let id = format!("{customer}_{k}");
+            let n = owned.entry(share.owner(&id).to_string()).or_default();
+            if *n < 3 {
+                *n += 1;
+                ids.push(id);
+            }
+            if ids.len() == 5 {
+                break;
+            }
+        }
+        ids
+    };
     for (id, weight) in [("big", 4), ("small", 1)] {
         let (s, body) = a
             .api
@@ -290,26 +327,25 @@ async fn weights_set_through_one_daemon_hold_on_every_daemon() {
     }
     let mut subs = Vec::new();
     for customer in ["big", "small"] {
-        for k in 0..5 {
+        for id in endpoints(customer) {
             let sub =
                 Subscriber::start(|_, _| Answer::status(200).delay(Duration::from_millis(50)))
                     .await;
-            let mut spec = sub_spec(
-                &format!("{customer}_{k}"),
-                &sub.url,
-                &[&format!("{customer}.*")],
-            );
+            let mut spec = sub_spec(&id, &sub.url, &[&format!("{customer}.*")]);
             spec["customer"] = json!(customer);
             a.api.subscriber(spec).await;
             subs.push((customer, sub));
         }
     }
-    for customer in ["big", "small"] {
-        let events: Vec<serde_json::Value> = (0..200)
-            .map(|i| json!({ "id": format!("{customer}-{i}"), "type": format!("{customer}.tick") }))
-            .collect();
-        a.api.events(serde_json::Value::Array(events)).await;
-    }
+    // Both backlogs in one request: neither customer starts ahead.
+    let events: Vec<serde_json::Value> = (0..200)
+        .flat_map(|i| {
+            ["big", "small"].map(
+                |customer| json!({ "id": format!("{customer}-{i}"), "type": format!("{customer}.tick") }),
+            )
+        })
+        .collect();
+    a.api.events(serde_json::Value::Array(events)).await;
     let total = 300;
     wait_for(
         "300 deliveries received",

@@ -396,6 +396,10 @@ pub struct Claim {
     pub not_before_ms: Option<i64>,
 }
 
+/// Deliveries in flight per customer (`None`: subscribers with no customer), as the daemons
+/// sharing a ledger tell each other (`DispatchLedger::share`).
+pub type InFlight = Vec<(Option<String>, usize)>;
+
 /// Which daemon claims for which subscriber when several share one ledger (`me` among the
 /// live `members`, as the ledger lists them): rendezvous hashing, the highest score of
 /// `(member, subscriber)` wins. Every daemon computes the same owner from the same list, and

@@ -213,14 +213,18 @@ impl<L: DispatchLedger> Dispatcher<L> {
     /// the last share stays (this daemon ages out of the others' lists meanwhile, and both
     /// may claim for the same subscribers: slower, never wrong).
     async fn reshare(&mut self) {
-        match self.ledger.share().await {
-            Ok(share) => {
+        let mine = self.state.in_flight_by_customer();
+        match self.ledger.share(&mine).await {
+            Ok(shared) => {
+                let (share, elsewhere) = shared.unzip();
                 if share.as_ref() != self.state.share() {
                     tracing::info!(daemons = ?share.as_ref().map(Share::members), "the daemons sharing the ledger changed: each claims for its own subscribers");
                 }
                 let n = share.as_ref().map_or(1, |s| s.members().len());
                 self.metrics.daemons.store(n as u64, Ordering::Relaxed);
                 self.step(Event::Share(share)).await;
+                self.step(Event::Elsewhere(elsewhere.unwrap_or_default()))
+                    .await;
             }
             Err(e) => tracing::warn!(error = %e, "could not read which daemons share the ledger"),
         }

@@ -31,8 +31,8 @@ use crate::alert::rules::{after_attempt, AfterAttempt, Alert, Seen};
 use crate::alert::{AlertRules, Notice};
 use crate::ledger::ops::{Recorded, Turn, TurnError};
 use crate::model::{
-    delivery_public_id, AttemptRecord, Claimed, Health, HealthWrite, Lane, Limits, Outcome, Share,
-    StoredSecret, Subscriber, Transition,
+    delivery_public_id, AttemptRecord, Claimed, Health, HealthWrite, InFlight, Lane, Limits,
+    Outcome, Share, StoredSecret, Subscriber, Transition,
 };
 
 /// How long a lease lasts: longer than any send can take (the longest edge call: the edge's
@@ -140,6 +140,10 @@ pub enum Event {
     /// The daemons sharing the ledger now: this one claims only for the subscribers it owns
     /// (`None`: it is alone and owns them all). Those it gains are looked at at once.
     Share(Option<Share>),
+    /// What the other daemons sharing the ledger have in flight, per customer (`None`: the
+    /// subscribers with no customer), as each last wrote it: the weighted share and the
+    /// customers' caps count it with this daemon's own.
+    Elsewhere(InFlight),
     /// Results of one launch's deliveries.
     Results {
         sub: Arc<str>,
@@ -266,6 +270,8 @@ pub struct State {
     ledger_retry_at: i64,
     /// Which subscribers this daemon claims for, when it shares the ledger.
     share: Option<Share>,
+    /// In flight at the other daemons, per customer (`Event::Elsewhere`).
+    elsewhere: HashMap<Option<Arc<str>>, usize>,
 }
 
 impl State {
@@ -287,7 +293,23 @@ impl State {
             ledger_failures: 0,
             ledger_retry_at: 0,
             share: None,
+            elsewhere: HashMap::new(),
         }
+    }
+
+    /// This daemon's deliveries in flight per customer (`None`: subscribers with no customer),
+    /// those with any: what the other daemons sharing the ledger are told.
+    pub fn in_flight_by_customer(&self) -> InFlight {
+        let mut by: HashMap<Option<&str>, usize> = HashMap::new();
+        for st in self.subs.values().filter(|st| st.in_flight > 0) {
+            *by.entry(st.target.customer.as_deref()).or_default() += st.in_flight as usize;
+        }
+        let mut out: InFlight = by
+            .into_iter()
+            .map(|(c, n)| (c.map(str::to_string), n))
+            .collect();
+        out.sort();
+        out
     }
 
     /// The daemons sharing the ledger as last told (`None`: alone).
@@ -368,6 +390,13 @@ impl State {
                         st.mine = mine;
                     }
                     self.share = share;
+                }
+                Vec::new()
+            }
+            Event::Elsewhere(all) => {
+                self.elsewhere.clear();
+                for (customer, n) in all {
+                    *self.elsewhere.entry(customer.map(Arc::from)).or_default() += n;
                 }
                 Vec::new()
             }
@@ -609,10 +638,11 @@ impl State {
 
     /// Each candidate's share of `budget`: weighted between customers, round-robin between a
     /// customer's subscribers (`fair::fair_share`); subscribers with no customer are one group
-    /// of weight 1. A group's in flight counts every send of its subscribers still out.
+    /// of weight 1. A group's in flight counts every send of its subscribers still out, here
+    /// and at the other daemons sharing the ledger.
     fn fair_shares(&self, candidates: &[(Arc<str>, Reservation)], budget: usize) -> Vec<usize> {
         let key = |id: &Arc<str>| self.subs.get(id).and_then(|st| st.target.customer.clone());
-        let mut in_flight: HashMap<Option<Arc<str>>, usize> = HashMap::new();
+        let mut in_flight = self.elsewhere.clone();
         for st in self.subs.values() {
             *in_flight.entry(st.target.customer.clone()).or_default() += st.in_flight as usize;
         }
@@ -1454,6 +1484,65 @@ mod tests {
             [0, 0, 0],
             "nothing for b, even with its slots free"
         );
+    }
+
+    /// Daemons sharing a ledger tell each other what they have in flight per customer: the
+    /// weighted share and a customer's cap count the others' with this daemon's own, so the
+    /// weights hold across the daemons (a daemon that owns only the heavy customer's endpoints
+    /// gives it all its budget; the other gives the light one more) and the cap is the
+    /// customer's, not each daemon's.
+    #[test]
+    fn the_weighted_share_and_caps_count_what_other_daemons_have_in_flight() {
+        let owned = |id: &str, customer: &str| {
+            let mut s = subscriber(id, 32);
+            s.customer = Some(customer.into());
+            (s, LimiterState::default())
+        };
+        // (in flight elsewhere, big's grant, small's grant); budget 10, weights 4:1, small's
+        // customer capped at 8.
+        let cases: &[(&[(Option<&str>, usize)], usize, usize)] = &[
+            (&[], 8, 2),
+            (&[(Some("big"), 10)], 6, 4),
+            (&[(Some("big"), 40), (Some("small"), 4)], 6, 4),
+            (&[(Some("big"), 40), (Some("small"), 7)], 9, 1),
+            (&[(Some("small"), 8), (None, 30)], 10, 0),
+        ];
+        for &(elsewhere, big, small) in cases {
+            let mut state = State::new(settings(10));
+            let mut q = Queue::with(&[("b1", 100), ("s1", 100)]);
+            on(
+                &mut state,
+                Event::Customers(vec![("big".into(), 4, None), ("small".into(), 1, Some(8))]),
+                0,
+            );
+            on(
+                &mut state,
+                Event::Loaded(vec![owned("b1", "big"), owned("s1", "small")]),
+                0,
+            );
+            let told = elsewhere
+                .iter()
+                .map(|(c, n)| (c.map(str::to_string), *n))
+                .collect();
+            on(&mut state, Event::Elsewhere(told), 0);
+            let out = tick(&mut state, &mut q, 0);
+            assert_eq!(
+                (count(&out, "b1"), count(&out, "s1")),
+                (big, small),
+                "elsewhere {elsewhere:?}"
+            );
+            assert_eq!(
+                state.in_flight_by_customer(),
+                vec![
+                    (Some("big".to_string()), big),
+                    (Some("small".to_string()), small)
+                ]
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .collect::<Vec<_>>(),
+                "what this daemon tells the others"
+            );
+        }
     }
 
     /// A turn the ledger could not record comes back whole: its results go first into the next

@@ -17,7 +17,7 @@ use fanout_core::limiter::LimiterState;
 
 use super::{Ledger, LedgerError};
 use crate::alert::Notice;
-use crate::model::{Claim, HealthWrite, Outcome, Share, Subscriber};
+use crate::model::{Claim, HealthWrite, InFlight, Outcome, Share, Subscriber};
 
 /// Everything one dispatcher turn writes, and the deliveries it asks to lease next.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -130,10 +130,14 @@ pub trait DispatchLedger: Clone + Send + Sync + 'static {
         now_ms: i64,
     ) -> impl Future<Output = Result<usize, LedgerError>> + Send;
 
-    /// Write that this daemon's dispatcher is alive, and read which daemons share the ledger
-    /// now (this one among them). `None`: the ledger has one daemon, which owns every
-    /// subscriber.
-    fn share(&self) -> impl Future<Output = Result<Option<Share>, LedgerError>> + Send;
+    /// Write that this daemon's dispatcher is alive with `in_flight` out per customer, and read
+    /// which daemons share the ledger now (this one among them) and what the others have in
+    /// flight per customer, as each last wrote it. `None`: the ledger has one daemon, which
+    /// owns every subscriber.
+    fn share(
+        &self,
+        in_flight: &[(Option<String>, usize)],
+    ) -> impl Future<Output = Result<Option<(Share, InFlight)>, LedgerError>> + Send;
 
     /// This daemon stops dispatching: the others take its subscribers at once, without
     /// waiting for it to age out of the share.
@@ -230,7 +234,10 @@ impl DispatchLedger for Ledger {
     }
 
     /// A SQLite ledger has one daemon (the owner lock): it owns every subscriber.
-    async fn share(&self) -> Result<Option<Share>, LedgerError> {
+    async fn share(
+        &self,
+        _in_flight: &[(Option<String>, usize)],
+    ) -> Result<Option<(Share, InFlight)>, LedgerError> {
         Ok(None)
     }
 

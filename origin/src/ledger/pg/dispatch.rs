@@ -25,7 +25,7 @@ use super::ops::{
     core_limits, wanted_of, CLAIM_COUNT, CLAIM_EXPIRE, RECORD_OUTCOMES, STORE_LIMITERS,
 };
 use super::{decode_limiter, encode_limiter, PgLedger};
-use crate::model::{Claim, HealthWrite, Outcome, Share, Subscriber};
+use crate::model::{Claim, HealthWrite, InFlight, Outcome, Share, Subscriber};
 
 /// How long a lease lasts without renewal: the longest a dead daemon's work waits.
 pub const LEASE_MS: i64 = 15_000;
@@ -454,16 +454,34 @@ impl DispatchLedger for PgLedger {
         Ok(self.release_own_leases(now_ms).await? as usize)
     }
 
-    async fn share(&self) -> Result<Option<Share>, LedgerError> {
+    async fn share(
+        &self,
+        in_flight: &[(Option<String>, usize)],
+    ) -> Result<Option<(Share, InFlight)>, LedgerError> {
+        // Strings and numbers: serialising cannot fail.
+        let mine = serde_json::to_string(in_flight).unwrap_or_else(|_| "[]".into());
         let c = self.client().await?;
         let st = c.prepare_cached(SHARE).await?;
-        let members = c
-            .query(&st, &[&&*self.owner, &MEMBER_TTL_MS, &MEMBER_FORGET_MS])
-            .await?
-            .iter()
-            .map(|r| r.try_get(0))
-            .collect::<Result<Vec<String>, _>>()?;
-        Ok(Some(Share::new(&self.owner, members)))
+        let rows = c
+            .query(
+                &st,
+                &[&&*self.owner, &MEMBER_TTL_MS, &MEMBER_FORGET_MS, &mine],
+            )
+            .await?;
+        let mut members = Vec::with_capacity(rows.len());
+        let mut elsewhere = InFlight::new();
+        for r in rows {
+            let name: String = r.try_get(0)?;
+            if name != *self.owner {
+                let theirs: String = r.try_get(1)?;
+                // A row another daemon wrote is its own business: one that does not parse
+                // (written by some other version) counts as nothing in flight.
+                let theirs: InFlight = serde_json::from_str(&theirs).unwrap_or_default();
+                elsewhere.extend(theirs);
+            }
+            members.push(name);
+        }
+        Ok(Some((Share::new(&self.owner, members), elsewhere)))
     }
 
     async fn leave(&self) -> Result<(), LedgerError> {
@@ -486,10 +504,11 @@ const MEMBER_FORGET_MS: i64 = 7 * 86_400_000;
 /// sees the table as it was before its own write); rows older than `$3` ms deleted.
 const SHARE: &str =
     "WITH t AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now),
-     me AS (INSERT INTO daemons (name, seen_ms) SELECT $1, now FROM t
-            ON CONFLICT (name) DO UPDATE SET seen_ms = EXCLUDED.seen_ms),
+     me AS (INSERT INTO daemons (name, seen_ms, in_flight) SELECT $1, now, $4 FROM t
+            ON CONFLICT (name) DO UPDATE
+            SET seen_ms = EXCLUDED.seen_ms, in_flight = EXCLUDED.in_flight),
      gone AS (DELETE FROM daemons WHERE name <> $1 AND seen_ms < (SELECT now FROM t) - $3)
- SELECT name FROM daemons, t WHERE seen_ms >= t.now - $2";
+ SELECT name, in_flight FROM daemons, t WHERE seen_ms >= t.now - $2";
 
 #[cfg(test)]
 mod tests {

@@ -241,6 +241,12 @@ const MIGRATIONS: &[&str] = &[
         seen_ms BIGINT NOT NULL
     );
     "#,
+    // 5: what each daemon had in flight per customer when it last wrote that it is alive (JSON
+    // `[[customer or null, count], …]`): every daemon's weighted share and customer caps count
+    // the others' too.
+    r#"
+    ALTER TABLE daemons ADD COLUMN in_flight TEXT NOT NULL DEFAULT '[]';
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

@@ -286,12 +286,8 @@ async fn weights_set_through_one_daemon_hold_across_daemons() {
     let extra = ["--max-total-in-flight", "10"];
     let a = Binary::start(db, &extra).await;
     let b = Binary::start(db, &extra).await;
-    for d in [&a, &b] {
-        wait_for("both daemons seen", Duration::from_secs(10), || async {
-            d.metric("fanout_daemons").await == 2.0
-        })
-        .await;
-    }
+    a.sees_daemons(2).await;
+    b.sees_daemons(2).await;
     let pg = server.connect("weights").await;
     let names: Vec<String> = pg
         .query("SELECT name FROM daemons ORDER BY name", &[])

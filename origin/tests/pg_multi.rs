@@ -82,6 +82,18 @@ async fn ingest_anywhere(daemons: &[Binary], batch: serde_json::Value) {
     panic!("no daemon took the batch");
 }
 
+/// Subscribers `s0`..`s7` to every event, created through `d`, each with its own sink.
+async fn eight_subscribers(d: &Binary) -> (Vec<String>, Vec<Subscriber>) {
+    let ids: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
+    let mut sinks = Vec::new();
+    for id in &ids {
+        let sink = Subscriber::ok().await;
+        d.api.subscriber(sub_spec(id, &sink.url, &["*"])).await;
+        sinks.push(sink);
+    }
+    (ids, sinks)
+}
+
 /// Three daemons, 20,000 events to four fast subscribers and 400 of them to one limited to
 /// 20/s burst 40 that answers 429 past that; one daemon killed with SIGKILL every few seconds
 /// and restarted in place.
@@ -279,21 +291,9 @@ async fn daemons_split_the_subscribers_and_the_survivor_takes_them_over_at_once(
     let url = server.database("share").await;
     let db = Path::new(&url);
     let mut daemons = vec![Binary::start(db, &[]).await, Binary::start(db, &[]).await];
-    let ids: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
-    let mut sinks = Vec::new();
-    for id in &ids {
-        let sink = Subscriber::ok().await;
-        daemons[0]
-            .api
-            .subscriber(sub_spec(id, &sink.url, &["*"]))
-            .await;
-        sinks.push(sink);
-    }
+    let (ids, sinks) = eight_subscribers(&daemons[0]).await;
     for d in &daemons {
-        wait_for("both daemons seen", Duration::from_secs(10), || async {
-            d.metric("fanout_daemons").await == 2.0
-        })
-        .await;
+        d.sees_daemons(2).await;
     }
     // Every daemon has read the other (a second more: the last to write has been read too).
     tokio::time::sleep(Duration::from_millis(1_200)).await;
@@ -358,10 +358,7 @@ async fn subscribers_created_while_a_daemon_was_not_listening_are_served() {
     let db = Path::new(&url);
     let daemons = vec![Binary::start(db, &[]).await, Binary::start(db, &[]).await];
     for d in &daemons {
-        wait_for("both daemons seen", Duration::from_secs(10), || async {
-            d.metric("fanout_daemons").await == 2.0
-        })
-        .await;
+        d.sees_daemons(2).await;
     }
     let pg = server.connect("relisten").await;
     let listening = || async {
@@ -388,16 +385,7 @@ async fn subscribers_created_while_a_daemon_was_not_listening_are_served() {
     .await;
     // Within the second before they listen again.
     let t = Instant::now();
-    let ids: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
-    let mut sinks = Vec::new();
-    for id in &ids {
-        let sink = Subscriber::ok().await;
-        daemons[0]
-            .api
-            .subscriber(sub_spec(id, &sink.url, &["*"]))
-            .await;
-        sinks.push(sink);
-    }
+    let (ids, sinks) = eight_subscribers(&daemons[0]).await;
     let unheard = listening().await;
     eprintln!(
         "8 subscribers created in {} ms, {unheard} daemons listening meanwhile",

@@ -1500,7 +1500,8 @@ mod tests {
         };
         // (in flight elsewhere, big's grant, small's grant); budget 10, weights 4:1, small's
         // customer capped at 8.
-        let cases: &[(&[(Option<&str>, usize)], usize, usize)] = &[
+        type Elsewhere = &'static [(Option<&'static str>, usize)];
+        let cases: &[(Elsewhere, usize, usize)] = &[
             (&[], 8, 2),
             (&[(Some("big"), 10)], 6, 4),
             (&[(Some("big"), 40), (Some("small"), 4)], 6, 4),

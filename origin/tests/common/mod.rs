@@ -435,6 +435,16 @@ impl Binary {
             .unwrap_or(0.0)
     }
 
+    /// Wait until this daemon's dispatcher sees `n` daemons sharing its ledger.
+    pub async fn sees_daemons(&self, n: usize) {
+        wait_for(
+            &format!("{n} daemons seen"),
+            Duration::from_secs(10),
+            || async { self.metric("fanout_daemons").await == n as f64 },
+        )
+        .await;
+    }
+
     /// SIGKILL: no chance to clean up.
     pub fn kill9(&mut self) {
         self.child.kill().unwrap();

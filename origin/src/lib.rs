@@ -157,11 +157,17 @@ fn daemon_name(listen: std::net::SocketAddr) -> String {
     format!("{host}:{}", listen.port())
 }
 
+/// A listening connection quiet this long is asked whether it still answers, and given up
+/// when it does not within [`LISTEN_PING_TIMEOUT`].
+const LISTEN_PING_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+const LISTEN_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Hand the dispatcher what other daemons announce (new events, replays, changed subscribers
-/// and customers), listening again after a lost connection. `heard` is the first listener,
-/// opened before the dispatcher read the subscribers; whenever listening begins later (the
-/// first attempt failed, or the connection was lost) the dispatcher reads everything again,
-/// since whatever was announced meanwhile went unheard.
+/// and customers), listening again after a lost connection, or one that stopped answering
+/// (dropped silently on the way: it would otherwise look alive and hear nothing). `heard` is
+/// the first listener, opened before the dispatcher read the subscribers; whenever listening
+/// begins later the dispatcher reads everything again, since whatever was announced meanwhile
+/// went unheard.
 fn forward_announcements(
     pg: PgLedger,
     mut heard: Option<Listener>,
@@ -170,7 +176,21 @@ fn forward_announcements(
     tokio::spawn(async move {
         loop {
             if let Some(mut listener) = heard.take() {
-                while let Some(announced) = listener.recv().await {
+                loop {
+                    let announced = tokio::select! {
+                        a = listener.recv() => a,
+                        () = tokio::time::sleep(LISTEN_PING_EVERY) => {
+                            if listener.answers(LISTEN_PING_TIMEOUT).await {
+                                continue;
+                            }
+                            tracing::warn!("the PostgreSQL LISTEN connection stopped answering: listening again");
+                            break;
+                        }
+                    };
+                    let Some(announced) = announced else {
+                        tracing::warn!("lost the PostgreSQL LISTEN connection: listening again");
+                        break;
+                    };
                     let msg = match announced {
                         Announcement::Due(subs) => dispatch::Control::Due(subs),
                         Announcement::DueAll => dispatch::Control::Rescan,
@@ -181,7 +201,6 @@ fn forward_announcements(
                         return;
                     }
                 }
-                tracing::warn!("lost the PostgreSQL LISTEN connection: listening again");
             }
             if control.is_closed() {
                 return;

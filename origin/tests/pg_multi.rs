@@ -408,3 +408,42 @@ async fn subscribers_created_while_a_daemon_was_not_listening_are_served() {
         assert_eq!(sink.distinct_ids().0.len(), n, "{id}");
     }
 }
+
+/// A daemon's listening connection goes silent on the way (a load balancer that drops idle
+/// connections without a word: the socket stays open, nothing arrives). The daemon asks it
+/// every few seconds whether it still answers, listens again when it does not, and reads every
+/// subscriber again: subscribers created through the other daemon meanwhile are served, those it
+/// owns included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listening_connection_that_went_silent_is_noticed_and_replaced() {
+    let server = PgServer::start();
+    let url = server.database("silent").await;
+    let proxy = common::pg::SilencingProxy::start(server.port).await;
+    let proxied = url.replace(&format!(":{}/", server.port), &format!(":{}/", proxy.port));
+    let direct = Binary::start(Path::new(&url), &[]).await;
+    let behind = Binary::start(Path::new(&proxied), &[]).await;
+    direct.sees_daemons(2).await;
+    behind.sees_daemons(2).await;
+    assert_eq!(
+        proxy.silence_listeners(),
+        1,
+        "the proxied daemon's LISTEN connection"
+    );
+    let t = Instant::now();
+    let (ids, sinks) = eight_subscribers(&direct).await;
+    let n = 20;
+    direct.api.events(events("a", n, "t")).await;
+    let pg = server.connect("silent").await;
+    let all = (n * ids.len()) as i64;
+    wait_for("all sent", Duration::from_secs(40), || async {
+        statuses(&pg).await.get("sent").copied() == Some(all)
+    })
+    .await;
+    eprintln!(
+        "all {all} sent {} ms after the listening connection went silent",
+        t.elapsed().as_millis()
+    );
+    for (id, sink) in ids.iter().zip(&sinks) {
+        assert_eq!(sink.distinct_ids().0.len(), n, "{id}");
+    }
+}

@@ -267,3 +267,93 @@ impl Drop for SmallDisk {
             .status();
     }
 }
+
+/// A TCP proxy in front of a server that can go silent on the connections that listen: what a
+/// load balancer that drops idle connections without a word looks like from the daemon (its
+/// socket stays open, nothing it sends arrives, nothing comes back). Each connection's bytes are
+/// passed through as they come; one whose client sent `LISTEN ` is a listening connection.
+pub struct SilencingProxy {
+    pub port: u16,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<ProxiedConn>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct ProxiedConn {
+    listens: std::sync::atomic::AtomicBool,
+    silent: std::sync::atomic::AtomicBool,
+}
+
+impl SilencingProxy {
+    pub async fn start(target_port: u16) -> SilencingProxy {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let conns: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<ProxiedConn>>>> =
+            Default::default();
+        let all = conns.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await
+                else {
+                    continue;
+                };
+                let conn = std::sync::Arc::new(ProxiedConn::default());
+                all.lock().unwrap().push(conn.clone());
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                // Both directions; a silent connection parks with its sockets open.
+                let up = conn.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = cr.read(&mut buf).await {
+                        if buf[..n].windows(7).any(|w| w == b"LISTEN ") {
+                            up.listens.store(true, Ordering::SeqCst);
+                        }
+                        if up.silent.load(Ordering::SeqCst) {
+                            std::future::pending::<()>().await;
+                        }
+                        if sw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                        if conn.silent.load(Ordering::SeqCst) {
+                            std::future::pending::<()>().await;
+                        }
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        SilencingProxy {
+            port,
+            conns,
+            accept,
+        }
+    }
+
+    /// Silence every listening connection open now (later ones pass); how many.
+    pub fn silence_listeners(&self) -> usize {
+        use std::sync::atomic::Ordering;
+        let conns = self.conns.lock().unwrap();
+        let mut n = 0;
+        for c in conns.iter().filter(|c| c.listens.load(Ordering::SeqCst)) {
+            c.silent.store(true, Ordering::SeqCst);
+            n += 1;
+        }
+        n
+    }
+}
+
+impl Drop for SilencingProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}

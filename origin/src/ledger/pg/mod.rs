@@ -191,13 +191,34 @@ impl std::fmt::Debug for PgLedger {
     }
 }
 
-/// `url` parsed, or why not (without repeating a password).
+/// TCP keepalives on every connection unless the URL sets its own (`keepalives_idle`, …): the
+/// first probe after 30 s without traffic, then every 10 s, the connection given up after 3
+/// unanswered. Idle connections stay open through proxies and load balancers that drop idle
+/// ones silently (after minutes, for most), and a server gone is noticed within a minute
+/// instead of the system's default two hours.
+const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+const KEEPALIVE_RETRIES: u32 = 3;
+
+/// `url` parsed, or why not (without repeating a password), with [`KEEPALIVE_IDLE`] and the
+/// rest where the URL leaves them to the defaults.
 pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, LedgerError> {
-    tokio_postgres::Config::from_str(url).map_err(|e| {
+    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
         LedgerError::Postgres(PgError::Config(format!(
             "not a PostgreSQL URL like postgres://user@host:5432/dbname: {e}"
         )))
-    })
+    })?;
+    // tokio-postgres' default idle time is two hours; the URL's own setting is kept.
+    if config.get_keepalives_idle() == tokio_postgres::Config::new().get_keepalives_idle() {
+        config.keepalives_idle(KEEPALIVE_IDLE);
+    }
+    if config.get_keepalives_interval().is_none() {
+        config.keepalives_interval(KEEPALIVE_INTERVAL);
+    }
+    if config.get_keepalives_retries().is_none() {
+        config.keepalives_retries(KEEPALIVE_RETRIES);
+    }
+    Ok(config)
 }
 
 impl PgLedger {
@@ -308,7 +329,7 @@ impl PgLedger {
         let (client, mut conn) = self.config.connect(NoTls).await?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         // Polling the connection both drives the client's requests and yields notifications.
-        tokio::spawn(async move {
+        let connection = tokio::spawn(async move {
             loop {
                 match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
                     Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
@@ -340,16 +361,18 @@ impl PgLedger {
             ))
             .await?;
         Ok(Listener {
-            _client: client,
+            client,
+            connection,
             rx,
         })
     }
 }
 
-/// Announcements of new work, from [`PgLedger::listen`].
+/// Announcements of new work, from [`PgLedger::listen`]. Dropping it closes its connection.
 #[derive(Debug)]
 pub struct Listener {
-    _client: tokio_postgres::Client,
+    client: tokio_postgres::Client,
+    connection: tokio::task::JoinHandle<()>,
     rx: tokio::sync::mpsc::UnboundedReceiver<Announcement>,
 }
 
@@ -357,5 +380,60 @@ impl Listener {
     /// The next announcement; `None` once the connection has failed (listen again).
     pub async fn recv(&mut self) -> Option<Announcement> {
         self.rx.recv().await
+    }
+
+    /// Whether the server still answers on the listening connection within `timeout`. A
+    /// connection that only listens sends nothing of its own: one dropped silently on the way
+    /// (a proxy's or load balancer's idle timeout) would otherwise look alive, and hear nothing,
+    /// for as long as the operating system takes to notice.
+    pub async fn answers(&self, timeout: std::time::Duration) -> bool {
+        matches!(
+            tokio::time::timeout(timeout, self.client.simple_query("SELECT 1")).await,
+            Ok(Ok(_))
+        )
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.connection.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Keepalives: ours where the URL leaves the defaults, the URL's own where it sets them.
+    #[test]
+    fn urls_get_keepalives_unless_they_set_their_own() {
+        let s = Duration::from_secs;
+        // (URL's query, keepalives on, idle, interval, retries)
+        let cases: &[(&str, bool, Duration, Duration, u32)] = &[
+            ("", true, s(30), s(10), 3),
+            ("?keepalives_idle=600", true, s(600), s(10), 3),
+            (
+                "?keepalives_interval=2&keepalives_retries=9",
+                true,
+                s(30),
+                s(2),
+                9,
+            ),
+            ("?keepalives=0", false, s(30), s(10), 3),
+        ];
+        for &(query, on, idle, interval, retries) in cases {
+            let c = parse_url(&format!("postgres://u@db:5432/fanout{query}")).unwrap();
+            assert_eq!(
+                (
+                    c.get_keepalives(),
+                    c.get_keepalives_idle(),
+                    c.get_keepalives_interval(),
+                    c.get_keepalives_retries()
+                ),
+                (on, idle, Some(interval), Some(retries)),
+                "{query}"
+            );
+        }
     }
 }

@@ -199,9 +199,13 @@ impl std::fmt::Debug for PgLedger {
 const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 const KEEPALIVE_RETRIES: u32 = 3;
+/// A connection not made within this long fails (unless the URL sets `connect_timeout`): a
+/// server behind a black hole costs a pool checkout or a new listener seconds, not the
+/// system's two minutes.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// `url` parsed, or why not (without repeating a password), with [`KEEPALIVE_IDLE`] and the
-/// rest where the URL leaves them to the defaults.
+/// `url` parsed, or why not (without repeating a password), with [`KEEPALIVE_IDLE`], the rest
+/// and [`CONNECT_TIMEOUT`] where the URL leaves them to the defaults.
 pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, LedgerError> {
     let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
         LedgerError::Postgres(PgError::Config(format!(
@@ -217,6 +221,9 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, LedgerError> {
     }
     if config.get_keepalives_retries().is_none() {
         config.keepalives_retries(KEEPALIVE_RETRIES);
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
     }
     Ok(config)
 }
@@ -405,33 +412,38 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// Keepalives: ours where the URL leaves the defaults, the URL's own where it sets them.
+    /// Keepalives and the connect timeout: ours where the URL leaves the defaults, the URL's
+    /// own where it sets them.
     #[test]
-    fn urls_get_keepalives_unless_they_set_their_own() {
+    fn urls_get_keepalives_and_a_connect_timeout_unless_they_set_their_own() {
         let s = Duration::from_secs;
-        // (URL's query, keepalives on, idle, interval, retries)
-        let cases: &[(&str, bool, Duration, Duration, u32)] = &[
-            ("", true, s(30), s(10), 3),
-            ("?keepalives_idle=600", true, s(600), s(10), 3),
+        // (URL's query, keepalives on, idle, interval, retries, connect timeout)
+        type Case = (&'static str, bool, Duration, Duration, u32, Duration);
+        let cases: &[Case] = &[
+            ("", true, s(30), s(10), 3, s(10)),
+            ("?keepalives_idle=600", true, s(600), s(10), 3, s(10)),
             (
                 "?keepalives_interval=2&keepalives_retries=9",
                 true,
                 s(30),
                 s(2),
                 9,
+                s(10),
             ),
-            ("?keepalives=0", false, s(30), s(10), 3),
+            ("?keepalives=0", false, s(30), s(10), 3, s(10)),
+            ("?connect_timeout=3", true, s(30), s(10), 3, s(3)),
         ];
-        for &(query, on, idle, interval, retries) in cases {
+        for &(query, on, idle, interval, retries, connect) in cases {
             let c = parse_url(&format!("postgres://u@db:5432/fanout{query}")).unwrap();
             assert_eq!(
                 (
                     c.get_keepalives(),
                     c.get_keepalives_idle(),
                     c.get_keepalives_interval(),
-                    c.get_keepalives_retries()
+                    c.get_keepalives_retries(),
+                    c.get_connect_timeout().copied()
                 ),
-                (on, idle, Some(interval), Some(retries)),
+                (on, idle, Some(interval), Some(retries), Some(connect)),
                 "{query}"
             );
         }

@@ -300,16 +300,25 @@ impl State {
     /// This daemon's deliveries in flight per customer (`None`: subscribers with no customer),
     /// those with any: what the other daemons sharing the ledger are told.
     pub fn in_flight_by_customer(&self) -> InFlight {
-        let mut by: HashMap<Option<&str>, usize> = HashMap::new();
-        for st in self.subs.values().filter(|st| st.in_flight > 0) {
-            *by.entry(st.target.customer.as_deref()).or_default() += st.in_flight as usize;
-        }
-        let mut out: InFlight = by
+        let mut out: InFlight = self
+            .in_flight_per_customer(HashMap::new())
             .into_iter()
-            .map(|(c, n)| (c.map(str::to_string), n))
+            .filter(|(_, n)| *n > 0)
+            .map(|(c, n)| (c.as_deref().map(str::to_string), n))
             .collect();
         out.sort();
         out
+    }
+
+    /// `counted` plus this daemon's deliveries in flight, per customer.
+    fn in_flight_per_customer(
+        &self,
+        mut counted: HashMap<Option<Arc<str>>, usize>,
+    ) -> HashMap<Option<Arc<str>>, usize> {
+        for st in self.subs.values() {
+            *counted.entry(st.target.customer.clone()).or_default() += st.in_flight as usize;
+        }
+        counted
     }
 
     /// The daemons sharing the ledger as last told (`None`: alone).
@@ -642,10 +651,7 @@ impl State {
     /// and at the other daemons sharing the ledger.
     fn fair_shares(&self, candidates: &[(Arc<str>, Reservation)], budget: usize) -> Vec<usize> {
         let key = |id: &Arc<str>| self.subs.get(id).and_then(|st| st.target.customer.clone());
-        let mut in_flight = self.elsewhere.clone();
-        for st in self.subs.values() {
-            *in_flight.entry(st.target.customer.clone()).or_default() += st.in_flight as usize;
-        }
+        let in_flight = self.in_flight_per_customer(self.elsewhere.clone());
         let mut index: HashMap<Option<Arc<str>>, usize> = HashMap::new();
         let mut groups: Vec<fair::Group> = Vec::new();
         let mut place: Vec<(usize, usize)> = Vec::with_capacity(candidates.len());

@@ -286,8 +286,6 @@ struct ProxiedConn {
 
 impl SilencingProxy {
     pub async fn start(target_port: u16) -> SilencingProxy {
-        use std::sync::atomic::Ordering;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let conns: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<ProxiedConn>>>> =
@@ -301,35 +299,10 @@ impl SilencingProxy {
                 };
                 let conn = std::sync::Arc::new(ProxiedConn::default());
                 all.lock().unwrap().push(conn.clone());
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                // Both directions; a silent connection parks with its sockets open.
-                let up = conn.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    while let Ok(n @ 1..) = cr.read(&mut buf).await {
-                        if buf[..n].windows(7).any(|w| w == b"LISTEN ") {
-                            up.listens.store(true, Ordering::SeqCst);
-                        }
-                        if up.silent.load(Ordering::SeqCst) {
-                            std::future::pending::<()>().await;
-                        }
-                        if sw.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                });
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    while let Ok(n @ 1..) = sr.read(&mut buf).await {
-                        if conn.silent.load(Ordering::SeqCst) {
-                            std::future::pending::<()>().await;
-                        }
-                        if cw.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                });
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pump(cr, sw, conn.clone(), true));
+                tokio::spawn(pump(sr, cw, conn, false));
             }
         });
         SilencingProxy {
@@ -349,6 +322,31 @@ impl SilencingProxy {
             n += 1;
         }
         n
+    }
+}
+
+/// One direction of a proxied connection, passed through until either side closes; once the
+/// connection is silenced it parks with its sockets open. From the client (`from_client`), a
+/// `LISTEN ` marks the connection as a listening one.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    conn: std::sync::Arc<ProxiedConn>,
+    from_client: bool,
+) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n @ 1..) = from.read(&mut buf).await {
+        if from_client && buf[..n].windows(7).any(|w| w == b"LISTEN ") {
+            conn.listens.store(true, Ordering::SeqCst);
+        }
+        if conn.silent.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
     }
 }
 

@@ -94,6 +94,27 @@ async fn eight_subscribers(d: &Binary) -> (Vec<String>, Vec<Subscriber>) {
     (ids, sinks)
 }
 
+/// 20 events ingested through `d`: within `within`, every one is sent to each of the
+/// subscribers `ids` (the ledger's count), and each sink received all 20.
+async fn every_sink_gets_20(
+    d: &Binary,
+    pg: &tokio_postgres::Client,
+    ids: &[String],
+    sinks: &[Subscriber],
+    within: Duration,
+) {
+    let n = 20;
+    d.api.events(events("a", n, "t")).await;
+    let all = (n * ids.len()) as i64;
+    wait_for("all sent", within, || async {
+        statuses(pg).await.get("sent").copied() == Some(all)
+    })
+    .await;
+    for (id, sink) in ids.iter().zip(sinks) {
+        assert_eq!(sink.distinct_ids().0.len(), n, "{id}");
+    }
+}
+
 /// Three daemons, 20,000 events to four fast subscribers and 400 of them to one limited to
 /// 20/s burst 40 that answers 429 past that; one daemon killed with SIGKILL every few seconds
 /// and restarted in place.
@@ -397,16 +418,7 @@ async fn subscribers_created_while_a_daemon_was_not_listening_are_served() {
         || async { listening().await == 2 },
     )
     .await;
-    let n = 20;
-    daemons[0].api.events(events("a", n, "t")).await;
-    let all = (n * ids.len()) as i64;
-    wait_for("all sent", Duration::from_secs(30), || async {
-        statuses(&pg).await.get("sent").copied() == Some(all)
-    })
-    .await;
-    for (id, sink) in ids.iter().zip(&sinks) {
-        assert_eq!(sink.distinct_ids().0.len(), n, "{id}");
-    }
+    every_sink_gets_20(&daemons[0], &pg, &ids, &sinks, Duration::from_secs(30)).await;
 }
 
 /// A daemon's listening connection goes silent on the way (a load balancer that drops idle
@@ -431,19 +443,10 @@ async fn a_listening_connection_that_went_silent_is_noticed_and_replaced() {
     );
     let t = Instant::now();
     let (ids, sinks) = eight_subscribers(&direct).await;
-    let n = 20;
-    direct.api.events(events("a", n, "t")).await;
     let pg = server.connect("silent").await;
-    let all = (n * ids.len()) as i64;
-    wait_for("all sent", Duration::from_secs(40), || async {
-        statuses(&pg).await.get("sent").copied() == Some(all)
-    })
-    .await;
+    every_sink_gets_20(&direct, &pg, &ids, &sinks, Duration::from_secs(40)).await;
     eprintln!(
-        "all {all} sent {} ms after the listening connection went silent",
+        "all sent {} ms after the listening connection went silent",
         t.elapsed().as_millis()
     );
-    for (id, sink) in ids.iter().zip(&sinks) {
-        assert_eq!(sink.distinct_ids().0.len(), n, "{id}");
-    }
 }

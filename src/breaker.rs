@@ -92,6 +92,13 @@ impl Breaker {
         *self = Breaker::default();
     }
 
+    /// An answer that is neither success nor failure (a 429 or 503 with `Retry-After`): the
+    /// run of failures stands as it was, and a probe out is over without a verdict (the next
+    /// one may go when the subscriber's pause allows).
+    pub fn on_pushback(&mut self) {
+        self.probe_started_ms = None;
+    }
+
     pub fn on_failure(&mut self, cfg: BreakerConfig, now_ms: i64) {
         self.consecutive_failures = self.consecutive_failures.saturating_add(1);
         let probe_failed = self.probe_started_ms.is_some();

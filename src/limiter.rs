@@ -128,11 +128,14 @@ impl LimiterState {
         }
     }
 
-    /// Fold one attempt's outcome in: the breaker counts it, and a 429 or 503 with `Retry-After`
-    /// (a 429 without one too) pauses the whole subscriber.
+    /// Fold one attempt's outcome in: a 429 or 503 with `Retry-After` (a 429 without one too)
+    /// pauses the whole subscriber. The breaker counts every failure except a 429 or 503 that
+    /// carries `Retry-After`: that is the subscriber managing its load (the pause obeys it), not
+    /// failing; it ends a probe without a verdict, and the next probe goes after the pause.
     pub fn record(&mut self, limits: Limits, attempt: &Attempt, now_ms: i64) {
         match classify(attempt) {
             Class::Success => self.breaker.on_success(),
+            _ if asks_to_wait(attempt) => self.breaker.on_pushback(),
             Class::Retryable { .. } | Class::Permanent { .. } => {
                 self.breaker.on_failure(limits.breaker, now_ms)
             }
@@ -253,6 +256,18 @@ impl LimiterState {
             }
         }
     }
+}
+
+/// A 429 or 503 that says how long to wait (`Retry-After`): flow control, not a failure, as
+/// far as the breaker is concerned.
+pub fn asks_to_wait(attempt: &Attempt) -> bool {
+    matches!(
+        attempt,
+        Attempt::Status {
+            status: 429 | 503,
+            retry_after_ms: Some(_),
+        }
+    )
 }
 
 /// How long an attempt pauses its subscriber, if at all.
@@ -377,6 +392,59 @@ mod tests {
         assert!(p.deferred.iter().all(|(r, _)| *r == BreakerOpen));
         s.record(LIMITS, &st(200, None), 30_050);
         assert_eq!(s.plan(LIMITS, 0, 30_060, 3).send, 3);
+    }
+
+    #[test]
+    fn retry_after_pushback_pauses_without_counting_toward_the_breaker() {
+        let limits = Limits {
+            breaker: BreakerConfig {
+                threshold: 3,
+                cooldown_ms: 1_000,
+            },
+            ..LIMITS
+        };
+        // (answers, in order) -> (consecutive failures, breaker open?)
+        let cases: &[(&[Attempt], u32, bool)] = &[
+            (
+                &[st(429, Some(10)), st(429, Some(10)), st(429, Some(10))],
+                0,
+                false,
+            ),
+            (
+                &[st(503, Some(10)), st(503, Some(10)), st(503, Some(10))],
+                0,
+                false,
+            ),
+            // Without Retry-After they count as before.
+            (&[st(429, None), st(429, None), st(429, None)], 3, true),
+            (&[st(503, None), st(503, None), st(503, None)], 3, true),
+            // A pushback neither resets nor extends a run of failures.
+            (&[st(500, None), st(500, None), st(429, Some(10))], 2, false),
+            (&[st(500, None), st(429, Some(10)), st(500, None)], 2, false),
+        ];
+        for (answers, failures, open) in cases {
+            let mut s = LimiterState::default();
+            for (i, a) in answers.iter().enumerate() {
+                s.record(limits, a, i as i64);
+            }
+            assert_eq!(s.breaker.consecutive_failures, *failures, "{answers:?}");
+            assert_eq!(s.breaker.open_until_ms.is_some(), *open, "{answers:?}");
+        }
+        // A probe answered with a pushback ends without a verdict: still open (not closed, not
+        // re-opened for a cool-down), and the next probe goes once the pause is over.
+        let mut s = LimiterState::default();
+        for i in 0..3 {
+            s.record(limits, &st(500, None), i);
+        }
+        assert_eq!(s.plan(limits, 0, 1_002, 1).send, 1, "the probe");
+        s.record(limits, &st(429, Some(500)), 1_010);
+        assert_eq!(s.breaker.probe_started_ms, None);
+        assert_eq!(s.plan(limits, 0, 1_200, 1).send, 0, "paused");
+        assert_eq!(
+            s.plan(limits, 0, 1_510, 1).send,
+            1,
+            "the next probe after the pause"
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ use fanout_core::wire::{DeferReason, DeliveryResult};
 
 use crate::ledger::store::Store;
 use crate::ledger::{self, LedgerError, SubscriberStats};
+use crate::model::StallView;
 
 const LANES: [&str; 2] = ["origin", "edge"];
 const REASONS: [DeferReason; 4] = [
@@ -67,6 +68,10 @@ pub struct Metrics {
     pub daemons: AtomicU64,
     /// What the retention task measured (its steps' writer time).
     pub retention: crate::retention::RetentionStats,
+    /// The subscribers the dispatcher's watchdog finds stalled now, by id.
+    stalls: Mutex<BTreeMap<String, StallView>>,
+    /// Stalls that began (each counted once).
+    stalls_total: AtomicU64,
 }
 
 /// What the ledger says at scrape time.
@@ -100,6 +105,20 @@ impl Metrics {
             edge_configured,
             ..Metrics::default()
         }
+    }
+
+    /// The dispatcher's watchdog changed its set of stalled subscribers: `all` now, of which
+    /// `began` are new.
+    pub fn stalls(&self, all: BTreeMap<String, StallView>, began: usize) {
+        self.stalls_total.fetch_add(began as u64, Relaxed);
+        if let Ok(mut s) = self.stalls.lock() {
+            *s = all;
+        }
+    }
+
+    /// The subscribers stalled now, by id.
+    pub fn stalled(&self) -> BTreeMap<String, StallView> {
+        self.stalls.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     /// Whether the daemon has an edge (so `auto` subscribers use it).
@@ -149,6 +168,7 @@ impl Metrics {
         let mut out = Exposition::default();
         self.render_counters(&mut out);
         render_gauges(&mut out, snap);
+        self.render_stalls(&mut out, snap);
         self.render_retention(&mut out, snap);
         out.text
     }
@@ -245,6 +265,31 @@ impl Metrics {
 }
 
 impl Metrics {
+    fn render_stalls(&self, out: &mut Exposition, snap: &Snapshot) {
+        out.family(
+            "fanout_dispatcher_stalls_total",
+            "counter",
+            "Subscribers the dispatcher's watchdog found stalled (due work, nothing sent, past \
+             the wait it stated plus a margin), each stall counted once.",
+        );
+        out.sample(
+            "fanout_dispatcher_stalls_total",
+            &[],
+            self.stalls_total.load(Relaxed) as f64,
+        );
+        out.family(
+            "fanout_subscriber_stalled",
+            "gauge",
+            "1 while the dispatcher's watchdog finds the subscriber stalled (this daemon's \
+             subscribers only).",
+        );
+        let stalled = self.stalled();
+        for s in &snap.subscribers {
+            let v = f64::from(u8::from(stalled.contains_key(&s.id)));
+            out.sample("fanout_subscriber_stalled", &[("subscriber", &s.id)], v);
+        }
+    }
+
     fn render_retention(&self, out: &mut Exposition, snap: &Snapshot) {
         let r = &snap.retention;
         out.family(

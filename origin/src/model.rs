@@ -731,3 +731,20 @@ mod tests {
         }
     }
 }
+
+/// A subscriber the dispatcher's watchdog finds stalled: due work, nothing sent, no in-flight
+/// cap holding it, for longer than the wait it stated plus a margin. What the API, `/metrics`,
+/// `fanout status` and the console show (the daemon that owns the subscriber knows it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StallView {
+    /// Since when it has had due work with nothing sent (unix ms).
+    pub since_ms: i64,
+    /// The first wait it stated meanwhile (rate, pause, breaker, the shared limiter), if any.
+    pub stated_until_ms: Option<i64>,
+    /// The wait it holds now, if any.
+    pub not_before_ms: Option<i64>,
+    /// When its earliest pending delivery is due, as the dispatcher believes.
+    pub next_due_ms: Option<i64>,
+    pub paused_until_ms: Option<i64>,
+    pub breaker: fanout_core::breaker::BreakerState,
+}

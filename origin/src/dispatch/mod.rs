@@ -15,6 +15,8 @@ pub mod edge_lane;
 pub mod fair;
 pub mod origin_lane;
 pub mod plan;
+#[cfg(test)]
+mod simulation;
 pub mod state;
 
 use std::collections::HashMap;
@@ -32,13 +34,13 @@ use tokio::sync::mpsc;
 use crate::alert::{AlertRules, Alerter};
 use crate::ledger::{DispatchLedger, LedgerError};
 use crate::metrics::Metrics;
-use crate::model::{active_secrets, delivery_public_id, Claimed, Lane, Share};
+use crate::model::{active_secrets, delivery_public_id, Claimed, Lane, Share, StallView};
 use crate::outbound::{Outbound, Signer};
 use crate::time::{jitter, now_ms};
 use edge_lane::{edge_failure, EdgeClient};
 use plan::RetryRules;
 pub use state::LEASE_MS;
-use state::{Effect, Event, Meta, Settings, State, Target};
+use state::{Effect, Event, Meta, Settings, StallReport, State, Target};
 
 /// Expired leases are looked for this often.
 const SWEEP_EVERY_MS: i64 = 5_000;
@@ -172,8 +174,41 @@ impl<L: DispatchLedger> Dispatcher<L> {
                         self.cfg.alerter.raise(n);
                     }
                 }
+                Effect::Stalls(report) => self.stalls(report),
             }
         }
+    }
+
+    /// The watchdog's report: each stall logged once when it begins (and when it ends), the
+    /// set published for `/metrics`, the API and the console.
+    fn stalls(&self, report: StallReport) {
+        let all: std::collections::BTreeMap<String, StallView> = report
+            .all
+            .iter()
+            .map(|s| {
+                let view = StallView {
+                    since_ms: s.since_ms,
+                    stated_until_ms: s.stated_until_ms,
+                    not_before_ms: s.not_before_ms,
+                    next_due_ms: s.next_due_ms,
+                    paused_until_ms: s.paused_until_ms,
+                    breaker: s.breaker,
+                };
+                (s.subscriber.to_string(), view)
+            })
+            .collect();
+        for id in &report.began {
+            if let Some(v) = all.get(id.as_ref()) {
+                tracing::error!(subscriber = %id, since_ms = v.since_ms, stated_until_ms = ?v.stated_until_ms,
+                    not_before_ms = ?v.not_before_ms, next_due_ms = ?v.next_due_ms,
+                    paused_until_ms = ?v.paused_until_ms, breaker = v.breaker.as_str(),
+                    "subscriber stalled: due work and nothing sent past the wait it stated (a dispatcher bug; please report it)");
+            }
+        }
+        for id in &report.ended {
+            tracing::warn!(subscriber = %id, "subscriber no longer stalled");
+        }
+        self.metrics.stalls(all, report.began.len());
     }
 
     /// Report results to the metrics and the debug log, then to the state.

@@ -20,7 +20,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use fanout_core::breaker::BreakerConfig;
+use fanout_core::breaker::{BreakerConfig, BreakerState};
 use fanout_core::limiter::{LimiterState, Reservation};
 use fanout_core::retry::{next_step, Class, Next};
 use fanout_core::wire::{DeferReason, DeliveryResult};
@@ -185,6 +185,37 @@ pub enum Effect {
     },
     /// Tell the operator.
     Raise(Vec<Notice>),
+    /// The stalled subscribers changed (the watchdog, [`State::stalled`]): log those that
+    /// began (once each), count them, and show the whole set.
+    Stalls(StallReport),
+}
+
+/// How long past the wait it stated a subscriber may sit with due work, nothing out and no
+/// in-flight cap holding it, before the watchdog reports it stalled.
+pub const STALL_MARGIN_MS: i64 = 10_000;
+
+/// A subscriber the watchdog found stalled, with what the dispatcher believes of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stall {
+    pub subscriber: Arc<str>,
+    /// Since when it has had due work with nothing sent.
+    pub since_ms: i64,
+    /// The first wait it stated meanwhile (its rate, a pause, the breaker, the shared
+    /// limiter's answer), if any.
+    pub stated_until_ms: Option<i64>,
+    /// The wait it holds now, if any.
+    pub not_before_ms: Option<i64>,
+    pub next_due_ms: Option<i64>,
+    pub paused_until_ms: Option<i64>,
+    pub breaker: BreakerState,
+}
+
+/// The stalled set after a change: all of it, and which stalls began and ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StallReport {
+    pub all: Vec<Stall>,
+    pub began: Vec<Arc<str>>,
+    pub ended: Vec<Arc<str>>,
 }
 
 /// What the state keeps about one subscriber.
@@ -209,6 +240,14 @@ struct Sub {
     mine: bool,
     /// The tokens taken for the turn being recorded.
     reserved: Option<Reservation>,
+    /// The watchdog's view: since when it has had due work with nothing out and nothing
+    /// sent (`None` while it moves, waits for nothing, or is held by an in-flight cap) ...
+    quiet_since: Option<i64>,
+    /// ... and the first wait it stated in that time (its not-before), if any.
+    stated_until: Option<i64>,
+    /// Held this turn by an in-flight cap (its own, its customer's, the daemon's; on
+    /// PostgreSQL, every daemon's sends counted): a result frees a slot, nothing stalls.
+    capped: bool,
 }
 
 impl Sub {
@@ -225,6 +264,9 @@ impl Sub {
             removed: false,
             mine,
             reserved: None,
+            quiet_since: None,
+            stated_until: None,
+            capped: false,
         }
     }
 
@@ -272,6 +314,8 @@ pub struct State {
     share: Option<Share>,
     /// In flight at the other daemons, per customer (`Event::Elsewhere`).
     elsewhere: HashMap<Option<Arc<str>>, usize>,
+    /// The subscribers last reported stalled.
+    stalls_reported: BTreeSet<Arc<str>>,
 }
 
 impl State {
@@ -294,6 +338,7 @@ impl State {
             ledger_retry_at: 0,
             share: None,
             elsewhere: HashMap::new(),
+            stalls_reported: BTreeSet::new(),
         }
     }
 
@@ -492,6 +537,8 @@ impl State {
                 || st.in_flight >= st.target.limits.max_in_flight
                 || st.health.disabled.is_some()
                 || !st.mine
+                // Held by an in-flight cap while sends are out here: a result wakes the loop.
+                || (st.capped && !self.out.is_empty())
             {
                 continue;
             }
@@ -585,11 +632,80 @@ impl State {
             claims,
             lease_until_ms: now + LEASE_MS,
         };
-        if turn.is_empty() {
-            return Vec::new();
+        let mut effects = Vec::new();
+        if !turn.is_empty() {
+            self.recording = true;
+            effects.push(Effect::Record(turn));
         }
-        self.recording = true;
-        vec![Effect::Record(turn)]
+        effects.extend(self.watch(now));
+        effects
+    }
+
+    /// The watchdog: a subscriber with due work and nothing out, held by no in-flight cap,
+    /// is quiet; quiet for longer than the first wait it stated meanwhile (or from the start,
+    /// if it stated none) plus [`STALL_MARGIN_MS`], it is stalled — a wait that is never kept,
+    /// which no decision should ever leave. Not watched while a turn is being recorded or the
+    /// ledger fails (then the ledger holds everyone, and says so itself). Reports the stalled
+    /// set when it changes.
+    fn watch(&mut self, now: i64) -> Option<Effect> {
+        if self.recording || now < self.ledger_retry_at {
+            return None;
+        }
+        let budget_full = self.out.len() >= self.cfg.max_total_in_flight;
+        for st in self.subs.values_mut() {
+            let quiet = st.mine
+                && !st.removed
+                && st.health.disabled.is_none()
+                && st.next_due.is_some_and(|d| d <= now)
+                && st.in_flight == 0
+                && !st.capped
+                && !budget_full;
+            if !quiet {
+                st.quiet_since = None;
+                st.stated_until = None;
+                continue;
+            }
+            st.quiet_since.get_or_insert(now);
+            if st.stated_until.is_none() && st.not_before > now {
+                st.stated_until = Some(st.not_before);
+            }
+        }
+        let stalled = self.stalled(now);
+        let ids: BTreeSet<Arc<str>> = stalled.iter().map(|s| s.subscriber.clone()).collect();
+        if ids == self.stalls_reported {
+            return None;
+        }
+        let began = ids.difference(&self.stalls_reported).cloned().collect();
+        let ended = self.stalls_reported.difference(&ids).cloned().collect();
+        self.stalls_reported = ids;
+        Some(Effect::Stalls(StallReport {
+            all: stalled,
+            began,
+            ended,
+        }))
+    }
+
+    /// The subscribers stalled as of `now` (see [`State::watch`]), by id.
+    pub fn stalled(&self, now: i64) -> Vec<Stall> {
+        let mut out: Vec<Stall> = self
+            .subs
+            .values()
+            .filter_map(|st| {
+                let since = st.quiet_since?;
+                let waited_until = st.stated_until.map_or(since, |s| s.max(since));
+                (now > waited_until + STALL_MARGIN_MS).then(|| Stall {
+                    subscriber: st.target.id.clone(),
+                    since_ms: since,
+                    stated_until_ms: st.stated_until,
+                    not_before_ms: (st.not_before > now).then_some(st.not_before),
+                    next_due_ms: st.next_due,
+                    paused_until_ms: st.limiter.paused_until_ms.filter(|&p| p > now),
+                    breaker: st.limiter.breaker.view(self.cfg.breaker, now).state,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.subscriber.cmp(&b.subscriber));
+        out
     }
 
     /// Decide, fairly, how many deliveries each subscriber with due work may be sent now, and
@@ -615,9 +731,16 @@ impl State {
             let limits = st.target.limits.core(breaker);
             let want = limits.max_in_flight as usize;
             let r = st.limiter.reserve(limits, st.in_flight, now, want);
+            st.capped = false;
             if r.granted() > 0 {
                 st.limiter_dirty = true;
                 candidates.push((id, r));
+            } else if r.wait_ms().is_none() || limits.rate.room(st.in_flight) < 1.0 {
+                // Its own in-flight cap, or a burst its open sends fill (no token accrues
+                // while they are out): only a result frees a slot, and a result wakes the
+                // loop. (A wait for the next token here woke the loop every millisecond
+                // while a send of a burst-1 subscriber was out.)
+                st.capped = true;
             } else if let Some(wait) = r.wait_ms() {
                 st.not_before = now + wait.max(1) as i64;
             }
@@ -636,6 +759,8 @@ impl State {
             let over = r.granted() - k;
             st.limiter.release(limits, &mut r, over);
             if k == 0 {
+                // Its customer's cap, or the daemon's: others' results free a slot.
+                st.capped = true;
                 st.limiter.commit(limits, r, 0);
                 continue;
             }
@@ -697,7 +822,11 @@ impl State {
                 st.limiter_dirty = true;
             }
             st.next_due = match claim.next_due_ms {
-                Some(d) if got == 0 && d <= now => Some(now + EMPTY_CLAIM_RETRY_MS),
+                // Nothing leased and no wait stated: look again shortly. (With a wait, the
+                // work stays due and the wait holds it: the watchdog sees both.)
+                Some(d) if got == 0 && d <= now && claim.not_before_ms.is_none() => {
+                    Some(now + EMPTY_CLAIM_RETRY_MS)
+                }
                 other => other,
             };
             if let Some(at) = claim.not_before_ms {
@@ -705,6 +834,10 @@ impl State {
                 // new work is announced meanwhile (each announcement would otherwise ask
                 // again, and get nothing, once per ingest).
                 st.not_before = st.not_before.max(at);
+            } else if got == 0 && claim.next_due_ms.is_some_and(|d| d <= now) {
+                // Due work, no wait, nothing leased: the in-flight cap across every daemon
+                // (or rows another transaction holds) — a result frees it.
+                st.capped = true;
             }
             if got == 0 {
                 continue;
@@ -753,6 +886,7 @@ impl State {
         // goes back whole.
         self.release_reservations();
         self.forget_removed();
+        effects.extend(self.watch(now));
         effects
     }
 
@@ -866,6 +1000,14 @@ impl State {
                     let before = st.limiter.breaker;
                     st.limiter.record(limits, &a, at_ms);
                     st.limiter_dirty = true;
+                    if st.limiter.breaker != before {
+                        // The wait stated while the breaker was open or its probe out (until
+                        // the probe is presumed lost) is over: a probe that came back closes
+                        // the breaker, re-opens it or ends in a pause, and the next turn's
+                        // reservation states the new wait. Kept, the backlog sat a whole
+                        // cool-down behind a closed breaker.
+                        st.not_before = 0;
+                    }
                     let seen = Seen {
                         at_ms,
                         attempt: &a,

@@ -14,7 +14,7 @@
 //! - At start-up a daemon releases only its own leases (those of its previous run, under the
 //!   same name); other daemons' leases are theirs until they expire.
 
-use fanout_core::limiter::LimiterState;
+use fanout_core::limiter::{LimiterState, Reservation};
 use tokio_postgres::types::ToSql;
 
 use super::super::ops::{DispatchLedger, Recorded, Turn, TurnError};
@@ -35,15 +35,58 @@ pub const RENEW_EVERY_MS: i64 = 5_000;
 
 /// A daemon's limiter for a subscriber folded into the shared one: the bucket stays the shared
 /// one (only claims spend it, under the row lock); a Retry-After pause lasts until the later of
-/// the two; the breaker is the daemon's (it comes from the results it just recorded).
+/// the two; the breaker's run of failures and its opening are the daemon's (they come from the
+/// results it just recorded). Whether a probe is out is the shared limiter's: a daemon may end
+/// one (its result came back: closed, re-opened, or a pushback) but never start one — only a
+/// claim does, under the row lock. (A daemon's own reservation of a probe, folded in as a
+/// probe already out, made the claim that followed refuse every probe: the subscriber stalled
+/// for good with its breaker half-open.)
 pub fn merge_limiter(shared: LimiterState, mine: LimiterState) -> LimiterState {
+    let mut breaker = mine.breaker;
+    if breaker.probe_started_ms.is_some() {
+        breaker.probe_started_ms = shared.breaker.probe_started_ms;
+    }
     LimiterState {
         bucket: shared.bucket,
         paused_until_ms: match (shared.paused_until_ms, mine.paused_until_ms) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         },
-        breaker: mine.breaker,
+        breaker,
+    }
+}
+
+/// What a subscriber's shared limiter grants one claim of at most `most` deliveries, `busy`
+/// being open at every daemon: reserved now, to be committed to what was found
+/// (`LimiterState::commit`). Pure: the claim and the dispatcher's model of it both use it.
+pub fn grant_shared(
+    limiter: &mut LimiterState,
+    limits: fanout_core::limiter::Limits,
+    busy: u32,
+    most: usize,
+    now_ms: i64,
+) -> Reservation {
+    let most = most.min(limits.max_in_flight.saturating_sub(busy) as usize);
+    limiter.reserve(limits, busy, now_ms, most)
+}
+
+/// When due work is left after a claim (`next_due_ms` at or before now): how long the shared
+/// limiter, as the claim left it, says to wait for one more (rate, pause, breaker; asked of a
+/// copy, nothing taken). A full in-flight cap is no wait: a result frees a slot. `busy` counts
+/// the open sends, the claim's included. Pure, like [`grant_shared`].
+pub fn shared_wait(
+    limiter: &LimiterState,
+    limits: fanout_core::limiter::Limits,
+    busy: u32,
+    next_due_ms: Option<i64>,
+    now_ms: i64,
+) -> Option<u64> {
+    match next_due_ms {
+        Some(due) if due <= now_ms => {
+            let mut copy = *limiter;
+            copy.reserve(limits, busy, now_ms, 1).wait_ms()
+        }
+        _ => None,
     }
 }
 
@@ -535,6 +578,15 @@ mod tests {
             breaker,
         };
         let closed = Breaker::default();
+        let probing = |at| Breaker {
+            probe_started_ms: Some(at),
+            ..open
+        };
+        let reopened = Breaker {
+            consecutive_failures: 21,
+            open_until_ms: Some(30_150),
+            probe_started_ms: None,
+        };
         let cases = [
             // (shared, mine, merged)
             (
@@ -556,6 +608,34 @@ mod tests {
                 state(3.0, Some(30), closed),
                 state(0.0, Some(20), closed),
                 state(3.0, Some(30), closed),
+            ),
+            // The daemon reserved a probe: none is out until the shared limiter grants it.
+            (
+                state(3.0, None, open),
+                state(3.0, None, probing(100)),
+                state(3.0, None, open),
+            ),
+            // A probe the shared limiter granted stays out while the daemon's copy has it.
+            (
+                state(3.0, None, probing(100)),
+                state(3.0, None, probing(101)),
+                state(3.0, None, probing(100)),
+            ),
+            // Its result ends it: a success closes, a failure re-opens, a pushback ends it.
+            (
+                state(3.0, None, probing(100)),
+                state(3.0, None, closed),
+                state(3.0, None, closed),
+            ),
+            (
+                state(3.0, None, probing(100)),
+                state(3.0, None, reopened),
+                state(3.0, None, reopened),
+            ),
+            (
+                state(3.0, None, probing(100)),
+                state(3.0, Some(700), open),
+                state(3.0, Some(700), open),
             ),
         ];
         for (shared, mine, merged) in cases {

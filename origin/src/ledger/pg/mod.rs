@@ -43,7 +43,7 @@ use std::sync::Arc;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
-pub use dispatch::{merge_limiter, LEASE_MS, RENEW_EVERY_MS};
+pub use dispatch::{grant_shared, merge_limiter, shared_wait, LEASE_MS, RENEW_EVERY_MS};
 pub use ops::*;
 pub use retention::{FOLD_EVERY, RETENTION_LOCK};
 pub use schema::VERSION as SCHEMA_VERSION;

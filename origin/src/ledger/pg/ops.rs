@@ -18,6 +18,7 @@ use super::super::{
     Claimed, DeliveryFilter, DeliveryView, Ingested, LedgerError, NewEvent, Outcome,
     SubscriberStats, Transition,
 };
+use super::dispatch::{grant_shared, shared_wait};
 use super::{PgLedger, CHANGED_CHANNEL, DUE_CHANNEL};
 use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
@@ -824,8 +825,7 @@ impl PgLedger {
         for (id, l, mut limiter) in live {
             let busy = in_flight.get(&id).copied().unwrap_or(0);
             let most = wanted.get(id.as_str()).copied().unwrap_or(0);
-            let most = most.min(l.max_in_flight.saturating_sub(busy) as usize);
-            let reservation = limiter.reserve(l, busy, now_ms, most);
+            let reservation = grant_shared(&mut limiter, l, busy, most, now_ms);
             held.push((id, l, limiter, reservation));
         }
         for (id, _, _, reservation) in &held {
@@ -890,16 +890,7 @@ impl PgLedger {
         for (id, l, limiter, _) in held {
             let next_due_ms = next_due.get(&id).copied();
             let busy = in_flight.get(&id).copied().unwrap_or(0);
-            // Due work left because the shared limiter says wait (rate, pause, breaker): how
-            // long, as the limiter would answer for one more (asked of a copy, nothing is
-            // taken). A full in-flight cap is no wait: a result frees a slot.
-            let wait_ms = match next_due_ms {
-                Some(due) if due <= now_ms => {
-                    let mut probe = limiter;
-                    probe.reserve(l, busy, now_ms, 1).wait_ms()
-                }
-                _ => None,
-            };
+            let wait_ms = shared_wait(&limiter, l, busy, next_due_ms, now_ms);
             let mut leased = claimed.remove(&id).unwrap_or_default();
             leased.sort_by_key(|(due, rowid, _)| (*due, *rowid));
             out.push(PgClaim {

@@ -992,6 +992,12 @@ pub fn status_table(list: &SubscriberList, now_ms: i64) -> String {
         .map(|s| {
             let (v, st) = (&s.view, s.stats.as_ref());
             let mut state = Vec::new();
+            if let Some(stall) = st.and_then(|st| st.stalled.as_ref()) {
+                state.push(format!(
+                    "STALLED {} (due work, nothing sent)",
+                    human_duration(now_ms - stall.since_ms)
+                ));
+            }
             if v.disabled {
                 state.push(match &v.disabled_reason {
                     Some(reason) => format!("disabled: {}", clip(reason, 40)),
@@ -1296,6 +1302,7 @@ mod tests {
             },
             last_error: last_error.map(|(e, _)| e.to_string()),
             last_error_at_ms: last_error.map(|(_, at)| at),
+            stalled: None,
             limiter_error: None,
         }
     }
@@ -1332,7 +1339,17 @@ mod tests {
                 },
                 ViewWithStats {
                     view: view("crm", Lane::Auto, 2.5, 5),
-                    stats: Some(stats((0, 0, 7, 0), None, BreakerState::Open, None)),
+                    stats: Some(SubscriberStats {
+                        stalled: Some(crate::model::StallView {
+                            since_ms: 15_000,
+                            stated_until_ms: Some(20_000),
+                            not_before_ms: None,
+                            next_due_ms: Some(0),
+                            paused_until_ms: None,
+                            breaker: BreakerState::Open,
+                        }),
+                        ..stats((0, 0, 7, 0), None, BreakerState::Open, None)
+                    }),
                 },
                 ViewWithStats {
                     view: view("new", Lane::Origin, 100.0, 100),
@@ -1373,7 +1390,7 @@ mod tests {
                 "0",
                 "7",
                 "0",
-                "breaker open",
+                "STALLED 45s (due work, nothing sent), breaker open",
             ][..],
             &["new", "origin", "100", "100", "0", "0", "0", "0", "ok"][..],
             &[

@@ -1,6 +1,7 @@
 //! Configuration, layered: built-in defaults < config file < `FANOUT_*` environment < flags
 //! (clap merges the last two). Validated once, at start-up, with messages that say what to fix.
 
+use fanout_core::breaker::BreakerConfig;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -64,6 +65,13 @@ pub struct Settings {
     /// Most deliveries in flight across all subscribers [default: 4096]
     #[arg(long, env = "FANOUT_MAX_TOTAL_IN_FLIGHT")]
     pub max_total_in_flight: Option<usize>,
+    /// Consecutive failed attempts that open a subscriber's breaker (a 429 or 503 with
+    /// Retry-After is not one) [default: 20]
+    #[arg(long, env = "FANOUT_BREAKER_THRESHOLD")]
+    pub breaker_threshold: Option<u32>,
+    /// How long an open breaker holds before one probe goes: 30s, 2m [default: 30s]
+    #[arg(long, env = "FANOUT_BREAKER_COOLDOWN")]
+    pub breaker_cooldown: Option<String>,
     /// Operator endpoint for alerts (breaker opened, dead threshold crossed, subscriber
     /// disabled), sent signed; without it alerts are only logged
     #[arg(long, env = "FANOUT_ALERT_URL")]
@@ -122,6 +130,8 @@ impl Settings {
             rotation_grace_secs: self.rotation_grace_secs.or(lower.rotation_grace_secs),
             edge_batch: self.edge_batch.or(lower.edge_batch),
             max_total_in_flight: self.max_total_in_flight.or(lower.max_total_in_flight),
+            breaker_threshold: self.breaker_threshold.or(lower.breaker_threshold),
+            breaker_cooldown: self.breaker_cooldown.or(lower.breaker_cooldown),
             alert_url: self.alert_url.or(lower.alert_url),
             alert_secret: self.alert_secret.or(lower.alert_secret),
             dead_alert_threshold: self.dead_alert_threshold.or(lower.dead_alert_threshold),
@@ -231,6 +241,8 @@ pub struct Config {
     pub rotation_grace_secs: u64,
     pub edge_batch: usize,
     pub max_total_in_flight: usize,
+    /// When a subscriber's breaker opens and how long it holds.
+    pub breaker: BreakerConfig,
     /// Where alerts are sent, if anywhere.
     pub alert: Option<AlertTarget>,
     pub alert_rules: AlertRules,
@@ -278,6 +290,36 @@ fn duration_setting(
             ))),
         },
     }
+}
+
+/// `--breaker-threshold` (1 to 1000) and `--breaker-cooldown` (1s to 1h), or their defaults.
+fn breaker_settings(
+    threshold: Option<u32>,
+    cooldown: Option<&str>,
+) -> Result<BreakerConfig, ConfigError> {
+    let default = BreakerConfig::default();
+    let threshold = threshold.unwrap_or(default.threshold);
+    if !(1..=1000).contains(&threshold) {
+        return Err(ConfigError(format!(
+            "--breaker-threshold must be 1 to 1000, not {threshold}"
+        )));
+    }
+    let cooldown = duration_setting(
+        "breaker-cooldown",
+        cooldown,
+        Duration::from_millis(default.cooldown_ms as u64),
+        1_000,
+    )?;
+    if cooldown > Duration::from_secs(3600) {
+        return Err(ConfigError(format!(
+            "--breaker-cooldown must be at most 1h, not {}s",
+            cooldown.as_secs()
+        )));
+    }
+    Ok(BreakerConfig {
+        threshold,
+        cooldown_ms: cooldown.as_millis() as i64,
+    })
 }
 
 impl Config {
@@ -375,6 +417,7 @@ impl Config {
         if max_total_in_flight == 0 {
             return err("--max-total-in-flight must be at least 1".into());
         }
+        let breaker = breaker_settings(s.breaker_threshold, s.breaker_cooldown.as_deref())?;
         let alert =
             match (
                 s.alert_url.filter(|u| !u.is_empty()),
@@ -507,6 +550,7 @@ impl Config {
                 rotation_grace_secs: s.rotation_grace_secs.unwrap_or(DEFAULT_ROTATION_GRACE_SECS),
                 edge_batch,
                 max_total_in_flight,
+                breaker,
                 alert,
                 alert_rules: AlertRules {
                     dead_threshold,

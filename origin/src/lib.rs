@@ -94,7 +94,7 @@ pub async fn run(
         }
         LedgerLocation::Postgres(url) => {
             let name = daemon_name(listener.local_addr()?);
-            let pg = PgLedger::open(&url, &name).await?;
+            let pg = PgLedger::open(&url, &name).await?.with_breaker(cfg.breaker);
             tracing::info!(daemon = %name, "sharing a PostgreSQL ledger");
             let store = Store::Postgres(pg.clone());
             let (_renewing, stop_renewing) = tokio::sync::oneshot::channel();
@@ -255,7 +255,7 @@ async fn serve<L: DispatchLedger>(
             },
             allow_loopback: cfg.allow_loopback,
             edge,
-            breaker: fanout_core::breaker::BreakerConfig::default(),
+            breaker: cfg.breaker,
             edge_batch: cfg.edge_batch,
             max_total_in_flight: cfg.max_total_in_flight,
             alert_rules: cfg.alert_rules,
@@ -298,6 +298,7 @@ async fn serve<L: DispatchLedger>(
             body_timeout: cfg.body_timeout,
             portal_key,
             portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
+            breaker: cfg.breaker,
         },
         metrics,
         health.clone(),

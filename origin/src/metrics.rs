@@ -87,9 +87,13 @@ pub struct Snapshot {
 
 /// Read the gauges from one consistent snapshot of the ledger (its reader connection, so a
 /// scrape never holds up the dispatcher's writes) and render everything.
-pub async fn scrape(ledger: &Store, metrics: &Metrics) -> Result<String, LedgerError> {
+pub async fn scrape(
+    ledger: &Store,
+    metrics: &Metrics,
+    breaker: fanout_core::breaker::BreakerConfig,
+) -> Result<String, LedgerError> {
     let now_ms = crate::time::now_ms();
-    let (status_counts, subscribers, retention) = ledger.metrics_snapshot(now_ms).await?;
+    let (status_counts, subscribers, retention) = ledger.metrics_snapshot(now_ms, breaker).await?;
     let snap = Snapshot {
         status_counts,
         subscribers,

@@ -62,6 +62,8 @@ pub struct ApiConfig {
     pub portal_key: Vec<u8>,
     /// The portal's `frame-ancestors` source list (`'none'` unless configured).
     pub portal_frame_ancestors: String,
+    /// The breakers' settings, for the views of their state.
+    pub breaker: fanout_core::breaker::BreakerConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -550,7 +552,18 @@ async fn subscribers_with_stats(
 ) -> Result<Vec<stats::ViewWithStats>, ledger::LedgerError> {
     let scope = who.scope();
     let (subs, counts) = state.ledger.subscribers(only, with_stats, scope).await?;
-    Ok(stats::views(&subs, counts.as_ref(), now_ms()))
+    let stalled = if with_stats {
+        state.metrics.stalled()
+    } else {
+        Default::default()
+    };
+    Ok(stats::views(
+        &subs,
+        counts.as_ref(),
+        &stalled,
+        state.cfg.breaker,
+        now_ms(),
+    ))
 }
 
 async fn list_subscribers(
@@ -939,7 +952,7 @@ async fn retention(State(state): State<AppState>) -> Result<impl IntoResponse, A
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let text = crate::metrics::scrape(&state.ledger, &state.metrics).await?;
+    let text = crate::metrics::scrape(&state.ledger, &state.metrics, state.cfg.breaker).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
@@ -965,6 +978,7 @@ mod tests {
                 retention: Default::default(),
                 body_timeout: std::time::Duration::from_secs(1),
                 portal_key: vec![7; 32],
+                breaker: Default::default(),
                 portal_frame_ancestors: "'none'".into(),
             },
             Arc::new(Metrics::new(false)),

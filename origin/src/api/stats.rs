@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ApiError;
 use crate::ledger::status::SubscriberCounts;
-use crate::model::{Subscriber, SubscriberView};
+use crate::model::{StallView, Subscriber, SubscriberView};
 
 /// One subscriber's figures. `tokens`, `paused_until_ms` and `breaker` are the limiter as last
 /// stored by the dispatcher (the origin lane's limiter; the edge keeps its own per subscriber).
@@ -23,6 +23,10 @@ pub struct SubscriberStats {
     pub breaker: BreakerView,
     pub last_error: Option<String>,
     pub last_error_at_ms: Option<i64>,
+    /// Present while the dispatcher's watchdog finds it stalled: due work and nothing sent
+    /// past the wait it stated (this daemon's subscribers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<StallView>,
     /// Present when the stored limiter state does not decode (the subscriber starts from an
     /// empty bucket).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -52,26 +56,31 @@ pub fn wants_stats(q: &HashMap<String, String>) -> Result<bool, ApiError> {
 pub fn views(
     subs: &[Subscriber],
     counts: Option<&BTreeMap<String, SubscriberCounts>>,
+    stalled: &BTreeMap<String, StallView>,
+    breaker: BreakerConfig,
     now_ms: i64,
 ) -> Vec<ViewWithStats> {
     subs.iter()
         .map(|s| ViewWithStats {
             view: SubscriberView::of(s, now_ms, None),
-            stats: counts
-                .and_then(|c| c.get(&s.id))
-                .map(|c| stats(s, c, now_ms)),
+            stats: counts.and_then(|c| c.get(&s.id)).map(|c| SubscriberStats {
+                stalled: stalled.get(&s.id).cloned(),
+                ..stats(s, c, breaker, now_ms)
+            }),
         })
         .collect()
 }
 
-fn stats(s: &Subscriber, c: &SubscriberCounts, now_ms: i64) -> SubscriberStats {
+fn stats(
+    s: &Subscriber,
+    c: &SubscriberCounts,
+    breaker: BreakerConfig,
+    now_ms: i64,
+) -> SubscriberStats {
     let in_flight = u32::try_from(c.in_flight).unwrap_or(u32::MAX);
-    let limiter = c.limiter.status(
-        &s.id,
-        s.limits.core(BreakerConfig::default()),
-        in_flight,
-        now_ms,
-    );
+    let limiter = c
+        .limiter
+        .status(&s.id, s.limits.core(breaker), in_flight, now_ms);
     SubscriberStats {
         pending: c.pending,
         in_flight: c.in_flight,
@@ -82,6 +91,7 @@ fn stats(s: &Subscriber, c: &SubscriberCounts, now_ms: i64) -> SubscriberStats {
         breaker: limiter.breaker,
         last_error: c.last_error.as_ref().map(|(_, e)| e.clone()),
         last_error_at_ms: c.last_error.as_ref().map(|(at, _)| *at),
+        stalled: None,
         limiter_error: c.limiter_error.clone(),
     }
 }

@@ -227,8 +227,16 @@
     return h('span', { class: `breaker ${b.state}`, title: detail }, label);
   }
 
-  /** Disabled (badge, reason, since when) or failing (since when), under the subscriber's id. */
+  /** Disabled (badge, reason, since when) or failing (since when), under the subscriber's id;
+   *  stalled (the dispatcher's watchdog: due work, nothing sent past the wait it stated). */
   function healthLines(s) {
+    const stall = s.stats?.stalled;
+    if (stall) {
+      const stated = stall.stated_until_ms != null ? `; it said it would wait until ${fmtTime(stall.stated_until_ms)}` : '';
+      return h('div', { class: 'health' },
+        h('span', { class: 'badge stalled', 'data-field': 'stalled', title: `breaker ${stall.breaker.replace('_', '-')}${stated}` }, 'stalled'),
+        h('span', { class: 'muted small nowrap' }, `due work, nothing sent since ${fmtTime(stall.since_ms)}`));
+    }
     if (s.disabled) {
       return [
         h('div', { class: 'health' },

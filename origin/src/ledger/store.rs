@@ -391,8 +391,11 @@ impl Store {
 
     /// Deliveries per status and per-subscriber figures, for `/metrics` (on SQLite from one
     /// snapshot of the reader connection, so a scrape never holds up the dispatcher's writes).
-    pub async fn metrics_snapshot(&self, now_ms: i64) -> Result<MetricsSnapshot, LedgerError> {
-        let breaker = fanout_core::breaker::BreakerConfig::default();
+    pub async fn metrics_snapshot(
+        &self,
+        now_ms: i64,
+        breaker: fanout_core::breaker::BreakerConfig,
+    ) -> Result<MetricsSnapshot, LedgerError> {
         match self {
             Store::Sqlite(l) => {
                 l.read(move |c| {

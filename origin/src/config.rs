@@ -700,6 +700,45 @@ mod tests {
     }
 
     #[test]
+    fn breaker_settings_table() {
+        let cfg = |threshold: Option<u32>, cooldown: Option<&str>| {
+            Config::from_settings(Settings {
+                breaker_threshold: threshold,
+                breaker_cooldown: cooldown.map(str::to_string),
+                ..base()
+            })
+            .map(|(c, _)| (c.breaker.threshold, c.breaker.cooldown_ms))
+            .map_err(|e| e.0)
+        };
+        let cases: &[(Option<u32>, Option<&str>, Result<(u32, i64), &str>)] = &[
+            (None, None, Ok((20, 30_000))),
+            (Some(5), Some("3s"), Ok((5, 3_000))),
+            (Some(1), Some("1h"), Ok((1, 3_600_000))),
+            (Some(0), None, Err("--breaker-threshold must be 1 to 1000")),
+            (
+                Some(1001),
+                None,
+                Err("--breaker-threshold must be 1 to 1000"),
+            ),
+            (None, Some("500ms"), Err("--breaker-cooldown")),
+            (
+                None,
+                Some("2h"),
+                Err("--breaker-cooldown must be at most 1h"),
+            ),
+            (None, Some("soon"), Err("--breaker-cooldown")),
+        ];
+        for (threshold, cooldown, want) in cases {
+            let got = cfg(*threshold, *cooldown);
+            match (want, &got) {
+                (Ok(w), Ok(g)) => assert_eq!(w, g, "{threshold:?} {cooldown:?}"),
+                (Err(w), Err(g)) => assert!(g.contains(w), "{threshold:?} {cooldown:?}: {g}"),
+                _ => panic!("{threshold:?} {cooldown:?}: {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn validation_table() {
         let key = Secret::from_bytes(&[7u8; 32]).unwrap().encode();
         let alert_key = Secret::from_bytes(&[9u8; 32]).unwrap().encode();

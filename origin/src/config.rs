@@ -710,7 +710,8 @@ mod tests {
             .map(|(c, _)| (c.breaker.threshold, c.breaker.cooldown_ms))
             .map_err(|e| e.0)
         };
-        let cases: &[(Option<u32>, Option<&str>, Result<(u32, i64), &str>)] = &[
+        type Case<'a> = (Option<u32>, Option<&'a str>, Result<(u32, i64), &'a str>);
+        let cases: &[Case] = &[
             (None, None, Ok((20, 30_000))),
             (Some(5), Some("3s"), Ok((5, 3_000))),
             (Some(1), Some("1h"), Ok((1, 3_600_000))),

@@ -245,6 +245,8 @@ struct Sub {
     quiet_since: Option<i64>,
     /// ... and the first wait it stated in that time (its not-before), if any.
     stated_until: Option<i64>,
+    /// `not_before` holds a wait the edge's breaker stated (a `breaker_open` deferral).
+    edge_breaker_wait: bool,
     /// Held this turn by an in-flight cap (its own, its customer's, the daemon's; on
     /// PostgreSQL, every daemon's sends counted): a result frees a slot, nothing stalls.
     capped: bool,
@@ -266,6 +268,7 @@ impl Sub {
             reserved: None,
             quiet_since: None,
             stated_until: None,
+            edge_breaker_wait: false,
             capped: false,
         }
     }
@@ -1022,13 +1025,22 @@ impl State {
                     let after = after_attempt(&st.health, &seen, &alert_rules);
                     note_health(&mut self.health, &mut self.notices, st, after, at_ms);
                 }
-                if let DeliveryResult::Deferred {
-                    retry_after_ms,
-                    reason: DeferReason::Paused | DeferReason::BreakerOpen,
-                    ..
-                } = &result
-                {
-                    st.not_before = st.not_before.max(now + *retry_after_ms as i64);
+                match &result {
+                    DeliveryResult::Deferred {
+                        retry_after_ms,
+                        reason: reason @ (DeferReason::Paused | DeferReason::BreakerOpen),
+                        ..
+                    } => {
+                        st.not_before = st.not_before.max(now + *retry_after_ms as i64);
+                        st.edge_breaker_wait |= *reason == DeferReason::BreakerOpen;
+                    }
+                    DeliveryResult::Delivered { .. } if st.edge_breaker_wait => {
+                        // The edge's breaker said wait (its probe out, until presumed lost);
+                        // a delivery since shows it closed: the wait is over.
+                        st.edge_breaker_wait = false;
+                        st.not_before = 0;
+                    }
+                    _ => {}
                 }
                 // A `rate` deferral keeps the token our pacing took for it: the origin stays a
                 // token behind the edge instead of ahead of it, so it never churns calls the
@@ -1918,6 +1930,54 @@ mod tests {
             }
         }
         (metas, per)
+    }
+
+    /// The edge's breaker defers with the wait until its probe is presumed lost; the probe's
+    /// success (delivered in an earlier call, answered later) ends that wait: the backlog goes
+    /// at once, not a cool-down later. (The origin's own breaker never opened here: it cannot
+    /// tell.)
+    #[test]
+    fn an_edge_breaker_wait_ends_with_a_delivery() {
+        let mut state = State::new(edge_settings());
+        let mut q = Queue::with(&[("a", 10)]);
+        on(
+            &mut state,
+            Event::Loaded(vec![(subscriber("a", 2), LimiterState::default())]),
+            0,
+        );
+        let (metas, _) = edge_tick(&mut state, &mut q, 0);
+        assert_eq!(metas.len(), 2);
+        let deferred = Event::Results {
+            sub: Arc::from("a"),
+            lane: "edge",
+            items: vec![(
+                metas[1].clone(),
+                DeliveryResult::Deferred {
+                    id: "d".into(),
+                    retry_after_ms: 30_000,
+                    reason: DeferReason::BreakerOpen,
+                },
+            )],
+            at_ms: 10,
+        };
+        on(&mut state, deferred, 10);
+        on(&mut state, Event::Tick, 10);
+        on(&mut state, Event::Recorded(Recorded::default()), 10);
+        assert_eq!(
+            state.next_wake(10, 100_000),
+            30_010,
+            "the edge's wait holds"
+        );
+        let mut probe = delivered("a", &metas[..1], 50);
+        if let Event::Results { lane, .. } = &mut probe {
+            *lane = "edge";
+        }
+        on(&mut state, probe, 50);
+        on(&mut state, Event::Tick, 50);
+        on(&mut state, Event::Recorded(Recorded::default()), 50);
+        assert_eq!(state.next_wake(50, 100_000), 50, "the backlog goes at once");
+        let (next, _) = edge_tick(&mut state, &mut q, 50);
+        assert_eq!(next.len(), 2);
     }
 
     /// A batch the edge refuses with a 4xx that retrying cannot change is split until one

@@ -1342,7 +1342,6 @@ mod tests {
                     stats: Some(SubscriberStats {
                         stalled: Some(crate::model::StallView {
                             since_ms: 15_000,
-                            stated_until_ms: Some(20_000),
                             not_before_ms: None,
                             next_due_ms: Some(0),
                             paused_until_ms: None,

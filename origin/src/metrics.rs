@@ -273,8 +273,8 @@ impl Metrics {
         out.family(
             "fanout_dispatcher_stalls_total",
             "counter",
-            "Subscribers the dispatcher's watchdog found stalled (due work, nothing sent, past \
-             the wait it stated plus a margin), each stall counted once.",
+            "Subscribers the dispatcher's watchdog found stalled (ready to send, its limiter \
+             allowing and no wait stated, and nothing sent for 10 s), each stall counted once.",
         );
         out.sample(
             "fanout_dispatcher_stalls_total",

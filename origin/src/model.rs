@@ -732,16 +732,16 @@ mod tests {
     }
 }
 
-/// A subscriber the dispatcher's watchdog finds stalled: due work, nothing sent, no in-flight
-/// cap holding it, for longer than the wait it stated plus a margin. What the API, `/metrics`,
+/// A subscriber the dispatcher's watchdog finds stalled: ready to send (due work, nothing out,
+/// no in-flight cap, its own limiter allowing, no wait it stated still running) and nothing
+/// sent for longer than a margin. What the API, `/metrics`,
 /// `fanout status` and the console show (the daemon that owns the subscriber knows it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StallView {
-    /// Since when it has had due work with nothing sent (unix ms).
+    /// Since when it has been ready to send (due work, nothing out, its limiter allowing, no
+    /// wait it stated still running) and sent nothing (unix ms).
     pub since_ms: i64,
-    /// The first wait it stated meanwhile (rate, pause, breaker, the shared limiter), if any.
-    pub stated_until_ms: Option<i64>,
-    /// The wait it holds now, if any.
+    /// The wait it holds now (a refusal since), if any.
     pub not_before_ms: Option<i64>,
     /// When its earliest pending delivery is due, as the dispatcher believes.
     pub next_due_ms: Option<i64>,

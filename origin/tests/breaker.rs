@@ -282,7 +282,6 @@ async fn the_watchdog_reports_a_subscriber_held_past_its_stated_waits() {
         held_since.elapsed()
     );
     assert!(stalled["since_ms"].is_i64(), "{stalled}");
-    assert!(stalled["stated_until_ms"].is_i64(), "{stalled}");
     assert_eq!(stalled["breaker"], "closed", "{stalled}");
     assert_eq!(
         d.metric("fanout_subscriber_stalled{subscriber=\"held\"}")

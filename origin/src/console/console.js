@@ -232,10 +232,10 @@
   function healthLines(s) {
     const stall = s.stats?.stalled;
     if (stall) {
-      const stated = stall.stated_until_ms != null ? `; it said it would wait until ${fmtTime(stall.stated_until_ms)}` : '';
+      const waits = stall.not_before_ms != null ? `; now waiting until ${fmtTime(stall.not_before_ms)}` : '';
       return h('div', { class: 'health' },
-        h('span', { class: 'badge stalled', 'data-field': 'stalled', title: `breaker ${stall.breaker.replace('_', '-')}${stated}` }, 'stalled'),
-        h('span', { class: 'muted small nowrap' }, `due work, nothing sent since ${fmtTime(stall.since_ms)}`));
+        h('span', { class: 'badge stalled', 'data-field': 'stalled', title: `breaker ${stall.breaker.replace('_', '-')}${waits}` }, 'stalled'),
+        h('span', { class: 'muted small nowrap' }, `ready, nothing sent since ${fmtTime(stall.since_ms)}`));
     }
     if (s.disabled) {
       return [

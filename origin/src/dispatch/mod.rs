@@ -188,7 +188,6 @@ impl<L: DispatchLedger> Dispatcher<L> {
             .map(|s| {
                 let view = StallView {
                     since_ms: s.since_ms,
-                    stated_until_ms: s.stated_until_ms,
                     not_before_ms: s.not_before_ms,
                     next_due_ms: s.next_due_ms,
                     paused_until_ms: s.paused_until_ms,
@@ -199,10 +198,9 @@ impl<L: DispatchLedger> Dispatcher<L> {
             .collect();
         for id in &report.began {
             if let Some(v) = all.get(id.as_ref()) {
-                tracing::error!(subscriber = %id, since_ms = v.since_ms, stated_until_ms = ?v.stated_until_ms,
-                    not_before_ms = ?v.not_before_ms, next_due_ms = ?v.next_due_ms,
+                tracing::error!(subscriber = %id, since_ms = v.since_ms, not_before_ms = ?v.not_before_ms, next_due_ms = ?v.next_due_ms,
                     paused_until_ms = ?v.paused_until_ms, breaker = v.breaker.as_str(),
-                    "subscriber stalled: due work and nothing sent past the wait it stated (a dispatcher bug; please report it)");
+                    "subscriber stalled: ready to send (due work, its limiter allowing, no wait stated) and nothing sent for 10 s (a dispatcher bug; please report it)");
             }
         }
         for id in &report.ended {

@@ -216,6 +216,7 @@ fn run(seed: u64) {
         cooldown_ms: COOLDOWN_MS,
     };
     let mut sub = crate::ledger::test_subscriber("s", &["*"]);
+    // (The rate stays: the deadline below is counted from it.)
     sub.limits.max_in_flight = 1 + rng.below(16) as u32;
     sub.limits.rate_per_sec = [5.0, 50.0, 1_000.0][rng.below(3) as usize];
     sub.limits.burst = 1 + rng.below(50) as u32;
@@ -312,6 +313,12 @@ fn run(seed: u64) {
             }
         }
         if rng.chance(1) {
+            // An edit: now and then new limits (the ledger's rows change with it).
+            if rng.chance(50) {
+                sub.limits.max_in_flight = 1 + rng.below(16) as u32;
+                sub.limits.burst = 1 + rng.below(50) as u32;
+                ledger.sub = sub.clone();
+            }
             state.handle(
                 Event::Changed {
                     id: "s".into(),

@@ -190,20 +190,19 @@ pub enum Effect {
     Stalls(StallReport),
 }
 
-/// How long past the wait it stated a subscriber may sit with due work, nothing out and no
-/// in-flight cap holding it, before the watchdog reports it stalled.
+/// How long a subscriber may be ready to send (due work, nothing out, no in-flight cap, its
+/// own limiter allowing, no wait it stated still running) and send nothing, before the
+/// watchdog reports it stalled.
 pub const STALL_MARGIN_MS: i64 = 10_000;
 
 /// A subscriber the watchdog found stalled, with what the dispatcher believes of it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stall {
     pub subscriber: Arc<str>,
-    /// Since when it has had due work with nothing sent.
+    /// Since when it has been ready to send (due work, nothing out, its limiter allowing, no
+    /// wait it stated still running) and sent nothing.
     pub since_ms: i64,
-    /// The first wait it stated meanwhile (its rate, a pause, the breaker, the shared
-    /// limiter's answer), if any.
-    pub stated_until_ms: Option<i64>,
-    /// The wait it holds now, if any.
+    /// The wait it holds now (a refusal since), if any.
     pub not_before_ms: Option<i64>,
     pub next_due_ms: Option<i64>,
     pub paused_until_ms: Option<i64>,
@@ -240,11 +239,9 @@ struct Sub {
     mine: bool,
     /// The tokens taken for the turn being recorded.
     reserved: Option<Reservation>,
-    /// The watchdog's view: since when it has had due work with nothing out and nothing
-    /// sent (`None` while it moves, waits for nothing, or is held by an in-flight cap) ...
-    quiet_since: Option<i64>,
-    /// ... and the first wait it stated in that time (its not-before), if any.
-    stated_until: Option<i64>,
+    /// The watchdog's view: since when it has been ready to send and sent nothing (`None`
+    /// while it sends, has nothing due, is held by an in-flight cap or waits as it said).
+    ready_since: Option<i64>,
     /// `not_before` holds a wait the edge's breaker stated (a `breaker_open` deferral).
     edge_breaker_wait: bool,
     /// Held this turn by an in-flight cap (its own, its customer's, the daemon's; on
@@ -266,8 +263,7 @@ impl Sub {
             removed: false,
             mine,
             reserved: None,
-            quiet_since: None,
-            stated_until: None,
+            ready_since: None,
             edge_breaker_wait: false,
             capped: false,
         }
@@ -611,6 +607,9 @@ impl State {
         if self.recording || now < self.ledger_retry_at {
             return Vec::new();
         }
+        // Watched before this turn's reservations: a subscriber ready now is asked for now,
+        // and one whose claim is refused again and again stays ready since its first.
+        let watched = self.watch(now);
         let mut claims: Vec<(String, usize)> = Vec::new();
         if claim {
             claims = self.reserve(now);
@@ -640,37 +639,42 @@ impl State {
             self.recording = true;
             effects.push(Effect::Record(turn));
         }
-        effects.extend(self.watch(now));
+        effects.extend(watched);
         effects
     }
 
-    /// The watchdog: a subscriber with due work and nothing out, held by no in-flight cap,
-    /// is quiet; quiet for longer than the first wait it stated meanwhile (or from the start,
-    /// if it stated none) plus [`STALL_MARGIN_MS`], it is stalled — a wait that is never kept,
-    /// which no decision should ever leave. Not watched while a turn is being recorded or the
-    /// ledger fails (then the ledger holds everyone, and says so itself). Reports the stalled
-    /// set when it changes.
+    /// The watchdog: a subscriber is ready to send when it has due work, nothing out, no
+    /// in-flight cap holding it, no wait it stated still running (its rate, a pause, its
+    /// breaker, the edge's or the shared limiter's answer) and its own limiter would grant a
+    /// send now. Ready for longer than [`STALL_MARGIN_MS`] without sending, it is stalled: a
+    /// wait never kept, or a refusal renewed for ever, which no decision should leave. (A
+    /// wait stated and kept is no stall, however long.) Not watched while a turn is being
+    /// recorded or the ledger fails (then the ledger holds everyone, and says so itself).
+    /// Reports the stalled set when it changes.
     fn watch(&mut self, now: i64) -> Option<Effect> {
         if self.recording || now < self.ledger_retry_at {
             return None;
         }
         let budget_full = self.out.len() >= self.cfg.max_total_in_flight;
+        let breaker = self.cfg.breaker;
         for st in self.subs.values_mut() {
-            let quiet = st.mine
+            let waiting = st.mine
                 && !st.removed
                 && st.health.disabled.is_none()
                 && st.next_due.is_some_and(|d| d <= now)
                 && st.in_flight == 0
                 && !st.capped
                 && !budget_full;
-            if !quiet {
-                st.quiet_since = None;
-                st.stated_until = None;
+            if !waiting {
+                st.ready_since = None;
                 continue;
             }
-            st.quiet_since.get_or_insert(now);
-            if st.stated_until.is_none() && st.not_before > now {
-                st.stated_until = Some(st.not_before);
+            if st.ready_since.is_none() && st.not_before <= now {
+                let mut copy = st.limiter;
+                let limits = st.target.limits.core(breaker);
+                if copy.reserve(limits, 0, now, 1).granted() > 0 {
+                    st.ready_since = Some(now);
+                }
             }
         }
         let stalled = self.stalled(now);
@@ -694,12 +698,10 @@ impl State {
             .subs
             .values()
             .filter_map(|st| {
-                let since = st.quiet_since?;
-                let waited_until = st.stated_until.map_or(since, |s| s.max(since));
-                (now > waited_until + STALL_MARGIN_MS).then(|| Stall {
+                let since = st.ready_since?;
+                (now > since + STALL_MARGIN_MS).then(|| Stall {
                     subscriber: st.target.id.clone(),
                     since_ms: since,
-                    stated_until_ms: st.stated_until,
                     not_before_ms: (st.not_before > now).then_some(st.not_before),
                     next_due_ms: st.next_due,
                     paused_until_ms: st.limiter.paused_until_ms.filter(|&p| p > now),

@@ -194,6 +194,11 @@ pub enum Effect {
 /// own limiter allowing, no wait it stated still running) and send nothing, before the
 /// watchdog reports it stalled.
 pub const STALL_MARGIN_MS: i64 = 10_000;
+/// The watchdog looks at least this often while the dispatcher runs (every tick, and the
+/// executor ticks every second or two at the least); a longer gap means the dispatcher itself
+/// was held (a slow or failing ledger, a frozen process), not a subscriber: readiness counts
+/// afresh.
+const WATCH_GAP_MS: i64 = 5_000;
 
 /// A subscriber the watchdog found stalled, with what the dispatcher believes of it.
 #[derive(Debug, Clone, PartialEq)]
@@ -315,6 +320,8 @@ pub struct State {
     elsewhere: HashMap<Option<Arc<str>>, usize>,
     /// The subscribers last reported stalled.
     stalls_reported: BTreeSet<Arc<str>>,
+    /// When the watchdog last looked.
+    watched_at: i64,
 }
 
 impl State {
@@ -338,6 +345,7 @@ impl State {
             share: None,
             elsewhere: HashMap::new(),
             stalls_reported: BTreeSet::new(),
+            watched_at: 0,
         }
     }
 
@@ -657,7 +665,13 @@ impl State {
         }
         let budget_full = self.out.len() >= self.cfg.max_total_in_flight;
         let breaker = self.cfg.breaker;
+        // Held by the ledger (failing turns, or a gap between looks): not the subscribers'.
+        let held = now - self.watched_at > WATCH_GAP_MS || self.ledger_failures > 0;
+        self.watched_at = now;
         for st in self.subs.values_mut() {
+            if held {
+                st.ready_since = None;
+            }
             let waiting = st.mine
                 && !st.removed
                 && st.health.disabled.is_none()
@@ -1382,6 +1396,139 @@ mod tests {
             .filter(|(s, _)| s == sub)
             .map(|(_, m)| m.len())
             .sum()
+    }
+
+    /// The watchdog, by script: a subscriber whose claims the ledger refuses again and again
+    /// (short waits, for ever) is reported once, 10 s after it was first ready, and cleared
+    /// by its next send; a wait stated and kept (a breaker's cool-down) and a dispatcher held
+    /// by its ledger are not stalls.
+    #[test]
+    fn the_watchdog_reports_readiness_never_acted_on() {
+        let stalls = |effects: &[Effect]| -> Option<(Vec<String>, Vec<String>)> {
+            effects.iter().find_map(|e| match e {
+                Effect::Stalls(r) => Some((
+                    r.began.iter().map(|s| s.to_string()).collect(),
+                    r.ended.iter().map(|s| s.to_string()).collect(),
+                )),
+                _ => None,
+            })
+        };
+        let refused = |at: i64| Recorded {
+            claims: vec![Claim {
+                subscriber_id: "a".into(),
+                claimed: vec![],
+                next_due_ms: Some(0),
+                not_before_ms: Some(at),
+            }],
+            notices: vec![],
+        };
+        let mut state = State::new(settings(100));
+        on(
+            &mut state,
+            Event::Loaded(vec![(subscriber("a", 8), LimiterState::default())]),
+            0,
+        );
+        // Refused every 500 ms: ready since 0, reported at the first look past 10 s.
+        let mut reported = None;
+        for k in 0..30 {
+            let now = k * 500;
+            let mut effects = on(&mut state, Event::Tick, now);
+            effects.extend(on(&mut state, Event::Recorded(refused(now + 500)), now));
+            if let Some(r) = stalls(&effects) {
+                reported = Some((now, r));
+                break;
+            }
+        }
+        assert_eq!(
+            reported,
+            Some((10_500, (vec!["a".to_string()], vec![]))),
+            "reported once, 10 s after it was ready"
+        );
+        assert_eq!(state.stalled(10_500)[0].since_ms, 0);
+        // Its next claim goes through: the send clears it.
+        let mut q = Queue::with(&[("a", 3)]);
+        let effects = on(&mut state, Event::Tick, 11_000);
+        let [Effect::Record(turn), ..] = effects.as_slice() else {
+            panic!("{effects:?}");
+        };
+        let effects = on(&mut state, Event::Recorded(q.answer(turn)), 11_000);
+        assert_eq!(stalls(&effects), Some((vec![], vec!["a".to_string()])));
+
+        // A breaker open for a 30 s cool-down (a wait stated and kept), then a ledger that
+        // fails for 20 s: nothing is reported.
+        let mut state = State::new(Settings {
+            breaker: BreakerConfig {
+                threshold: 5,
+                cooldown_ms: 30_000,
+            },
+            ..settings(100)
+        });
+        let mut q = Queue::with(&[("b", 100)]);
+        on(
+            &mut state,
+            Event::Loaded(vec![(subscriber("b", 8), LimiterState::default())]),
+            0,
+        );
+        let out = tick(&mut state, &mut q, 0);
+        let failed = |m: &Meta| {
+            (
+                m.clone(),
+                DeliveryResult::Failed {
+                    id: "d".into(),
+                    status: Some(500),
+                    retry_after_ms: None,
+                    response_body: None,
+                    error: None,
+                    latency_ms: Some(1),
+                },
+            )
+        };
+        let items: Vec<(Meta, DeliveryResult)> = out[0].1.iter().map(failed).collect();
+        let mut seen = Vec::new();
+        for (i, item) in items.into_iter().enumerate() {
+            let results = Event::Results {
+                sub: Arc::from("b"),
+                lane: "origin",
+                items: vec![item],
+                at_ms: 10 + i as i64,
+            };
+            on(&mut state, results, 10 + i as i64);
+        }
+        for now in (100..30_000).step_by(1_000) {
+            let effects = on(&mut state, Event::Tick, now);
+            seen.extend(stalls(&effects));
+            for e in effects {
+                if let Effect::Record(turn) = e {
+                    seen.extend(stalls(&on(
+                        &mut state,
+                        Event::Recorded(q.answer(&turn)),
+                        now,
+                    )));
+                }
+            }
+        }
+        let breaker = state.limiter_of("b").map(|l| l.breaker);
+        assert_eq!(
+            breaker.and_then(|b| b.open_until_ms),
+            Some(30_017),
+            "{breaker:?}"
+        );
+        for now in (30_000..50_000).step_by(1_000) {
+            let effects = on(&mut state, Event::Tick, now);
+            seen.extend(stalls(&effects));
+            for e in effects {
+                if let Effect::Record(turn) = e {
+                    let failed = TurnError {
+                        turn,
+                        error: crate::ledger::LedgerError::Closed,
+                    };
+                    seen.extend(stalls(&on(&mut state, Event::NotRecorded(failed), now)));
+                }
+            }
+        }
+        let effects = on(&mut state, Event::Tick, 50_000);
+        seen.extend(stalls(&effects));
+        assert_eq!(seen, vec![], "no stall reported");
     }
 
     /// On PostgreSQL the daemons share one limiter, which may hold less than a daemon's own

@@ -66,7 +66,11 @@ pub async fn run(
 ) -> Result<(), RunError> {
     match cfg.db.clone() {
         LedgerLocation::Sqlite(path) => {
-            let owner = ledger::owner::OwnerLock::acquire(&path, time::now_ms())?;
+            let owner = ledger::owner::OwnerLock::acquire(
+                &path,
+                time::now_ms(),
+                ledger::owner::Taker::Serve,
+            )?;
             let ledger = Ledger::open_with(
                 &path,
                 ledger::LedgerOptions {

@@ -107,7 +107,7 @@ async fn the_ledger_file_has_one_owner_under_any_name() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{}: {stderr}", path.display());
         assert!(
-            stderr.contains("held by another fanout process"),
+            stderr.contains("owned by another daemon"),
             "{}: {stderr}",
             path.display()
         );

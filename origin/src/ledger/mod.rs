@@ -107,7 +107,7 @@ pub enum LedgerError {
     #[error(transparent)]
     Postgres(#[from] pg::PgError),
     /// Another process (a daemon, or a `fanout ledger copy`) owns this SQLite ledger.
-    #[error("the ledger {db} is held by another fanout process: {owner}")]
+    #[error("the ledger {db} is owned by another daemon: {owner}")]
     Owned { db: String, owner: String },
     /// A file of the ledger (its lock, its record) could not be opened, locked or written.
     #[error("{0}")]

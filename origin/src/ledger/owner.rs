@@ -7,7 +7,11 @@
 //! (`kill -9` included), so a stale record never blocks a restart.
 //!
 //! The lock is `flock(2)` on an open file description of our own: SQLite's own locks are POSIX
-//! record locks, which on Linux neither see nor disturb it.
+//! record locks, which on Linux neither see nor disturb it. One caution goes with it: closing
+//! any descriptor of the database file drops every POSIX lock the process holds on it, so the
+//! lock is taken before the ledger's connections open and let go only when the daemon stops
+//! (`crate::run`), and nothing in the daemon opens and closes the database file while its
+//! connections are open (`Ledger::open_with` makes the file private before it connects).
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -1,5 +1,5 @@
 //! Endpoint policy: `https://` only, never an IP literal in a private, loopback, link-local or
-//! otherwise non-public range. With `allow_loopback` (local development and tests) also
+//! otherwise non-public range, any port but 0. With `allow_loopback` (local development and tests) also
 //! `http://127.0.0.1:*` and `http://localhost:*`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -15,6 +15,8 @@ pub enum EndpointError {
     Credentials,
     #[error("the endpoint's address is private, loopback or link-local")]
     PrivateAddress,
+    #[error("the endpoint's port must be 1 to 65535 (port 0 reaches nothing)")]
+    Port,
 }
 
 /// Check an endpoint URL against the policy. Host names are not resolved here (the core does
@@ -27,6 +29,9 @@ pub fn check_url(raw: &str, allow_loopback: bool) -> Result<Url, EndpointError> 
     let host = url
         .host()
         .ok_or_else(|| EndpointError::Invalid("the URL has no host".into()))?;
+    if url.port() == Some(0) {
+        return Err(EndpointError::Port);
+    }
     let loopback = match &host {
         Host::Domain(d) => {
             let d = d.trim_end_matches('.').to_ascii_lowercase();
@@ -160,6 +165,26 @@ mod tests {
         check("http://localhost:9000/h", true, Ok(()));
         check("http://api.localhost:9000/h", true, Err(Scheme));
         check("http://10.0.0.1:9000/h", true, Err(Scheme));
+    }
+
+    /// Port 0 reaches nothing (on some stacks it means "any port"): refused on both lanes,
+    /// whatever the scheme. Every other port is allowed (README, "Production").
+    #[test]
+    fn port_zero_is_refused_and_every_other_port_allowed() {
+        use EndpointError::*;
+        check("https://partner.example:0/hooks", false, Err(Port));
+        check("https://93.184.216.34:0/h", false, Err(Port));
+        check("http://127.0.0.1:0/h", true, Err(Port));
+        check("http://localhost:0/h", true, Err(Port));
+        check("https://partner.example:1/hooks", false, Ok(()));
+        check("https://partner.example:8443/hooks", false, Ok(()));
+        check("https://partner.example:65535/hooks", false, Ok(()));
+        check("https://partner.example:443/hooks", false, Ok(()));
+        check(
+            "https://partner.example:65536/hooks",
+            false,
+            Err(Invalid("invalid port number".into())),
+        );
     }
 
     /// Every address form the policy names, refused or not, judged by the one function both

@@ -137,6 +137,14 @@ pub fn sign_headers(secrets: &[Secret], id: &str, now_secs: i64, body: &[u8]) ->
     }
 }
 
+/// What a call without a body signs in the body's place: its method and path,
+/// `"{METHOD} {path}"` (the path as sent, percent-encoded). The origin's signed read of the
+/// edge, `GET /v1/subscribers/{id}`, signs this, so a signature made for one subscriber's path
+/// is worthless on another's.
+pub fn bodiless_message(method: &str, path: &str) -> Vec<u8> {
+    format!("{method} {path}").into_bytes()
+}
+
 /// Verify a Standard Webhooks request: the timestamp must be within [`TOLERANCE_SECS`] of
 /// `now_secs` and one `v1` signature must match one of `secrets`. The cost does not depend on
 /// what the header holds: one HMAC per secret, computed once, then each candidate (at most
@@ -424,5 +432,35 @@ mod tests {
             s.sign_legacy(b"The quick brown fox jumps over the lazy dog"),
             "sha256=f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8"
         );
+    }
+
+    #[test]
+    fn a_bodiless_call_signs_its_method_and_path() {
+        let key = Secret::from_bytes(&[7u8; 32]).unwrap();
+        let signed = bodiless_message("GET", "/v1/subscribers/sub_a");
+        assert_eq!(signed, b"GET /v1/subscribers/sub_a");
+        let h = sign_headers(std::slice::from_ref(&key), "call_1", 1_000, &signed);
+        let check = |message: &[u8]| {
+            verify(
+                std::slice::from_ref(&key),
+                Some(&h.id),
+                Some(&h.timestamp),
+                Some(&h.signature),
+                message,
+                1_000,
+            )
+        };
+        assert!(check(&signed).is_ok());
+        for other in [
+            bodiless_message("GET", "/v1/subscribers/sub_b"),
+            bodiless_message("POST", "/v1/subscribers/sub_a"),
+            Vec::new(),
+        ] {
+            assert!(
+                check(&other).is_err(),
+                "{}",
+                String::from_utf8_lossy(&other)
+            );
+        }
     }
 }

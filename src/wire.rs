@@ -17,9 +17,31 @@ pub const MAX_TIMEOUT_MS: u64 = 60_000;
 /// The longest id (subscriber, event, delivery) either side accepts, in bytes.
 pub const MAX_ID_LEN: usize = 255;
 
-/// An id names things in URLs, logs and the ledger: 1 to [`MAX_ID_LEN`] bytes, no '/', no
-/// whitespace, no control characters. The origin and the edge accept exactly the same ids.
+/// A subscriber's or a customer's id names it in URLs, the console, the portal, `/metrics` and
+/// logs, where a reader must see what it is: 1 to [`MAX_ID_LEN`] ASCII letters, digits and
+/// `_ - . :` (no bidi control, zero-width or other invisible character, no look-alike letter,
+/// no space, no markup). The origin takes no new subscriber or customer whose id is outside
+/// this set.
 pub fn validate_id(what: &str, id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err(format!("{what} must be 1 to {MAX_ID_LEN} characters"));
+    }
+    if !id.bytes().all(is_id_byte) {
+        return Err(format!(
+            "{what} may hold only ASCII letters, digits and '_', '-', '.', ':'"
+        ));
+    }
+    Ok(())
+}
+
+fn is_id_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':')
+}
+
+/// What the edge takes as a subscriber id: every id the origin ever took, including those of
+/// subscribers created before [`validate_id`] narrowed the set (so they keep being delivered):
+/// 1 to [`MAX_ID_LEN`] bytes, no '/', no whitespace, no control characters.
+pub fn validate_wire_id(what: &str, id: &str) -> Result<(), String> {
     if id.is_empty() || id.len() > MAX_ID_LEN {
         return Err(format!("{what} must be 1 to {MAX_ID_LEN} characters"));
     }
@@ -34,13 +56,25 @@ pub fn validate_id(what: &str, id: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// An event id is also sent to subscribers as the `webhook-id` header, which carries visible
-/// ASCII only: on top of [`validate_id`], no character outside `!`..=`~`.
+/// An event id is the producer's, and is sent to subscribers as the `webhook-id` header, which
+/// carries visible ASCII only: 1 to [`MAX_ID_LEN`] characters from `!`..=`~` but '/'.
 pub fn validate_event_id(what: &str, id: &str) -> Result<(), String> {
-    validate_id(what, id)?;
-    if !id.bytes().all(|b| b.is_ascii_graphic()) {
+    validate_visible(what, id)?;
+    if id.contains('/') {
+        return Err(format!("{what} must not contain '/'"));
+    }
+    Ok(())
+}
+
+/// An event type (and the patterns that match types) is shown beside ids: 1 to
+/// [`MAX_ID_LEN`] visible ASCII characters (`!`..=`~`), no space.
+pub fn validate_visible(what: &str, text: &str) -> Result<(), String> {
+    if text.is_empty() || text.len() > MAX_ID_LEN {
+        return Err(format!("{what} must be 1 to {MAX_ID_LEN} characters"));
+    }
+    if !text.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(format!(
-            "{what} must be visible ASCII (it is sent as the webhook-id header)"
+            "{what} must be visible ASCII ('!' to '~', no space)"
         ));
     }
     Ok(())
@@ -325,7 +359,7 @@ impl DeliveryBatch {
 
 impl SubscriberSpec {
     pub fn validate(&self, allow_loopback: bool) -> Result<(), BatchError> {
-        validate_id("subscriber.id", &self.id).map_err(BatchError::Invalid)?;
+        validate_wire_id("subscriber.id", &self.id).map_err(BatchError::Invalid)?;
         crate::limits::check(
             self.rate_per_sec,
             self.burst,
@@ -369,22 +403,32 @@ mod tests {
     fn ids_table() {
         let long = "x".repeat(MAX_ID_LEN);
         let too_long = "x".repeat(MAX_ID_LEN + 1);
-        // (id, accepted as an id, accepted as an event id)
-        let rows: &[(&str, bool, bool)] = &[
-            ("sub_partner", true, true),
-            ("evt_01JMZ8K3:v2~x", true, true),
-            (&long, true, true),
-            (&too_long, false, false),
-            ("", false, false),
-            ("a/b", false, false),
-            ("a b", false, false),
-            ("a\tb", false, false),
-            ("a\u{7f}", false, false),
-            ("évènement", true, false),
-            ("evt_日本", true, false),
+        // (id, a new subscriber or customer id, an id the edge takes, an event id)
+        let rows: &[(&str, bool, bool, bool)] = &[
+            ("sub_partner", true, true, true),
+            ("Sub-1.v2:eu", true, true, true),
+            ("evt_01JMZ8K3:v2~x", false, true, true),
+            (&long, true, true, true),
+            (&too_long, false, false, false),
+            ("", false, false, false),
+            ("a/b", false, false, false),
+            ("a b", false, false, false),
+            ("a\tb", false, false, false),
+            ("a\u{7f}", false, false, false),
+            ("a<b>", false, true, true),
+            ("évènement", false, true, false),
+            ("evt_日本", false, true, false),
+            ("acme\u{202E}exe", false, true, false),
+            ("ac\u{200B}me", false, true, false),
+            ("\u{FEFF}acme", false, true, false),
         ];
-        for &(id, ok, event_ok) in rows {
+        for &(id, ok, wire_ok, event_ok) in rows {
             assert_eq!(validate_id("id", id).is_ok(), ok, "validate_id({id:?})");
+            assert_eq!(
+                validate_wire_id("id", id).is_ok(),
+                wire_ok,
+                "validate_wire_id({id:?})"
+            );
             assert_eq!(
                 validate_event_id("id", id).is_ok(),
                 event_ok,
@@ -393,7 +437,11 @@ mod tests {
         }
         assert_eq!(
             validate_event_id("id", "evt_日本").unwrap_err(),
-            "id must be visible ASCII (it is sent as the webhook-id header)"
+            "id must be visible ASCII ('!' to '~', no space)"
+        );
+        assert_eq!(
+            validate_id("id", "ac\u{200B}me").unwrap_err(),
+            "id may hold only ASCII letters, digits and '_', '-', '.', ':'"
         );
     }
 

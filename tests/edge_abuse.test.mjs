@@ -1,12 +1,13 @@
 // No caller can abuse the edge (issue 9): a captured signed call replayed within the tolerance is
-// refused; the signature header holds at most 10 signatures; a body without content-length is
+// refused, a signed status read included, and that one's signature covers its method and path;
+// the signature header holds at most 10 signatures; a body without content-length is
 // cut at the limit while it streams; endpoints embedding IPv4 in IPv6 (and the other special
 // ranges) are refused.
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import { after, before, test } from 'node:test';
 import { sign, signHeaders, startEdge, startSubscriber } from './lib/harness.mjs';
-import { deliveries, postBatch, send, subscriberSpec } from './lib/edge_client.mjs';
+import { deliveries, postBatch, send, subscriberSpec, subscriberStatus } from './lib/edge_client.mjs';
 
 let edge;
 let sub;
@@ -38,6 +39,38 @@ test('a captured call replayed within the tolerance: 401 `replayed`, nothing sen
   const fresh = await postBatch(edge, spec, JSON.parse(body).deliveries);
   assert.equal(fresh.status, 200, fresh.text);
   assert.equal(sub.requests.length - before, 4);
+});
+
+test('GET /v1/subscribers/{id}: signed over its method and path, accepted once', async () => {
+  const a = subscriberSpec(`${sub.url}/status-a`);
+  const b = subscriberSpec(`${sub.url}/status-b`);
+  await send(edge, a, deliveries(1));
+  await send(edge, b, deliveries(1));
+  const pathA = `/v1/subscribers/${encodeURIComponent(a.id)}`;
+  const pathB = `/v1/subscribers/${encodeURIComponent(b.id)}`;
+  const get = (path, headers) => fetch(`${edge.url}${path}`, { headers });
+  const code = async (res) => ({ status: res.status, code: (await res.json())?.error?.code });
+
+  // What the origin's client sends: a fresh id, the method and path signed.
+  const ok = await subscriberStatus(edge, a.id);
+  assert.equal(ok.status, 200, ok.text);
+  assert.equal(ok.json.id, a.id);
+
+  // Captured, the same call again: refused, like a replayed batch.
+  const captured = signHeaders(edge.key, `GET ${pathA}`, { id: 'status_captured_1' });
+  assert.equal((await get(pathA, captured)).status, 200);
+  for (let i = 0; i < 2; i++) {
+    assert.deepEqual(await code(await get(pathA, captured)), { status: 401, code: 'replayed' });
+  }
+  // Its signature moved to another subscriber's path: the path is signed.
+  const moved = signHeaders(edge.key, `GET ${pathA}`, { id: 'status_moved_1' });
+  assert.deepEqual(await code(await get(pathB, moved)), { status: 401, code: 'unauthorized' });
+  // Signed over an empty body (no method or path): refused.
+  const bodiless = signHeaders(edge.key, '', { id: 'status_bodiless_1' });
+  assert.deepEqual(await code(await get(pathA, bodiless)), { status: 401, code: 'unauthorized' });
+  // Signed as another method.
+  const posted = signHeaders(edge.key, `POST ${pathA}`, { id: 'status_post_1' });
+  assert.deepEqual(await code(await get(pathA, posted)), { status: 401, code: 'unauthorized' });
 });
 
 test('more than 10 signatures in webhook-signature: 401, whatever else it holds', async () => {

@@ -320,6 +320,8 @@ pub enum ClientError {
     Input(String),
     #[error(transparent)]
     Ledger(#[from] crate::ledger::LedgerError),
+    #[error("backup: {0}")]
+    Backup(#[from] crate::ledger::backup::BackupError),
 }
 
 struct Client {
@@ -493,8 +495,7 @@ fn backup(a: BackupArgs) -> Result<(), ClientError> {
         Ok(LedgerLocation::Postgres(_)) => return Err(ClientError::Input(PG_BACKUP.into())),
         Err(e) => return Err(ClientError::Input(e.0)),
     };
-    let r = crate::ledger::backup::backup(&db, &a.to, crate::time::now_ms())
-        .map_err(|e| ClientError::Input(format!("backup: {e}")))?;
+    let r = crate::ledger::backup::backup(&db, &a.to, crate::time::now_ms())?;
     if a.json {
         print(&r);
     } else {

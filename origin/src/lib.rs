@@ -66,7 +66,11 @@ pub async fn run(
 ) -> Result<(), RunError> {
     match cfg.db.clone() {
         LedgerLocation::Sqlite(path) => {
-            let owner = ledger::owner::OwnerLock::acquire(&path, time::now_ms())?;
+            let owner = ledger::owner::OwnerLock::acquire(
+                &path,
+                time::now_ms(),
+                ledger::owner::Taker::Serve,
+            )?;
             let ledger = Ledger::open_with(
                 &path,
                 ledger::LedgerOptions {
@@ -89,6 +93,11 @@ pub async fn run(
                 serve(cfg, listener, shutdown, ledger.clone(), store, None, served).await?;
             // Wait for the ledger to finish everything queued before this point.
             ledger.call(|_| Ok(())).await?;
+            // The lock is a descriptor of the database file: closing it also drops the POSIX
+            // locks SQLite's connections in this process hold on that file (the ledger's
+            // threads close theirs when its last handle goes, which tasks may outlive). It is
+            // released only now, once everything queued is committed: the binary exits next,
+            // and an in-process restart (the tests) needs it back.
             drop(owner);
             stopped(failed)
         }

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Ids are validated by the shared core, so the edge accepts every id the origin does.
-pub use fanout_core::wire::{validate_event_id, validate_id, MAX_ID_LEN};
+pub use fanout_core::wire::{validate_event_id, validate_id, validate_visible, MAX_ID_LEN};
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_RATE_PER_SEC: f64 = 100.0;
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
@@ -148,9 +148,7 @@ pub enum InvalidSubscriber {
 
 pub fn validate_pattern(p: &str) -> Result<(), String> {
     let valid = p == "*"
-        || (!p.is_empty()
-            && p.len() <= MAX_ID_LEN
-            && !p.chars().any(|c| c.is_control() || c.is_whitespace())
+        || (validate_visible("pattern", p).is_ok()
             && match p.find('*') {
                 None => true,
                 Some(i) => i == p.len() - 1 && p.len() >= 3 && p[..i].ends_with('.'),
@@ -603,6 +601,9 @@ mod tests {
             ("video.*.x", false),
             ("vid eo", false),
             ("**", false),
+            ("vid\u{202E}eo.*", false),
+            ("vid\u{200B}eo", false),
+            ("vidéo.*", false),
         ];
         for &(p, ok) in cases {
             assert_eq!(validate_pattern(p).is_ok(), ok, "{p:?}");

@@ -43,6 +43,16 @@ struct SignedCall {
     timestamp: String,
 }
 
+impl SignedCall {
+    /// The headers that tell the subscriber's object which call this is.
+    fn headers(&self) -> worker::Result<Headers> {
+        let headers = Headers::new();
+        headers.set(CALL_ID_HEADER, &self.id)?;
+        headers.set(CALL_TS_HEADER, &self.timestamp)?;
+        Ok(headers)
+    }
+}
+
 #[event(fetch)]
 async fn fetch(req: Request, env: Env, _ctx: Context) -> worker::Result<Response> {
     match route(req, &env).await {
@@ -67,9 +77,9 @@ async fn route(mut req: Request, env: &Env) -> Result<Response, EdgeError> {
             if id.is_empty() || id.contains('/') {
                 return Err(EdgeError::NotFound);
             }
-            let limits = env_limits(env)?;
-            let body = read_body(&mut req, limits.max_request_bytes).await?;
-            authenticate(&req, env, &body)?;
+            // Signed over its method and path (no body is read), and accepted once: the
+            // subscriber's object refuses its call id again, as for a batch.
+            let call = authenticate(&req, env, &sign::bodiless_message("GET", p))?;
             let id = percent_decode(id);
             let stub = env
                 .durable_object(DO_BINDING)?
@@ -79,7 +89,10 @@ async fn route(mut req: Request, env: &Env) -> Result<Response, EdgeError> {
                 "https://subscriber.internal/status?id={}",
                 encode_component(&id)
             );
-            stub.fetch_with_str(&url)
+            let mut init = RequestInit::new();
+            init.with_method(Method::Get).with_headers(call.headers()?);
+            let inner = Request::new_with_init(&url, &init)?;
+            stub.fetch_with_request(inner)
                 .await
                 .map_err(EdgeError::ObjectUnavailable)
         }
@@ -110,12 +123,9 @@ async fn deliveries(req: &mut Request, env: &Env) -> Result<Response, EdgeError>
         .durable_object(DO_BINDING)?
         .id_from_name(&batch.subscriber.id)?
         .get_stub()?;
-    let headers = Headers::new();
-    headers.set(CALL_ID_HEADER, &call.id)?;
-    headers.set(CALL_TS_HEADER, &call.timestamp)?;
     let mut init = RequestInit::new();
     init.with_method(Method::Post)
-        .with_headers(headers)
+        .with_headers(call.headers()?)
         // Validated above and forwarded as received: the object parses the same bytes.
         .with_body(Some(
             worker::js_sys::Uint8Array::from(body.as_slice()).into(),

@@ -147,11 +147,7 @@ impl SubscriberDO {
         // between them: one implicit storage transaction (one commit) instead of two.
         let body = req.bytes().await;
         if !self.first_use(&req, now_ms())? {
-            return Ok(Response::from_json(&ErrorBody::new(
-                "replayed",
-                "this call id was used already: a signed call is accepted once",
-            ))?
-            .with_status(401));
+            return replayed();
         }
         // Parsed in one pass over the bytes (`Request::json` would build the whole batch as
         // JS objects first and read every field of every delivery back across the wasm
@@ -247,6 +243,9 @@ impl SubscriberDO {
     }
 
     fn status(&self, req: &Request) -> worker::Result<Response> {
+        if !self.first_use(req, now_ms())? {
+            return replayed();
+        }
         let id = req
             .url()?
             .query_pairs()
@@ -266,6 +265,15 @@ impl SubscriberDO {
             .status(&id, limits, self.in_flight.get(), now_ms());
         Response::from_json(&view)
     }
+}
+
+/// 401 `replayed`: a signed call (a batch or a status read) is accepted once.
+fn replayed() -> worker::Result<Response> {
+    Ok(Response::from_json(&ErrorBody::new(
+        "replayed",
+        "this call id was used already: a signed call is accepted once",
+    ))?
+    .with_status(401))
 }
 
 impl DurableObject for SubscriberDO {

@@ -60,7 +60,7 @@ export function signHeaders(secret, body, { id, timestamp } = {}) {
 /**
  * fetch() signed the way the origin signs calls to the edge.
  * `body` is a string (sent byte for byte) or an object (JSON-encoded). GET/HEAD send no body and
- * sign the empty string. Options: method (default POST, GET when body is null/undefined),
+ * sign `"{METHOD} {path}"` in its place (`fanout_core::sign::bodiless_message`). Options: method (default POST, GET when body is null/undefined),
  * headers (merged over the defaults), id/timestamp (override the signed values).
  */
 export async function signedFetch(url, key, body, { method, headers = {}, id, timestamp, signal } = {}) {
@@ -68,9 +68,11 @@ export async function signedFetch(url, key, body, { method, headers = {}, id, ti
   const hasBody = m !== 'GET' && m !== 'HEAD';
   const text = body == null ? '' : typeof body === 'string' ? body : JSON.stringify(body);
   const signedBody = hasBody ? text : '';
+  // A call without a body signs its method and path instead (the edge's status read).
+  const signed = hasBody ? text : `${m} ${new URL(url).pathname}`;
   const h = {
     ...(hasBody ? { 'content-type': 'application/json' } : {}),
-    ...signHeaders(key, signedBody, { id, timestamp }),
+    ...signHeaders(key, signed, { id, timestamp }),
     ...headers,
   };
   return fetch(url, { method: m, headers: h, body: hasBody ? signedBody : undefined, redirect: 'manual', signal });

@@ -89,16 +89,24 @@ impl Principal {
     }
 }
 
-/// Constant-time comparison of the bearer token.
+/// Whether `given` is `expected`, in time that depends on neither (their lengths included):
+/// the SHA-256 digests of both are compared with `subtle`, so an early exit can tell a caller
+/// nothing about the token's length or its first differing byte.
 pub fn token_matches(given: &[u8], expected: &[u8]) -> bool {
-    if given.len() != expected.len() {
-        return false;
-    }
-    given
-        .iter()
-        .zip(expected)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-        == 0
+    use sha2::{Digest, Sha256};
+    use subtle::ConstantTimeEq;
+    Sha256::digest(given)
+        .ct_eq(&Sha256::digest(expected))
+        .into()
+}
+
+/// The token of an `Authorization: Bearer <token>` header: the scheme is case-insensitive
+/// (RFC 9110, 11.1) and followed by one or more spaces; `None` for any other scheme or an
+/// empty token.
+pub fn bearer_token(header: &str) -> Option<&str> {
+    let (scheme, rest) = header.trim_start().split_once(' ')?;
+    let token = rest.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 async fn principal_of(state: &AppState, bearer: &str) -> Result<Principal, ApiError> {
@@ -133,8 +141,8 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().to_string());
+        .and_then(bearer_token)
+        .map(str::to_string);
     let Some(bearer) = bearer else {
         return ApiError::Unauthorized.into_response();
     };
@@ -180,6 +188,26 @@ mod tests {
         assert!(!token_matches(b"secret-tokem", b"secret-token"));
         assert!(!token_matches(b"secret", b"secret-token"));
         assert!(!token_matches(b"", b"secret-token"));
+        assert!(!token_matches(b"secret-token-and-more", b"secret-token"));
+        assert!(token_matches(b"", b""));
+    }
+
+    #[test]
+    fn bearer_table() {
+        let rows: &[(&str, Option<&str>)] = &[
+            ("Bearer abc", Some("abc")),
+            ("bearer abc", Some("abc")),
+            ("BEARER abc", Some("abc")),
+            ("Bearer   abc  ", Some("abc")),
+            ("Bearer", None),
+            ("Bearer ", None),
+            ("Bearerabc", None),
+            ("Basic abc", None),
+            ("abc", None),
+        ];
+        for (header, token) in rows {
+            assert_eq!(bearer_token(header), *token, "{header:?}");
+        }
     }
 
     #[test]

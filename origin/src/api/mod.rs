@@ -36,9 +36,9 @@ use crate::ledger::store::Store;
 use crate::ledger::{self, DeliveryFilter, NewEvent};
 use crate::metrics::Metrics;
 use crate::model::{
-    parse_delivery_id, validate_event_id, validate_id, validate_pattern, Disabled, Lane, Limits,
-    SecretsView, Status, Subscriber, SubscriberView, DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC,
-    DEFAULT_TIMEOUT_MS, MAX_ID_LEN,
+    parse_delivery_id, validate_event_id, validate_id, validate_pattern, validate_visible,
+    Disabled, Lane, Limits, SecretsView, Status, Subscriber, SubscriberView, DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_RATE_PER_SEC, DEFAULT_TIMEOUT_MS,
 };
 use crate::time::{now_ms, parse_time, random_bytes};
 
@@ -201,15 +201,9 @@ fn parse_event(
         Some(_) => return Err(ApiError::Invalid(format!("{at}type must be a string"))),
         None => return Err(ApiError::Invalid(format!("{at}type is missing"))),
     };
-    if event_type.is_empty()
-        || event_type.len() > MAX_ID_LEN
-        || event_type
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || c == '*')
-    {
-        return Err(ApiError::Invalid(format!(
-            "{at}type must be 1 to {MAX_ID_LEN} characters without spaces or '*'"
-        )));
+    validate_visible("type", &event_type).map_err(|e| ApiError::Invalid(format!("{at}{e}")))?;
+    if event_type.contains('*') {
+        return Err(ApiError::Invalid(format!("{at}type must not contain '*'")));
     }
     Ok(NewEvent {
         id,

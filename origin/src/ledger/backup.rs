@@ -5,13 +5,18 @@
 //! leases are then returned to the queue, as a daemon starting on it would do, so a restored
 //! ledger holds every delivery the snapshot held, none of them stuck in flight. A backup is not
 //! a daemon: it takes no ownership lock and writes nothing to the source.
+//!
+//! The copy is written to a hidden file beside the destination (created 0600: it holds every
+//! signing secret) and renamed to the destination only once it is complete and synced; a
+//! backup that fails (a full disk, an I/O error) removes what it wrote, so nothing partial is
+//! ever left under the destination's name to be mistaken for a backup or to block the retry.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags};
 use serde::Serialize;
 
-use super::{release_all_leases, schema, LedgerError};
+use super::{files, release_all_leases, schema, LedgerError, Unavailable};
 
 /// What a backup holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -23,44 +28,155 @@ pub struct BackupReport {
     pub bytes: u64,
 }
 
-pub fn backup(from: &Path, to: &Path, now_ms: i64) -> Result<BackupReport, LedgerError> {
+/// Why a backup failed: the ledger it reads, or the destination it writes.
+#[derive(Debug, thiserror::Error)]
+pub enum BackupError {
+    #[error("no ledger at {0}")]
+    NoLedger(String),
+    #[error("{0} already exists: a backup never overwrites a file")]
+    Exists(String),
+    #[error("the destination {0} is not a UTF-8 file path")]
+    NotUtf8(String),
+    #[error("{path} has schema version {found}, newer than this fanout ({known})")]
+    Newer {
+        path: String,
+        found: i64,
+        known: i64,
+    },
+    #[error("cannot read the ledger {path}: {source}")]
+    Source { path: String, source: LedgerError },
+    /// Nothing of the backup is left at the destination (or beside it).
+    #[error("cannot write the backup {path}: {why}; nothing was left there")]
+    Destination { path: String, why: WriteFailure },
+}
+
+/// Why the destination could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteFailure {
+    #[error("no space left on the device that holds it")]
+    NoRoom,
+    #[error("the device that holds it reported an I/O error")]
+    Io,
+    #[error("{0}")]
+    Ledger(LedgerError),
+    #[error("{0}")]
+    File(std::io::Error),
+}
+
+impl From<LedgerError> for WriteFailure {
+    fn from(e: LedgerError) -> WriteFailure {
+        match e {
+            LedgerError::Unavailable(Unavailable::Full) => WriteFailure::NoRoom,
+            LedgerError::Unavailable(Unavailable::Io) => WriteFailure::Io,
+            other => WriteFailure::Ledger(other),
+        }
+    }
+}
+
+impl From<rusqlite::Error> for WriteFailure {
+    fn from(e: rusqlite::Error) -> WriteFailure {
+        LedgerError::from(e).into()
+    }
+}
+
+impl From<std::io::Error> for WriteFailure {
+    fn from(e: std::io::Error) -> WriteFailure {
+        match e.kind() {
+            std::io::ErrorKind::StorageFull => WriteFailure::NoRoom,
+            _ => WriteFailure::File(e),
+        }
+    }
+}
+
+/// The hidden file a backup is written to before it takes the destination's name; removed
+/// (with any file SQLite kept beside it) unless [`Partial::keep`] renamed it into place.
+struct Partial {
+    path: PathBuf,
+    done: bool,
+}
+
+impl Partial {
+    fn beside(to: &Path) -> Partial {
+        let name = to
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "backup".into());
+        Partial {
+            path: to.with_file_name(format!(".{name}.{}.partial", std::process::id())),
+            done: false,
+        }
+    }
+
+    /// Sync the finished copy, rename it to `to` and sync the directory.
+    fn keep(mut self, to: &Path) -> std::io::Result<()> {
+        std::fs::File::open(&self.path)?.sync_all()?;
+        std::fs::rename(&self.path, to)?;
+        self.done = true;
+        if let Some(dir) = to.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.path);
+            for companion in files::companions(&self.path) {
+                let _ = std::fs::remove_file(companion);
+            }
+        }
+    }
+}
+
+pub fn backup(from: &Path, to: &Path, now_ms: i64) -> Result<BackupReport, BackupError> {
     if !from.exists() {
-        return Err(LedgerError::NotFound(format!(
-            "no ledger at {}",
-            from.display()
-        )));
+        return Err(BackupError::NoLedger(from.display().to_string()));
     }
-    if to.exists() {
-        return Err(LedgerError::Conflict(format!(
-            "{} already exists: a backup never overwrites a file",
-            to.display()
-        )));
+    if to.symlink_metadata().is_ok() {
+        return Err(BackupError::Exists(to.display().to_string()));
     }
+    let source = |e: rusqlite::Error| BackupError::Source {
+        path: from.display().to_string(),
+        source: e.into(),
+    };
     let src = Connection::open_with_flags(
         from,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
-    src.busy_timeout(std::time::Duration::from_secs(5))?;
-    let version: i64 = src.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    )
+    .map_err(source)?;
+    src.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(source)?;
+    let version: i64 = src
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(source)?;
     if version > schema::VERSION {
-        return Err(LedgerError::Schema(format!(
-            "{} has schema version {version}, newer than this fanout ({})",
-            from.display(),
-            schema::VERSION
-        )));
+        return Err(BackupError::Newer {
+            path: from.display().to_string(),
+            found: version,
+            known: schema::VERSION,
+        });
     }
-    let target = to
+    let partial = Partial::beside(to);
+    let target = partial
+        .path
         .to_str()
-        .ok_or_else(|| LedgerError::Invalid(format!("{} is not UTF-8", to.display())))?;
-    src.execute("VACUUM INTO ?1", [target])?;
+        .ok_or_else(|| BackupError::NotUtf8(to.display().to_string()))?
+        .to_string();
+    let destination = |why: WriteFailure| BackupError::Destination {
+        path: to.display().to_string(),
+        why,
+    };
+    // Created here, empty and 0600 (`VACUUM INTO` writes into an empty file as into a new one,
+    // and would create a new one with the umask's mode).
+    files::create_new_private(&partial.path).map_err(|e| destination(e.into()))?;
+    src.execute("VACUUM INTO ?1", [&target])
+        .map_err(|e| destination(e.into()))?;
     drop(src);
-    let mut copy = Connection::open(to)?;
-    let tx = copy.transaction()?;
-    let leases_released = release_all_leases(&tx, now_ms)?;
-    let events: i64 = tx.query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))?;
-    let deliveries: i64 = tx.query_row("SELECT COUNT(*) FROM deliveries", [], |r| r.get(0))?;
-    tx.commit()?;
-    drop(copy);
+    let (events, deliveries, leases_released) =
+        release_copied_leases(&partial.path, now_ms).map_err(|e| destination(e.into()))?;
+    partial.keep(to).map_err(|e| destination(e.into()))?;
     let bytes = std::fs::metadata(to).map(|m| m.len()).unwrap_or(0);
     Ok(BackupReport {
         events,
@@ -68,6 +184,17 @@ pub fn backup(from: &Path, to: &Path, now_ms: i64) -> Result<BackupReport, Ledge
         leases_released,
         bytes,
     })
+}
+
+/// Return the copy's leases to the queue; its event and delivery counts.
+fn release_copied_leases(copy: &Path, now_ms: i64) -> Result<(i64, i64, usize), LedgerError> {
+    let mut copy = Connection::open(copy)?;
+    let tx = copy.transaction()?;
+    let released = release_all_leases(&tx, now_ms)?;
+    let events: i64 = tx.query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))?;
+    let deliveries: i64 = tx.query_row("SELECT COUNT(*) FROM deliveries", [], |r| r.get(0))?;
+    tx.commit()?;
+    Ok((events, deliveries, released))
 }
 
 #[cfg(test)]
@@ -123,9 +250,15 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(in_flight, 4);
-        assert!(matches!(
-            backup(&db, &to, 778),
-            Err(LedgerError::Conflict(_))
-        ));
+        assert!(matches!(backup(&db, &to, 778), Err(BackupError::Exists(_))));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&to).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, files::PRIVATE);
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().contains("partial"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod backup;
 mod customers;
+pub mod files;
 mod health;
 pub mod ops;
 pub mod owner;
@@ -105,9 +106,12 @@ pub enum LedgerError {
     Closed,
     #[error(transparent)]
     Postgres(#[from] pg::PgError),
-    /// Another daemon owns this SQLite ledger.
+    /// Another process (a daemon, or a `fanout ledger copy`) owns this SQLite ledger.
     #[error("the ledger {db} is owned by another daemon: {owner}")]
     Owned { db: String, owner: String },
+    /// A file of the ledger (its lock, its record) could not be opened, locked or written.
+    #[error("{0}")]
+    File(String),
 }
 
 /// Why the ledger cannot write.
@@ -371,6 +375,12 @@ impl Ledger {
     /// the writer's sync thread one sync among the groups committed while the last ran:
     /// `writer.rs`).
     pub fn open_with(path: &Path, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
+        // Created 0600 here, not by SQLite (which would follow the umask); SQLite gives the
+        // `-wal` and `-shm` files it creates the database's mode.
+        files::open_private(path).map_err(|e| {
+            LedgerError::File(format!("cannot open the ledger {}: {e}", path.display()))
+        })?;
+        files::tighten_companions(path);
         let writer = open_connection(path)?;
         let writes = Arc::new(WriteState::default());
         let sync = writer::wal_sync(&writer, writes.syncs.clone())?;

@@ -206,6 +206,7 @@ fn again(e: &LedgerError) -> LedgerError {
             db: db.clone(),
             owner: owner.clone(),
         },
+        LedgerError::File(m) => LedgerError::File(m.clone()),
     }
 }
 

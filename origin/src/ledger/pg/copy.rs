@@ -1,5 +1,5 @@
-//! `fanout ledger copy`: move a SQLite ledger (its daemon stopped) into an empty PostgreSQL
-//! one, in one PostgreSQL transaction (a failed copy leaves the target empty). Subscribers
+//! `fanout ledger copy`: move a SQLite ledger (its daemon stopped: the copy takes its owner
+//! lock, and refuses while a daemon holds it) into an empty PostgreSQL one, in one PostgreSQL transaction (a failed copy leaves the target empty). Subscribers
 //! (removed ones too, for their history), secrets, events, deliveries with their status and
 //! attempt counts, attempts, limiter and health state come over as they are; deliveries that
 //! were in flight come over pending, due at once (their lease died with the daemon). Public
@@ -11,6 +11,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags};
 
+use super::super::owner::{OwnerLock, Taker};
 use super::super::LedgerError;
 use super::PgLedger;
 
@@ -38,12 +39,16 @@ pub async fn copy_sqlite_to_pg(
     now_ms: i64,
     mut progress: impl FnMut(&str),
 ) -> Result<Copied, LedgerError> {
-    if !from.exists() {
-        return Err(LedgerError::NotFound(format!(
-            "no SQLite ledger at {}",
-            from.display()
-        )));
-    }
+    // No daemon may write the source meanwhile (what it acknowledged after the snapshot would
+    // be left behind), and none may start on it until the copy is done: the copy holds the
+    // ledger's owner lock throughout, or refuses while a daemon holds it.
+    let _owner = OwnerLock::acquire(from, now_ms, Taker::Copy).map_err(|e| match e {
+        LedgerError::Owned { db, owner } => LedgerError::Owned {
+            db,
+            owner: format!("{owner}; stop it before copying its ledger"),
+        },
+        other => other,
+    })?;
     let src = Connection::open_with_flags(
         from,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,

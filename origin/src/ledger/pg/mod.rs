@@ -36,12 +36,12 @@ mod dispatch;
 mod ops;
 mod retention;
 mod schema;
+pub mod tls;
 
 use std::str::FromStr;
 use std::sync::Arc;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
 
 pub use dispatch::{grant_shared, merge_limiter, shared_wait, LEASE_MS, RENEW_EVERY_MS};
 pub use ops::*;
@@ -78,10 +78,12 @@ pub enum Announcement {
 pub enum PgError {
     #[error("{}", describe(.0))]
     Db(Arc<tokio_postgres::Error>),
-    #[error("no connection to PostgreSQL: {0}")]
+    #[error("no connection to PostgreSQL: {}", with_causes(.0.as_ref()))]
     Pool(Arc<deadpool_postgres::PoolError>),
     #[error("{0}")]
     Config(String),
+    #[error("TLS to PostgreSQL: {0}")]
+    Tls(tls::TlsError),
 }
 
 impl PgError {
@@ -91,7 +93,7 @@ impl PgError {
         match self {
             PgError::Pool(_) => true,
             PgError::Db(e) => e.as_db_error().is_none() && e.is_closed(),
-            PgError::Config(_) => false,
+            PgError::Config(_) | PgError::Tls(_) => false,
         }
     }
 
@@ -141,8 +143,24 @@ fn every<F, Fut>(
 fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("postgres: {} ({})", db.message(), db.code().code()),
-        None => format!("postgres: {e}"),
+        None => format!("postgres: {}", with_causes(e)),
     }
+}
+
+/// `e` and each of its causes that its message does not already say: the driver's "error
+/// performing TLS handshake" alone does not tell a wrong CA from a wrong host name.
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 impl From<tokio_postgres::Error> for LedgerError {
@@ -174,6 +192,8 @@ const POOL_SIZE: usize = 16;
 pub struct PgLedger {
     pool: Pool,
     config: Arc<tokio_postgres::Config>,
+    /// The TLS every connection uses (the URL's `sslmode`, `tls.rs`).
+    tls: tls::Tls,
     owner: Arc<str>,
     /// The breaker settings the shared limiter is asked with (the daemon's).
     breaker: fanout_core::breaker::BreakerConfig,
@@ -205,9 +225,11 @@ const KEEPALIVE_RETRIES: u32 = 3;
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `url` parsed, or why not (without repeating a password), with [`KEEPALIVE_IDLE`], the rest
-/// and [`CONNECT_TIMEOUT`] where the URL leaves them to the defaults.
-pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, LedgerError> {
-    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
+/// and [`CONNECT_TIMEOUT`] where the URL leaves them to the defaults, and the TLS its
+/// `sslmode` (and `sslrootcert`) ask for (`tls.rs`).
+pub fn parse_url(url: &str) -> Result<(tokio_postgres::Config, tls::Mode), LedgerError> {
+    let params = tls::TlsParams::split(url).map_err(|e| LedgerError::Postgres(PgError::Tls(e)))?;
+    let mut config = tokio_postgres::Config::from_str(&params.url).map_err(|e| {
         LedgerError::Postgres(PgError::Config(format!(
             "not a PostgreSQL URL like postgres://user@host:5432/dbname: {e}"
         )))
@@ -225,17 +247,19 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, LedgerError> {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
-    Ok(config)
+    Ok((config, params.mode))
 }
 
 impl PgLedger {
     /// Connect to `url` and bring its schema up to date (refusing a newer one). `owner` names
     /// this daemon in the leases it takes; it must differ between daemons sharing the database.
     pub async fn open(url: &str, owner: &str) -> Result<PgLedger, LedgerError> {
-        let config = parse_url(url)?;
+        let (config, mode) = parse_url(url)?;
+        let tls =
+            tls::Tls::from_params(&mode).map_err(|e| LedgerError::Postgres(PgError::Tls(e)))?;
         let manager = Manager::from_config(
             config.clone(),
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -251,6 +275,7 @@ impl PgLedger {
         let ledger = PgLedger {
             pool,
             config: Arc::new(config),
+            tls,
             owner: Arc::from(owner),
             breaker: fanout_core::breaker::BreakerConfig::default(),
             growth: Arc::default(),
@@ -333,7 +358,7 @@ impl PgLedger {
     /// Listen for new work announced by any daemon (this one included). The listening
     /// connection is its own (not from the pool) and closes when the [`Listener`] drops.
     pub async fn listen(&self) -> Result<Listener, LedgerError> {
-        let (client, mut conn) = self.config.connect(NoTls).await?;
+        let (client, mut conn) = self.config.connect(self.tls.clone()).await?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         // Polling the connection both drives the client's requests and yields notifications.
         let connection = tokio::spawn(async move {
@@ -434,7 +459,7 @@ mod tests {
             ("?connect_timeout=3", true, s(30), s(10), 3, s(3)),
         ];
         for &(query, on, idle, interval, retries, connect) in cases {
-            let c = parse_url(&format!("postgres://u@db:5432/fanout{query}")).unwrap();
+            let (c, _) = parse_url(&format!("postgres://u@db:5432/fanout{query}")).unwrap();
             assert_eq!(
                 (
                     c.get_keepalives(),

@@ -64,7 +64,7 @@ async fn statuses(pg: &tokio_postgres::Client) -> HashMap<String, i64> {
 /// 40 webhooks (10 events, ingested half through each daemon, to 4 subscribers that take a
 /// second to answer, two at a time) go out once each, all within seconds, while one daemon's
 /// clock is 60 s ahead and the other's 60 s behind; each daemon shows its offset from the
-/// server's clock, and the webhooks carry the server's time.
+/// server's clock (`/metrics`, `fanout status`), and the webhooks carry the server's time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn daemons_60s_ahead_and_behind_send_each_webhook_once_on_time() {
     let server = PgServer::start();
@@ -133,5 +133,16 @@ async fn daemons_60s_ahead_and_behind_send_each_webhook_once_on_time() {
     assert!(
         (b - 60.0).abs() < 1.0,
         "behind: server's clock {b} s from the host's"
+    );
+    // `fanout status` says so too.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["status", "--server", &ahead.api.base])
+        .env("FANOUT_API_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("host is 60.0 s ahead of the PostgreSQL server's"),
+        "{text}"
     );
 }

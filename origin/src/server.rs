@@ -67,8 +67,9 @@ pub async fn serve(
     limits: ServerLimits,
     shutdown: impl Future<Output = ()>,
 ) {
-    let builder = builder(limits, true);
-    let reserve_builder = builder_for_reserve(limits);
+    let served_builder = builder(limits, true);
+    // A reserve connection answers one HTTP/1 request (HTTP/2 ones until it is closed).
+    let reserve_builder = builder(limits, false);
     // Semaphores count at most u32::MAX permits at once in `acquire_many` (the drain below).
     let max = limits.max_connections.clamp(1, u32::MAX as usize);
     let slots = Arc::new(Semaphore::new(max));
@@ -123,7 +124,7 @@ pub async fn serve(
         let conn = if healthz_only {
             &reserve_builder
         } else {
-            &builder
+            &served_builder
         }
         .serve_connection_with_upgrades(io, service)
         .into_owned();
@@ -135,16 +136,18 @@ pub async fn serve(
             } else {
                 Box::pin(idle_for(watching, limits.header_timeout))
             };
-            let ended = tokio::select! {
-                _ = conn.as_mut() => true,
+            let daemon_stops = tokio::select! {
+                _ = conn.as_mut() => false,
                 () = ending => {
+                    // Idle, or a reserve connection's time is up: tell the client, and drop
+                    // the connection if it is still there a header timeout later.
                     conn.as_mut().graceful_shutdown();
                     let _ = tokio::time::timeout(limits.header_timeout, conn.as_mut()).await;
-                    true
+                    false
                 }
-                () = async { let _ = stop.wait_for(|s| *s).await; } => false,
+                () = async { let _ = stop.wait_for(|s| *s).await; } => true,
             };
-            if !ended {
+            if daemon_stops {
                 // The daemon stops: let the current requests finish ([`DRAIN_FOR`] bounds it).
                 conn.as_mut().graceful_shutdown();
                 let _ = conn.await;
@@ -178,11 +181,6 @@ fn builder(limits: ServerLimits, keep_alive: bool) -> auto::Builder<TokioExecuto
         .keep_alive_interval(Some(limits.header_timeout))
         .keep_alive_timeout(limits.header_timeout);
     builder
-}
-
-/// A reserve connection answers one HTTP/1 request (HTTP/2 ones until it is closed).
-fn builder_for_reserve(limits: ServerLimits) -> auto::Builder<TokioExecutor> {
-    builder(limits, false)
 }
 
 /// A connection's requests: how many are open, and since when that number is what it is.

@@ -8,8 +8,11 @@
 //!   later. An HTTP/2 connection that answers PINGs and never opens a stream would otherwise
 //!   hold its slot for ever. A request is open from its head's arrival until its answer's
 //!   body has been handed to the connection whole.
-//! - A write that makes no progress for `write_timeout` (`--body-timeout`) closes its
-//!   connection: a client that pipelines HTTP/1 requests and never reads the answers.
+//! - A write that makes no progress for `write_timeout` (`--body-timeout`) resets its
+//!   connection: a client that pipelines HTTP/1 requests and never reads the answers. A
+//!   connection with an answer whose body has not moved for that long is closed too: an HTTP/2
+//!   client that grants its stream no flow-control window (it answers PINGs, so the connection
+//!   looks alive).
 //! - At most `max_connections` are served at once. Past it, [`RESERVE_CONNECTIONS`] more are
 //!   accepted that answer `/healthz` only (anything else `503 unavailable` with `Retry-After:
 //!   1`), without keep-alive, and are closed after `header_timeout`: a health check is
@@ -114,7 +117,10 @@ pub async fn serve(
         let (activity, watching) = watch::channel(Activity {
             open: 0,
             since: Instant::now(),
+            answering: 0,
+            moved: Instant::now(),
         });
+        let answers = watching.clone();
         let service = Counted {
             inner: TowerToHyperService::new(router.clone()),
             activity: Arc::new(activity),
@@ -138,6 +144,8 @@ pub async fn serve(
             };
             let daemon_stops = tokio::select! {
                 _ = conn.as_mut() => false,
+                // Dropped at once: a graceful end would wait for that very answer.
+                () = stalled_answer(answers, limits.write_timeout) => false,
                 () = ending => {
                     // Idle, or a reserve connection's time is up: tell the client, and drop
                     // the connection if it is still there a header timeout later.
@@ -188,6 +196,10 @@ fn builder(limits: ServerLimits, keep_alive: bool) -> auto::Builder<TokioExecuto
 struct Activity {
     open: usize,
     since: Instant,
+    /// Answers whose body is being sent, and when one of them last moved (not announced to
+    /// the receivers: [`stalled_answer`] reads it when its time comes).
+    answering: usize,
+    moved: Instant,
 }
 
 /// Resolves once the connection has had no request open for `idle` (or its service is gone).
@@ -197,6 +209,27 @@ async fn idle_for(mut activity: watch::Receiver<Activity>, idle: Duration) {
         if now.open == 0 {
             tokio::select! {
                 () = tokio::time::sleep_until(now.since + idle) => return,
+                changed = activity.changed() => if changed.is_err() { return },
+            }
+        } else if activity.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Resolves once the connection has had an answer to send and moved none of its body for
+/// `stall` (an HTTP/2 client that grants no flow-control window: it answers PINGs, so the
+/// connection looks alive, and its stream never ends).
+async fn stalled_answer(mut activity: watch::Receiver<Activity>, stall: Duration) {
+    loop {
+        let now = *activity.borrow_and_update();
+        if now.answering > 0 {
+            let due = now.moved + stall;
+            if Instant::now() >= due {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(due) => {}
                 changed = activity.changed() => if changed.is_err() { return },
             }
         } else if activity.changed().await.is_err() {
@@ -249,22 +282,41 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for Counted {
                 "every connection slot is taken; this one answers /healthz only: retry".into(),
             )
             .into_response();
-            return Box::pin(async move {
-                Ok(busy.map(|body| Body::new(Counting { body, _open: open })))
-            });
+            return Box::pin(
+                async move { Ok(busy.map(|body| Body::new(Counting::new(body, open)))) },
+            );
         }
         let answer = self.inner.call(req);
         Box::pin(async move {
             let response = answer.await?;
-            Ok(response.map(|body| Body::new(Counting { body, _open: open })))
+            Ok(response.map(|body| Body::new(Counting::new(body, open))))
         })
     }
 }
 
-/// An answer's body that keeps its request open until it is dropped.
+/// An answer's body that keeps its request open until it is dropped, and notes each time it
+/// moves.
 struct Counting {
     body: Body,
-    _open: Open,
+    open: Open,
+}
+
+impl Counting {
+    fn new(body: Body, open: Open) -> Counting {
+        open.0.send_modify(|a| {
+            a.answering += 1;
+            a.moved = Instant::now();
+        });
+        Counting { body, open }
+    }
+}
+
+impl Drop for Counting {
+    fn drop(&mut self) {
+        self.open
+            .0
+            .send_modify(|a| a.answering = a.answering.saturating_sub(1));
+    }
 }
 
 impl http_body::Body for Counting {
@@ -275,7 +327,12 @@ impl http_body::Body for Counting {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+        let me = self.get_mut();
+        me.open.0.send_if_modified(|a| {
+            a.moved = Instant::now();
+            false
+        });
+        Pin::new(&mut me.body).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -308,12 +308,13 @@ async fn closed_by_peer(s: &tokio::net::tcp::OwnedReadHalf) -> bool {
     }
 }
 
-/// `--max-connections 50` taken by 25 HTTP/2 connections that answer PINGs and never open a
-/// stream and 25 HTTP/1 clients that pipeline requests and never read an answer: `/healthz`
+/// `--max-connections 50` taken by 15 HTTP/2 connections that answer PINGs and never open a
+/// stream, 10 that open one and grant it no flow-control window, and 25 HTTP/1 clients that
+/// pipeline requests and never read an answer: `/healthz`
 /// and a producer are still answered at once (the reserve: 200, and 503 with `Retry-After`),
 /// the producer's events are taken as soon as the server has closed the idle ones (after
-/// `--header-timeout`) and the stuck ones (no write progress for `--body-timeout`), and every
-/// one of the 50 is closed by the server.
+/// `--header-timeout`) and the stuck ones (no progress for `--body-timeout`), and every one of
+/// the 50 is closed by the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_http2_and_unread_pipelines_do_not_hold_the_connection_slots() {
     use tokio::io::AsyncWriteExt as _;
@@ -332,13 +333,27 @@ async fn idle_http2_and_unread_pipelines_do_not_hold_the_connection_slots() {
     // HTTP/2 (prior knowledge): the client answers the server's PINGs by itself; it keeps its
     // handle to open streams and never uses it. Each task ends when the server closes.
     let mut idle = tokio::task::JoinSet::new();
-    for _ in 0..25 {
+    let (mut held, mut held_streams) = (Vec::new(), Vec::new());
+    for i in 0..25 {
         let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
-        let (streams, conn) = h2::client::handshake(tcp).await.unwrap();
+        let windowless = i >= 15;
+        let (mut streams, conn) = h2::client::Builder::new()
+            .initial_window_size(if windowless { 0 } else { 65_535 })
+            .handshake::<_, bytes::Bytes>(tcp)
+            .await
+            .unwrap();
         idle.spawn(async move {
             let _ = conn.await;
-            drop(streams);
         });
+        if windowless {
+            let req = axum::http::Request::get(format!("http://{addr}/openapi.json"))
+                .body(())
+                .unwrap();
+            streams = streams.ready().await.unwrap();
+            let (answer, _) = streams.send_request(req, true).unwrap();
+            held.push(answer);
+        }
+        held_streams.push(streams);
     }
     // HTTP/1: 300 pipelined requests for a 70 KB document, written while the server reads
     // them; nothing is ever read back (and the receive buffer is small).
@@ -416,6 +431,7 @@ async fn idle_http2_and_unread_pipelines_do_not_hold_the_connection_slots() {
         25 - h1_closed
     );
     writers.abort_all();
+    drop((held, held_streams));
 }
 
 /// Every error path we can provoke, at `FANOUT_LOG=trace`: the log holds no URL path or query,

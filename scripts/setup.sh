@@ -121,6 +121,20 @@ else
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y postgresql
 fi
 
+# --- libfaketime for the clock-skew test (origin/tests/pg_clocks.rs) ---------------------------
+# It runs daemons whose process reads a shifted time (LD_PRELOAD); only the library is needed.
+faketime_lib="$(ls /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1 2>/dev/null | head -n 1 || true)"
+if [ -n "$faketime_lib" ]; then
+  say "skip: libfaketime already installed ($faketime_lib)"
+else
+  command -v apt-get >/dev/null 2>&1 || die "no libfaketime.so.1 and no apt-get: install Debian's libfaketime package"
+  say "installing libfaketime (apt-get)"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y libfaketime
+fi
+
 # --- schemathesis for the OpenAPI check (tests/openapi.test.mjs) -----------------------------
 SCHEMATHESIS_VERSION="4.32.5"
 have_st="$( (schemathesis --version || python3 -m schemathesis --version) 2>/dev/null | awk '{print $NF}' | tail -n 1 || true)"

@@ -350,6 +350,20 @@ impl Client {
         Ok(Client { base, token, http })
     }
 
+    /// A text answer to a GET (`/metrics`), or `None` when there is none.
+    async fn text(&self, path: &str) -> Option<String> {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        resp.text().await.ok()
+    }
+
     /// One API call, its answer decoded into the view type the API writes.
     async fn call<T: serde::de::DeserializeOwned>(
         &self,
@@ -684,6 +698,13 @@ async fn status(a: StatusArgs) -> Result<(), ClientError> {
     let retention: RetentionView = client
         .call(reqwest::Method::GET, "/v1/retention", None)
         .await?;
+    // The daemon's clock against its PostgreSQL server's, from its `/metrics` (absent when
+    // they cannot be read: the rest of the status stands without it).
+    let clock = client
+        .text("/metrics")
+        .await
+        .as_deref()
+        .and_then(clock_offset);
     if a.json {
         let mut v = serde_json::to_value(&list).unwrap_or_default();
         if let Some(o) = v.as_object_mut() {
@@ -691,14 +712,45 @@ async fn status(a: StatusArgs) -> Result<(), ClientError> {
                 "retention".into(),
                 serde_json::to_value(&retention).unwrap_or_default(),
             );
+            if let Some(offset) = clock {
+                o.insert("clock_offset_seconds".into(), offset.into());
+            }
         }
         print(&v);
     } else {
         let now = crate::time::now_ms();
         print!("{}", status_table(&list, now));
         println!("{}", retention_line(&retention, now));
+        if let Some(line) = clock.and_then(clock_line) {
+            println!("{line}");
+        }
     }
     Ok(())
+}
+
+/// The `fanout_clock_offset_seconds` sample of a `/metrics` text (pure).
+pub fn clock_offset(metrics: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("fanout_clock_offset_seconds "))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `fanout status`'s warning when the daemon's host clock is more than
+/// [`crate::time::CLOCK_WARN_MS`] off its PostgreSQL server's (`offset_s`: the server's less
+/// the host's); nothing otherwise (pure).
+pub fn clock_line(offset_s: f64) -> Option<String> {
+    if offset_s.abs() * 1000.0 <= crate::time::CLOCK_WARN_MS as f64 {
+        return None;
+    }
+    let how = if offset_s > 0.0 { "behind" } else { "ahead of" };
+    Some(format!(
+        "clock: this daemon's host is {:.1} s {how} the PostgreSQL server's (the daemon keeps \
+         the server's time; set the host's clock right)",
+        offset_s.abs()
+    ))
 }
 
 /// `fanout status`'s last line: what retention keeps and has removed (pure).
@@ -1306,6 +1358,25 @@ mod tests {
             stalled: None,
             limiter_error: None,
         }
+    }
+
+    #[test]
+    fn clock_warning_from_the_metrics() {
+        let metrics = "# TYPE fanout_daemons gauge\nfanout_daemons 2\n\
+                       # TYPE fanout_clock_offset_seconds gauge\nfanout_clock_offset_seconds -59.998\n";
+        assert_eq!(clock_offset(metrics), Some(-59.998));
+        assert_eq!(clock_offset("fanout_daemons 1\n"), None);
+        assert_eq!(
+            clock_line(-59.998).as_deref(),
+            Some(
+                "clock: this daemon's host is 60.0 s ahead of the PostgreSQL server's (the \
+                 daemon keeps the server's time; set the host's clock right)"
+            )
+        );
+        assert!(clock_line(2.5).is_some_and(|l| l.contains("2.5 s behind")));
+        assert_eq!(clock_line(0.9), None);
+        assert_eq!(clock_line(-1.0), None);
+        assert_eq!(clock_line(0.0), None);
     }
 
     #[test]

@@ -102,7 +102,8 @@ pub struct Settings {
     /// [default: 10s]
     #[arg(long, env = "FANOUT_HEADER_TIMEOUT")]
     pub header_timeout: Option<String>,
-    /// Answer 408 to a request whose body has not arrived within this long [default: 30s]
+    /// Answer 408 to a request whose body has not arrived within this long, and close a
+    /// connection whose client has read nothing of an answer for this long [default: 30s]
     #[arg(long, env = "FANOUT_BODY_TIMEOUT")]
     pub body_timeout: Option<String>,
     /// Most connections open at once; past it new ones wait [default: 4096]
@@ -538,6 +539,7 @@ impl Config {
                 server_limits: ServerLimits {
                     header_timeout,
                     max_connections,
+                    write_timeout: body_timeout,
                 },
                 body_timeout,
                 listen,

@@ -106,6 +106,8 @@ pub async fn run(
             let pg = PgLedger::open(&url, &name).await?.with_breaker(cfg.breaker);
             tracing::info!(daemon = %name, "sharing a PostgreSQL ledger");
             let store = Store::Postgres(pg.clone());
+            let (_clocking, stop_clocking) = tokio::sync::oneshot::channel();
+            pg.keep_clock(stop_clocking);
             let (_renewing, stop_renewing) = tokio::sync::oneshot::channel();
             pg.keep_leases(stop_renewing);
             let (_folding, stop_folding) = tokio::sync::oneshot::channel();

@@ -265,6 +265,18 @@ impl Metrics {
              read them: 1 on SQLite.",
         );
         out.sample("fanout_daemons", &[], self.daemons.load(Relaxed) as f64);
+        out.family(
+            "fanout_clock_offset_seconds",
+            "gauge",
+            "How far the PostgreSQL server's clock is ahead of this host's (negative: behind), as \
+             last measured; the daemon uses the server's for the shared ledger. Over 1 s either \
+             way is logged as a warning: set the host's clock right. 0 on SQLite.",
+        );
+        out.sample(
+            "fanout_clock_offset_seconds",
+            &[],
+            crate::time::offset_ms() as f64 / 1000.0,
+        );
     }
 }
 

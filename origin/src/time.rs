@@ -1,14 +1,83 @@
 //! The daemon's only clock and randomness, the parsing of times in queries, and human
 //! durations (`5d`, `30s`) in the configuration.
+//!
+//! The clock is the host's plus an offset: 0 on SQLite; on a shared PostgreSQL ledger the
+//! offset of the database server's clock from this host's, measured at start-up and every
+//! second (`ledger::pg::clock`), so that every daemon sharing the ledger writes and compares
+//! leases, due times, limiter stamps and tokens on one clock, the server's, whatever its own
+//! host's says.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Unix milliseconds now.
+/// What [`now_ms`] adds to the host's clock (see the module's header).
+static OFFSET_MS: AtomicI64 = AtomicI64::new(0);
+
+/// Unix milliseconds now, on the ledger's clock: the host's plus [`offset_ms`].
 pub fn now_ms() -> i64 {
+    host_ms().saturating_add(OFFSET_MS.load(Ordering::Relaxed))
+}
+
+/// Unix milliseconds now by this host's own clock (only to measure the offset).
+pub fn host_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// What [`now_ms`] adds to the host's clock now.
+pub fn offset_ms() -> i64 {
+    OFFSET_MS.load(Ordering::Relaxed)
+}
+
+/// From now on [`now_ms`] is the host's clock plus `ms`.
+pub fn set_offset_ms(ms: i64) {
+    OFFSET_MS.store(ms, Ordering::Relaxed);
+}
+
+/// A host clock further than this from the ledger server's is warned about.
+pub const CLOCK_WARN_MS: i64 = 1_000;
+
+/// One reading of another clock (the database server's), taken between `sent_ms` and
+/// `received_ms` by this host's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockSample {
+    pub sent_ms: i64,
+    pub theirs_ms: i64,
+    pub received_ms: i64,
+}
+
+impl ClockSample {
+    /// Their clock less ours, as NTP reckons it: their reading was taken, on ours, halfway
+    /// through the round trip. It is right within half the round trip ([`ClockSample::error_ms`]).
+    pub fn offset_ms(&self) -> i64 {
+        let mid = self.sent_ms + (self.received_ms - self.sent_ms) / 2;
+        self.theirs_ms - mid
+    }
+
+    /// How far [`ClockSample::offset_ms`] may be off: half the round trip (rounded up).
+    pub fn error_ms(&self) -> i64 {
+        ((self.received_ms - self.sent_ms).max(0) + 1) / 2
+    }
+}
+
+/// The offset to use after `sample`, given the one in use (`None` before any): the sample's
+/// when it differs from the one in use by more than the sample's own error and a little
+/// (so that the clock does not wander by a millisecond back and forth every second), the
+/// one in use otherwise. A sample whose round trip went backwards on our clock (the host's
+/// clock was set meanwhile) is no measurement.
+pub fn adopt_offset(current: Option<i64>, sample: &ClockSample) -> Option<i64> {
+    /// Changes smaller than this (beyond the sample's error) are noise.
+    const STEADY_MS: i64 = 10;
+    if sample.received_ms < sample.sent_ms {
+        return current;
+    }
+    let measured = sample.offset_ms();
+    match current {
+        Some(c) if (measured - c).abs() <= sample.error_ms() + STEADY_MS => Some(c),
+        _ => Some(measured),
+    }
 }
 
 /// A uniform draw in [0, 1] from the OS's randomness (0.5 if it is unavailable).
@@ -249,6 +318,41 @@ mod tests {
             format_rfc3339(1_796_013_953_250),
             "2026-11-30T04:45:53.250Z"
         );
+    }
+
+    #[test]
+    fn offset_is_round_trip_corrected_and_kept_within_its_error() {
+        let s = |sent_ms, theirs_ms, received_ms| ClockSample {
+            sent_ms,
+            theirs_ms,
+            received_ms,
+        };
+        // Their clock read halfway through a 10 ms round trip: 60 s ahead, within 5 ms.
+        let ahead = s(1_000, 61_005, 1_010);
+        assert_eq!(ahead.offset_ms(), 60_000);
+        assert_eq!(ahead.error_ms(), 5);
+        assert_eq!(s(1_000, -58_995, 1_010).offset_ms(), -60_000);
+        let cases: &[(Option<i64>, ClockSample, Option<i64>)] = &[
+            (None, ahead, Some(60_000)),
+            // Within the error and the steady margin: the one in use stays.
+            (Some(60_010), ahead, Some(60_010)),
+            (Some(59_985), ahead, Some(59_985)),
+            // Beyond them: the clock moved (or was set), the sample wins.
+            (Some(59_900), ahead, Some(60_000)),
+            (Some(0), ahead, Some(60_000)),
+            // A slow round trip tells little: a change within its error is not taken.
+            (Some(60_400), s(1_000, 61_500, 2_000), Some(60_400)),
+            // Our clock went backwards during the round trip: no measurement.
+            (Some(7), s(1_000, 50_000, 900), Some(7)),
+            (None, s(1_000, 50_000, 900), None),
+        ];
+        for (current, sample, expected) in cases {
+            assert_eq!(
+                adopt_offset(*current, sample),
+                *expected,
+                "{current:?} {sample:?}"
+            );
+        }
     }
 
     #[test]

@@ -299,6 +299,141 @@ async fn a_thousand_half_open_connections_do_not_stop_the_api_and_are_closed() {
     );
 }
 
+/// Whether the peer has closed `s` (an end of stream or a reset), without reading from it.
+async fn closed_by_peer(s: &tokio::net::tcp::OwnedReadHalf) -> bool {
+    use tokio::io::Interest;
+    match s.ready(Interest::READABLE).await {
+        Ok(r) => r.is_read_closed() || r.is_error(),
+        Err(_) => true,
+    }
+}
+
+/// `--max-connections 50` taken by 15 HTTP/2 connections that answer PINGs and never open a
+/// stream, 10 that open one and grant it no flow-control window, and 25 HTTP/1 clients that
+/// pipeline requests and never read an answer: `/healthz`
+/// and a producer are still answered at once (the reserve: 200, and 503 with `Retry-After`),
+/// the producer's events are taken as soon as the server has closed the idle ones (after
+/// `--header-timeout`) and the stuck ones (no progress for `--body-timeout`), and every one of
+/// the 50 is closed by the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http2_and_unread_pipelines_do_not_hold_the_connection_slots() {
+    use tokio::io::AsyncWriteExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fanout.db");
+    let extra = [
+        "--max-connections",
+        "50",
+        "--header-timeout",
+        "2s",
+        "--body-timeout",
+        "2s",
+    ];
+    let run = Run::start(&db, &extra, &[]).await;
+    let addr = run.api.base.trim_start_matches("http://").to_string();
+    // HTTP/2 (prior knowledge): the client answers the server's PINGs by itself; it keeps its
+    // handle to open streams and never uses it. Each task ends when the server closes.
+    let mut idle = tokio::task::JoinSet::new();
+    let (mut held, mut held_streams) = (Vec::new(), Vec::new());
+    for i in 0..25 {
+        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let windowless = i >= 15;
+        let (mut streams, conn) = h2::client::Builder::new()
+            .initial_window_size(if windowless { 0 } else { 65_535 })
+            .handshake::<_, bytes::Bytes>(tcp)
+            .await
+            .unwrap();
+        idle.spawn(async move {
+            let _ = conn.await;
+        });
+        if windowless {
+            let req = axum::http::Request::get(format!("http://{addr}/openapi.json"))
+                .body(())
+                .unwrap();
+            streams = streams.ready().await.unwrap();
+            let (answer, _) = streams.send_request(req, true).unwrap();
+            held.push(answer);
+        }
+        held_streams.push(streams);
+    }
+    // HTTP/1: 300 pipelined requests for a 70 KB document, written while the server reads
+    // them; nothing is ever read back (and the receive buffer is small).
+    let mut stuck = Vec::new();
+    let mut writers = tokio::task::JoinSet::new();
+    let pipeline = "GET /openapi.json HTTP/1.1\r\nhost: x\r\n\r\n".repeat(300);
+    for _ in 0..25 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        let (r, mut w) = sock
+            .connect(addr.parse().unwrap())
+            .await
+            .unwrap()
+            .into_split();
+        let pipeline = pipeline.clone();
+        writers.spawn(async move {
+            let _ = w.write_all(pipeline.as_bytes()).await;
+            // Keep the write half (dropping it would half-close the connection).
+            std::future::pending::<()>().await;
+            drop(w);
+        });
+        stuck.push(r);
+    }
+    // Every slot is taken (the daemon has accepted them all): a request now is answered only
+    // if the daemon keeps an answer for it.
+    let filled = Instant::now();
+    let (status, body) = healthz(&run.api).await;
+    assert_eq!(status, 200, "{body}");
+    let producer = reqwest::Client::new();
+    let ingest = || {
+        producer
+            .post(format!("{}/v1/events", run.api.base))
+            .bearer_auth(TOKEN)
+            .json(&json!({ "id": "evt_slots", "type": "t.x" }))
+            .timeout(Duration::from_secs(2))
+            .send()
+    };
+    let first = ingest().await.expect("the producer is answered");
+    assert!(
+        matches!(first.status().as_u16(), 202 | 503),
+        "{}",
+        first.status()
+    );
+    assert!(
+        filled.elapsed() < Duration::from_secs(3),
+        "answered after {:?}",
+        filled.elapsed()
+    );
+    // The idle and stuck connections are closed by the server, and the producer gets in.
+    wait_for(
+        "the producer's events taken",
+        Duration::from_secs(15),
+        || async { matches!(ingest().await, Ok(r) if r.status().as_u16() == 202) },
+    )
+    .await;
+    // Then every one of the 50 is closed by the server.
+    let within = Duration::from_secs(15);
+    let h2_closed =
+        tokio::time::timeout(within, async { while idle.join_next().await.is_some() {} }).await;
+    let deadline = tokio::time::Instant::now() + within;
+    let mut h1_closed = 0;
+    for s in &stuck {
+        let closed = tokio::time::timeout_at(deadline, async {
+            while !closed_by_peer(s).await {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        h1_closed += usize::from(closed.is_ok());
+    }
+    assert!(
+        h2_closed.is_ok() && h1_closed == 25,
+        "not closed by the server: {} HTTP/2, {} HTTP/1",
+        idle.len(),
+        25 - h1_closed
+    );
+    writers.abort_all();
+    drop((held, held_streams));
+}
+
 /// Every error path we can provoke, at `FANOUT_LOG=trace`: the log holds no URL path or query,
 /// no response body, no secret, no token, and (stderr being a file) no colour escape.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

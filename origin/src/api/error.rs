@@ -36,6 +36,9 @@ pub enum ApiError {
     InvalidUrl(String),
     #[error("{0}")]
     Timeout(String),
+    /// Every connection slot is taken (the server's reserve answers `/healthz` only).
+    #[error("{0}")]
+    Busy(String),
     #[error("method not allowed")]
     MethodNotAllowed,
     #[error(transparent)]
@@ -70,6 +73,7 @@ impl ApiError {
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::InvalidUrl(_) => (StatusCode::BAD_REQUEST, "invalid_url"),
             ApiError::Timeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
+            ApiError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::Ledger(LedgerError::NotFound(_)) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Ledger(LedgerError::Conflict(_)) => (StatusCode::CONFLICT, "conflict"),

@@ -4,7 +4,7 @@
 
 pub mod auth;
 mod customers;
-mod error;
+pub(crate) mod error;
 mod extract;
 mod openapi;
 mod stats;

@@ -381,6 +381,16 @@ impl Binary {
 
     /// On a given port (a daemon restarted in the same place).
     pub async fn start_at(port: u16, db: &std::path::Path, extra: &[&str]) -> Binary {
+        Binary::start_env(port, db, extra, &[]).await
+    }
+
+    /// On a given port, with these variables added to its environment.
+    pub async fn start_env(
+        port: u16,
+        db: &std::path::Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Binary {
         let listen = format!("127.0.0.1:{port}");
         let mut args = vec![
             "serve",
@@ -395,6 +405,7 @@ impl Binary {
             .args(&args)
             .env("FANOUT_API_TOKEN", TOKEN)
             .env("FANOUT_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

@@ -30,6 +30,7 @@
 //! waits for a delivery row lock while holding a subscriber row lock it took after it (subscriber
 //! rows first, in id order; delivery rows are skipped when locked), so claims never deadlock.
 
+mod clock;
 pub mod copy;
 mod customers;
 mod dispatch;
@@ -283,6 +284,8 @@ impl PgLedger {
         };
         let mut client = ledger.pool.get().await?;
         schema::migrate(&mut client).await?;
+        drop(client);
+        ledger.set_clock().await?;
         Ok(ledger)
     }
 

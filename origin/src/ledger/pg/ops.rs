@@ -1725,8 +1725,8 @@ async fn list_range(
 /// the events (written once, indexed by receive time: a delivery is created with its event's
 /// receive time): the smallest delivery id of the events received first at or after it among
 /// those that have deliveries (none: no delivery was created since).
-/// Creation times follow ids within one daemon; across daemons whose clocks differ a delivery
-/// created at nearly the same instant may fall on the other side of a time bound (the times
+/// Creation times follow ids within one daemon; across daemons (one clock, the server's, within
+/// a few milliseconds: `clock.rs`) a delivery created at nearly the same instant may fall on the other side of a time bound (the times
 /// themselves are checked too, so a list never shows one outside its range).
 fn filter_sql(f: &DeliveryFilter, mut params: Vec<Param>) -> (String, Vec<Param>) {
     let mut clauses = Vec::new();

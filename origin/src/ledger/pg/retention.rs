@@ -115,8 +115,9 @@ impl PgLedger {
     /// no subscriber). `None` when another daemon is purging; otherwise how many were removed,
     /// whether the sweep reached events not yet old enough, and how long the step took.
     ///
-    /// The sweep trusts the daemons' clocks to agree within `--retain-sent`: an event
-    /// committed with a receive time already behind the sweep's mark would be skipped.
+    /// An event committed with a receive time already behind the sweep's mark would be
+    /// skipped: the daemons' receive times are on one clock, the server's (`clock.rs`), so
+    /// that is a matter of milliseconds against `--retain-sent`.
     pub async fn sweep_events(
         &self,
         cutoff_ms: i64,

@@ -231,6 +231,10 @@ pub struct Subscriber {
 pub struct Disabled {
     pub at_ms: i64,
     pub reason: String,
+    /// Disabled by an operator (the admin token): only an operator re-enables it, not the
+    /// customer's portal. `false` for the daemon's own (a 410, a long run of failures) and the
+    /// customer's pause.
+    pub by_operator: bool,
 }
 
 /// What the alert rules (`crate::alert::rules`) keep about a subscriber, in the ledger.

@@ -706,6 +706,7 @@ async fn subscribers_deliveries_replay_health_and_stats_as_on_sqlite() {
             disabled: Disabled {
                 at_ms: 11,
                 reason: "410".into(),
+                by_operator: false,
             },
         },
     ])

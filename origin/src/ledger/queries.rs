@@ -18,7 +18,7 @@ use crate::model::{
 
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms, customer";
+     failing_since_ms, customer, disabled_by_operator";
 
 fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
     let types: String = r.get(2)?;
@@ -46,6 +46,7 @@ fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
                 (Some(at_ms), reason) => Some(Disabled {
                     at_ms,
                     reason: reason.unwrap_or_default(),
+                    by_operator: r.get(15)?,
                 }),
                 (None, _) => None,
             },

@@ -194,6 +194,14 @@ const MIGRATIONS: &[Migration] = &[
     "#),
     // 5: the deliveries keyed event first (issue 8, single events): see `rekey_deliveries`.
     Code(rekey_deliveries),
+    // 6: who disabled a subscriber (issue 22): one an operator disabled is re-enabled by an
+    // operator only, never through the customer's portal. Those disabled before this column
+    // existed are told apart by the reason the API wrote for them, once, here.
+    Sql(r#"
+    ALTER TABLE subscribers ADD COLUMN disabled_by_operator INTEGER NOT NULL DEFAULT 0;
+    UPDATE subscribers SET disabled_by_operator = 1
+        WHERE disabled_ms IS NOT NULL AND disabled_reason = 'disabled by an operator';
+    "#),
 ];
 
 /// Rows copied by one statement when a migration rebuilds a table; its progress is logged

@@ -87,7 +87,7 @@ pub async fn copy_sqlite_to_pg(
         let mut st = src.prepare(
             "SELECT id, url, event_types, rate_per_sec, burst, max_in_flight, timeout_ms, lane,
                  legacy_signature, limiter, created_ms, updated_ms, deleted_ms, disabled_ms,
-                 disabled_reason, failing_since_ms, dead_alerted_ms
+                 disabled_reason, failing_since_ms, dead_alerted_ms, disabled_by_operator
              FROM subscribers ORDER BY rowid",
         )?;
         let rows = st.query_map([], |r| {
@@ -110,6 +110,7 @@ pub async fn copy_sqlite_to_pg(
                     r.get::<_, Option<String>>(14)?,
                     r.get::<_, Option<i64>>(15)?,
                     r.get::<_, Option<i64>>(16)?,
+                    r.get::<_, bool>(17)?,
                 ),
             ))
         })?;
@@ -117,8 +118,10 @@ pub async fn copy_sqlite_to_pg(
             .prepare(
                 "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
                      timeout_ms, lane, legacy_signature, limiter, created_ms, updated_ms,
-                     deleted_ms, disabled_ms, disabled_reason, failing_since_ms, dead_alerted_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+                     deleted_ms, disabled_ms, disabled_reason, failing_since_ms, dead_alerted_ms,
+                     disabled_by_operator)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                     $18)",
             )
             .await?;
         for row in rows {
@@ -127,7 +130,7 @@ pub async fn copy_sqlite_to_pg(
                 &insert,
                 &[
                     &id, &url, &types, &rate, &burst, &mif, &timeout, &lane, &legacy, &limiter,
-                    &t.0, &t.1, &t.2, &t.3, &t.4, &t.5, &t.6,
+                    &t.0, &t.1, &t.2, &t.3, &t.4, &t.5, &t.6, &t.7,
                 ],
             )
             .await?;

@@ -46,7 +46,7 @@ fn unique_violation(e: &tokio_postgres::Error) -> bool {
 
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms, customer";
+     failing_since_ms, customer, disabled_by_operator";
 
 /// A text column holding one of an enum's names.
 fn enum_column<T>(r: &Row, i: usize, parse: fn(&str) -> Option<T>) -> Result<T, LedgerError> {
@@ -59,6 +59,7 @@ fn subscriber_from_row(r: &Row) -> Result<Subscriber, LedgerError> {
     let lane: String = r.try_get(7)?;
     let disabled_ms: Option<i64> = r.try_get(11)?;
     let disabled_reason: Option<String> = r.try_get(12)?;
+    let by_operator: bool = r.try_get(15)?;
     Ok(Subscriber {
         id: r.try_get(0)?,
         url: r.try_get(1)?,
@@ -80,6 +81,7 @@ fn subscriber_from_row(r: &Row) -> Result<Subscriber, LedgerError> {
             disabled: disabled_ms.map(|at_ms| Disabled {
                 at_ms,
                 reason: disabled_reason.unwrap_or_default(),
+                by_operator,
             }),
             failing_since_ms: r.try_get(13)?,
         },
@@ -410,16 +412,17 @@ impl PgLedger {
         let changed = match disabled {
             Some(d) => tx
                 .query_opt(
-                    "UPDATE subscribers SET disabled_ms = $2, disabled_reason = $3
+                    "UPDATE subscribers SET disabled_ms = $2, disabled_reason = $3,
+                         disabled_by_operator = $4
                      WHERE id = $1 AND deleted_ms IS NULL AND disabled_ms IS NULL RETURNING limiter",
-                    &[&id, &d.at_ms, &d.reason],
+                    &[&id, &d.at_ms, &d.reason, &d.by_operator],
                 )
                 .await?
                 .map(|_| None),
             None => tx
                 .query_opt(
                     "UPDATE subscribers SET disabled_ms = NULL, disabled_reason = NULL,
-                         failing_since_ms = NULL
+                         disabled_by_operator = FALSE, failing_since_ms = NULL
                      WHERE id = $1 AND deleted_ms IS NULL AND disabled_ms IS NOT NULL
                      RETURNING limiter",
                     &[&id],

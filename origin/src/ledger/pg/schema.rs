@@ -247,6 +247,13 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE daemons ADD COLUMN in_flight TEXT NOT NULL DEFAULT '[]';
     "#,
+    // 6: who disabled a subscriber (as the SQLite ledger's migration 6): one an operator
+    // disabled is re-enabled by an operator only, never through the customer's portal.
+    r#"
+    ALTER TABLE subscribers ADD COLUMN disabled_by_operator BOOLEAN NOT NULL DEFAULT FALSE;
+    UPDATE subscribers SET disabled_by_operator = TRUE
+        WHERE disabled_ms IS NOT NULL AND disabled_reason = 'disabled by an operator';
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

@@ -853,6 +853,12 @@ pub enum CustomerCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// End every portal link issued for the customer so far (a leaked link); new links work
+    RevokeLinks {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Print a link to the customer's portal (the URL carries a token: treat it as a secret)
     Portal {
         id: String,
@@ -921,6 +927,16 @@ async fn run_customer(command: CustomerCommand) -> Result<(), ClientError> {
                 .call::<Value>(
                     Method::DELETE,
                     &format!("/v1/customers/{}", encode(&id)),
+                    None,
+                )
+                .await?;
+            print(&v);
+        }
+        CustomerCommand::RevokeLinks { id, client } => {
+            let v = Client::new(&client)?
+                .call::<Value>(
+                    Method::POST,
+                    &format!("/v1/customers/{}/portal/revoke", encode(&id)),
                     None,
                 )
                 .await?;

@@ -77,3 +77,68 @@ async fn the_portal_has_designs_routes_and_cannot_undo_an_operators_disable() {
     assert_eq!((s, body["disabled"].clone()), (200, json!(false)), "{body}");
     d.stop().await;
 }
+
+/// `fanout` (the real binary) against the daemon, as a client: (success, stdout, stderr).
+async fn cli(api: &Api, args: &[&str]) -> (bool, String, String) {
+    let base = api.base.clone();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(&args)
+            .args(["--server", &base])
+            .env("FANOUT_API_TOKEN", TOKEN)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// A leaked link is ended without removing the customer: `POST
+/// /v1/customers/{id}/portal/revoke` (and `fanout customer revoke-links`) makes every link
+/// issued so far answer 401; links issued afterwards work; another customer's links are not
+/// touched; a portal token cannot revoke.
+#[tokio::test]
+async fn revoking_a_customers_links_ends_them_all_and_only_them() {
+    let d = Daemon::start().await;
+    let api = &d.api;
+    let sink = Subscriber::ok().await;
+    let leaked = customer_with_endpoint(api, "acme", "hook", &sink.url).await;
+    let also = as_token(api, &portal_token(api, "acme").await);
+    let other = customer_with_endpoint(api, "globex", "other", &sink.url).await;
+    for p in [&leaked, &also, &other] {
+        assert_eq!(p.get("/v1/subscribers").await.0, 200);
+    }
+    let (s, body) = leaked
+        .post("/v1/customers/acme/portal/revoke", json!({}))
+        .await;
+    assert_eq!((s, body["error"]["code"].clone()), (403, json!("forbidden")));
+
+    let (s, body) = api.post("/v1/customers/acme/portal/revoke", json!({})).await;
+    assert_eq!((s, body["id"].clone()), (200, json!("acme")), "{body}");
+    for p in [&leaked, &also] {
+        let (s, body) = p.get("/v1/subscribers").await;
+        assert_eq!((s, body["error"]["code"].clone()), (401, json!("unauthorized")));
+    }
+    assert_eq!(other.get("/v1/subscribers").await.0, 200, "globex untouched");
+    let fresh = as_token(api, &portal_token(api, "acme").await);
+    let (s, body) = fresh.get("/v1/subscribers").await;
+    assert_eq!((s, body["subscribers"][0]["id"].clone()), (200, json!("hook")));
+    let (s, _) = api.post("/v1/customers/nobody/portal/revoke", json!({})).await;
+    assert_eq!(s, 404);
+
+    // The same from the command line.
+    let (ok, out, err) = cli(api, &["customer", "revoke-links", "acme"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["id"], "acme");
+    assert_eq!(fresh.get("/v1/subscribers").await.0, 401);
+    assert_eq!(other.get("/v1/subscribers").await.0, 200);
+    let (ok, _, err) = cli(api, &["customer", "revoke-links", "nobody"]).await;
+    assert!(!ok && err.contains("404"), "{err}");
+    d.stop().await;
+}

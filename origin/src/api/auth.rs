@@ -212,6 +212,7 @@ mod tests {
             (Method::PATCH, "/v1/customers/{id}", false),
             (Method::DELETE, "/v1/customers/{id}", false),
             (Method::POST, "/v1/customers/{id}/portal", false),
+            (Method::POST, "/v1/customers/{id}/portal/revoke", false),
             (Method::GET, "", false),
         ];
         for (m, route, ok) in cases {

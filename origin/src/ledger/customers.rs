@@ -118,6 +118,23 @@ pub fn delete_customer(c: &Connection, id: &str) -> Result<(), LedgerError> {
     Ok(())
 }
 
+/// End every portal link issued for customer `id` so far: a new nonce, which the links issued
+/// before do not carry (links issued after it work).
+pub fn revoke_portal_links(
+    c: &Connection,
+    id: &str,
+    nonce: &str,
+    now_ms: i64,
+) -> Result<(), LedgerError> {
+    let n = c
+        .prepare_cached("UPDATE customers SET portal_nonce = ?2, updated_ms = ?3 WHERE id = ?1")?
+        .execute(params![id, nonce, now_ms])?;
+    if n == 0 {
+        return Err(LedgerError::NotFound(format!("customer {id}")));
+    }
+    Ok(())
+}
+
 /// The customer of a subscriber, removed ones included (their deliveries stay readable).
 /// `NotFound` when no subscriber ever had that id.
 pub fn subscriber_owner(c: &Connection, subscriber: &str) -> Result<Option<String>, LedgerError> {

@@ -276,6 +276,27 @@ impl PgLedger {
         Ok(())
     }
 
+    /// End every portal link issued for customer `id` so far: a new nonce, which the links
+    /// issued before do not carry. Every daemon checks the nonce on each call.
+    pub async fn revoke_portal_links(
+        &self,
+        id: &str,
+        nonce: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "UPDATE customers SET portal_nonce = $2, updated_ms = $3 WHERE id = $1",
+                &[&id, &nonce, &now_ms],
+            )
+            .await?;
+        if n == 0 {
+            return Err(no_customer(id));
+        }
+        Ok(())
+    }
+
     /// The key that signs portal tokens: the stored one, or `fresh` stored now if there is none
     /// (the first daemon to start on this ledger makes it; every other one reads it).
     pub async fn portal_key(&self, fresh: &[u8], now_ms: i64) -> Result<Vec<u8>, LedgerError> {

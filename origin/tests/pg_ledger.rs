@@ -615,6 +615,23 @@ async fn subscribers_deliveries_replay_health_and_stats_as_on_sqlite() {
     let got = l.get_subscriber("a").await.unwrap();
     assert_eq!(got.active_secrets(50).len(), 2);
     assert_eq!(got.active_secrets(200), vec!["whsec_two".to_string()]);
+    // At most one rotation a minute; however many, two secrets sign.
+    assert!(matches!(
+        l.rotate_secret("a", "whsec_soon", 20, 100).await,
+        Err(LedgerError::TooSoon { .. })
+    ));
+    let minute = fanout_origin::model::MIN_ROTATION_INTERVAL_MS;
+    for k in 1..=3 {
+        l.rotate_secret("a", &format!("whsec_{k}"), 10 + k * minute, 100)
+            .await
+            .unwrap();
+    }
+    let got = l.get_subscriber("a").await.unwrap();
+    assert_eq!(
+        got.active_secrets(10 + 3 * minute),
+        vec!["whsec_3".to_string(), "whsec_2".to_string()]
+    );
+    assert_eq!(got.secrets.len(), 2, "{:?}", got.secrets);
     assert!(matches!(
         l.rotate_secret("nobody", "s", 1, 1).await,
         Err(LedgerError::NotFound(_))

@@ -142,3 +142,48 @@ async fn revoking_a_customers_links_ends_them_all_and_only_them() {
     assert!(!ok && err.contains("404"), "{err}");
     d.stop().await;
 }
+
+/// `rotate-secret` is bounded: a second rotation within the minute answers 429 with
+/// `Retry-After` (the portal's and the operator's alike), two secrets sign after a rotation
+/// and never more, so the `webhook-signature` header stays two signatures long.
+#[tokio::test]
+async fn rotations_are_rate_limited_and_two_secrets_sign() {
+    let d = Daemon::start().await;
+    let api = &d.api;
+    let sink = Subscriber::ok().await;
+    let portal = customer_with_endpoint(api, "acme", "hook", &sink.url).await;
+    let (s, body) = portal.post("/v1/subscribers/hook/rotate-secret", json!({})).await;
+    assert_eq!(s, 200, "{body}");
+    for who in [&portal, api] {
+        let resp = reqwest::Client::new()
+            .post(format!("{}/v1/subscribers/hook/rotate-secret", api.base))
+            .bearer_auth(&who.token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 429);
+        let wait: u64 = resp.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=60).contains(&wait), "Retry-After {wait}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+    }
+    let (_, view) = api.get("/v1/subscribers/hook").await;
+    assert_eq!(view["active_secrets"], 2, "{view}");
+    api.events(json!({ "id": "e1", "type": "order.created" }))
+        .await;
+    wait_for("hook receives e1", std::time::Duration::from_secs(30), || async {
+        sink.count() == 1
+    })
+    .await;
+    let signatures = sink.received()[0]
+        .header("webhook-signature")
+        .unwrap()
+        .split(' ')
+        .count();
+    assert_eq!(signatures, 2);
+    d.stop().await;
+}

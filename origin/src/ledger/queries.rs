@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use super::LedgerError;
 use crate::model::{
-    any_type_matches, delivery_public_id, AttemptOutcome, AttemptRecord, Claim, Claimed, Disabled,
+    any_type_matches, delivery_public_id, rotation_wait_ms, AttemptOutcome, AttemptRecord, Claim,
+    Claimed, Disabled, MIN_ROTATION_INTERVAL_MS,
     Health, Lane, Limits, Outcome, Status, StoredSecret, Subscriber, Transition,
 };
 
@@ -204,8 +205,9 @@ pub fn delete_subscriber(c: &Connection, id: &str, now_ms: i64) -> Result<usize,
     )?)
 }
 
-/// Add `secret` as the current secret; every other active secret keeps signing until
-/// `now + grace_ms`, then drops.
+/// Add `secret` as the current secret; the one it replaces keeps signing until
+/// `now + grace_ms`, and any older one stops now (at most `MAX_ACTIVE_SECRETS` sign). A
+/// rotation within `MIN_ROTATION_INTERVAL_MS` of the previous one is `TooSoon`.
 pub fn rotate_secret(
     c: &Connection,
     id: &str,
@@ -214,15 +216,26 @@ pub fn rotate_secret(
     grace_ms: i64,
 ) -> Result<(), LedgerError> {
     get_subscriber(c, id)?;
+    let (current_ms, rotated_before): (Option<i64>, bool) = c
+        .prepare_cached(
+            "SELECT (SELECT MAX(created_ms) FROM subscriber_secrets
+                     WHERE subscriber_id = ?1 AND expires_ms IS NULL),
+                    EXISTS (SELECT 1 FROM subscriber_secrets
+                            WHERE subscriber_id = ?1 AND expires_ms IS NOT NULL)",
+        )?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    if let Some(wait) = current_ms.and_then(|t| rotation_wait_ms(t, rotated_before, now_ms)) {
+        return Err(rotation_too_soon(id, wait));
+    }
+    // The secrets rotated out before are older than the current one: they stop now.
+    c.execute(
+        "DELETE FROM subscriber_secrets WHERE subscriber_id = ?1 AND expires_ms IS NOT NULL",
+        [id],
+    )?;
     c.execute(
         "UPDATE subscriber_secrets SET expires_ms = ?2
-         WHERE subscriber_id = ?1 AND (expires_ms IS NULL OR expires_ms > ?2)",
+         WHERE subscriber_id = ?1 AND expires_ms IS NULL",
         params![id, now_ms + grace_ms],
-    )?;
-    // Secrets already past their end are of no further use.
-    c.execute(
-        "DELETE FROM subscriber_secrets WHERE subscriber_id = ?1 AND expires_ms <= ?2",
-        params![id, now_ms],
     )?;
     c.execute(
         "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES (?1, ?2, ?3)",
@@ -233,6 +246,18 @@ pub fn rotate_secret(
         params![id, now_ms],
     )?;
     Ok(())
+}
+
+/// A rotation of `id`'s secret refused for `wait_ms` more.
+pub fn rotation_too_soon(id: &str, wait_ms: i64) -> LedgerError {
+    LedgerError::TooSoon {
+        message: format!(
+            "the secret of {id} was rotated less than {} s ago: rotate again in {} s",
+            MIN_ROTATION_INTERVAL_MS / 1000,
+            (wait_ms + 999) / 1000
+        ),
+        retry_after_ms: wait_ms,
+    }
 }
 
 /// A subscriber's limiter as stored by the dispatcher.
@@ -1003,6 +1028,38 @@ mod tests {
             event_type: ty.into(),
             body: format!("{{\"id\":\"{id}\"}}"),
         }
+    }
+
+    /// Rotations: the first at once, then at most one per `MIN_ROTATION_INTERVAL_MS`; however
+    /// many, two secrets sign (the current one and the one it replaced) and two are stored.
+    #[test]
+    fn rotations_keep_two_secrets_and_wait_their_interval() {
+        let c = db();
+        create_subscriber(&c, &sub("a", &["*"]), "s0").unwrap();
+        let stored = |c: &Connection| -> i64 {
+            c.query_row(
+                "SELECT COUNT(*) FROM subscriber_secrets WHERE subscriber_id = 'a'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        let day = 86_400_000;
+        rotate_secret(&c, "a", "s1", 10, day).unwrap();
+        match rotate_secret(&c, "a", "x", 10 + 30_000, day) {
+            Err(LedgerError::TooSoon { retry_after_ms, .. }) => {
+                assert_eq!(retry_after_ms, MIN_ROTATION_INTERVAL_MS - 30_000)
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut t = 10;
+        for k in 2..300 {
+            t += MIN_ROTATION_INTERVAL_MS;
+            rotate_secret(&c, "a", &format!("s{k}"), t, day).unwrap();
+        }
+        let s = get_subscriber(&c, "a").unwrap();
+        assert_eq!(s.active_secrets(t), vec!["s299".to_string(), "s298".to_string()]);
+        assert_eq!(stored(&c), 2);
     }
 
     #[test]

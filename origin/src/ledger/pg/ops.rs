@@ -366,16 +366,35 @@ impl PgLedger {
         if live == 0 {
             return Err(LedgerError::NotFound(format!("subscriber {id}")));
         }
+        // Under the subscriber row's lock (the UPDATE above): rotations of one subscriber
+        // take turns, each sees the one before.
+        let row = tx
+            .query_one(
+                "SELECT (SELECT MAX(created_ms) FROM subscriber_secrets
+                         WHERE subscriber_id = $1 AND expires_ms IS NULL),
+                        EXISTS (SELECT 1 FROM subscriber_secrets
+                                WHERE subscriber_id = $1 AND expires_ms IS NOT NULL)",
+                &[&id],
+            )
+            .await?;
+        let current_ms: Option<i64> = row.try_get(0)?;
+        let rotated_before: bool = row.try_get(1)?;
+        if let Some(wait) =
+            current_ms.and_then(|t| crate::model::rotation_wait_ms(t, rotated_before, now_ms))
+        {
+            return Err(crate::ledger::rotation_too_soon(id, wait));
+        }
+        // The secrets rotated out before are older than the current one: they stop now.
+        tx.execute(
+            "DELETE FROM subscriber_secrets WHERE subscriber_id = $1 AND expires_ms IS NOT NULL",
+            &[&id],
+        )
+        .await?;
         let until = now_ms.saturating_add(grace_ms);
         tx.execute(
             "UPDATE subscriber_secrets SET expires_ms = $2
-             WHERE subscriber_id = $1 AND (expires_ms IS NULL OR expires_ms > $2)",
+             WHERE subscriber_id = $1 AND expires_ms IS NULL",
             &[&id, &until],
-        )
-        .await?;
-        tx.execute(
-            "DELETE FROM subscriber_secrets WHERE subscriber_id = $1 AND expires_ms <= $2",
-            &[&id, &now_ms],
         )
         .await?;
         tx.execute(

@@ -187,3 +187,74 @@ async fn rotations_are_rate_limited_and_two_secrets_sign() {
     assert_eq!(signatures, 2);
     d.stop().await;
 }
+
+/// Deliveries belong to the customer and the endpoint that existed, not to an id string. A
+/// customer removed and created again under its old id (a new tenant) sees, reads and replays
+/// nothing of its predecessor's deliveries, and the old links do not work for it; the old
+/// endpoint id cannot be taken over under it while those deliveries are kept; a removed
+/// operator-owned endpoint's id cannot be taken over under a customer either. The same owner
+/// may bring its own endpoint back, and an id whose deliveries are gone is free.
+#[tokio::test]
+async fn a_recreated_id_inherits_nothing_of_the_old_one() {
+    let d = Daemon::start().await;
+    let api = &d.api;
+    let sink = Subscriber::ok().await;
+    let old_portal = customer_with_endpoint(api, "acme", "hook", &sink.url).await;
+    api.subscriber(sub_spec("ops", &sink.url, &["*"])).await;
+    api.events(events("old", 3, "order.created")).await;
+    wait_for("6 sent", std::time::Duration::from_secs(30), || async {
+        sink.count() == 6
+    })
+    .await;
+    let old = old_portal.deliveries("").await;
+    assert_eq!(old.len(), 3);
+    let old_id = old[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(old_portal.get(&format!("/v1/deliveries/{old_id}")).await.0, 200);
+
+    // The old tenant goes: its endpoint, then the customer.
+    for path in ["/v1/subscribers/hook", "/v1/customers/acme", "/v1/subscribers/ops"] {
+        let (s, body) = api.raw("DELETE", path, None, true).await;
+        assert_eq!(s, 200, "{path}: {body}");
+    }
+    // A new tenant under the old id.
+    let (s, _) = api.post("/v1/customers", json!({ "id": "acme" })).await;
+    assert_eq!(s, 201);
+    let (s, _) = old_portal.get("/v1/subscribers").await;
+    assert_eq!(s, 401, "the old tenant's link");
+    let new_portal = as_token(api, &portal_token(api, "acme").await);
+    assert_eq!(new_portal.deliveries("").await, Vec::<Value>::new());
+    assert_eq!(new_portal.deliveries("subscriber=hook").await, Vec::<Value>::new());
+    let (s, _) = new_portal.get(&format!("/v1/deliveries/{old_id}")).await;
+    assert_eq!(s, 404);
+    let (s, _) = new_portal
+        .post(&format!("/v1/deliveries/{old_id}/replay"), json!({}))
+        .await;
+    assert_eq!(s, 404);
+    let (s, body) = new_portal
+        .post("/v1/replay", json!({ "status": "sent", "dry_run": true }))
+        .await;
+    assert_eq!((s, body["count"].clone()), (200, json!(0)), "{body}");
+
+    // The old endpoint's id, and the operator's removed one, under the new tenant: refused
+    // while their deliveries are kept.
+    for id in ["hook", "ops"] {
+        let mut spec = sub_spec(id, &sink.url, &["*"]);
+        spec["customer"] = json!("acme");
+        let (s, body) = api.post("/v1/subscribers", spec).await;
+        assert_eq!((s, body["error"]["code"].clone()), (409, json!("conflict")), "{id}: {body}");
+    }
+    // The operator keeps the history (and may bring its own endpoint back, with it).
+    assert_eq!(api.deliveries("subscriber=hook").await.len(), 3);
+    api.subscriber(sub_spec("ops", &sink.url, &["*"])).await;
+    assert_eq!(api.deliveries("subscriber=ops").await.len(), 3);
+    // An id with no deliveries kept is free for anyone.
+    let mut spec = sub_spec("quiet", &sink.url, &["nothing.*"]);
+    api.subscriber(spec.clone()).await;
+    assert_eq!(api.raw("DELETE", "/v1/subscribers/quiet", None, true).await.0, 200);
+    spec["customer"] = json!("acme");
+    let (s, body) = api.post("/v1/subscribers", spec).await;
+    assert_eq!(s, 201, "{body}");
+    assert_eq!(new_portal.get("/v1/subscribers/quiet").await.0, 200);
+    assert_eq!(new_portal.deliveries("").await, Vec::<Value>::new());
+    d.stop().await;
+}

@@ -100,7 +100,8 @@ pub fn update_customer(c: &Connection, cu: &Customer) -> Result<(), LedgerError>
 
 /// Remove a customer that owns no live subscriber (a customer with endpoints is refused with a
 /// conflict: remove or move them first, so no endpoint is left owned by nobody by accident).
-/// Its portal links stop working with it.
+/// Its portal links stop working with it, and its removed endpoints' history passes to the
+/// operator.
 pub fn delete_customer(c: &Connection, id: &str) -> Result<(), LedgerError> {
     get_customer(c, id)?;
     let live: i64 = c
@@ -114,7 +115,19 @@ pub fn delete_customer(c: &Connection, id: &str) -> Result<(), LedgerError> {
              another customer first"
         )));
     }
+    detach_removed_subscribers(c, id)?;
     c.execute("DELETE FROM customers WHERE id = ?1", [id])?;
+    Ok(())
+}
+
+/// The history of a customer being removed passes to the operator: its removed subscribers
+/// (their deliveries and attempts) stop naming it, so a customer created later under the same
+/// id sees nothing of them (and cannot take their ids over while their deliveries are kept).
+fn detach_removed_subscribers(c: &Connection, id: &str) -> Result<(), LedgerError> {
+    c.prepare_cached(
+        "UPDATE subscribers SET customer = NULL WHERE customer = ?1 AND deleted_ms IS NOT NULL",
+    )?
+    .execute([id])?;
     Ok(())
 }
 
@@ -224,8 +237,10 @@ mod tests {
             delete_customer(&c, "acme"),
             Err(LedgerError::Conflict(_))
         ));
+        crate::ledger::ingest(&c, &crate::ledger::test_events(1), 2).unwrap();
         delete_subscriber(&c, "hook", 2).unwrap();
-        // The removed endpoint keeps its owner: another customer cannot take its id over.
+        // The removed endpoint keeps its owner and its deliveries: another customer cannot
+        // take its id over.
         let mut other = test_subscriber("hook", &["*"]);
         other.customer = Some("globex".into());
         assert!(matches!(
@@ -233,6 +248,8 @@ mod tests {
             Err(LedgerError::Conflict(_))
         ));
         delete_customer(&c, "acme").unwrap();
+        // Its history is the operator's now: a new customer under the same id sees none of it.
+        assert_eq!(subscriber_owner(&c, "hook").unwrap(), None);
         assert!(matches!(
             get_customer(&c, "acme"),
             Err(LedgerError::NotFound(_))

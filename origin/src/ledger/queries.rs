@@ -140,13 +140,10 @@ pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result
                 s.id
             )))
         }
-        // A removed endpoint's deliveries stay readable under its id: another customer
-        // taking the id over would see them.
-        Some((Some(_), Some(owner))) if s.customer.as_deref() != Some(owner.as_str()) => {
-            return Err(LedgerError::Conflict(format!(
-                "the id {} belonged to a removed subscriber of another customer",
-                s.id
-            )))
+        // A removed endpoint's deliveries stay under its id: another owner taking the id over
+        // would see and replay them. Refused until retention has removed them.
+        Some((Some(_), owner)) if owner != s.customer && has_deliveries(c, &s.id)? => {
+            return Err(id_still_holds_history(&s.id))
         }
         Some((Some(_), _)) => {
             c.execute(
@@ -168,6 +165,22 @@ pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result
     )?
     .execute(params![s.id, secret, s.created_ms])?;
     Ok(())
+}
+
+/// Whether any delivery is kept under subscriber id `id` (from the kept counts).
+fn has_deliveries(c: &Connection, id: &str) -> Result<bool, LedgerError> {
+    let n: i64 = c
+        .prepare_cached("SELECT COALESCE(SUM(n), 0) FROM delivery_counts WHERE subscriber_id = ?1")?
+        .query_row([id], |r| r.get(0))?;
+    Ok(n > 0)
+}
+
+/// A removed subscriber's id asked for by another owner while its deliveries are kept.
+pub fn id_still_holds_history(id: &str) -> LedgerError {
+    LedgerError::Conflict(format!(
+        "the id {id} belonged to a removed subscriber of another owner whose deliveries are \
+         still kept: choose another id, or reuse it once retention has removed them"
+    ))
 }
 
 /// Store a changed subscriber definition (not its secrets). The limiter state is kept: a

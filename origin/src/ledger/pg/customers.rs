@@ -269,6 +269,13 @@ impl PgLedger {
                  another customer first"
             )));
         }
+        // Its removed endpoints' history passes to the operator (as on SQLite): a customer
+        // created later under the same id sees nothing of it.
+        tx.execute(
+            "UPDATE subscribers SET customer = NULL WHERE customer = $1 AND deleted_ms IS NOT NULL",
+            &[&id],
+        )
+        .await?;
         tx.execute("DELETE FROM customers WHERE id = $1", &[&id])
             .await?;
         announce_customers(&tx).await?;

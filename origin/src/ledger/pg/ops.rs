@@ -206,13 +206,27 @@ impl PgLedger {
             .transpose()?;
         match existing {
             Some((None, _)) => return Err(conflict()),
-            // A removed endpoint's deliveries stay readable under its id: another customer
-            // taking the id over would see them.
-            Some((Some(_), Some(owner))) if s.customer.as_deref() != Some(owner.as_str()) => {
-                return Err(LedgerError::Conflict(format!(
-                    "the id {} belonged to a removed subscriber of another customer",
-                    s.id
-                )))
+            // A removed endpoint's deliveries stay under its id: another owner taking the id
+            // over would see and replay them. Refused until retention has removed them.
+            Some((Some(_), owner)) if owner != s.customer => {
+                let kept: i64 = tx
+                    .query_one(
+                        "SELECT COALESCE(SUM(n), 0)::BIGINT FROM delivery_counts
+                         WHERE subscriber_id = $1",
+                        &[&s.id],
+                    )
+                    .await?
+                    .try_get(0)?;
+                if kept > 0 {
+                    return Err(crate::ledger::id_still_holds_history(&s.id));
+                }
+                tx.execute(
+                    "DELETE FROM subscriber_secrets WHERE subscriber_id = $1",
+                    &[&s.id],
+                )
+                .await?;
+                tx.execute("DELETE FROM subscribers WHERE id = $1", &[&s.id])
+                    .await?;
             }
             Some((Some(_), _)) => {
                 tx.execute(

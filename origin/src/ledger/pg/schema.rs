@@ -254,6 +254,15 @@ const MIGRATIONS: &[&str] = &[
     UPDATE subscribers SET disabled_by_operator = TRUE
         WHERE disabled_ms IS NOT NULL AND disabled_reason = 'disabled by an operator';
     "#,
+    // 7: a removed customer's history is the operator's (as the SQLite ledger's migration 7):
+    // removed subscribers stop naming a customer that is gone or was created again after they
+    // were removed; `PgLedger::delete_customer` keeps it so.
+    r#"
+    UPDATE subscribers SET customer = NULL
+        WHERE deleted_ms IS NOT NULL AND customer IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM customers c
+                          WHERE c.id = subscribers.customer AND c.created_ms <= subscribers.deleted_ms);
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

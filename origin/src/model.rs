@@ -283,6 +283,24 @@ pub fn rotation_wait_ms(current_created_ms: i64, rotated_before: bool, now_ms: i
     (rotated_before && next > now_ms).then(|| next - now_ms)
 }
 
+/// The least time between two test events (`POST /v1/subscribers/{id}/test`) to one
+/// subscriber.
+pub const MIN_TEST_INTERVAL_MS: i64 = 10_000;
+
+/// How long a test event to a subscriber has to wait (pure): `None` when it may be sent at
+/// `now_ms`. Given its previous test event, if it is still kept: whether that one is still
+/// unfinished (pending or in flight: one test at a time, so a paused or failing endpoint never
+/// piles them up) and when it was made (at most one per [`MIN_TEST_INTERVAL_MS`]).
+pub fn test_event_wait_ms(previous: Option<(bool, i64)>, now_ms: i64) -> Option<i64> {
+    let (unfinished, made_ms) = previous?;
+    let next = made_ms.saturating_add(MIN_TEST_INTERVAL_MS);
+    if unfinished {
+        Some((next - now_ms).max(MIN_TEST_INTERVAL_MS))
+    } else {
+        (next > now_ms).then(|| next - now_ms)
+    }
+}
+
 /// The stored secrets that sign at `now_ms`, newest first, at most [`MAX_ACTIVE_SECRETS`]
 /// (a ledger rotated many times before the cap keeps only the newest two signing).
 fn live_secrets(secrets: &[StoredSecret], now_ms: i64) -> Vec<&StoredSecret> {

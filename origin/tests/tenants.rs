@@ -258,3 +258,53 @@ async fn a_recreated_id_inherits_nothing_of_the_old_one() {
     assert_eq!(new_portal.deliveries("").await, Vec::<Value>::new());
     d.stop().await;
 }
+
+/// `POST /v1/subscribers/{id}/test` never piles up: one test event at a time per endpoint (a
+/// paused endpoint keeps one pending, not thousands) and one every 10 s; past that 429
+/// `rate_limited` with `Retry-After`.
+#[tokio::test]
+async fn test_events_are_one_at_a_time_and_rate_limited() {
+    let d = Daemon::start().await;
+    let api = &d.api;
+    let sink = Subscriber::ok().await;
+    api.subscriber(sub_spec("hook", &sink.url, &["order.*"])).await;
+    let (s, _) = patch(api, "/v1/subscribers/hook", json!({ "disabled": true })).await;
+    assert_eq!(s, 200);
+    let (s, body) = api.post("/v1/subscribers/hook/test", json!({})).await;
+    assert_eq!(s, 202, "{body}");
+    let http = reqwest::Client::new();
+    for _ in 0..50 {
+        let resp = http
+            .post(format!("{}/v1/subscribers/hook/test", api.base))
+            .bearer_auth(&api.token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 429);
+        let wait: u64 = resp.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=10).contains(&wait), "Retry-After {wait}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+    }
+    assert_eq!(api.deliveries("subscriber=hook&status=pending").await.len(), 1);
+
+    // Resumed, the one test goes out; another within 10 s of it is still refused.
+    let (s, _) = patch(api, "/v1/subscribers/hook", json!({ "disabled": false })).await;
+    assert_eq!(s, 200);
+    wait_for("the test event arrives", std::time::Duration::from_secs(30), || async {
+        sink.count() == 1
+    })
+    .await;
+    wait_for("the test delivery is sent", std::time::Duration::from_secs(30), || async {
+        api.deliveries("subscriber=hook&status=sent").await.len() == 1
+    })
+    .await;
+    let (s, body) = api.post("/v1/subscribers/hook/test", json!({})).await;
+    assert_eq!((s, body["error"]["code"].clone()), (429, json!("rate_limited")), "{body}");
+    assert_eq!(sink.count(), 1);
+    d.stop().await;
+}

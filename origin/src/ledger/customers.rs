@@ -185,7 +185,8 @@ pub fn portal_key(c: &Connection, fresh: &[u8], now_ms: i64) -> Result<Vec<u8>, 
 }
 
 /// Store a test event and a delivery of it to `subscriber` alone (no other subscriber's
-/// patterns are consulted). Returns the delivery's row id.
+/// patterns are consulted). Returns the delivery's row id. `TooSoon` while its previous test
+/// event is unfinished or younger than `MIN_TEST_INTERVAL_MS`.
 pub fn ingest_test(
     c: &Connection,
     subscriber: &str,
@@ -193,6 +194,22 @@ pub fn ingest_test(
     now_ms: i64,
 ) -> Result<i64, LedgerError> {
     super::get_subscriber(c, subscriber)?;
+    let previous: Option<(String, i64)> = c
+        .prepare_cached(
+            "SELECT d.status, e.received_ms
+             FROM subscribers s
+             JOIN deliveries d ON d.event_id = s.last_test_event AND d.subscriber_id = s.id
+             JOIN events e ON e.id = d.event_id
+             WHERE s.id = ?1",
+        )?
+        .query_row([subscriber], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let previous = previous.map(|(status, made)| (unfinished(&status), made));
+    if let Some(wait) = crate::model::test_event_wait_ms(previous, now_ms) {
+        return Err(test_too_soon(subscriber, wait));
+    }
+    c.prepare_cached("UPDATE subscribers SET last_test_event = ?2 WHERE id = ?1")?
+        .execute(params![subscriber, event.id])?;
     c.prepare_cached("INSERT INTO events (id, type, body, received_ms) VALUES (?1, ?2, ?3, ?4)")?
         .execute(params![event.id, event.event_type, event.body, now_ms])?;
     c.prepare_cached(
@@ -202,6 +219,27 @@ pub fn ingest_test(
     )?
     .execute(params![subscriber, event.id, now_ms])?;
     Ok(c.last_insert_rowid())
+}
+
+/// Whether a delivery in this stored status is still to be sent.
+fn unfinished(status: &str) -> bool {
+    matches!(
+        crate::model::Status::parse(status),
+        Some(crate::model::Status::Pending | crate::model::Status::InFlight)
+    )
+}
+
+/// A test event to `subscriber` refused for `wait_ms` more.
+pub fn test_too_soon(subscriber: &str, wait_ms: i64) -> LedgerError {
+    LedgerError::TooSoon {
+        message: format!(
+            "{subscriber} has a test event on its way or was sent one less than {} s ago: one \
+             test event at a time, one every {} s",
+            crate::model::MIN_TEST_INTERVAL_MS / 1000,
+            crate::model::MIN_TEST_INTERVAL_MS / 1000
+        ),
+        retry_after_ms: wait_ms,
+    }
 }
 
 #[cfg(test)]

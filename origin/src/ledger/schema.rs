@@ -212,6 +212,11 @@ const MIGRATIONS: &[Migration] = &[
           AND NOT EXISTS (SELECT 1 FROM customers c
                           WHERE c.id = subscribers.customer AND c.created_ms <= subscribers.deleted_ms);
     "#),
+    // 8: each subscriber's latest test event (`POST /v1/subscribers/{id}/test`, issue 22): one
+    // at a time, one every `model::MIN_TEST_INTERVAL_MS`, found by its key, never counted.
+    Sql(r#"
+    ALTER TABLE subscribers ADD COLUMN last_test_event TEXT;
+    "#),
 ];
 
 /// Rows copied by one statement when a migration rebuilds a table; its progress is logged

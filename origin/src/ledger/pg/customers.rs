@@ -418,6 +418,27 @@ impl PgLedger {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         hold_visible_subscriber(&tx, subscriber, scope).await?;
+        // Under the subscriber row's lock: tests to one subscriber take turns.
+        let previous = tx
+            .query_opt(
+                "SELECT d.status IN ('pending', 'in_flight'), e.received_ms
+                 FROM subscribers s
+                 JOIN deliveries d ON d.event_id = s.last_test_event AND d.subscriber_id = s.id
+                 JOIN events e ON e.id = d.event_id
+                 WHERE s.id = $1",
+                &[&subscriber],
+            )
+            .await?
+            .map(|r| Ok::<_, LedgerError>((r.try_get::<_, bool>(0)?, r.try_get::<_, i64>(1)?)))
+            .transpose()?;
+        if let Some(wait) = crate::model::test_event_wait_ms(previous, now_ms) {
+            return Err(crate::ledger::test_too_soon(subscriber, wait));
+        }
+        tx.execute(
+            "UPDATE subscribers SET last_test_event = $2 WHERE id = $1",
+            &[&subscriber, &event.id],
+        )
+        .await?;
         tx.execute(
             "INSERT INTO events (id, type, body, received_ms) VALUES ($1, $2, $3, $4)",
             &[&event.id, &event.event_type, &event.body, &now_ms],

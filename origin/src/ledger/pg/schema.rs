@@ -263,6 +263,10 @@ const MIGRATIONS: &[&str] = &[
           AND NOT EXISTS (SELECT 1 FROM customers c
                           WHERE c.id = subscribers.customer AND c.created_ms <= subscribers.deleted_ms);
     "#,
+    // 8: each subscriber's latest test event (as the SQLite ledger's migration 8).
+    r#"
+    ALTER TABLE subscribers ADD COLUMN last_test_event TEXT;
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

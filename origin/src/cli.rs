@@ -658,15 +658,32 @@ async fn replay(a: ReplayArgs) -> Result<(), ClientError> {
             print(&one);
         }
         None => {
-            let body = json!({ "subscriber": a.subscriber, "status": a.status, "since": a.since, "until": a.until });
+            let mut body = json!({ "subscriber": a.subscriber, "status": a.status, "since": a.since, "until": a.until });
             let progress = crate::term::spinner("replaying…");
-            let replayed = client
-                .call::<Replayed>(
-                    reqwest::Method::POST,
-                    "/v1/replay",
-                    Some(body.to_string().into_bytes()),
-                )
-                .await;
+            // The daemon replays at most REPLAY_PER_CALL per call and says where to go on.
+            let mut total = 0;
+            let replayed = loop {
+                let step = client
+                    .call::<Replayed>(
+                        reqwest::Method::POST,
+                        "/v1/replay",
+                        Some(body.to_string().into_bytes()),
+                    )
+                    .await;
+                match step {
+                    Ok(r) if r.more => {
+                        total += r.replayed;
+                        body["after"] = json!(r.next);
+                    }
+                    Ok(r) => {
+                        break Ok(Replayed {
+                            replayed: total + r.replayed,
+                            ..r
+                        })
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
             progress.finish_and_clear();
             print(&replayed?);
         }

@@ -690,17 +690,21 @@ async fn subscribers_deliveries_replay_health_and_stats_as_on_sqlite() {
         .is_empty());
     assert_eq!(l.replay_one(ids[0], 8).await.unwrap(), "a");
     assert_eq!(l.rearm_dead_alerts(2).await.unwrap(), 1);
-    let (n, subs) = l
-        .replay_bulk(
+    let step = l
+        .replay_step(
             &DeliveryFilter {
                 subscriber: Some("a".into()),
+                limit: 100,
                 ..Default::default()
             },
             9,
         )
         .await
         .unwrap();
-    assert_eq!((n, subs), (1, vec!["a".to_string()]));
+    assert_eq!(
+        (step.replayed, step.subscribers, step.done),
+        (1, vec!["a".to_string()], true)
+    );
     assert!(l.list_deliveries(&dead_filter).await.unwrap().is_empty());
     let d = l.get_delivery(ids[1]).await.unwrap();
     assert_eq!(
@@ -1806,10 +1810,11 @@ async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
     }
     l[1].get_delivery(ids[0]).await.unwrap();
     l[1].replay_one(ids[2], 6).await.unwrap();
-    l[1].replay_bulk(
+    l[1].replay_step(
         &DeliveryFilter {
             subscriber: Some("b".into()),
             status: Some(Status::Dead),
+            limit: 500,
             ..Default::default()
         },
         7,

@@ -308,3 +308,54 @@ async fn test_events_are_one_at_a_time_and_rate_limited() {
     assert_eq!(sink.count(), 1);
     d.stop().await;
 }
+
+/// A bulk replay goes in small steps with a cap per call: past 10,000 deliveries looked at it
+/// answers `more` and where to go on (`next`, passed back as `after`); replaying what is
+/// already pending changes nothing.
+#[tokio::test]
+async fn bulk_replay_is_capped_per_call_and_pending_is_a_no_op() {
+    let d = Daemon::start().await;
+    let api = &d.api;
+    let sink = Subscriber::ok().await;
+    let spec = sub_spec("hook", &sink.url, &["order.*"]);
+    api.subscriber(spec.clone()).await;
+    let (s, _) = patch(api, "/v1/subscribers/hook", json!({ "disabled": true })).await;
+    assert_eq!(s, 200);
+    let total = 10_500;
+    api.events(events("a", 10_000, "order.created")).await;
+    api.events(events("b", total - 10_000, "order.created")).await;
+    // Removed, its deliveries go dead; brought back (the same owner) and paused, they wait.
+    let (s, body) = api.raw("DELETE", "/v1/subscribers/hook", None, true).await;
+    assert_eq!((s, body["deliveries_dead"].clone()), (200, json!(total)), "{body}");
+    api.subscriber(spec).await;
+    let (s, _) = patch(api, "/v1/subscribers/hook", json!({ "disabled": true })).await;
+    assert_eq!(s, 200);
+
+    let (s, body) = api.post("/v1/replay", json!({ "subscriber": "hook" })).await;
+    assert_eq!(s, 202, "{body}");
+    assert_eq!((body["replayed"].clone(), body["more"].clone()), (json!(10_000), json!(true)), "{body}");
+    let next = body["next"].as_str().unwrap().to_string();
+    let (s, body) = api
+        .post("/v1/replay", json!({ "subscriber": "hook", "after": next }))
+        .await;
+    assert_eq!(s, 202, "{body}");
+    assert_eq!(
+        (body["replayed"].clone(), body["more"].clone(), body["next"].clone()),
+        (json!(total - 10_000), json!(false), Value::Null),
+        "{body}"
+    );
+    let (_, view) = api.get("/v1/subscribers/hook?stats=true").await;
+    assert_eq!(view["stats"]["pending"], json!(total), "{view}");
+    // Pending already: nothing to do, and nothing is done (no attempt budget or due time reset).
+    let before = api.deliveries("subscriber=hook&status=pending&limit=1").await;
+    let (s, body) = api
+        .post("/v1/replay", json!({ "subscriber": "hook", "status": "pending" }))
+        .await;
+    assert_eq!((s, body["replayed"].clone()), (202, json!(0)), "{body}");
+    let (_, body) = api
+        .post("/v1/replay", json!({ "subscriber": "hook", "status": "pending", "dry_run": true }))
+        .await;
+    assert_eq!(body["count"], 0, "{body}");
+    assert_eq!(api.deliveries("subscriber=hook&status=pending&limit=1").await, before);
+    d.stop().await;
+}

@@ -880,6 +880,9 @@ async fn replay_bulk(
         ledger::LedgerError::NotFound(m) => ApiError::UnknownSubscriber(m),
         other => ApiError::Ledger(other),
     };
+    if dry_run && filter.status == Some(Status::Pending) {
+        return Ok(Json(json!({ "count": 0 })).into_response());
+    }
     if dry_run {
         let n = state
             .ledger
@@ -888,16 +891,63 @@ async fn replay_bulk(
             .map_err(unknown)?;
         return Ok(Json(json!({ "count": n })).into_response());
     }
-    let (n, subs) = state
-        .ledger
-        .replay_bulk(filter, now)
-        .await
-        .map_err(unknown)?;
-    if !subs.is_empty() {
-        state.tell(Control::Replayed(subs));
+    // What is pending already is in the queue: replaying it changes nothing.
+    if filter.status == Some(Status::Pending) {
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(views::Replayed {
+                replayed: 0,
+                more: false,
+                next: None,
+            }),
+        )
+            .into_response());
     }
-    Ok((StatusCode::ACCEPTED, Json(views::Replayed { replayed: n })).into_response())
+    // In steps, each a short transaction, with a pause between them (as retention), and no
+    // more than REPLAY_PER_CALL deliveries looked at per call: the answer says where to go on.
+    let mut replayed = 0u64;
+    let mut looked_at = 0usize;
+    let mut step = filter.clone();
+    let more = loop {
+        step.limit = REPLAY_STEP.min(REPLAY_PER_CALL - looked_at);
+        let done = state
+            .ledger
+            .replay_step(step.clone(), now)
+            .await
+            .map_err(unknown)?;
+        replayed += done.replayed;
+        looked_at += step.limit;
+        if !done.subscribers.is_empty() {
+            state.tell(Control::Replayed(done.subscribers));
+        }
+        step.after = done.last.or(step.after);
+        if done.done {
+            break false;
+        }
+        if looked_at >= REPLAY_PER_CALL {
+            break true;
+        }
+        tokio::time::sleep(REPLAY_PAUSE).await;
+    };
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(views::Replayed {
+            replayed,
+            more,
+            next: more
+                .then(|| step.after.map(crate::model::delivery_public_id))
+                .flatten(),
+        }),
+    )
+        .into_response())
 }
+
+/// Deliveries one step of a bulk replay looks at: one short writer transaction.
+const REPLAY_STEP: usize = 500;
+/// Deliveries one `POST /v1/replay` looks at, at most; `more` and `next` say where to go on.
+pub const REPLAY_PER_CALL: usize = 10_000;
+/// The pause between two steps, which lets ingest and the dispatcher write in between.
+const REPLAY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
 // ---------------------------------------------------------------------------------------------
 // Health and metrics

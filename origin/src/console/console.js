@@ -558,8 +558,13 @@
     ].filter(Boolean).join(' ');
     if (!confirm(`Replay ${scope}?`)) return;
     try {
-      const r = await api('POST', '/v1/replay', body);
-      flash(`${r.replayed} ${r.replayed === 1 ? 'delivery' : 'deliveries'} queued again.`);
+      // The daemon replays at most 10,000 per call and says where to go on.
+      let replayed = 0;
+      for (let r = { more: true }; r.more;) {
+        r = await api('POST', '/v1/replay', r.next ? { ...body, after: r.next } : body);
+        replayed += r.replayed;
+      }
+      flash(`${replayed} ${replayed === 1 ? 'delivery' : 'deliveries'} queued again.`);
       await loadDeliveries(false);
     } catch (e) {
       if (e.status !== 401) flash(e.message, 'error');

@@ -145,7 +145,7 @@ pub fn set_disabled(
 mod tests {
     use super::*;
     use crate::ledger::{
-        apply, claim, create_subscriber, get_subscriber, ingest, load_limiter, replay_bulk,
+        apply, claim, create_subscriber, get_subscriber, ingest, load_limiter, replay_step,
         DeliveryFilter, Outcome, Transition,
     };
 
@@ -190,11 +190,12 @@ mod tests {
         assert!(check_dead_counts(&c, &subs, 3, 7).unwrap().is_empty());
         // Nothing to re-arm while still above.
         assert_eq!(rearm_dead_alerts(&c, 3).unwrap(), 0);
-        replay_bulk(
+        replay_step(
             &c,
             &DeliveryFilter {
                 subscriber: Some("a".into()),
                 status: Some(crate::model::Status::Dead),
+                limit: 100,
                 ..Default::default()
             },
             8,

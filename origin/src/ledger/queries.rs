@@ -978,7 +978,7 @@ fn replayable_sql(
     Ok((filter, args))
 }
 
-/// How many deliveries [`replay_bulk`] would replay now (a dry run).
+/// How many deliveries a bulk replay ([`replay_step`]s) would replay now (a dry run).
 pub fn count_replayable(c: &Connection, f: &DeliveryFilter) -> Result<usize, LedgerError> {
     let (filter, args) = replayable_sql(f)?;
     let n: i64 = c
@@ -987,34 +987,49 @@ pub fn count_replayable(c: &Connection, f: &DeliveryFilter) -> Result<usize, Led
     Ok(n.max(0) as usize)
 }
 
-/// Replay every delivery matching the filter (its status defaults to dead; in-flight ones and
-/// removed subscribers' are skipped). Returns how many and the subscribers concerned.
-pub fn replay_bulk(
-    c: &Connection,
-    f: &DeliveryFilter,
-    now_ms: i64,
-) -> Result<(usize, Vec<String>), LedgerError> {
-    let (filter, mut args) = replayable_sql(f)?;
-    args.push(rusqlite::types::Value::Integer(now_ms));
-    let now_arg = args.len();
-    let subs: Vec<String> = c
-        .prepare(&format!(
-            "SELECT DISTINCT d.subscriber_id FROM deliveries d {filter}"
+/// One step of a bulk replay: the first `f.limit` deliveries matching the filter after
+/// `f.after`, in id order (its status defaults to dead; in-flight ones and removed
+/// subscribers' are skipped; pending ones are left as they are), put back in the queue.
+pub fn replay_step(c: &Connection, f: &DeliveryFilter, now_ms: i64) -> Result<ReplayStep, LedgerError> {
+    let (filter, args) = replayable_sql(f)?;
+    let ids: Vec<i64> = c
+        .prepare_cached(&format!(
+            "SELECT d.id FROM deliveries d {filter} ORDER BY d.id LIMIT {}",
+            f.limit
         ))?
-        .query_map(
-            rusqlite::params_from_iter(args[..args.len() - 1].iter()),
-            |r| r.get(0),
-        )?
+        .query_map(rusqlite::params_from_iter(args), |r| r.get(0))?
         .collect::<Result<_, _>>()?;
-    let n = c.execute(
-        &format!(
-            "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?{now_arg},
-                 last_error = NULL, updated_ms = ?{now_arg}
-             WHERE id IN (SELECT d.id FROM deliveries d {filter})"
-        ),
-        rusqlite::params_from_iter(args),
-    )?;
-    Ok((n, subs))
+    let mut subs: Vec<String> = c
+        .prepare_cached(
+            "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?1,
+                 last_error = NULL, updated_ms = ?1
+             WHERE id IN (SELECT value FROM json_each(?2)) AND status IN ('sent', 'dead')
+             RETURNING subscriber_id",
+        )?
+        .query_map(params![now_ms, id_list(ids.iter().copied())], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let replayed = subs.len() as u64;
+    subs.sort();
+    subs.dedup();
+    Ok(ReplayStep {
+        replayed,
+        subscribers: subs,
+        last: ids.last().copied(),
+        done: ids.len() < f.limit,
+    })
+}
+
+/// What one step of a bulk replay did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayStep {
+    /// Deliveries put back in the queue.
+    pub replayed: u64,
+    /// Their subscribers, each once.
+    pub subscribers: Vec<String>,
+    /// The last delivery id the step looked at: the next step starts after it.
+    pub last: Option<i64>,
+    /// Nothing matches past it.
+    pub done: bool,
 }
 
 /// Deliveries per status, for `/metrics`: from the counts the triggers keep, not a scan.
@@ -1201,16 +1216,17 @@ mod tests {
         assert_eq!(list_deliveries(&c, &f).unwrap().len(), 2);
         assert_eq!(replay_one(&c, ids[0], 6).unwrap(), "a");
         assert_eq!(
-            replay_bulk(
+            replay_step(
                 &c,
                 &DeliveryFilter {
                     subscriber: Some("a".into()),
+                    limit: 100,
                     ..Default::default()
                 },
                 7
             )
             .unwrap()
-            .0,
+            .replayed,
             1
         );
         assert_eq!(list_deliveries(&c, &f).unwrap().len(), 0);

@@ -336,8 +336,13 @@
   async function bulkReplay() {
     if (!counted) return;
     try {
-      const r = await call('POST', '/v1/replay', counted);
-      $('#bulk-info').textContent = `${r.replayed} queued again.`;
+      // The daemon replays at most 10,000 per call and says where to go on.
+      let replayed = 0;
+      for (let r = { more: true }; r.more;) {
+        r = await call('POST', '/v1/replay', r.next ? { ...counted, after: r.next } : counted);
+        replayed += r.replayed;
+      }
+      $('#bulk-info').textContent = `${replayed} queued again.`;
       $('#bulk-confirm').hidden = true;
       counted = null;
       await Promise.all([loadDeliveries(), loadEndpoints()]);

@@ -1273,30 +1273,42 @@ impl PgLedger {
         Ok(sub)
     }
 
-    /// Replay every delivery matching the filter (status defaults to dead; in-flight ones and
-    /// removed subscribers' are skipped). Returns how many and the subscribers concerned.
-    pub async fn replay_bulk(
+    /// One step of a bulk replay (as SQLite's `ledger::replay_step`): the first `f.limit`
+    /// deliveries matching the filter after `f.after`, in id order (status defaults to dead;
+    /// in-flight ones and removed subscribers' are skipped; pending ones are left as they
+    /// are), put back in the queue, in one short transaction; the work is announced.
+    pub async fn replay_step(
         &self,
         f: &DeliveryFilter,
         now_ms: i64,
-    ) -> Result<(u64, Vec<String>), LedgerError> {
-        let (filter, mut params) = replayable_sql(f)?;
-        params.push(Box::new(now_ms));
-        let now_arg = params.len();
+    ) -> Result<crate::ledger::ReplayStep, LedgerError> {
+        let (filter, params) = replayable_sql(f)?;
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        let rows = tx
+        let ids: Vec<i64> = tx
             .query(
                 &format!(
-                    "UPDATE deliveries SET status = 'pending', attempts = 0,
-                         next_attempt_ms = ${now_arg}, last_error = NULL, updated_ms = ${now_arg}
-                     WHERE id IN (SELECT d.id FROM deliveries d {filter})
-                     RETURNING subscriber_id"
+                    "SELECT d.id FROM deliveries d {filter} ORDER BY d.id LIMIT {}",
+                    f.limit
                 ),
                 &refs(&params),
             )
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        // Rows another transaction holds (a claim, a result) are skipped, never waited for.
+        let rows = tx
+            .query(
+                "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = $1,
+                     last_error = NULL, updated_ms = $1
+                 WHERE id IN (SELECT id FROM deliveries WHERE id = ANY($2)
+                              AND status IN ('sent', 'dead') FOR UPDATE SKIP LOCKED)
+                 RETURNING subscriber_id",
+                &[&now_ms, &ids],
+            )
             .await?;
-        let n = rows.len() as u64;
+        let replayed = rows.len() as u64;
         let mut subs: Vec<String> = rows
             .iter()
             .map(|r| r.try_get(0))
@@ -1311,7 +1323,12 @@ impl PgLedger {
             .await?;
         }
         tx.commit().await?;
-        Ok((n, subs))
+        Ok(crate::ledger::ReplayStep {
+            replayed,
+            subscribers: subs,
+            last: ids.last().copied(),
+            done: ids.len() < f.limit,
+        })
     }
 
     /// How many deliveries a bulk replay with this filter would replay now (`dry_run`).

@@ -865,25 +865,61 @@ fn filter_sql(f: &DeliveryFilter) -> (String, Vec<rusqlite::types::Value>) {
 
 /// Deliveries matching `f`, in id order, at most `f.limit`. A subscriber without a status is
 /// read as one id-ordered range per status, merged: each range is an index's, so no list
-/// reads more than `4 × limit` rows whatever the ledger holds.
+/// reads more than `4 × limit` rows whatever the ledger holds. A customer's (a portal token's
+/// scope) is read per subscriber it owns, so it reads no other customer's rows.
 pub fn list_deliveries(
     c: &Connection,
     f: &DeliveryFilter,
 ) -> Result<Vec<DeliveryView>, LedgerError> {
-    if f.subscriber.is_some() && f.status.is_none() && f.event.is_none() {
-        let mut all = Vec::new();
-        for status in Status::ALL {
-            let one = DeliveryFilter {
+    Ok(list_rows(c, f)?.into_iter().map(|(_, d)| d).collect())
+}
+
+/// [`list_deliveries`] with each delivery's rowid.
+fn list_rows(c: &Connection, f: &DeliveryFilter) -> Result<Vec<(i64, DeliveryView)>, LedgerError> {
+    // A customer's list is its subscribers' lists merged: its cost follows the customer's own
+    // deliveries, not the ledger's. A subscriber's without a status, its statuses' merged.
+    let parts = match customer_ranges(c, f)? {
+        Some(per_subscriber) => per_subscriber,
+        None if f.subscriber.is_some() && f.status.is_none() && f.event.is_none() => Status::ALL
+            .into_iter()
+            .map(|status| DeliveryFilter {
                 status: Some(status),
                 ..f.clone()
-            };
-            all.extend(list_range(c, &one)?);
-        }
-        all.sort_by_key(|(rowid, _)| *rowid);
-        all.truncate(f.limit);
-        return Ok(all.into_iter().map(|(_, d)| d).collect());
+            })
+            .collect(),
+        None => return list_range(c, f),
+    };
+    let mut all = Vec::new();
+    for one in &parts {
+        all.extend(list_rows(c, one)?);
     }
-    Ok(list_range(c, f)?.into_iter().map(|(_, d)| d).collect())
+    all.sort_by_key(|(rowid, _)| *rowid);
+    all.truncate(f.limit);
+    Ok(all)
+}
+
+/// A filter scoped to a customer without a subscriber or an event, as one filter per
+/// subscriber the customer owns or owned (removed ones' deliveries stay its own), found by
+/// `subscribers_by_customer`; `None` for any other filter.
+fn customer_ranges(
+    c: &Connection,
+    f: &DeliveryFilter,
+) -> Result<Option<Vec<DeliveryFilter>>, LedgerError> {
+    let (Some(customer), None, None) = (&f.customer, &f.subscriber, &f.event) else {
+        return Ok(None);
+    };
+    let subs: Vec<String> = c
+        .prepare_cached("SELECT id FROM subscribers WHERE customer = ?1 ORDER BY id")?
+        .query_map([customer], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok(Some(
+        subs.into_iter()
+            .map(|s| DeliveryFilter {
+                subscriber: Some(s),
+                ..f.clone()
+            })
+            .collect(),
+    ))
 }
 
 fn list_range(c: &Connection, f: &DeliveryFilter) -> Result<Vec<(i64, DeliveryView)>, LedgerError> {
@@ -980,6 +1016,13 @@ fn replayable_sql(
 
 /// How many deliveries a bulk replay ([`replay_step`]s) would replay now (a dry run).
 pub fn count_replayable(c: &Connection, f: &DeliveryFilter) -> Result<usize, LedgerError> {
+    if let Some(per_subscriber) = customer_ranges(c, f)? {
+        let mut n = 0;
+        for one in per_subscriber {
+            n += count_replayable(c, &one)?;
+        }
+        return Ok(n);
+    }
     let (filter, args) = replayable_sql(f)?;
     let n: i64 = c
         .prepare(&format!("SELECT COUNT(*) FROM deliveries d {filter}"))?
@@ -991,14 +1034,19 @@ pub fn count_replayable(c: &Connection, f: &DeliveryFilter) -> Result<usize, Led
 /// `f.after`, in id order (its status defaults to dead; in-flight ones and removed
 /// subscribers' are skipped; pending ones are left as they are), put back in the queue.
 pub fn replay_step(c: &Connection, f: &DeliveryFilter, now_ms: i64) -> Result<ReplayStep, LedgerError> {
-    let (filter, args) = replayable_sql(f)?;
-    let ids: Vec<i64> = c
-        .prepare_cached(&format!(
-            "SELECT d.id FROM deliveries d {filter} ORDER BY d.id LIMIT {}",
-            f.limit
-        ))?
-        .query_map(rusqlite::params_from_iter(args), |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
+    let ids = match customer_ranges(c, f)? {
+        // A customer's: its subscribers' first ids, merged.
+        Some(per_subscriber) => {
+            let mut all = Vec::new();
+            for one in per_subscriber {
+                all.extend(replayable_ids(c, &one)?);
+            }
+            all.sort_unstable();
+            all.truncate(f.limit);
+            all
+        }
+        None => replayable_ids(c, f)?,
+    };
     let mut subs: Vec<String> = c
         .prepare_cached(
             "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?1,
@@ -1017,6 +1065,19 @@ pub fn replay_step(c: &Connection, f: &DeliveryFilter, now_ms: i64) -> Result<Re
         last: ids.last().copied(),
         done: ids.len() < f.limit,
     })
+}
+
+/// The first `f.limit` ids a bulk replay with this filter takes after `f.after`.
+fn replayable_ids(c: &Connection, f: &DeliveryFilter) -> Result<Vec<i64>, LedgerError> {
+    let (filter, args) = replayable_sql(f)?;
+    let ids = c
+        .prepare_cached(&format!(
+            "SELECT d.id FROM deliveries d {filter} ORDER BY d.id LIMIT {}",
+            f.limit
+        ))?
+        .query_map(rusqlite::params_from_iter(args), |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok(ids)
 }
 
 /// What one step of a bulk replay did.
@@ -1056,6 +1117,60 @@ mod tests {
             event_type: ty.into(),
             body: format!("{{\"id\":\"{id}\"}}"),
         }
+    }
+
+    /// A customer's list, its count and a replay step cost what the customer's own deliveries
+    /// do (a portal token's scope): the same SQLite VM steps whether another subscriber has
+    /// 1,000 or 10,000 deliveries in the same status, created before the customer's.
+    #[test]
+    fn a_customers_lists_cost_its_own_deliveries_not_the_ledgers() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::Arc;
+        let steps = |others: usize| -> u64 {
+            let mut c = db();
+            c.execute(
+                "INSERT INTO customers (id, weight, portal_nonce, created_ms, updated_ms)
+                 VALUES ('acme', 1, 'n', 0, 0)",
+                [],
+            )
+            .unwrap();
+            create_subscriber(&c, &sub("big", &["big.*"]), "s").unwrap();
+            let mut mine = sub("mine", &["mine.*"]);
+            mine.customer = Some("acme".into());
+            create_subscriber(&c, &mine, "s").unwrap();
+            let big: Vec<NewEvent> = (0..others).map(|i| ev(&format!("b{i}"), "big.x")).collect();
+            ingest(&c, &big, 1).unwrap();
+            let own: Vec<NewEvent> = (0..3).map(|i| ev(&format!("m{i}"), "mine.x")).collect();
+            ingest(&c, &own, 2).unwrap();
+            c.execute("UPDATE deliveries SET status = 'dead'", []).unwrap();
+            let counted = Arc::new(AtomicU64::new(0));
+            let counter = counted.clone();
+            c.progress_handler(
+                1,
+                Some(move || {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    false
+                }),
+            )
+            .unwrap();
+            let scoped = DeliveryFilter {
+                customer: Some("acme".into()),
+                limit: 10,
+                ..Default::default()
+            };
+            let dead = DeliveryFilter {
+                status: Some(Status::Dead),
+                ..scoped.clone()
+            };
+            assert_eq!(list_deliveries(&c, &dead).unwrap().len(), 3);
+            assert_eq!(list_deliveries(&c, &scoped).unwrap().len(), 3);
+            assert_eq!(count_replayable(&c, &dead).unwrap(), 3);
+            assert_eq!(replay_step(&c, &dead, 3).unwrap().replayed, 3);
+            c.progress_handler(0, None::<fn() -> bool>).unwrap();
+            counted.load(Ordering::Relaxed)
+        };
+        let (small, large) = (steps(1_000), steps(10_000));
+        assert!(large <= small + small / 10, "{small} VM steps, then {large}");
     }
 
     /// Rotations: the first at once, then at most one per `MIN_ROTATION_INTERVAL_MS`; however

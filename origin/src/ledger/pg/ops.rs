@@ -1155,24 +1155,29 @@ impl PgLedger {
         f: &DeliveryFilter,
     ) -> Result<Vec<DeliveryView>, LedgerError> {
         let c = self.client().await?;
-        if f.subscriber.is_some() && f.status.is_none() && f.event.is_none() {
-            let mut all = Vec::new();
-            for status in Status::ALL {
-                let one = DeliveryFilter {
-                    status: Some(status),
-                    ..f.clone()
-                };
-                all.extend(list_range(&c, &one).await?);
+        // A customer's list is its subscribers' lists merged (as on SQLite): its cost follows
+        // the customer's own deliveries, not the ledger's.
+        let parts = match customer_ranges(&c, f).await? {
+            Some(per_subscriber) => per_subscriber,
+            None => vec![f.clone()],
+        };
+        let mut all = Vec::new();
+        for part in &parts {
+            if part.subscriber.is_some() && part.status.is_none() && part.event.is_none() {
+                for status in Status::ALL {
+                    let one = DeliveryFilter {
+                        status: Some(status),
+                        ..part.clone()
+                    };
+                    all.extend(list_range(&c, &one).await?);
+                }
+            } else {
+                all.extend(list_range(&c, part).await?);
             }
-            all.sort_by_key(|(rowid, _)| *rowid);
-            all.truncate(f.limit);
-            return Ok(all.into_iter().map(|(_, d)| d).collect());
         }
-        Ok(list_range(&c, f)
-            .await?
-            .into_iter()
-            .map(|(_, d)| d)
-            .collect())
+        all.sort_by_key(|(rowid, _)| *rowid);
+        all.truncate(f.limit);
+        Ok(all.into_iter().map(|(_, d)| d).collect())
     }
 
     pub async fn get_delivery(&self, rowid: i64) -> Result<DeliveryView, LedgerError> {
@@ -1282,21 +1287,31 @@ impl PgLedger {
         f: &DeliveryFilter,
         now_ms: i64,
     ) -> Result<crate::ledger::ReplayStep, LedgerError> {
-        let (filter, params) = replayable_sql(f)?;
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        let ids: Vec<i64> = tx
-            .query(
-                &format!(
-                    "SELECT d.id FROM deliveries d {filter} ORDER BY d.id LIMIT {}",
-                    f.limit
-                ),
-                &refs(&params),
-            )
-            .await?
-            .iter()
-            .map(|r| r.try_get(0))
-            .collect::<Result<_, _>>()?;
+        // A customer's: its subscribers' first ids, merged.
+        let parts = match customer_ranges(&tx, f).await? {
+            Some(per_subscriber) => per_subscriber,
+            None => vec![f.clone()],
+        };
+        let mut ids: Vec<i64> = Vec::new();
+        for part in &parts {
+            let (filter, params) = replayable_sql(part)?;
+            for r in tx
+                .query(
+                    &format!(
+                        "SELECT d.id FROM deliveries d {filter} ORDER BY d.id LIMIT {}",
+                        f.limit
+                    ),
+                    &refs(&params),
+                )
+                .await?
+            {
+                ids.push(r.try_get(0)?);
+            }
+        }
+        ids.sort_unstable();
+        ids.truncate(f.limit);
         // Rows another transaction holds (a claim, a result) are skipped, never waited for.
         let rows = tx
             .query(
@@ -1333,16 +1348,24 @@ impl PgLedger {
 
     /// How many deliveries a bulk replay with this filter would replay now (`dry_run`).
     pub async fn count_replayable(&self, f: &DeliveryFilter) -> Result<u64, LedgerError> {
-        let (filter, params) = replayable_sql(f)?;
         let c = self.client().await?;
-        let n: i64 = c
-            .query_one(
-                &format!("SELECT COUNT(*) FROM deliveries d {filter}"),
-                &refs(&params),
-            )
-            .await?
-            .try_get(0)?;
-        Ok(n.max(0) as u64)
+        let parts = match customer_ranges(&c, f).await? {
+            Some(per_subscriber) => per_subscriber,
+            None => vec![f.clone()],
+        };
+        let mut total = 0u64;
+        for part in &parts {
+            let (filter, params) = replayable_sql(part)?;
+            let n: i64 = c
+                .query_one(
+                    &format!("SELECT COUNT(*) FROM deliveries d {filter}"),
+                    &refs(&params),
+                )
+                .await?
+                .try_get(0)?;
+            total += n.max(0) as u64;
+        }
+        Ok(total)
     }
 
     /// Answers when the database does.
@@ -1729,6 +1752,34 @@ fn replayable_sql(f: &DeliveryFilter) -> Result<(String, Vec<Param>), LedgerErro
     let live = "d.subscriber_id IN (SELECT id FROM subscribers WHERE deleted_ms IS NULL)";
     let filter = format!("{filter} AND {live}");
     Ok((filter, params))
+}
+
+/// A filter scoped to a customer without a subscriber or an event, as one filter per
+/// subscriber the customer owns or owned (`subscribers_by_customer`); `None` for any other.
+async fn customer_ranges(
+    c: &impl deadpool_postgres::GenericClient,
+    f: &DeliveryFilter,
+) -> Result<Option<Vec<DeliveryFilter>>, LedgerError> {
+    let (Some(customer), None, None) = (&f.customer, &f.subscriber, &f.event) else {
+        return Ok(None);
+    };
+    let subs: Vec<String> = c
+        .query(
+            "SELECT id FROM subscribers WHERE customer = $1 ORDER BY id",
+            &[customer],
+        )
+        .await?
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()?;
+    Ok(Some(
+        subs.into_iter()
+            .map(|s| DeliveryFilter {
+                subscriber: Some(s),
+                ..f.clone()
+            })
+            .collect(),
+    ))
 }
 
 /// Deliveries matching `f` in id order (see `list_deliveries`), with their rowids. A status

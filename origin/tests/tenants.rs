@@ -52,25 +52,47 @@ async fn the_portal_has_designs_routes_and_cannot_undo_an_operators_disable() {
     let portal = customer_with_endpoint(api, "acme", "hook", &sink.url).await;
 
     let (s, body) = portal.get("/v1/subscribers/hook/secret").await;
-    assert_eq!((s, body["error"]["code"].clone()), (403, json!("forbidden")));
+    assert_eq!(
+        (s, body["error"]["code"].clone()),
+        (403, json!("forbidden"))
+    );
     let (s, body) = portal.post("/v1/subscribers/hook/test", json!({})).await;
-    assert_eq!((s, body["error"]["code"].clone()), (403, json!("forbidden")));
+    assert_eq!(
+        (s, body["error"]["code"].clone()),
+        (403, json!("forbidden"))
+    );
     let (s, _) = api.get("/v1/subscribers/hook/secret").await;
     assert_eq!(s, 200);
-    let (s, body) = portal.post("/v1/subscribers/hook/rotate-secret", json!({})).await;
+    let (s, body) = portal
+        .post("/v1/subscribers/hook/rotate-secret", json!({}))
+        .await;
     assert_eq!(s, 200, "{body}");
 
     // The customer's own pause, and its resume.
     let (s, body) = patch(&portal, "/v1/subscribers/hook", json!({ "disabled": true })).await;
     assert_eq!((s, body["disabled"].clone()), (200, json!(true)), "{body}");
-    let (s, body) = patch(&portal, "/v1/subscribers/hook", json!({ "disabled": false })).await;
+    let (s, body) = patch(
+        &portal,
+        "/v1/subscribers/hook",
+        json!({ "disabled": false }),
+    )
+    .await;
     assert_eq!((s, body["disabled"].clone()), (200, json!(false)), "{body}");
 
     // The operator's disable holds against the portal.
     let (s, _) = patch(api, "/v1/subscribers/hook", json!({ "disabled": true })).await;
     assert_eq!(s, 200);
-    let (s, body) = patch(&portal, "/v1/subscribers/hook", json!({ "disabled": false })).await;
-    assert_eq!((s, body["error"]["code"].clone()), (403, json!("forbidden")), "{body}");
+    let (s, body) = patch(
+        &portal,
+        "/v1/subscribers/hook",
+        json!({ "disabled": false }),
+    )
+    .await;
+    assert_eq!(
+        (s, body["error"]["code"].clone()),
+        (403, json!("forbidden")),
+        "{body}"
+    );
     let (_, body) = api.get("/v1/subscribers/hook").await;
     assert_eq!(body["disabled"], true, "{body}");
     let (s, body) = patch(api, "/v1/subscribers/hook", json!({ "disabled": false })).await;
@@ -117,19 +139,36 @@ async fn revoking_a_customers_links_ends_them_all_and_only_them() {
     let (s, body) = leaked
         .post("/v1/customers/acme/portal/revoke", json!({}))
         .await;
-    assert_eq!((s, body["error"]["code"].clone()), (403, json!("forbidden")));
+    assert_eq!(
+        (s, body["error"]["code"].clone()),
+        (403, json!("forbidden"))
+    );
 
-    let (s, body) = api.post("/v1/customers/acme/portal/revoke", json!({})).await;
+    let (s, body) = api
+        .post("/v1/customers/acme/portal/revoke", json!({}))
+        .await;
     assert_eq!((s, body["id"].clone()), (200, json!("acme")), "{body}");
     for p in [&leaked, &also] {
         let (s, body) = p.get("/v1/subscribers").await;
-        assert_eq!((s, body["error"]["code"].clone()), (401, json!("unauthorized")));
+        assert_eq!(
+            (s, body["error"]["code"].clone()),
+            (401, json!("unauthorized"))
+        );
     }
-    assert_eq!(other.get("/v1/subscribers").await.0, 200, "globex untouched");
+    assert_eq!(
+        other.get("/v1/subscribers").await.0,
+        200,
+        "globex untouched"
+    );
     let fresh = as_token(api, &portal_token(api, "acme").await);
     let (s, body) = fresh.get("/v1/subscribers").await;
-    assert_eq!((s, body["subscribers"][0]["id"].clone()), (200, json!("hook")));
-    let (s, _) = api.post("/v1/customers/nobody/portal/revoke", json!({})).await;
+    assert_eq!(
+        (s, body["subscribers"][0]["id"].clone()),
+        (200, json!("hook"))
+    );
+    let (s, _) = api
+        .post("/v1/customers/nobody/portal/revoke", json!({}))
+        .await;
     assert_eq!(s, 404);
 
     // The same from the command line.
@@ -152,7 +191,9 @@ async fn rotations_are_rate_limited_and_two_secrets_sign() {
     let api = &d.api;
     let sink = Subscriber::ok().await;
     let portal = customer_with_endpoint(api, "acme", "hook", &sink.url).await;
-    let (s, body) = portal.post("/v1/subscribers/hook/rotate-secret", json!({})).await;
+    let (s, body) = portal
+        .post("/v1/subscribers/hook/rotate-secret", json!({}))
+        .await;
     assert_eq!(s, 200, "{body}");
     for who in [&portal, api] {
         let resp = reqwest::Client::new()
@@ -175,9 +216,11 @@ async fn rotations_are_rate_limited_and_two_secrets_sign() {
     assert_eq!(view["active_secrets"], 2, "{view}");
     api.events(json!({ "id": "e1", "type": "order.created" }))
         .await;
-    wait_for("hook receives e1", std::time::Duration::from_secs(30), || async {
-        sink.count() == 1
-    })
+    wait_for(
+        "hook receives e1",
+        std::time::Duration::from_secs(30),
+        || async { sink.count() == 1 },
+    )
     .await;
     let signatures = sink.received()[0]
         .header("webhook-signature")
@@ -209,10 +252,17 @@ async fn a_recreated_id_inherits_nothing_of_the_old_one() {
     let old = old_portal.deliveries("").await;
     assert_eq!(old.len(), 3);
     let old_id = old[0]["id"].as_str().unwrap().to_string();
-    assert_eq!(old_portal.get(&format!("/v1/deliveries/{old_id}")).await.0, 200);
+    assert_eq!(
+        old_portal.get(&format!("/v1/deliveries/{old_id}")).await.0,
+        200
+    );
 
     // The old tenant goes: its endpoint, then the customer.
-    for path in ["/v1/subscribers/hook", "/v1/customers/acme", "/v1/subscribers/ops"] {
+    for path in [
+        "/v1/subscribers/hook",
+        "/v1/customers/acme",
+        "/v1/subscribers/ops",
+    ] {
         let (s, body) = api.raw("DELETE", path, None, true).await;
         assert_eq!(s, 200, "{path}: {body}");
     }
@@ -223,7 +273,10 @@ async fn a_recreated_id_inherits_nothing_of_the_old_one() {
     assert_eq!(s, 401, "the old tenant's link");
     let new_portal = as_token(api, &portal_token(api, "acme").await);
     assert_eq!(new_portal.deliveries("").await, Vec::<Value>::new());
-    assert_eq!(new_portal.deliveries("subscriber=hook").await, Vec::<Value>::new());
+    assert_eq!(
+        new_portal.deliveries("subscriber=hook").await,
+        Vec::<Value>::new()
+    );
     let (s, _) = new_portal.get(&format!("/v1/deliveries/{old_id}")).await;
     assert_eq!(s, 404);
     let (s, _) = new_portal
@@ -241,7 +294,11 @@ async fn a_recreated_id_inherits_nothing_of_the_old_one() {
         let mut spec = sub_spec(id, &sink.url, &["*"]);
         spec["customer"] = json!("acme");
         let (s, body) = api.post("/v1/subscribers", spec).await;
-        assert_eq!((s, body["error"]["code"].clone()), (409, json!("conflict")), "{id}: {body}");
+        assert_eq!(
+            (s, body["error"]["code"].clone()),
+            (409, json!("conflict")),
+            "{id}: {body}"
+        );
     }
     // The operator keeps the history (and may bring its own endpoint back, with it).
     assert_eq!(api.deliveries("subscriber=hook").await.len(), 3);
@@ -250,7 +307,12 @@ async fn a_recreated_id_inherits_nothing_of_the_old_one() {
     // An id with no deliveries kept is free for anyone.
     let mut spec = sub_spec("quiet", &sink.url, &["nothing.*"]);
     api.subscriber(spec.clone()).await;
-    assert_eq!(api.raw("DELETE", "/v1/subscribers/quiet", None, true).await.0, 200);
+    assert_eq!(
+        api.raw("DELETE", "/v1/subscribers/quiet", None, true)
+            .await
+            .0,
+        200
+    );
     spec["customer"] = json!("acme");
     let (s, body) = api.post("/v1/subscribers", spec).await;
     assert_eq!(s, 201, "{body}");
@@ -267,7 +329,8 @@ async fn test_events_are_one_at_a_time_and_rate_limited() {
     let d = Daemon::start().await;
     let api = &d.api;
     let sink = Subscriber::ok().await;
-    api.subscriber(sub_spec("hook", &sink.url, &["order.*"])).await;
+    api.subscriber(sub_spec("hook", &sink.url, &["order.*"]))
+        .await;
     let (s, _) = patch(api, "/v1/subscribers/hook", json!({ "disabled": true })).await;
     assert_eq!(s, 200);
     let (s, body) = api.post("/v1/subscribers/hook/test", json!({})).await;
@@ -290,21 +353,32 @@ async fn test_events_are_one_at_a_time_and_rate_limited() {
         let body: Value = resp.json().await.unwrap();
         assert_eq!(body["error"]["code"], "rate_limited", "{body}");
     }
-    assert_eq!(api.deliveries("subscriber=hook&status=pending").await.len(), 1);
+    assert_eq!(
+        api.deliveries("subscriber=hook&status=pending").await.len(),
+        1
+    );
 
     // Resumed, the one test goes out; another within 10 s of it is still refused.
     let (s, _) = patch(api, "/v1/subscribers/hook", json!({ "disabled": false })).await;
     assert_eq!(s, 200);
-    wait_for("the test event arrives", std::time::Duration::from_secs(30), || async {
-        sink.count() == 1
-    })
+    wait_for(
+        "the test event arrives",
+        std::time::Duration::from_secs(30),
+        || async { sink.count() == 1 },
+    )
     .await;
-    wait_for("the test delivery is sent", std::time::Duration::from_secs(30), || async {
-        api.deliveries("subscriber=hook&status=sent").await.len() == 1
-    })
+    wait_for(
+        "the test delivery is sent",
+        std::time::Duration::from_secs(30),
+        || async { api.deliveries("subscriber=hook&status=sent").await.len() == 1 },
+    )
     .await;
     let (s, body) = api.post("/v1/subscribers/hook/test", json!({})).await;
-    assert_eq!((s, body["error"]["code"].clone()), (429, json!("rate_limited")), "{body}");
+    assert_eq!(
+        (s, body["error"]["code"].clone()),
+        (429, json!("rate_limited")),
+        "{body}"
+    );
     assert_eq!(sink.count(), 1);
     d.stop().await;
 }
@@ -323,39 +397,66 @@ async fn bulk_replay_is_capped_per_call_and_pending_is_a_no_op() {
     assert_eq!(s, 200);
     let total = 10_500;
     api.events(events("a", 10_000, "order.created")).await;
-    api.events(events("b", total - 10_000, "order.created")).await;
+    api.events(events("b", total - 10_000, "order.created"))
+        .await;
     // Removed, its deliveries go dead; brought back (the same owner) and paused, they wait.
     let (s, body) = api.raw("DELETE", "/v1/subscribers/hook", None, true).await;
-    assert_eq!((s, body["deliveries_dead"].clone()), (200, json!(total)), "{body}");
+    assert_eq!(
+        (s, body["deliveries_dead"].clone()),
+        (200, json!(total)),
+        "{body}"
+    );
     api.subscriber(spec).await;
     let (s, _) = patch(api, "/v1/subscribers/hook", json!({ "disabled": true })).await;
     assert_eq!(s, 200);
 
-    let (s, body) = api.post("/v1/replay", json!({ "subscriber": "hook" })).await;
+    let (s, body) = api
+        .post("/v1/replay", json!({ "subscriber": "hook" }))
+        .await;
     assert_eq!(s, 202, "{body}");
-    assert_eq!((body["replayed"].clone(), body["more"].clone()), (json!(10_000), json!(true)), "{body}");
+    assert_eq!(
+        (body["replayed"].clone(), body["more"].clone()),
+        (json!(10_000), json!(true)),
+        "{body}"
+    );
     let next = body["next"].as_str().unwrap().to_string();
     let (s, body) = api
         .post("/v1/replay", json!({ "subscriber": "hook", "after": next }))
         .await;
     assert_eq!(s, 202, "{body}");
     assert_eq!(
-        (body["replayed"].clone(), body["more"].clone(), body["next"].clone()),
+        (
+            body["replayed"].clone(),
+            body["more"].clone(),
+            body["next"].clone()
+        ),
         (json!(total - 10_000), json!(false), Value::Null),
         "{body}"
     );
     let (_, view) = api.get("/v1/subscribers/hook?stats=true").await;
     assert_eq!(view["stats"]["pending"], json!(total), "{view}");
     // Pending already: nothing to do, and nothing is done (no attempt budget or due time reset).
-    let before = api.deliveries("subscriber=hook&status=pending&limit=1").await;
+    let before = api
+        .deliveries("subscriber=hook&status=pending&limit=1")
+        .await;
     let (s, body) = api
-        .post("/v1/replay", json!({ "subscriber": "hook", "status": "pending" }))
+        .post(
+            "/v1/replay",
+            json!({ "subscriber": "hook", "status": "pending" }),
+        )
         .await;
     assert_eq!((s, body["replayed"].clone()), (202, json!(0)), "{body}");
     let (_, body) = api
-        .post("/v1/replay", json!({ "subscriber": "hook", "status": "pending", "dry_run": true }))
+        .post(
+            "/v1/replay",
+            json!({ "subscriber": "hook", "status": "pending", "dry_run": true }),
+        )
         .await;
     assert_eq!(body["count"], 0, "{body}");
-    assert_eq!(api.deliveries("subscriber=hook&status=pending&limit=1").await, before);
+    assert_eq!(
+        api.deliveries("subscriber=hook&status=pending&limit=1")
+            .await,
+        before
+    );
     d.stop().await;
 }

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use super::LedgerError;
 use crate::model::{
     any_type_matches, delivery_public_id, rotation_wait_ms, AttemptOutcome, AttemptRecord, Claim,
-    Claimed, Disabled, MIN_ROTATION_INTERVAL_MS,
-    Health, Lane, Limits, Outcome, Status, StoredSecret, Subscriber, Transition,
+    Claimed, Disabled, Health, Lane, Limits, Outcome, Status, StoredSecret, Subscriber, Transition,
+    MIN_ROTATION_INTERVAL_MS,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1033,7 +1033,11 @@ pub fn count_replayable(c: &Connection, f: &DeliveryFilter) -> Result<usize, Led
 /// One step of a bulk replay: the first `f.limit` deliveries matching the filter after
 /// `f.after`, in id order (its status defaults to dead; in-flight ones and removed
 /// subscribers' are skipped; pending ones are left as they are), put back in the queue.
-pub fn replay_step(c: &Connection, f: &DeliveryFilter, now_ms: i64) -> Result<ReplayStep, LedgerError> {
+pub fn replay_step(
+    c: &Connection,
+    f: &DeliveryFilter,
+    now_ms: i64,
+) -> Result<ReplayStep, LedgerError> {
     let ids = match customer_ranges(c, f)? {
         // A customer's: its subscribers' first ids, merged.
         Some(per_subscriber) => {
@@ -1142,7 +1146,8 @@ mod tests {
             ingest(&c, &big, 1).unwrap();
             let own: Vec<NewEvent> = (0..3).map(|i| ev(&format!("m{i}"), "mine.x")).collect();
             ingest(&c, &own, 2).unwrap();
-            c.execute("UPDATE deliveries SET status = 'dead'", []).unwrap();
+            c.execute("UPDATE deliveries SET status = 'dead'", [])
+                .unwrap();
             let counted = Arc::new(AtomicU64::new(0));
             let counter = counted.clone();
             c.progress_handler(
@@ -1170,7 +1175,10 @@ mod tests {
             counted.load(Ordering::Relaxed)
         };
         let (small, large) = (steps(1_000), steps(10_000));
-        assert!(large <= small + small / 10, "{small} VM steps, then {large}");
+        assert!(
+            large <= small + small / 10,
+            "{small} VM steps, then {large}"
+        );
     }
 
     /// Rotations: the first at once, then at most one per `MIN_ROTATION_INTERVAL_MS`; however
@@ -1201,7 +1209,10 @@ mod tests {
             rotate_secret(&c, "a", &format!("s{k}"), t, day).unwrap();
         }
         let s = get_subscriber(&c, "a").unwrap();
-        assert_eq!(s.active_secrets(t), vec!["s299".to_string(), "s298".to_string()]);
+        assert_eq!(
+            s.active_secrets(t),
+            vec!["s299".to_string(), "s298".to_string()]
+        );
         assert_eq!(stored(&c), 2);
     }
 

@@ -3,7 +3,7 @@
 // sign in, read the status table, open a dead delivery, replay it and watch it become `sent`;
 // add, edit and rotate a subscriber through the forms; bulk replay from the filtered list; a
 // subscriber disabled by a 410 is shown with its reason, re-enabled (what waited is sent),
-// disabled by hand and deleted; a wrong token is refused. Screenshots go to $FANOUT_SCREENSHOT_DIR (default /tmp).
+// disabled by hand and deleted; a customer's portal links revoked; a wrong token is refused. Screenshots go to $FANOUT_SCREENSHOT_DIR (default /tmp).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -306,6 +306,39 @@ test('console: a 410 disables a subscriber, Re-enable sends what waited; disable
   assert.match(dialogs[1], /^Delete sub_orders\?/);
   assert.equal((await origin.api('/v1/subscribers/sub_orders')).status, 404);
   await page.locator('#sub-empty').waitFor();
+  assert.deepEqual(problems, []);
+});
+
+test('console: Revoke portal links ends every link issued for that customer so far, and only those', async (t) => {
+  const origin = await startOrigin();
+  const browser = await launch();
+  t.after(async () => {
+    await browser.close();
+    await origin.stop();
+  });
+  for (const id of ['acme', 'globex']) assert.equal((await origin.api('/v1/customers', { body: { id } })).status, 201);
+  const link = async (id) => {
+    const r = await origin.api(`/v1/customers/${id}/portal`, { body: {} });
+    assert.equal(r.status, 201);
+    return (await r.json()).token;
+  };
+  const asPortal = async (token) =>
+    (await fetch(`${origin.url}/v1/subscribers`, { headers: { authorization: `Bearer ${token}` } })).status;
+  const leaked = await link('acme');
+  const other = await link('globex');
+  assert.equal(await asPortal(leaked), 200);
+
+  const { page, problems, dialogs } = await openPage(browser);
+  await signIn(page, origin);
+  const row = page.locator('#cus-table tr[data-customer="acme"]');
+  await row.waitFor();
+  await row.locator('button[data-action=revoke-links]').click();
+  await waitFor(async () => (await asPortal(leaked)) === 401 || null, 5_000);
+  assert.equal(dialogs.length, 1);
+  assert.match(dialogs[0], /^Revoke every portal link issued for acme\?/);
+  assert.equal(await asPortal(other), 200, "globex's links still work");
+  assert.equal(await asPortal(await link('acme')), 200, 'a new link works');
+  console.log(`screenshot: ${await shot(page, 'customers')}`);
   assert.deepEqual(problems, []);
 });
 

@@ -673,15 +673,32 @@ async fn replay(a: ReplayArgs) -> Result<(), ClientError> {
             print(&one);
         }
         None => {
-            let body = json!({ "subscriber": a.subscriber, "status": a.status, "since": a.since, "until": a.until });
+            let mut body = json!({ "subscriber": a.subscriber, "status": a.status, "since": a.since, "until": a.until });
             let progress = crate::term::spinner("replaying…");
-            let replayed = client
-                .call::<Replayed>(
-                    reqwest::Method::POST,
-                    "/v1/replay",
-                    Some(body.to_string().into_bytes()),
-                )
-                .await;
+            // The daemon replays at most REPLAY_PER_CALL per call and says where to go on.
+            let mut total = 0;
+            let replayed = loop {
+                let step = client
+                    .call::<Replayed>(
+                        reqwest::Method::POST,
+                        "/v1/replay",
+                        Some(body.to_string().into_bytes()),
+                    )
+                    .await;
+                match step {
+                    Ok(r) if r.more => {
+                        total += r.replayed;
+                        body["after"] = json!(r.next);
+                    }
+                    Ok(r) => {
+                        break Ok(Replayed {
+                            replayed: total + r.replayed,
+                            ..r
+                        })
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
             progress.finish_and_clear();
             print(&replayed?);
         }
@@ -906,6 +923,12 @@ pub enum CustomerCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// End every portal link issued for the customer so far (a leaked link); new links work
+    RevokeLinks {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Print a link to the customer's portal (the URL carries a token: treat it as a secret)
     Portal {
         id: String,
@@ -974,6 +997,16 @@ async fn run_customer(command: CustomerCommand) -> Result<(), ClientError> {
                 .call::<Value>(
                     Method::DELETE,
                     &format!("/v1/customers/{}", encode(&id)),
+                    None,
+                )
+                .await?;
+            print(&v);
+        }
+        CustomerCommand::RevokeLinks { id, client } => {
+            let v = Client::new(&client)?
+                .call::<Value>(
+                    Method::POST,
+                    &format!("/v1/customers/{}/portal/revoke", encode(&id)),
                     None,
                 )
                 .await?;

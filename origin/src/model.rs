@@ -229,6 +229,10 @@ pub struct Subscriber {
 pub struct Disabled {
     pub at_ms: i64,
     pub reason: String,
+    /// Disabled by an operator (the admin token): only an operator re-enables it, not the
+    /// customer's portal. `false` for the daemon's own (a 410, a long run of failures) and the
+    /// customer's pause.
+    pub by_operator: bool,
 }
 
 /// What the alert rules (`crate::alert::rules`) keep about a subscriber, in the ledger.
@@ -262,13 +266,48 @@ pub fn active_secrets(secrets: &[StoredSecret], now_ms: i64) -> Vec<String> {
         .collect()
 }
 
-/// The stored secrets that sign at `now_ms`, newest first.
+/// Most signing secrets active at once: the current one and the one it replaced, which keeps
+/// signing through the rotation's grace period while the subscriber switches over.
+pub const MAX_ACTIVE_SECRETS: usize = 2;
+
+/// The least time between two rotations of one subscriber's secret.
+pub const MIN_ROTATION_INTERVAL_MS: i64 = 60_000;
+
+/// How long a rotation has to wait (pure): `None` when it may happen at `now_ms`. Given when
+/// the current secret was made and whether it came from a rotation (the first secret, made
+/// with the subscriber, may be rotated at once).
+pub fn rotation_wait_ms(current_created_ms: i64, rotated_before: bool, now_ms: i64) -> Option<i64> {
+    let next = current_created_ms.saturating_add(MIN_ROTATION_INTERVAL_MS);
+    (rotated_before && next > now_ms).then(|| next - now_ms)
+}
+
+/// The least time between two test events (`POST /v1/subscribers/{id}/test`) to one
+/// subscriber.
+pub const MIN_TEST_INTERVAL_MS: i64 = 10_000;
+
+/// How long a test event to a subscriber has to wait (pure): `None` when it may be sent at
+/// `now_ms`. Given its previous test event, if it is still kept: whether that one is still
+/// unfinished (pending or in flight: one test at a time, so a paused or failing endpoint never
+/// piles them up) and when it was made (at most one per [`MIN_TEST_INTERVAL_MS`]).
+pub fn test_event_wait_ms(previous: Option<(bool, i64)>, now_ms: i64) -> Option<i64> {
+    let (unfinished, made_ms) = previous?;
+    let next = made_ms.saturating_add(MIN_TEST_INTERVAL_MS);
+    if unfinished {
+        Some((next - now_ms).max(MIN_TEST_INTERVAL_MS))
+    } else {
+        (next > now_ms).then(|| next - now_ms)
+    }
+}
+
+/// The stored secrets that sign at `now_ms`, newest first, at most [`MAX_ACTIVE_SECRETS`]
+/// (a ledger rotated many times before the cap keeps only the newest two signing).
 fn live_secrets(secrets: &[StoredSecret], now_ms: i64) -> Vec<&StoredSecret> {
     let mut live: Vec<&StoredSecret> = secrets
         .iter()
         .filter(|s| s.expires_ms.is_none_or(|e| e > now_ms))
         .collect();
     live.sort_by_key(|s| std::cmp::Reverse(s.created_ms));
+    live.truncate(MAX_ACTIVE_SECRETS);
     live
 }
 

@@ -236,12 +236,13 @@ async fn a_portal_token_sees_and_changes_only_its_own_customer() {
             .post(&format!("/v1/subscribers/{sub}/rotate-secret"), json!({}))
             .await;
         assert_eq!(s, 404, "rotate {sub}");
+        // The stored secrets and test events are the operator's (DESIGN.md's portal routes).
         let (s, _) = a.get(&format!("/v1/subscribers/{sub}/secret")).await;
-        assert_eq!(s, 404, "secret {sub}");
+        assert_eq!(s, 403, "secret {sub}");
         let (s, _) = a
             .post(&format!("/v1/subscribers/{sub}/test"), json!({}))
             .await;
-        assert_eq!(s, 404, "test {sub}");
+        assert_eq!(s, 403, "test {sub}");
         let (s, _) = a.post("/v1/replay", json!({ "subscriber": sub })).await;
         assert_eq!(s, 404, "bulk replay {sub}");
     }
@@ -333,8 +334,8 @@ async fn a_portal_token_sees_and_changes_only_its_own_customer() {
         a_sub.count() >= received + 2
     })
     .await;
-    // A test event, to acme's endpoint alone.
-    let (s, body) = a.post("/v1/subscribers/a1/test", json!({})).await;
+    // A test event (the operator's), to acme's endpoint alone.
+    let (s, body) = api.post("/v1/subscribers/a1/test", json!({})).await;
     assert_eq!(s, 202, "{body}");
     wait_for("the test event arrives", LONG, || async {
         a_sub
@@ -393,11 +394,12 @@ fn signed_by(r: &Received, secret: &str) -> bool {
     .is_ok()
 }
 
-/// `GET /v1/subscribers/{id}/secret` shows the real signing secrets: the admin any endpoint's,
-/// a portal token its own customer's only (404 for another's); during a rotation both, the
-/// old one with the end of its grace period. Never cacheable.
+/// `GET /v1/subscribers/{id}/secret` shows the real signing secrets to the admin; a portal
+/// token gets 403 (DESIGN.md's portal routes) and sees a new secret once, in the answer to its
+/// own rotation; during a rotation both sign, the old one until the end of its grace period.
+/// Never cacheable.
 #[tokio::test]
-async fn signing_secrets_are_shown_to_the_admin_and_to_their_own_customer() {
+async fn signing_secrets_are_shown_to_the_admin_and_once_to_the_rotating_customer() {
     let d = Daemon::start().await;
     let api = &d.api;
     let a_sub = Subscriber::ok().await;
@@ -443,37 +445,25 @@ async fn signing_secrets_are_shown_to_the_admin_and_to_their_own_customer() {
     assert!(signed_by(&b_sub.received()[0], &b_secret));
     assert!(!signed_by(&b_sub.received()[0], &current));
 
-    // A portal token: its own endpoint's, the same; another customer's and unknown ids, 404.
+    // A portal token: 403 for any endpoint's stored secrets, its own included.
     let (token, _) = portal(api, "acme", None).await;
     let a = as_token(api, &token);
-    let (s, cache, own) =
-        with_cache_control(&a, "GET", "/v1/subscribers/a1/secret", Value::Null).await;
-    assert_eq!((s, cache.as_deref()), (200, Some("no-store")));
-    assert_eq!(own, admin_view);
-    for other in ["b1", "nobody"] {
-        let (s, body) = a.get(&format!("/v1/subscribers/{other}/secret")).await;
+    for any in ["a1", "b1", "nobody"] {
+        let (s, body) = a.get(&format!("/v1/subscribers/{any}/secret")).await;
         assert_eq!(
             (s, body["error"]["code"].clone()),
-            (404, json!("unknown_subscriber")),
-            "{other}: {body}"
+            (403, json!("forbidden")),
+            "{any}: {body}"
         );
         assert!(!body.to_string().contains("whsec_"), "{body}");
     }
-    let (globex, _) = portal(api, "globex", None).await;
-    let (s, body) = as_token(api, &globex)
-        .get("/v1/subscribers/b1/secret")
-        .await;
-    assert_eq!(
-        (s, body["secrets"][0]["secret"].clone()),
-        (200, json!(b_secret))
-    );
 
     // A rotation (by the customer): the new one first, the old one until its grace ends.
     let (s, cache, rotated) =
         with_cache_control(&a, "POST", "/v1/subscribers/a1/rotate-secret", json!({})).await;
     assert_eq!((s, cache.as_deref()), (200, Some("no-store")), "{rotated}");
     let new = rotated["secret"].as_str().unwrap();
-    let (s, during) = a.get("/v1/subscribers/a1/secret").await;
+    let (s, during) = api.get("/v1/subscribers/a1/secret").await;
     assert_eq!(s, 200);
     assert_eq!(
         during,

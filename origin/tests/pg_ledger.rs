@@ -615,6 +615,23 @@ async fn subscribers_deliveries_replay_health_and_stats_as_on_sqlite() {
     let got = l.get_subscriber("a").await.unwrap();
     assert_eq!(got.active_secrets(50).len(), 2);
     assert_eq!(got.active_secrets(200), vec!["whsec_two".to_string()]);
+    // At most one rotation a minute; however many, two secrets sign.
+    assert!(matches!(
+        l.rotate_secret("a", "whsec_soon", 20, 100).await,
+        Err(LedgerError::TooSoon { .. })
+    ));
+    let minute = fanout_origin::model::MIN_ROTATION_INTERVAL_MS;
+    for k in 1..=3 {
+        l.rotate_secret("a", &format!("whsec_{k}"), 10 + k * minute, 100)
+            .await
+            .unwrap();
+    }
+    let got = l.get_subscriber("a").await.unwrap();
+    assert_eq!(
+        got.active_secrets(10 + 3 * minute),
+        vec!["whsec_3".to_string(), "whsec_2".to_string()]
+    );
+    assert_eq!(got.secrets.len(), 2, "{:?}", got.secrets);
     assert!(matches!(
         l.rotate_secret("nobody", "s", 1, 1).await,
         Err(LedgerError::NotFound(_))
@@ -673,17 +690,21 @@ async fn subscribers_deliveries_replay_health_and_stats_as_on_sqlite() {
         .is_empty());
     assert_eq!(l.replay_one(ids[0], 8).await.unwrap(), "a");
     assert_eq!(l.rearm_dead_alerts(2).await.unwrap(), 1);
-    let (n, subs) = l
-        .replay_bulk(
+    let step = l
+        .replay_step(
             &DeliveryFilter {
                 subscriber: Some("a".into()),
+                limit: 100,
                 ..Default::default()
             },
             9,
         )
         .await
         .unwrap();
-    assert_eq!((n, subs), (1, vec!["a".to_string()]));
+    assert_eq!(
+        (step.replayed, step.subscribers, step.done),
+        (1, vec!["a".to_string()], true)
+    );
     assert!(l.list_deliveries(&dead_filter).await.unwrap().is_empty());
     let d = l.get_delivery(ids[1]).await.unwrap();
     assert_eq!(
@@ -706,6 +727,7 @@ async fn subscribers_deliveries_replay_health_and_stats_as_on_sqlite() {
             disabled: Disabled {
                 at_ms: 11,
                 reason: "410".into(),
+                by_operator: false,
             },
         },
     ])
@@ -1788,10 +1810,11 @@ async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
     }
     l[1].get_delivery(ids[0]).await.unwrap();
     l[1].replay_one(ids[2], 6).await.unwrap();
-    l[1].replay_bulk(
+    l[1].replay_step(
         &DeliveryFilter {
             subscriber: Some("b".into()),
             status: Some(Status::Dead),
+            limit: 500,
             ..Default::default()
         },
         7,

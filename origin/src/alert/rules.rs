@@ -160,6 +160,7 @@ pub fn after_attempt(prev: &Health, seen: &Seen<'_>, rules: &AlertRules) -> Afte
             health.disabled = Some(Disabled {
                 at_ms: seen.at_ms,
                 reason: reason.clone(),
+                by_operator: false,
             });
             alerts.push(Alert::Disabled {
                 reason,
@@ -225,6 +226,7 @@ mod tests {
             disabled: Some(Disabled {
                 at_ms: 1,
                 reason: "x".into(),
+                by_operator: false,
             }),
         }
     }

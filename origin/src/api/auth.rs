@@ -27,14 +27,14 @@ pub enum Principal {
     Portal { customer: String },
 }
 
-/// The routes a portal token may call. Everything else answers 403.
+/// The routes a portal token may call (DESIGN.md's list). Everything else answers 403: the
+/// stored secrets (`GET …/secret`; the portal sees a new secret once, in the rotation's answer)
+/// and test events (`POST …/test`) are the operator's.
 const PORTAL_ROUTES: &[(Method, &str)] = &[
     (Method::GET, "/v1/subscribers"),
     (Method::GET, "/v1/subscribers/{id}"),
     (Method::PATCH, "/v1/subscribers/{id}"),
     (Method::POST, "/v1/subscribers/{id}/rotate-secret"),
-    (Method::GET, "/v1/subscribers/{id}/secret"),
-    (Method::POST, "/v1/subscribers/{id}/test"),
     (Method::GET, "/v1/deliveries"),
     (Method::GET, "/v1/deliveries/{id}"),
     (Method::POST, "/v1/deliveries/{id}/replay"),
@@ -86,6 +86,11 @@ impl Principal {
             Principal::Admin => "an operator",
             Principal::Portal { .. } => "the customer",
         }
+    }
+
+    /// Is this the operator (the admin token)?
+    pub fn is_operator(&self) -> bool {
+        matches!(self, Principal::Admin)
     }
 }
 
@@ -222,8 +227,8 @@ mod tests {
             (Method::PATCH, "/v1/subscribers/{id}", true),
             (Method::DELETE, "/v1/subscribers/{id}", false),
             (Method::POST, "/v1/subscribers/{id}/rotate-secret", true),
-            (Method::GET, "/v1/subscribers/{id}/secret", true),
-            (Method::POST, "/v1/subscribers/{id}/test", true),
+            (Method::GET, "/v1/subscribers/{id}/secret", false),
+            (Method::POST, "/v1/subscribers/{id}/test", false),
             (Method::GET, "/v1/deliveries", true),
             (Method::GET, "/v1/deliveries/{id}", true),
             (Method::POST, "/v1/deliveries/{id}/replay", true),
@@ -235,6 +240,7 @@ mod tests {
             (Method::PATCH, "/v1/customers/{id}", false),
             (Method::DELETE, "/v1/customers/{id}", false),
             (Method::POST, "/v1/customers/{id}/portal", false),
+            (Method::POST, "/v1/customers/{id}/portal/revoke", false),
             (Method::GET, "", false),
         ];
         for (m, route, ok) in cases {

@@ -1,5 +1,6 @@
 //! `/v1/customers`: the operator's customers (admin token only), and
-//! `POST /v1/customers/{id}/portal`, which issues a link to that customer's portal.
+//! `POST /v1/customers/{id}/portal`, which issues a link to that customer's portal, and
+//! `POST /v1/customers/{id}/portal/revoke`, which ends every link issued so far.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -27,6 +28,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/customers", post(create).get(list))
         .route("/v1/customers/{id}", get(read).patch(update).delete(remove))
         .route("/v1/customers/{id}/portal", post(portal_link))
+        .route("/v1/customers/{id}/portal/revoke", post(revoke_links))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -231,6 +233,21 @@ async fn portal_link(
             expires_at_ms,
         }),
     ))
+}
+
+/// End every portal link issued for this customer so far (401 from then on); links issued
+/// afterwards work.
+async fn revoke_links(
+    State(state): State<AppState>,
+    PathId(id): PathId,
+) -> Result<impl IntoResponse, ApiError> {
+    let now = now_ms();
+    state
+        .ledger
+        .revoke_portal_links(id.clone(), nonce()?, now)
+        .await
+        .map_err(|e| unknown(e, &id))?;
+    Ok(Json(json!({ "id": id, "links_revoked_at_ms": now })))
 }
 
 #[cfg(test)]

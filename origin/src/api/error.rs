@@ -80,6 +80,9 @@ impl ApiError {
             ApiError::Ledger(LedgerError::Invalid(_)) => {
                 (StatusCode::BAD_REQUEST, "invalid_request")
             }
+            ApiError::Ledger(LedgerError::TooSoon { .. }) => {
+                (StatusCode::TOO_MANY_REQUESTS, "rate_limited")
+            }
             ApiError::Ledger(LedgerError::Unavailable(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
             }
@@ -96,7 +99,10 @@ impl IntoResponse for ApiError {
         let (status, code) = self.status_and_code();
         let message = match &self {
             ApiError::Ledger(
-                LedgerError::NotFound(m) | LedgerError::Conflict(m) | LedgerError::Invalid(m),
+                LedgerError::NotFound(m)
+                | LedgerError::Conflict(m)
+                | LedgerError::Invalid(m)
+                | LedgerError::TooSoon { message: m, .. },
             ) => m.clone(),
             ApiError::Ledger(LedgerError::Unavailable(why)) => {
                 format!("the ledger cannot write ({why}); nothing of this request was kept, retry later")
@@ -110,7 +116,19 @@ impl IntoResponse for ApiError {
             }
             other => other.to_string(),
         };
+        let retry_after_secs = match &self {
+            ApiError::Ledger(LedgerError::TooSoon { retry_after_ms, .. }) => {
+                Some(retry_after_ms.saturating_add(999).div_euclid(1000).max(1))
+            }
+            _ => None,
+        };
         let mut response = (status, Json(ErrorBody::new(code, message))).into_response();
+        if let Some(secs) = retry_after_secs {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,

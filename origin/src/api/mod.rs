@@ -447,7 +447,7 @@ fn patched(
     input: SubscriberInput,
     allow_loopback: bool,
     now: i64,
-    actor: &str,
+    who: &Principal,
 ) -> Result<Subscriber, ApiError> {
     if input.id.as_ref().is_some_and(|id| *id != s.id) {
         return Err(ApiError::Invalid("id cannot be changed".into()));
@@ -488,13 +488,21 @@ fn patched(
     if let Some(c) = input.customer {
         s.customer = c;
     }
-    match input.disabled {
+    match (input.disabled, &s.health.disabled) {
+        // What an operator disabled only an operator re-enables.
+        (Some(false), Some(d)) if d.by_operator && !who.is_operator() => {
+            return Err(ApiError::Forbidden(
+                "this endpoint was disabled by the operator: only the operator can re-enable it"
+                    .into(),
+            ))
+        }
         // Re-enabled: a fresh start (no run of failures; the dispatcher closes the breaker).
-        Some(false) if s.health.disabled.is_some() => s.health = Default::default(),
-        Some(true) if s.health.disabled.is_none() => {
+        (Some(false), Some(_)) => s.health = Default::default(),
+        (Some(true), None) => {
             s.health.disabled = Some(Disabled {
                 at_ms: now,
-                reason: format!("disabled by {actor}"),
+                reason: format!("disabled by {}", who.actor()),
+                by_operator: who.is_operator(),
             })
         }
         _ => {}
@@ -597,13 +605,12 @@ async fn patch_subscriber(
     who.may_patch(&input.fields())?;
     let allow_loopback = state.cfg.allow_loopback;
     let now = now_ms();
-    let actor = who.actor();
     let scope = who.scope();
     let sub = state
         .ledger
         .update_subscriber(id.clone(), scope, move |current| {
             let toggled = input.disabled.is_some();
-            patched(current, input, allow_loopback, now, actor).map(|next| (next, toggled))
+            patched(current, input, allow_loopback, now, &who).map(|next| (next, toggled))
         })
         .await
         .map_err(|e| unknown_subscriber(e, &id))??;
@@ -880,6 +887,9 @@ async fn replay_bulk(
         ledger::LedgerError::NotFound(m) => ApiError::UnknownSubscriber(m),
         other => ApiError::Ledger(other),
     };
+    if dry_run && filter.status == Some(Status::Pending) {
+        return Ok(Json(json!({ "count": 0 })).into_response());
+    }
     if dry_run {
         let n = state
             .ledger
@@ -888,16 +898,63 @@ async fn replay_bulk(
             .map_err(unknown)?;
         return Ok(Json(json!({ "count": n })).into_response());
     }
-    let (n, subs) = state
-        .ledger
-        .replay_bulk(filter, now)
-        .await
-        .map_err(unknown)?;
-    if !subs.is_empty() {
-        state.tell(Control::Replayed(subs));
+    // What is pending already is in the queue: replaying it changes nothing.
+    if filter.status == Some(Status::Pending) {
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(views::Replayed {
+                replayed: 0,
+                more: false,
+                next: None,
+            }),
+        )
+            .into_response());
     }
-    Ok((StatusCode::ACCEPTED, Json(views::Replayed { replayed: n })).into_response())
+    // In steps, each a short transaction, with a pause between them (as retention), and no
+    // more than REPLAY_PER_CALL deliveries looked at per call: the answer says where to go on.
+    let mut replayed = 0u64;
+    let mut looked_at = 0usize;
+    let mut step = filter.clone();
+    let more = loop {
+        step.limit = REPLAY_STEP.min(REPLAY_PER_CALL - looked_at);
+        let done = state
+            .ledger
+            .replay_step(step.clone(), now)
+            .await
+            .map_err(unknown)?;
+        replayed += done.replayed;
+        looked_at += step.limit;
+        if !done.subscribers.is_empty() {
+            state.tell(Control::Replayed(done.subscribers));
+        }
+        step.after = done.last.or(step.after);
+        if done.done {
+            break false;
+        }
+        if looked_at >= REPLAY_PER_CALL {
+            break true;
+        }
+        tokio::time::sleep(REPLAY_PAUSE).await;
+    };
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(views::Replayed {
+            replayed,
+            more,
+            next: more
+                .then(|| step.after.map(crate::model::delivery_public_id))
+                .flatten(),
+        }),
+    )
+        .into_response())
 }
+
+/// Deliveries one step of a bulk replay looks at: one short writer transaction.
+const REPLAY_STEP: usize = 500;
+/// Deliveries one `POST /v1/replay` looks at, at most; `more` and `next` say where to go on.
+pub const REPLAY_PER_CALL: usize = 10_000;
+/// The pause between two steps, which lets ingest and the dispatcher write in between.
+const REPLAY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
 // ---------------------------------------------------------------------------------------------
 // Health and metrics
@@ -1210,7 +1267,7 @@ mod tests {
             },
             false,
             1,
-            "an operator",
+            &Principal::Admin,
         );
         assert!(p.is_err());
         // Disable, then re-enable: a fresh start.
@@ -1218,18 +1275,32 @@ mod tests {
             disabled: Some(d),
             ..Default::default()
         };
-        let off = patched(s.clone(), toggle(true), false, 5, "an operator").unwrap();
+        let off = patched(s.clone(), toggle(true), false, 5, &Principal::Admin).unwrap();
         let d = off.health.disabled.clone().unwrap();
         assert_eq!((d.at_ms, d.reason.as_str()), (5, "disabled by an operator"));
-        let again = patched(off.clone(), toggle(true), false, 9, "an operator").unwrap();
+        let again = patched(off.clone(), toggle(true), false, 9, &Principal::Admin).unwrap();
         assert_eq!(again.health.disabled.map(|d| d.at_ms), Some(5));
+        assert!(d.by_operator);
+        // The customer pauses and resumes its own endpoint, but does not re-enable one the
+        // operator disabled.
+        let customer = Principal::Portal {
+            customer: "acme".into(),
+        };
+        let paused = patched(s.clone(), toggle(true), false, 5, &customer).unwrap();
+        assert!(!paused.health.disabled.as_ref().unwrap().by_operator);
+        let resumed = patched(paused, toggle(false), false, 6, &customer).unwrap();
+        assert_eq!(resumed.health.disabled, None);
+        assert!(matches!(
+            patched(off.clone(), toggle(false), false, 6, &customer),
+            Err(ApiError::Forbidden(_))
+        ));
         let mut failing = off;
         failing.health.failing_since_ms = Some(2);
-        let on = patched(failing, toggle(false), false, 6, "an operator").unwrap();
+        let on = patched(failing, toggle(false), false, 6, &Principal::Admin).unwrap();
         assert_eq!(on.health, Default::default());
         let mut enabled_failing = s;
         enabled_failing.health.failing_since_ms = Some(2);
-        let still = patched(enabled_failing, toggle(false), false, 6, "an operator").unwrap();
+        let still = patched(enabled_failing, toggle(false), false, 6, &Principal::Admin).unwrap();
         assert_eq!(still.health.failing_since_ms, Some(2));
     }
 

@@ -90,6 +90,7 @@ mod tests {
             "PATCH /v1/customers/{id}",
             "DELETE /v1/customers/{id}",
             "POST /v1/customers/{id}/portal",
+            "POST /v1/customers/{id}/portal/revoke",
             "GET /portal",
             "GET /portal.js",
             "GET /portal.css",

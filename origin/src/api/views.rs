@@ -55,4 +55,9 @@ pub struct ReplayedOne {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Replayed {
     pub replayed: u64,
+    /// More may match past what this call looked at (`REPLAY_PER_CALL`): call again with
+    /// `after` set to `next`.
+    pub more: bool,
+    /// The last delivery this call looked at, when `more`.
+    pub next: Option<String>,
 }

@@ -192,12 +192,16 @@
   }
 
   async function loadSubscribers() {
-    const [data, retention] = await Promise.all([
+    const [data, retention, customers] = await Promise.all([
       api('GET', '/v1/subscribers?stats=true'),
       api('GET', '/v1/retention'),
+      api('GET', '/v1/customers'),
     ]);
     if ($('#subscribers-view').hidden) return;
     $('#retention').textContent = retentionText(retention);
+    const cs = customers.customers ?? [];
+    $('#cus-table tbody').replaceChildren(...cs.map(customerRow));
+    $('#customers').hidden = cs.length === 0;
     subscribers = data.subscribers ?? [];
     const body = $('#sub-table tbody');
     body.replaceChildren(...subscribers.map(subscriberRow));
@@ -282,6 +286,32 @@
           : h('button', { type: 'button', class: 'quiet', 'data-action': 'disable', onclick: (ev) => setDisabled(s, true, ev.currentTarget) }, 'Disable'),
         h('button', { type: 'button', class: 'danger', 'data-action': 'delete', onclick: (ev) => deleteSubscriber(s, ev.currentTarget) }, 'Delete'))),
     );
+  }
+
+  function customerRow(c) {
+    return h(
+      'tr',
+      { 'data-customer': c.id },
+      h('td', null, h('div', { class: 'id' }, c.id)),
+      h('td', { class: 'num' }, fmtNum(c.weight)),
+      h('td', { class: 'num' }, c.max_in_flight == null ? '' : fmtNum(c.max_in_flight)),
+      h('td', { class: 'num' }, fmtNum(c.subscribers ?? 0)),
+      h('td', null, h('button', { type: 'button', class: 'danger', 'data-action': 'revoke-links', onclick: (ev) => revokeLinks(c, ev.currentTarget) }, 'Revoke portal links')),
+    );
+  }
+
+  /** POST …/portal/revoke: every link issued for this customer so far stops working. */
+  async function revokeLinks(c, button) {
+    if (!confirm(`Revoke every portal link issued for ${c.id}? They stop working at once; new links work.`)) return;
+    button.disabled = true;
+    try {
+      await api('POST', `/v1/customers/${encodeURIComponent(c.id)}/portal/revoke`, {});
+      flash(`Every portal link issued for ${c.id} so far is revoked.`);
+    } catch (e) {
+      if (e.status !== 401) flash(e.message, 'error');
+    } finally {
+      button.disabled = false;
+    }
   }
 
   const plural = (n, one, many) => `${fmtNum(n)} ${n === 1 ? one : many}`;
@@ -536,8 +566,13 @@
     ].filter(Boolean).join(' ');
     if (!confirm(`Replay ${scope}?`)) return;
     try {
-      const r = await api('POST', '/v1/replay', body);
-      flash(`${r.replayed} ${r.replayed === 1 ? 'delivery' : 'deliveries'} queued again.`);
+      // The daemon replays at most 10,000 per call and says where to go on.
+      let replayed = 0;
+      for (let r = { more: true }; r.more;) {
+        r = await api('POST', '/v1/replay', r.next ? { ...body, after: r.next } : body);
+        replayed += r.replayed;
+      }
+      flash(`${replayed} ${replayed === 1 ? 'delivery' : 'deliveries'} queued again.`);
       await loadDeliveries(false);
     } catch (e) {
       if (e.status !== 401) flash(e.message, 'error');

@@ -100,7 +100,8 @@ pub fn update_customer(c: &Connection, cu: &Customer) -> Result<(), LedgerError>
 
 /// Remove a customer that owns no live subscriber (a customer with endpoints is refused with a
 /// conflict: remove or move them first, so no endpoint is left owned by nobody by accident).
-/// Its portal links stop working with it.
+/// Its portal links stop working with it, and its removed endpoints' history passes to the
+/// operator.
 pub fn delete_customer(c: &Connection, id: &str) -> Result<(), LedgerError> {
     get_customer(c, id)?;
     let live: i64 = c
@@ -114,7 +115,36 @@ pub fn delete_customer(c: &Connection, id: &str) -> Result<(), LedgerError> {
              another customer first"
         )));
     }
+    detach_removed_subscribers(c, id)?;
     c.execute("DELETE FROM customers WHERE id = ?1", [id])?;
+    Ok(())
+}
+
+/// The history of a customer being removed passes to the operator: its removed subscribers
+/// (their deliveries and attempts) stop naming it, so a customer created later under the same
+/// id sees nothing of them (and cannot take their ids over while their deliveries are kept).
+fn detach_removed_subscribers(c: &Connection, id: &str) -> Result<(), LedgerError> {
+    c.prepare_cached(
+        "UPDATE subscribers SET customer = NULL WHERE customer = ?1 AND deleted_ms IS NOT NULL",
+    )?
+    .execute([id])?;
+    Ok(())
+}
+
+/// End every portal link issued for customer `id` so far: a new nonce, which the links issued
+/// before do not carry (links issued after it work).
+pub fn revoke_portal_links(
+    c: &Connection,
+    id: &str,
+    nonce: &str,
+    now_ms: i64,
+) -> Result<(), LedgerError> {
+    let n = c
+        .prepare_cached("UPDATE customers SET portal_nonce = ?2, updated_ms = ?3 WHERE id = ?1")?
+        .execute(params![id, nonce, now_ms])?;
+    if n == 0 {
+        return Err(LedgerError::NotFound(format!("customer {id}")));
+    }
     Ok(())
 }
 
@@ -155,7 +185,8 @@ pub fn portal_key(c: &Connection, fresh: &[u8], now_ms: i64) -> Result<Vec<u8>, 
 }
 
 /// Store a test event and a delivery of it to `subscriber` alone (no other subscriber's
-/// patterns are consulted). Returns the delivery's row id.
+/// patterns are consulted). Returns the delivery's row id. `TooSoon` while its previous test
+/// event is unfinished or younger than `MIN_TEST_INTERVAL_MS`.
 pub fn ingest_test(
     c: &Connection,
     subscriber: &str,
@@ -163,6 +194,22 @@ pub fn ingest_test(
     now_ms: i64,
 ) -> Result<i64, LedgerError> {
     super::get_subscriber(c, subscriber)?;
+    let previous: Option<(String, i64)> = c
+        .prepare_cached(
+            "SELECT d.status, e.received_ms
+             FROM subscribers s
+             JOIN deliveries d ON d.event_id = s.last_test_event AND d.subscriber_id = s.id
+             JOIN events e ON e.id = d.event_id
+             WHERE s.id = ?1",
+        )?
+        .query_row([subscriber], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let previous = previous.map(|(status, made)| (unfinished(&status), made));
+    if let Some(wait) = crate::model::test_event_wait_ms(previous, now_ms) {
+        return Err(test_too_soon(subscriber, wait));
+    }
+    c.prepare_cached("UPDATE subscribers SET last_test_event = ?2 WHERE id = ?1")?
+        .execute(params![subscriber, event.id])?;
     c.prepare_cached("INSERT INTO events (id, type, body, received_ms) VALUES (?1, ?2, ?3, ?4)")?
         .execute(params![event.id, event.event_type, event.body, now_ms])?;
     c.prepare_cached(
@@ -172,6 +219,27 @@ pub fn ingest_test(
     )?
     .execute(params![subscriber, event.id, now_ms])?;
     Ok(c.last_insert_rowid())
+}
+
+/// Whether a delivery in this stored status is still to be sent.
+fn unfinished(status: &str) -> bool {
+    matches!(
+        crate::model::Status::parse(status),
+        Some(crate::model::Status::Pending | crate::model::Status::InFlight)
+    )
+}
+
+/// A test event to `subscriber` refused for `wait_ms` more.
+pub fn test_too_soon(subscriber: &str, wait_ms: i64) -> LedgerError {
+    LedgerError::TooSoon {
+        message: format!(
+            "{subscriber} has a test event on its way or was sent one less than {} s ago: one \
+             test event at a time, one every {} s",
+            crate::model::MIN_TEST_INTERVAL_MS / 1000,
+            crate::model::MIN_TEST_INTERVAL_MS / 1000
+        ),
+        retry_after_ms: wait_ms,
+    }
 }
 
 #[cfg(test)]
@@ -207,8 +275,10 @@ mod tests {
             delete_customer(&c, "acme"),
             Err(LedgerError::Conflict(_))
         ));
+        crate::ledger::ingest(&c, &crate::ledger::test_events(1), 2).unwrap();
         delete_subscriber(&c, "hook", 2).unwrap();
-        // The removed endpoint keeps its owner: another customer cannot take its id over.
+        // The removed endpoint keeps its owner and its deliveries: another customer cannot
+        // take its id over.
         let mut other = test_subscriber("hook", &["*"]);
         other.customer = Some("globex".into());
         assert!(matches!(
@@ -216,6 +286,8 @@ mod tests {
             Err(LedgerError::Conflict(_))
         ));
         delete_customer(&c, "acme").unwrap();
+        // Its history is the operator's now: a new customer under the same id sees none of it.
+        assert_eq!(subscriber_owner(&c, "hook").unwrap(), None);
         assert!(matches!(
             get_customer(&c, "acme"),
             Err(LedgerError::NotFound(_))

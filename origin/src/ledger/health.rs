@@ -119,13 +119,14 @@ pub fn set_disabled(
 ) -> Result<bool, LedgerError> {
     let n = match disabled {
         Some(d) => c.execute(
-            "UPDATE subscribers SET disabled_ms = ?2, disabled_reason = ?3
+            "UPDATE subscribers SET disabled_ms = ?2, disabled_reason = ?3,
+                 disabled_by_operator = ?4
              WHERE id = ?1 AND deleted_ms IS NULL AND disabled_ms IS NULL",
-            params![id, d.at_ms, d.reason],
+            params![id, d.at_ms, d.reason, d.by_operator],
         )?,
         None => c.execute(
             "UPDATE subscribers SET disabled_ms = NULL, disabled_reason = NULL,
-                 failing_since_ms = NULL
+                 disabled_by_operator = 0, failing_since_ms = NULL
              WHERE id = ?1 AND deleted_ms IS NULL AND disabled_ms IS NOT NULL",
             [id],
         )?,
@@ -144,7 +145,7 @@ pub fn set_disabled(
 mod tests {
     use super::*;
     use crate::ledger::{
-        apply, claim, create_subscriber, get_subscriber, ingest, load_limiter, replay_bulk,
+        apply, claim, create_subscriber, get_subscriber, ingest, load_limiter, replay_step,
         DeliveryFilter, Outcome, Transition,
     };
 
@@ -189,11 +190,12 @@ mod tests {
         assert!(check_dead_counts(&c, &subs, 3, 7).unwrap().is_empty());
         // Nothing to re-arm while still above.
         assert_eq!(rearm_dead_alerts(&c, 3).unwrap(), 0);
-        replay_bulk(
+        replay_step(
             &c,
             &DeliveryFilter {
                 subscriber: Some("a".into()),
                 status: Some(crate::model::Status::Dead),
+                limit: 100,
                 ..Default::default()
             },
             8,
@@ -210,6 +212,7 @@ mod tests {
         let d = Disabled {
             at_ms: 5,
             reason: "the endpoint answered 410 Gone".into(),
+            by_operator: false,
         };
         apply_health(
             &c,
@@ -251,6 +254,7 @@ mod tests {
         let later = Disabled {
             at_ms: 9,
             reason: "other".into(),
+            by_operator: true,
         };
         assert!(!set_disabled(&c, "a", Some(&later)).unwrap());
         assert_eq!(get_subscriber(&c, "a").unwrap().health.disabled, Some(d));

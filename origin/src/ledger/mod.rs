@@ -102,6 +102,12 @@ pub enum LedgerError {
     Conflict(String),
     #[error("invalid: {0}")]
     Invalid(String),
+    /// Refused for now, by a rate limit: it may succeed after `retry_after_ms`.
+    #[error("too soon: {message}")]
+    TooSoon {
+        message: String,
+        retry_after_ms: i64,
+    },
     #[error("the ledger is closed")]
     Closed,
     #[error(transparent)]

@@ -120,9 +120,10 @@ fn exercise(c: &Connection) {
             subscriber,
             since_ms,
             until_ms,
+            limit: 500,
             ..Default::default()
         };
-        replay_bulk(c, &f, 500).unwrap();
+        replay_step(c, &f, 500).unwrap();
     }
     status_counts(c).unwrap();
     subscriber_stats(c, BreakerConfig::default(), 600).unwrap();

@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use super::LedgerError;
 use crate::model::{
-    any_type_matches, delivery_public_id, AttemptOutcome, AttemptRecord, Claim, Claimed, Disabled,
-    Health, Lane, Limits, Outcome, Status, StoredSecret, Subscriber, Transition,
+    any_type_matches, delivery_public_id, rotation_wait_ms, AttemptOutcome, AttemptRecord, Claim,
+    Claimed, Disabled, Health, Lane, Limits, Outcome, Status, StoredSecret, Subscriber, Transition,
+    MIN_ROTATION_INTERVAL_MS,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -18,7 +19,7 @@ use crate::model::{
 
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms, customer";
+     failing_since_ms, customer, disabled_by_operator";
 
 fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
     let types: String = r.get(2)?;
@@ -46,6 +47,7 @@ fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
                 (Some(at_ms), reason) => Some(Disabled {
                     at_ms,
                     reason: reason.unwrap_or_default(),
+                    by_operator: r.get(15)?,
                 }),
                 (None, _) => None,
             },
@@ -138,13 +140,10 @@ pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result
                 s.id
             )))
         }
-        // A removed endpoint's deliveries stay readable under its id: another customer
-        // taking the id over would see them.
-        Some((Some(_), Some(owner))) if s.customer.as_deref() != Some(owner.as_str()) => {
-            return Err(LedgerError::Conflict(format!(
-                "the id {} belonged to a removed subscriber of another customer",
-                s.id
-            )))
+        // A removed endpoint's deliveries stay under its id: another owner taking the id over
+        // would see and replay them. Refused until retention has removed them.
+        Some((Some(_), owner)) if owner != s.customer && has_deliveries(c, &s.id)? => {
+            return Err(id_still_holds_history(&s.id))
         }
         Some((Some(_), _)) => {
             c.execute(
@@ -166,6 +165,22 @@ pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result
     )?
     .execute(params![s.id, secret, s.created_ms])?;
     Ok(())
+}
+
+/// Whether any delivery is kept under subscriber id `id` (from the kept counts).
+fn has_deliveries(c: &Connection, id: &str) -> Result<bool, LedgerError> {
+    let n: i64 = c
+        .prepare_cached("SELECT COALESCE(SUM(n), 0) FROM delivery_counts WHERE subscriber_id = ?1")?
+        .query_row([id], |r| r.get(0))?;
+    Ok(n > 0)
+}
+
+/// A removed subscriber's id asked for by another owner while its deliveries are kept.
+pub fn id_still_holds_history(id: &str) -> LedgerError {
+    LedgerError::Conflict(format!(
+        "the id {id} belonged to a removed subscriber of another owner whose deliveries are \
+         still kept: choose another id, or reuse it once retention has removed them"
+    ))
 }
 
 /// Store a changed subscriber definition (not its secrets). The limiter state is kept: a
@@ -203,8 +218,9 @@ pub fn delete_subscriber(c: &Connection, id: &str, now_ms: i64) -> Result<usize,
     )?)
 }
 
-/// Add `secret` as the current secret; every other active secret keeps signing until
-/// `now + grace_ms`, then drops.
+/// Add `secret` as the current secret; the one it replaces keeps signing until
+/// `now + grace_ms`, and any older one stops now (at most `MAX_ACTIVE_SECRETS` sign). A
+/// rotation within `MIN_ROTATION_INTERVAL_MS` of the previous one is `TooSoon`.
 pub fn rotate_secret(
     c: &Connection,
     id: &str,
@@ -213,15 +229,26 @@ pub fn rotate_secret(
     grace_ms: i64,
 ) -> Result<(), LedgerError> {
     get_subscriber(c, id)?;
+    let (current_ms, rotated_before): (Option<i64>, bool) = c
+        .prepare_cached(
+            "SELECT (SELECT MAX(created_ms) FROM subscriber_secrets
+                     WHERE subscriber_id = ?1 AND expires_ms IS NULL),
+                    EXISTS (SELECT 1 FROM subscriber_secrets
+                            WHERE subscriber_id = ?1 AND expires_ms IS NOT NULL)",
+        )?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    if let Some(wait) = current_ms.and_then(|t| rotation_wait_ms(t, rotated_before, now_ms)) {
+        return Err(rotation_too_soon(id, wait));
+    }
+    // The secrets rotated out before are older than the current one: they stop now.
+    c.execute(
+        "DELETE FROM subscriber_secrets WHERE subscriber_id = ?1 AND expires_ms IS NOT NULL",
+        [id],
+    )?;
     c.execute(
         "UPDATE subscriber_secrets SET expires_ms = ?2
-         WHERE subscriber_id = ?1 AND (expires_ms IS NULL OR expires_ms > ?2)",
+         WHERE subscriber_id = ?1 AND expires_ms IS NULL",
         params![id, now_ms + grace_ms],
-    )?;
-    // Secrets already past their end are of no further use.
-    c.execute(
-        "DELETE FROM subscriber_secrets WHERE subscriber_id = ?1 AND expires_ms <= ?2",
-        params![id, now_ms],
     )?;
     c.execute(
         "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES (?1, ?2, ?3)",
@@ -232,6 +259,18 @@ pub fn rotate_secret(
         params![id, now_ms],
     )?;
     Ok(())
+}
+
+/// A rotation of `id`'s secret refused for `wait_ms` more.
+pub fn rotation_too_soon(id: &str, wait_ms: i64) -> LedgerError {
+    LedgerError::TooSoon {
+        message: format!(
+            "the secret of {id} was rotated less than {} s ago: rotate again in {} s",
+            MIN_ROTATION_INTERVAL_MS / 1000,
+            (wait_ms + 999) / 1000
+        ),
+        retry_after_ms: wait_ms,
+    }
 }
 
 /// A subscriber's limiter as stored by the dispatcher.
@@ -826,25 +865,61 @@ fn filter_sql(f: &DeliveryFilter) -> (String, Vec<rusqlite::types::Value>) {
 
 /// Deliveries matching `f`, in id order, at most `f.limit`. A subscriber without a status is
 /// read as one id-ordered range per status, merged: each range is an index's, so no list
-/// reads more than `4 × limit` rows whatever the ledger holds.
+/// reads more than `4 × limit` rows whatever the ledger holds. A customer's (a portal token's
+/// scope) is read per subscriber it owns, so it reads no other customer's rows.
 pub fn list_deliveries(
     c: &Connection,
     f: &DeliveryFilter,
 ) -> Result<Vec<DeliveryView>, LedgerError> {
-    if f.subscriber.is_some() && f.status.is_none() && f.event.is_none() {
-        let mut all = Vec::new();
-        for status in Status::ALL {
-            let one = DeliveryFilter {
+    Ok(list_rows(c, f)?.into_iter().map(|(_, d)| d).collect())
+}
+
+/// [`list_deliveries`] with each delivery's rowid.
+fn list_rows(c: &Connection, f: &DeliveryFilter) -> Result<Vec<(i64, DeliveryView)>, LedgerError> {
+    // A customer's list is its subscribers' lists merged: its cost follows the customer's own
+    // deliveries, not the ledger's. A subscriber's without a status, its statuses' merged.
+    let parts = match customer_ranges(c, f)? {
+        Some(per_subscriber) => per_subscriber,
+        None if f.subscriber.is_some() && f.status.is_none() && f.event.is_none() => Status::ALL
+            .into_iter()
+            .map(|status| DeliveryFilter {
                 status: Some(status),
                 ..f.clone()
-            };
-            all.extend(list_range(c, &one)?);
-        }
-        all.sort_by_key(|(rowid, _)| *rowid);
-        all.truncate(f.limit);
-        return Ok(all.into_iter().map(|(_, d)| d).collect());
+            })
+            .collect(),
+        None => return list_range(c, f),
+    };
+    let mut all = Vec::new();
+    for one in &parts {
+        all.extend(list_rows(c, one)?);
     }
-    Ok(list_range(c, f)?.into_iter().map(|(_, d)| d).collect())
+    all.sort_by_key(|(rowid, _)| *rowid);
+    all.truncate(f.limit);
+    Ok(all)
+}
+
+/// A filter scoped to a customer without a subscriber or an event, as one filter per
+/// subscriber the customer owns or owned (removed ones' deliveries stay its own), found by
+/// `subscribers_by_customer`; `None` for any other filter.
+fn customer_ranges(
+    c: &Connection,
+    f: &DeliveryFilter,
+) -> Result<Option<Vec<DeliveryFilter>>, LedgerError> {
+    let (Some(customer), None, None) = (&f.customer, &f.subscriber, &f.event) else {
+        return Ok(None);
+    };
+    let subs: Vec<String> = c
+        .prepare_cached("SELECT id FROM subscribers WHERE customer = ?1 ORDER BY id")?
+        .query_map([customer], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok(Some(
+        subs.into_iter()
+            .map(|s| DeliveryFilter {
+                subscriber: Some(s),
+                ..f.clone()
+            })
+            .collect(),
+    ))
 }
 
 fn list_range(c: &Connection, f: &DeliveryFilter) -> Result<Vec<(i64, DeliveryView)>, LedgerError> {
@@ -939,8 +1014,15 @@ fn replayable_sql(
     Ok((filter, args))
 }
 
-/// How many deliveries [`replay_bulk`] would replay now (a dry run).
+/// How many deliveries a bulk replay ([`replay_step`]s) would replay now (a dry run).
 pub fn count_replayable(c: &Connection, f: &DeliveryFilter) -> Result<usize, LedgerError> {
+    if let Some(per_subscriber) = customer_ranges(c, f)? {
+        let mut n = 0;
+        for one in per_subscriber {
+            n += count_replayable(c, &one)?;
+        }
+        return Ok(n);
+    }
     let (filter, args) = replayable_sql(f)?;
     let n: i64 = c
         .prepare(&format!("SELECT COUNT(*) FROM deliveries d {filter}"))?
@@ -948,34 +1030,71 @@ pub fn count_replayable(c: &Connection, f: &DeliveryFilter) -> Result<usize, Led
     Ok(n.max(0) as usize)
 }
 
-/// Replay every delivery matching the filter (its status defaults to dead; in-flight ones and
-/// removed subscribers' are skipped). Returns how many and the subscribers concerned.
-pub fn replay_bulk(
+/// One step of a bulk replay: the first `f.limit` deliveries matching the filter after
+/// `f.after`, in id order (its status defaults to dead; in-flight ones and removed
+/// subscribers' are skipped; pending ones are left as they are), put back in the queue.
+pub fn replay_step(
     c: &Connection,
     f: &DeliveryFilter,
     now_ms: i64,
-) -> Result<(usize, Vec<String>), LedgerError> {
-    let (filter, mut args) = replayable_sql(f)?;
-    args.push(rusqlite::types::Value::Integer(now_ms));
-    let now_arg = args.len();
-    let subs: Vec<String> = c
-        .prepare(&format!(
-            "SELECT DISTINCT d.subscriber_id FROM deliveries d {filter}"
-        ))?
-        .query_map(
-            rusqlite::params_from_iter(args[..args.len() - 1].iter()),
-            |r| r.get(0),
+) -> Result<ReplayStep, LedgerError> {
+    let ids = match customer_ranges(c, f)? {
+        // A customer's: its subscribers' first ids, merged.
+        Some(per_subscriber) => {
+            let mut all = Vec::new();
+            for one in per_subscriber {
+                all.extend(replayable_ids(c, &one)?);
+            }
+            all.sort_unstable();
+            all.truncate(f.limit);
+            all
+        }
+        None => replayable_ids(c, f)?,
+    };
+    let mut subs: Vec<String> = c
+        .prepare_cached(
+            "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?1,
+                 last_error = NULL, updated_ms = ?1
+             WHERE id IN (SELECT value FROM json_each(?2)) AND status IN ('sent', 'dead')
+             RETURNING subscriber_id",
         )?
+        .query_map(params![now_ms, id_list(ids.iter().copied())], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
-    let n = c.execute(
-        &format!(
-            "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?{now_arg},
-                 last_error = NULL, updated_ms = ?{now_arg}
-             WHERE id IN (SELECT d.id FROM deliveries d {filter})"
-        ),
-        rusqlite::params_from_iter(args),
-    )?;
-    Ok((n, subs))
+    let replayed = subs.len() as u64;
+    subs.sort();
+    subs.dedup();
+    Ok(ReplayStep {
+        replayed,
+        subscribers: subs,
+        last: ids.last().copied(),
+        done: ids.len() < f.limit,
+    })
+}
+
+/// The first `f.limit` ids a bulk replay with this filter takes after `f.after`.
+fn replayable_ids(c: &Connection, f: &DeliveryFilter) -> Result<Vec<i64>, LedgerError> {
+    let (filter, args) = replayable_sql(f)?;
+    let ids = c
+        .prepare_cached(&format!(
+            "SELECT d.id FROM deliveries d {filter} ORDER BY d.id LIMIT {}",
+            f.limit
+        ))?
+        .query_map(rusqlite::params_from_iter(args), |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok(ids)
+}
+
+/// What one step of a bulk replay did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayStep {
+    /// Deliveries put back in the queue.
+    pub replayed: u64,
+    /// Their subscribers, each once.
+    pub subscribers: Vec<String>,
+    /// The last delivery id the step looked at: the next step starts after it.
+    pub last: Option<i64>,
+    /// Nothing matches past it.
+    pub done: bool,
 }
 
 /// Deliveries per status, for `/metrics`: from the counts the triggers keep, not a scan.
@@ -1002,6 +1121,99 @@ mod tests {
             event_type: ty.into(),
             body: format!("{{\"id\":\"{id}\"}}"),
         }
+    }
+
+    /// A customer's list, its count and a replay step cost what the customer's own deliveries
+    /// do (a portal token's scope): the same SQLite VM steps whether another subscriber has
+    /// 1,000 or 10,000 deliveries in the same status, created before the customer's.
+    #[test]
+    fn a_customers_lists_cost_its_own_deliveries_not_the_ledgers() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::Arc;
+        let steps = |others: usize| -> u64 {
+            let mut c = db();
+            c.execute(
+                "INSERT INTO customers (id, weight, portal_nonce, created_ms, updated_ms)
+                 VALUES ('acme', 1, 'n', 0, 0)",
+                [],
+            )
+            .unwrap();
+            create_subscriber(&c, &sub("big", &["big.*"]), "s").unwrap();
+            let mut mine = sub("mine", &["mine.*"]);
+            mine.customer = Some("acme".into());
+            create_subscriber(&c, &mine, "s").unwrap();
+            let big: Vec<NewEvent> = (0..others).map(|i| ev(&format!("b{i}"), "big.x")).collect();
+            ingest(&c, &big, 1).unwrap();
+            let own: Vec<NewEvent> = (0..3).map(|i| ev(&format!("m{i}"), "mine.x")).collect();
+            ingest(&c, &own, 2).unwrap();
+            c.execute("UPDATE deliveries SET status = 'dead'", [])
+                .unwrap();
+            let counted = Arc::new(AtomicU64::new(0));
+            let counter = counted.clone();
+            c.progress_handler(
+                1,
+                Some(move || {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    false
+                }),
+            )
+            .unwrap();
+            let scoped = DeliveryFilter {
+                customer: Some("acme".into()),
+                limit: 10,
+                ..Default::default()
+            };
+            let dead = DeliveryFilter {
+                status: Some(Status::Dead),
+                ..scoped.clone()
+            };
+            assert_eq!(list_deliveries(&c, &dead).unwrap().len(), 3);
+            assert_eq!(list_deliveries(&c, &scoped).unwrap().len(), 3);
+            assert_eq!(count_replayable(&c, &dead).unwrap(), 3);
+            assert_eq!(replay_step(&c, &dead, 3).unwrap().replayed, 3);
+            c.progress_handler(0, None::<fn() -> bool>).unwrap();
+            counted.load(Ordering::Relaxed)
+        };
+        let (small, large) = (steps(1_000), steps(10_000));
+        assert!(
+            large <= small + small / 10,
+            "{small} VM steps, then {large}"
+        );
+    }
+
+    /// Rotations: the first at once, then at most one per `MIN_ROTATION_INTERVAL_MS`; however
+    /// many, two secrets sign (the current one and the one it replaced) and two are stored.
+    #[test]
+    fn rotations_keep_two_secrets_and_wait_their_interval() {
+        let c = db();
+        create_subscriber(&c, &sub("a", &["*"]), "s0").unwrap();
+        let stored = |c: &Connection| -> i64 {
+            c.query_row(
+                "SELECT COUNT(*) FROM subscriber_secrets WHERE subscriber_id = 'a'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        let day = 86_400_000;
+        rotate_secret(&c, "a", "s1", 10, day).unwrap();
+        match rotate_secret(&c, "a", "x", 10 + 30_000, day) {
+            Err(LedgerError::TooSoon { retry_after_ms, .. }) => {
+                assert_eq!(retry_after_ms, MIN_ROTATION_INTERVAL_MS - 30_000)
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut t = 10;
+        for k in 2..300 {
+            t += MIN_ROTATION_INTERVAL_MS;
+            rotate_secret(&c, "a", &format!("s{k}"), t, day).unwrap();
+        }
+        let s = get_subscriber(&c, "a").unwrap();
+        assert_eq!(
+            s.active_secrets(t),
+            vec!["s299".to_string(), "s298".to_string()]
+        );
+        assert_eq!(stored(&c), 2);
     }
 
     #[test]
@@ -1130,16 +1342,17 @@ mod tests {
         assert_eq!(list_deliveries(&c, &f).unwrap().len(), 2);
         assert_eq!(replay_one(&c, ids[0], 6).unwrap(), "a");
         assert_eq!(
-            replay_bulk(
+            replay_step(
                 &c,
                 &DeliveryFilter {
                     subscriber: Some("a".into()),
+                    limit: 100,
                     ..Default::default()
                 },
                 7
             )
             .unwrap()
-            .0,
+            .replayed,
             1
         );
         assert_eq!(list_deliveries(&c, &f).unwrap().len(), 0);

@@ -194,6 +194,29 @@ const MIGRATIONS: &[Migration] = &[
     "#),
     // 5: the deliveries keyed event first (issue 8, single events): see `rekey_deliveries`.
     Code(rekey_deliveries),
+    // 6: who disabled a subscriber (issue 22): one an operator disabled is re-enabled by an
+    // operator only, never through the customer's portal. Those disabled before this column
+    // existed are told apart by the reason the API wrote for them, once, here.
+    Sql(r#"
+    ALTER TABLE subscribers ADD COLUMN disabled_by_operator INTEGER NOT NULL DEFAULT 0;
+    UPDATE subscribers SET disabled_by_operator = 1
+        WHERE disabled_ms IS NOT NULL AND disabled_reason = 'disabled by an operator';
+    "#),
+    // 7: a removed customer's history is the operator's (issue 22): removed subscribers stop
+    // naming a customer that is gone, or that was created again after they were removed (the
+    // customer that owned them then is gone), so a customer re-created under an old id sees
+    // nothing of its predecessor's deliveries. `ledger::delete_customer` keeps it so.
+    Sql(r#"
+    UPDATE subscribers SET customer = NULL
+        WHERE deleted_ms IS NOT NULL AND customer IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM customers c
+                          WHERE c.id = subscribers.customer AND c.created_ms <= subscribers.deleted_ms);
+    "#),
+    // 8: each subscriber's latest test event (`POST /v1/subscribers/{id}/test`, issue 22): one
+    // at a time, one every `model::MIN_TEST_INTERVAL_MS`, found by its key, never counted.
+    Sql(r#"
+    ALTER TABLE subscribers ADD COLUMN last_test_event TEXT;
+    "#),
 ];
 
 /// Rows copied by one statement when a migration rebuilds a table; its progress is logged
@@ -369,6 +392,46 @@ mod tests {
         conn.pragma_update(None, "user_version", VERSION + 1)
             .unwrap();
         assert!(matches!(migrate(&mut conn), Err(LedgerError::Schema(_))));
+    }
+
+    /// Migration 7: a removed subscriber stops naming a customer that is gone, or that was
+    /// created again after it was removed; live ones and those of a customer still the same
+    /// keep theirs.
+    #[test]
+    fn migration_7_gives_a_removed_customers_history_to_the_operator() {
+        let mut c = Connection::open_in_memory().unwrap();
+        assert_eq!(migrate_to(&mut c, 6).unwrap(), 6);
+        c.execute_batch(
+            "INSERT INTO customers (id, weight, portal_nonce, created_ms, updated_ms)
+                 VALUES ('kept', 1, 'n', 1, 1), ('again', 1, 'n', 50, 50);
+             INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
+                 timeout_ms, lane, created_ms, updated_ms, deleted_ms, customer) VALUES
+                 ('live', 'u', '[]', 1, 1, 1, 1, 'origin', 1, 1, NULL, 'kept'),
+                 ('removed_kept', 'u', '[]', 1, 1, 1, 1, 'origin', 1, 1, 10, 'kept'),
+                 ('removed_gone', 'u', '[]', 1, 1, 1, 1, 'origin', 1, 1, 10, 'gone'),
+                 ('removed_before_again', 'u', '[]', 1, 1, 1, 1, 'origin', 1, 1, 10, 'again'),
+                 ('operator', 'u', '[]', 1, 1, 1, 1, 'origin', 1, 1, 10, NULL);",
+        )
+        .unwrap();
+        migrate(&mut c).unwrap();
+        let owners: Vec<(String, Option<String>)> = c
+            .prepare("SELECT id, customer FROM subscribers ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(
+            owners,
+            vec![
+                ("live".into(), some("kept")),
+                ("operator".into(), None),
+                ("removed_before_again".into(), None),
+                ("removed_gone".into(), None),
+                ("removed_kept".into(), some("kept")),
+            ]
+        );
     }
 
     type Row = (

@@ -164,6 +164,7 @@ mod tests {
         let off = Disabled {
             at_ms: 3_500,
             reason: "by hand".into(),
+            by_operator: true,
         };
         crate::ledger::set_disabled(&c, "b", Some(&off)).unwrap();
         let stats = subscriber_stats(&c, BreakerConfig::default(), 4_000).unwrap();

@@ -302,35 +302,35 @@ impl Store {
         }
     }
 
-    /// Replay what matches (its `customer` is the caller's scope); a filter naming a subscriber
-    /// that does not exist, or that the scope does not see, is `NotFound`.
-    pub async fn replay_bulk(
+    /// One step of a bulk replay: the first `filter.limit` deliveries matching it after
+    /// `filter.after` (its `customer` is the caller's scope), each transaction short (the
+    /// caller steps on, as retention does); a filter naming a subscriber that does not exist,
+    /// or that the scope does not see, is `NotFound`.
+    pub async fn replay_step(
         &self,
         filter: DeliveryFilter,
         now_ms: i64,
-    ) -> Result<(u64, Vec<String>), LedgerError> {
+    ) -> Result<super::ReplayStep, LedgerError> {
         match self {
             Store::Sqlite(l) => {
-                let (n, subs) = l
-                    .tx(move |c| {
-                        if let Some(s) = &filter.subscriber {
-                            visible_subscriber(c, s, filter.customer.as_deref())?;
-                        }
-                        super::replay_bulk(c, &filter, now_ms)
-                    })
-                    .await?;
-                Ok((n as u64, subs))
+                l.tx(move |c| {
+                    if let Some(s) = &filter.subscriber {
+                        visible_subscriber(c, s, filter.customer.as_deref())?;
+                    }
+                    super::replay_step(c, &filter, now_ms)
+                })
+                .await
             }
             Store::Postgres(p) => {
                 if let Some(s) = &filter.subscriber {
                     self.subscriber(s.clone(), filter.customer.clone()).await?;
                 }
-                p.replay_bulk(&filter, now_ms).await
+                p.replay_step(&filter, now_ms).await
             }
         }
     }
 
-    /// How many deliveries [`Store::replay_bulk`] would replay now, changing nothing.
+    /// How many deliveries a bulk replay would replay now, changing nothing.
     pub async fn count_replayable(&self, filter: DeliveryFilter) -> Result<u64, LedgerError> {
         match self {
             Store::Sqlite(l) => {

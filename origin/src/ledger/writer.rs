@@ -200,6 +200,13 @@ fn again(e: &LedgerError) -> LedgerError {
         LedgerError::NotFound(m) => LedgerError::NotFound(m.clone()),
         LedgerError::Conflict(m) => LedgerError::Conflict(m.clone()),
         LedgerError::Invalid(m) => LedgerError::Invalid(m.clone()),
+        LedgerError::TooSoon {
+            message,
+            retry_after_ms,
+        } => LedgerError::TooSoon {
+            message: message.clone(),
+            retry_after_ms: *retry_after_ms,
+        },
         LedgerError::Closed => LedgerError::Closed,
         LedgerError::Postgres(e) => LedgerError::Postgres(e.clone()),
         LedgerError::Owned { db, owner } => LedgerError::Owned {

@@ -168,12 +168,9 @@
             s.disabled
               ? h('button', { type: 'button', class: 'resume', onclick: () => setDisabled(s.id, false) }, 'Resume')
               : h('button', { type: 'button', class: 'pause quiet', onclick: () => setDisabled(s.id, true) }, 'Pause'),
-            h('button', { type: 'button', class: 'test-event quiet', onclick: () => sendTest(s.id) }, 'Send test event'),
-            h('button', { type: 'button', class: 'show-secret quiet', 'aria-expanded': 'false', onclick: (e) => toggleSecrets(s.id, e.currentTarget) }, 'Show secret'),
             h('button', { type: 'button', class: 'rotate quiet', onclick: () => rotate(s.id) }, 'Rotate signing secret'),
             h('span', { class: 'muted small' }, `${s.active_secrets} signing secret${s.active_secrets === 1 ? '' : 's'} active`),
           ),
-          h('div', { class: 'secrets', 'data-secrets': s.id, hidden: true }),
         );
       }),
     );
@@ -189,49 +186,6 @@
       await call('PATCH', `/v1/subscribers/${encodeURIComponent(id)}`, { disabled });
       flash(disabled ? `${id} paused: deliveries wait until you resume it.` : `${id} resumed.`);
       await loadEndpoints();
-    } catch (e) {
-      report(e);
-    }
-  }
-
-  async function sendTest(id) {
-    try {
-      const r = await call('POST', `/v1/subscribers/${encodeURIComponent(id)}/test`, {});
-      flash(`Test event sent to ${id} (${r.delivery_id}).`);
-      await loadDeliveries();
-    } catch (e) {
-      report(e);
-    }
-  }
-
-  /**
-   * Show an endpoint's signing secrets (fetched on this click, never before), or hide them
-   * again, taking them out of the page.
-   */
-  async function toggleSecrets(id, button) {
-    const box = button.closest('.endpoint').querySelector('.secrets');
-    if (!box.hidden) {
-      box.replaceChildren();
-      box.hidden = true;
-      button.textContent = 'Show secret';
-      button.setAttribute('aria-expanded', 'false');
-      return;
-    }
-    try {
-      const r = await call('GET', `/v1/subscribers/${encodeURIComponent(id)}/secret`);
-      box.replaceChildren(
-        ...r.secrets.map((x) =>
-          h(
-            'div',
-            { class: 'secret' },
-            h('span', { class: 'muted small' }, x.expires_at_ms == null ? 'Current' : `Previous, signs until ${fmtTime(x.expires_at_ms)}`),
-            h('code', { 'data-secret': x.expires_at_ms == null ? 'current' : 'previous' }, x.secret),
-          ),
-        ),
-      );
-      box.hidden = false;
-      button.textContent = 'Hide secret';
-      button.setAttribute('aria-expanded', 'true');
     } catch (e) {
       report(e);
     }
@@ -382,8 +336,13 @@
   async function bulkReplay() {
     if (!counted) return;
     try {
-      const r = await call('POST', '/v1/replay', counted);
-      $('#bulk-info').textContent = `${r.replayed} queued again.`;
+      // The daemon replays at most 10,000 per call and says where to go on.
+      let replayed = 0;
+      for (let r = { more: true }; r.more;) {
+        r = await call('POST', '/v1/replay', r.next ? { ...counted, after: r.next } : counted);
+        replayed += r.replayed;
+      }
+      $('#bulk-info').textContent = `${replayed} queued again.`;
       $('#bulk-confirm').hidden = true;
       counted = null;
       await Promise.all([loadDeliveries(), loadEndpoints()]);

@@ -89,12 +89,19 @@ pub async fn copy_sqlite_to_pg(
 
     // Subscribers (few: in one go).
     {
-        let mut st = src.prepare(
+        // Before schema 6 who disabled a subscriber is told by the reason the API wrote, as
+        // that migration does.
+        let by_operator = if version >= 6 {
+            "disabled_by_operator"
+        } else {
+            "COALESCE(disabled_ms IS NOT NULL AND disabled_reason = 'disabled by an operator', 0)"
+        };
+        let mut st = src.prepare(&format!(
             "SELECT id, url, event_types, rate_per_sec, burst, max_in_flight, timeout_ms, lane,
                  legacy_signature, limiter, created_ms, updated_ms, deleted_ms, disabled_ms,
-                 disabled_reason, failing_since_ms, dead_alerted_ms
-             FROM subscribers ORDER BY rowid",
-        )?;
+                 disabled_reason, failing_since_ms, dead_alerted_ms, {by_operator}
+             FROM subscribers ORDER BY rowid"
+        ))?;
         let rows = st.query_map([], |r| {
             Ok((
                 r.get::<_, String>(0)?,
@@ -115,6 +122,7 @@ pub async fn copy_sqlite_to_pg(
                     r.get::<_, Option<String>>(14)?,
                     r.get::<_, Option<i64>>(15)?,
                     r.get::<_, Option<i64>>(16)?,
+                    r.get::<_, bool>(17)?,
                 ),
             ))
         })?;
@@ -122,8 +130,10 @@ pub async fn copy_sqlite_to_pg(
             .prepare(
                 "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
                      timeout_ms, lane, legacy_signature, limiter, created_ms, updated_ms,
-                     deleted_ms, disabled_ms, disabled_reason, failing_since_ms, dead_alerted_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+                     deleted_ms, disabled_ms, disabled_reason, failing_since_ms, dead_alerted_ms,
+                     disabled_by_operator)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                     $18)",
             )
             .await?;
         for row in rows {
@@ -132,7 +142,7 @@ pub async fn copy_sqlite_to_pg(
                 &insert,
                 &[
                     &id, &url, &types, &rate, &burst, &mif, &timeout, &lane, &legacy, &limiter,
-                    &t.0, &t.1, &t.2, &t.3, &t.4, &t.5, &t.6,
+                    &t.0, &t.1, &t.2, &t.3, &t.4, &t.5, &t.6, &t.7,
                 ],
             )
             .await?;
@@ -165,6 +175,18 @@ pub async fn copy_sqlite_to_pg(
             done.subscribers, done.secrets
         ));
         done.customers = super::customers::copy_customers(&src, &tx).await?;
+        // A ledger from before schema 7 may still have removed subscribers naming a customer
+        // that is gone or was created again since: their history is the operator's (as that
+        // migration does).
+        tx.execute(
+            "UPDATE subscribers SET customer = NULL
+             WHERE deleted_ms IS NOT NULL AND customer IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM customers c
+                               WHERE c.id = subscribers.customer
+                                 AND c.created_ms <= subscribers.deleted_ms)",
+            &[],
+        )
+        .await?;
         progress(&format!("customers: {}", done.customers));
     }
 

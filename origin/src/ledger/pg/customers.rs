@@ -269,10 +269,38 @@ impl PgLedger {
                  another customer first"
             )));
         }
+        // Its removed endpoints' history passes to the operator (as on SQLite): a customer
+        // created later under the same id sees nothing of it.
+        tx.execute(
+            "UPDATE subscribers SET customer = NULL WHERE customer = $1 AND deleted_ms IS NOT NULL",
+            &[&id],
+        )
+        .await?;
         tx.execute("DELETE FROM customers WHERE id = $1", &[&id])
             .await?;
         announce_customers(&tx).await?;
         tx.commit().await?;
+        Ok(())
+    }
+
+    /// End every portal link issued for customer `id` so far: a new nonce, which the links
+    /// issued before do not carry. Every daemon checks the nonce on each call.
+    pub async fn revoke_portal_links(
+        &self,
+        id: &str,
+        nonce: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "UPDATE customers SET portal_nonce = $2, updated_ms = $3 WHERE id = $1",
+                &[&id, &nonce, &now_ms],
+            )
+            .await?;
+        if n == 0 {
+            return Err(no_customer(id));
+        }
         Ok(())
     }
 
@@ -390,6 +418,27 @@ impl PgLedger {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         hold_visible_subscriber(&tx, subscriber, scope).await?;
+        // Under the subscriber row's lock: tests to one subscriber take turns.
+        let previous = tx
+            .query_opt(
+                "SELECT d.status IN ('pending', 'in_flight'), e.received_ms
+                 FROM subscribers s
+                 JOIN deliveries d ON d.event_id = s.last_test_event AND d.subscriber_id = s.id
+                 JOIN events e ON e.id = d.event_id
+                 WHERE s.id = $1",
+                &[&subscriber],
+            )
+            .await?
+            .map(|r| Ok::<_, LedgerError>((r.try_get::<_, bool>(0)?, r.try_get::<_, i64>(1)?)))
+            .transpose()?;
+        if let Some(wait) = crate::model::test_event_wait_ms(previous, now_ms) {
+            return Err(crate::ledger::test_too_soon(subscriber, wait));
+        }
+        tx.execute(
+            "UPDATE subscribers SET last_test_event = $2 WHERE id = $1",
+            &[&subscriber, &event.id],
+        )
+        .await?;
         tx.execute(
             "INSERT INTO events (id, type, body, received_ms) VALUES ($1, $2, $3, $4)",
             &[&event.id, &event.event_type, &event.body, &now_ms],

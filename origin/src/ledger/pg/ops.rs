@@ -46,7 +46,7 @@ fn unique_violation(e: &tokio_postgres::Error) -> bool {
 
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms, customer";
+     failing_since_ms, customer, disabled_by_operator";
 
 /// A text column holding one of an enum's names.
 fn enum_column<T>(r: &Row, i: usize, parse: fn(&str) -> Option<T>) -> Result<T, LedgerError> {
@@ -59,6 +59,7 @@ fn subscriber_from_row(r: &Row) -> Result<Subscriber, LedgerError> {
     let lane: String = r.try_get(7)?;
     let disabled_ms: Option<i64> = r.try_get(11)?;
     let disabled_reason: Option<String> = r.try_get(12)?;
+    let by_operator: bool = r.try_get(15)?;
     Ok(Subscriber {
         id: r.try_get(0)?,
         url: r.try_get(1)?,
@@ -80,6 +81,7 @@ fn subscriber_from_row(r: &Row) -> Result<Subscriber, LedgerError> {
             disabled: disabled_ms.map(|at_ms| Disabled {
                 at_ms,
                 reason: disabled_reason.unwrap_or_default(),
+                by_operator,
             }),
             failing_since_ms: r.try_get(13)?,
         },
@@ -204,13 +206,27 @@ impl PgLedger {
             .transpose()?;
         match existing {
             Some((None, _)) => return Err(conflict()),
-            // A removed endpoint's deliveries stay readable under its id: another customer
-            // taking the id over would see them.
-            Some((Some(_), Some(owner))) if s.customer.as_deref() != Some(owner.as_str()) => {
-                return Err(LedgerError::Conflict(format!(
-                    "the id {} belonged to a removed subscriber of another customer",
-                    s.id
-                )))
+            // A removed endpoint's deliveries stay under its id: another owner taking the id
+            // over would see and replay them. Refused until retention has removed them.
+            Some((Some(_), owner)) if owner != s.customer => {
+                let kept: i64 = tx
+                    .query_one(
+                        "SELECT COALESCE(SUM(n), 0)::BIGINT FROM delivery_counts
+                         WHERE subscriber_id = $1",
+                        &[&s.id],
+                    )
+                    .await?
+                    .try_get(0)?;
+                if kept > 0 {
+                    return Err(crate::ledger::id_still_holds_history(&s.id));
+                }
+                tx.execute(
+                    "DELETE FROM subscriber_secrets WHERE subscriber_id = $1",
+                    &[&s.id],
+                )
+                .await?;
+                tx.execute("DELETE FROM subscribers WHERE id = $1", &[&s.id])
+                    .await?;
             }
             Some((Some(_), _)) => {
                 tx.execute(
@@ -364,16 +380,35 @@ impl PgLedger {
         if live == 0 {
             return Err(LedgerError::NotFound(format!("subscriber {id}")));
         }
+        // Under the subscriber row's lock (the UPDATE above): rotations of one subscriber
+        // take turns, each sees the one before.
+        let row = tx
+            .query_one(
+                "SELECT (SELECT MAX(created_ms) FROM subscriber_secrets
+                         WHERE subscriber_id = $1 AND expires_ms IS NULL),
+                        EXISTS (SELECT 1 FROM subscriber_secrets
+                                WHERE subscriber_id = $1 AND expires_ms IS NOT NULL)",
+                &[&id],
+            )
+            .await?;
+        let current_ms: Option<i64> = row.try_get(0)?;
+        let rotated_before: bool = row.try_get(1)?;
+        if let Some(wait) =
+            current_ms.and_then(|t| crate::model::rotation_wait_ms(t, rotated_before, now_ms))
+        {
+            return Err(crate::ledger::rotation_too_soon(id, wait));
+        }
+        // The secrets rotated out before are older than the current one: they stop now.
+        tx.execute(
+            "DELETE FROM subscriber_secrets WHERE subscriber_id = $1 AND expires_ms IS NOT NULL",
+            &[&id],
+        )
+        .await?;
         let until = now_ms.saturating_add(grace_ms);
         tx.execute(
             "UPDATE subscriber_secrets SET expires_ms = $2
-             WHERE subscriber_id = $1 AND (expires_ms IS NULL OR expires_ms > $2)",
+             WHERE subscriber_id = $1 AND expires_ms IS NULL",
             &[&id, &until],
-        )
-        .await?;
-        tx.execute(
-            "DELETE FROM subscriber_secrets WHERE subscriber_id = $1 AND expires_ms <= $2",
-            &[&id, &now_ms],
         )
         .await?;
         tx.execute(
@@ -410,16 +445,17 @@ impl PgLedger {
         let changed = match disabled {
             Some(d) => tx
                 .query_opt(
-                    "UPDATE subscribers SET disabled_ms = $2, disabled_reason = $3
+                    "UPDATE subscribers SET disabled_ms = $2, disabled_reason = $3,
+                         disabled_by_operator = $4
                      WHERE id = $1 AND deleted_ms IS NULL AND disabled_ms IS NULL RETURNING limiter",
-                    &[&id, &d.at_ms, &d.reason],
+                    &[&id, &d.at_ms, &d.reason, &d.by_operator],
                 )
                 .await?
                 .map(|_| None),
             None => tx
                 .query_opt(
                     "UPDATE subscribers SET disabled_ms = NULL, disabled_reason = NULL,
-                         failing_since_ms = NULL
+                         disabled_by_operator = FALSE, failing_since_ms = NULL
                      WHERE id = $1 AND deleted_ms IS NULL AND disabled_ms IS NOT NULL
                      RETURNING limiter",
                     &[&id],
@@ -1119,24 +1155,29 @@ impl PgLedger {
         f: &DeliveryFilter,
     ) -> Result<Vec<DeliveryView>, LedgerError> {
         let c = self.client().await?;
-        if f.subscriber.is_some() && f.status.is_none() && f.event.is_none() {
-            let mut all = Vec::new();
-            for status in Status::ALL {
-                let one = DeliveryFilter {
-                    status: Some(status),
-                    ..f.clone()
-                };
-                all.extend(list_range(&c, &one).await?);
+        // A customer's list is its subscribers' lists merged (as on SQLite): its cost follows
+        // the customer's own deliveries, not the ledger's.
+        let parts = match customer_ranges(&c, f).await? {
+            Some(per_subscriber) => per_subscriber,
+            None => vec![f.clone()],
+        };
+        let mut all = Vec::new();
+        for part in &parts {
+            if part.subscriber.is_some() && part.status.is_none() && part.event.is_none() {
+                for status in Status::ALL {
+                    let one = DeliveryFilter {
+                        status: Some(status),
+                        ..part.clone()
+                    };
+                    all.extend(list_range(&c, &one).await?);
+                }
+            } else {
+                all.extend(list_range(&c, part).await?);
             }
-            all.sort_by_key(|(rowid, _)| *rowid);
-            all.truncate(f.limit);
-            return Ok(all.into_iter().map(|(_, d)| d).collect());
         }
-        Ok(list_range(&c, f)
-            .await?
-            .into_iter()
-            .map(|(_, d)| d)
-            .collect())
+        all.sort_by_key(|(rowid, _)| *rowid);
+        all.truncate(f.limit);
+        Ok(all.into_iter().map(|(_, d)| d).collect())
     }
 
     pub async fn get_delivery(&self, rowid: i64) -> Result<DeliveryView, LedgerError> {
@@ -1237,30 +1278,52 @@ impl PgLedger {
         Ok(sub)
     }
 
-    /// Replay every delivery matching the filter (status defaults to dead; in-flight ones and
-    /// removed subscribers' are skipped). Returns how many and the subscribers concerned.
-    pub async fn replay_bulk(
+    /// One step of a bulk replay (as SQLite's `ledger::replay_step`): the first `f.limit`
+    /// deliveries matching the filter after `f.after`, in id order (status defaults to dead;
+    /// in-flight ones and removed subscribers' are skipped; pending ones are left as they
+    /// are), put back in the queue, in one short transaction; the work is announced.
+    pub async fn replay_step(
         &self,
         f: &DeliveryFilter,
         now_ms: i64,
-    ) -> Result<(u64, Vec<String>), LedgerError> {
-        let (filter, mut params) = replayable_sql(f)?;
-        params.push(Box::new(now_ms));
-        let now_arg = params.len();
+    ) -> Result<crate::ledger::ReplayStep, LedgerError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
+        // A customer's: its subscribers' first ids, merged.
+        let parts = match customer_ranges(&tx, f).await? {
+            Some(per_subscriber) => per_subscriber,
+            None => vec![f.clone()],
+        };
+        let mut ids: Vec<i64> = Vec::new();
+        for part in &parts {
+            let (filter, params) = replayable_sql(part)?;
+            for r in tx
+                .query(
+                    &format!(
+                        "SELECT d.id FROM deliveries d {filter} ORDER BY d.id LIMIT {}",
+                        f.limit
+                    ),
+                    &refs(&params),
+                )
+                .await?
+            {
+                ids.push(r.try_get(0)?);
+            }
+        }
+        ids.sort_unstable();
+        ids.truncate(f.limit);
+        // Rows another transaction holds (a claim, a result) are skipped, never waited for.
         let rows = tx
             .query(
-                &format!(
-                    "UPDATE deliveries SET status = 'pending', attempts = 0,
-                         next_attempt_ms = ${now_arg}, last_error = NULL, updated_ms = ${now_arg}
-                     WHERE id IN (SELECT d.id FROM deliveries d {filter})
-                     RETURNING subscriber_id"
-                ),
-                &refs(&params),
+                "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = $1,
+                     last_error = NULL, updated_ms = $1
+                 WHERE id IN (SELECT id FROM deliveries WHERE id = ANY($2)
+                              AND status IN ('sent', 'dead') FOR UPDATE SKIP LOCKED)
+                 RETURNING subscriber_id",
+                &[&now_ms, &ids],
             )
             .await?;
-        let n = rows.len() as u64;
+        let replayed = rows.len() as u64;
         let mut subs: Vec<String> = rows
             .iter()
             .map(|r| r.try_get(0))
@@ -1275,21 +1338,34 @@ impl PgLedger {
             .await?;
         }
         tx.commit().await?;
-        Ok((n, subs))
+        Ok(crate::ledger::ReplayStep {
+            replayed,
+            subscribers: subs,
+            last: ids.last().copied(),
+            done: ids.len() < f.limit,
+        })
     }
 
     /// How many deliveries a bulk replay with this filter would replay now (`dry_run`).
     pub async fn count_replayable(&self, f: &DeliveryFilter) -> Result<u64, LedgerError> {
-        let (filter, params) = replayable_sql(f)?;
         let c = self.client().await?;
-        let n: i64 = c
-            .query_one(
-                &format!("SELECT COUNT(*) FROM deliveries d {filter}"),
-                &refs(&params),
-            )
-            .await?
-            .try_get(0)?;
-        Ok(n.max(0) as u64)
+        let parts = match customer_ranges(&c, f).await? {
+            Some(per_subscriber) => per_subscriber,
+            None => vec![f.clone()],
+        };
+        let mut total = 0u64;
+        for part in &parts {
+            let (filter, params) = replayable_sql(part)?;
+            let n: i64 = c
+                .query_one(
+                    &format!("SELECT COUNT(*) FROM deliveries d {filter}"),
+                    &refs(&params),
+                )
+                .await?
+                .try_get(0)?;
+            total += n.max(0) as u64;
+        }
+        Ok(total)
     }
 
     /// Answers when the database does.
@@ -1676,6 +1752,34 @@ fn replayable_sql(f: &DeliveryFilter) -> Result<(String, Vec<Param>), LedgerErro
     let live = "d.subscriber_id IN (SELECT id FROM subscribers WHERE deleted_ms IS NULL)";
     let filter = format!("{filter} AND {live}");
     Ok((filter, params))
+}
+
+/// A filter scoped to a customer without a subscriber or an event, as one filter per
+/// subscriber the customer owns or owned (`subscribers_by_customer`); `None` for any other.
+async fn customer_ranges(
+    c: &impl deadpool_postgres::GenericClient,
+    f: &DeliveryFilter,
+) -> Result<Option<Vec<DeliveryFilter>>, LedgerError> {
+    let (Some(customer), None, None) = (&f.customer, &f.subscriber, &f.event) else {
+        return Ok(None);
+    };
+    let subs: Vec<String> = c
+        .query(
+            "SELECT id FROM subscribers WHERE customer = $1 ORDER BY id",
+            &[customer],
+        )
+        .await?
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()?;
+    Ok(Some(
+        subs.into_iter()
+            .map(|s| DeliveryFilter {
+                subscriber: Some(s),
+                ..f.clone()
+            })
+            .collect(),
+    ))
 }
 
 /// Deliveries matching `f` in id order (see `list_deliveries`), with their rowids. A status

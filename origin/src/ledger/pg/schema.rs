@@ -247,6 +247,26 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE daemons ADD COLUMN in_flight TEXT NOT NULL DEFAULT '[]';
     "#,
+    // 6: who disabled a subscriber (as the SQLite ledger's migration 6): one an operator
+    // disabled is re-enabled by an operator only, never through the customer's portal.
+    r#"
+    ALTER TABLE subscribers ADD COLUMN disabled_by_operator BOOLEAN NOT NULL DEFAULT FALSE;
+    UPDATE subscribers SET disabled_by_operator = TRUE
+        WHERE disabled_ms IS NOT NULL AND disabled_reason = 'disabled by an operator';
+    "#,
+    // 7: a removed customer's history is the operator's (as the SQLite ledger's migration 7):
+    // removed subscribers stop naming a customer that is gone or was created again after they
+    // were removed; `PgLedger::delete_customer` keeps it so.
+    r#"
+    UPDATE subscribers SET customer = NULL
+        WHERE deleted_ms IS NOT NULL AND customer IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM customers c
+                          WHERE c.id = subscribers.customer AND c.created_ms <= subscribers.deleted_ms);
+    "#,
+    // 8: each subscriber's latest test event (as the SQLite ledger's migration 8).
+    r#"
+    ALTER TABLE subscribers ADD COLUMN last_test_event TEXT;
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

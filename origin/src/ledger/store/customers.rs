@@ -91,4 +91,21 @@ impl Store {
             Store::Postgres(p) => p.delete_customer(&id).await,
         }
     }
+
+    /// End every portal link issued for customer `id` so far (`NotFound` when there is no such
+    /// customer): `nonce` replaces the one those links carry.
+    pub async fn revoke_portal_links(
+        &self,
+        id: String,
+        nonce: String,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        match self {
+            Store::Sqlite(l) => {
+                l.tx(move |c| crate::ledger::revoke_portal_links(c, &id, &nonce, now_ms))
+                    .await
+            }
+            Store::Postgres(p) => p.revoke_portal_links(&id, &nonce, now_ms).await,
+        }
+    }
 }

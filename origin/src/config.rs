@@ -106,7 +106,8 @@ pub struct Settings {
     /// connection whose client has read nothing of an answer for this long [default: 30s]
     #[arg(long, env = "FANOUT_BODY_TIMEOUT")]
     pub body_timeout: Option<String>,
-    /// Most connections open at once; past it new ones wait [default: 4096]
+    /// Most connections served at once; past it 16 more answer /healthz only (anything else
+    /// 503 with Retry-After), then new ones wait [default: 4096]
     #[arg(long, env = "FANOUT_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
     /// Origins allowed to frame the customer portal, comma-separated

@@ -39,7 +39,9 @@ test('signedFetch sends the exact body and verifiable headers; subscriber record
     new Webhook(secret).verify(r.body, r.headers);
     assert.equal(r2.method, 'GET');
     assert.equal(r2.body, '');
-    new Webhook(secret).verify('', r2.headers);
+    // A call without a body signs its method and path in its place.
+    new Webhook(secret).verify('GET /slow', r2.headers);
+    assert.throws(() => new Webhook(secret).verify('', r2.headers));
   } finally {
     await sub.close();
   }

@@ -1390,6 +1390,18 @@ mod tests {
         }
     }
 
+    /// A subscriber's 500.
+    fn status_500() -> DeliveryResult {
+        DeliveryResult::Failed {
+            id: "d".into(),
+            status: Some(500),
+            retry_after_ms: None,
+            response_body: None,
+            error: None,
+            latency_ms: Some(1),
+        }
+    }
+
     fn count(launched: &[(String, Vec<Meta>)], sub: &str) -> usize {
         launched
             .iter()
@@ -1470,20 +1482,8 @@ mod tests {
             0,
         );
         let out = tick(&mut state, &mut q, 0);
-        let failed = |m: &Meta| {
-            (
-                m.clone(),
-                DeliveryResult::Failed {
-                    id: "d".into(),
-                    status: Some(500),
-                    retry_after_ms: None,
-                    response_body: None,
-                    error: None,
-                    latency_ms: Some(1),
-                },
-            )
-        };
-        let items: Vec<(Meta, DeliveryResult)> = out[0].1.iter().map(failed).collect();
+        let items: Vec<(Meta, DeliveryResult)> =
+            out[0].1.iter().map(|m| (m.clone(), status_500())).collect();
         let mut seen = Vec::new();
         for (i, item) in items.into_iter().enumerate() {
             let results = Event::Results {
@@ -1877,17 +1877,7 @@ mod tests {
             Event::Results {
                 sub: Arc::from("a"),
                 lane: "origin",
-                items: vec![(
-                    metas[1].clone(),
-                    DeliveryResult::Failed {
-                        id: "d".into(),
-                        status: Some(500),
-                        retry_after_ms: None,
-                        response_body: None,
-                        error: None,
-                        latency_ms: Some(1),
-                    },
-                )],
+                items: vec![(metas[1].clone(), status_500())],
                 at_ms: 10,
             },
             10,

@@ -1,16 +1,20 @@
 //! The edge lane: one `POST {edge}/v1/deliveries` per call, signed with the edge key using the
 //! Standard Webhooks headers over the exact request body. Deliveries are encoded once; calls
-//! are cut by their encoded length, never over the edge's request limit.
+//! are cut by their encoded length, never over the edge's request limit. A call hands back
+//! each delivery's [`Attempted`] (the edge's result and the attempt it stands for), or the
+//! [`EdgeFailure`] of the whole call. It does NOT decide what is sent, retried or waited for
+//! (`super::state`).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use fanout_core::sign::Secret;
 use fanout_core::wire::{
-    BatchResponse, Delivery, DeliveryBatch, DeliveryResult, ErrorBody, SubscriberSpec, MAX_BATCH,
-    MAX_REQUEST_BYTES,
+    BatchResponse, DeferReason, Delivery, DeliveryBatch, DeliveryResult, ErrorBody, SubscriberSpec,
+    MAX_BATCH, MAX_REQUEST_BYTES,
 };
 
-use super::state::EdgeFailure;
+use super::vocab::{Attempted, EdgeFailure};
 use crate::outbound::{Outbound, SendError, Signer, Trust};
 
 /// Why a whole call came back without results.
@@ -217,6 +221,27 @@ pub fn split_calls(
 /// The edge's request limit.
 pub const EDGE_MAX_BYTES: usize = MAX_REQUEST_BYTES;
 
+/// The edge's results as the attempts they stand for, in the order of `ids`; a delivery the
+/// edge did not answer for is deferred briefly (it will be sent again, never lost).
+pub fn pair_results(ids: &[String], results: Vec<DeliveryResult>) -> Vec<Attempted> {
+    let mut by_id: HashMap<String, DeliveryResult> = results
+        .into_iter()
+        .map(|r| (r.id().to_string(), r))
+        .collect();
+    ids.iter()
+        .map(|id| {
+            let result = by_id
+                .remove(id)
+                .unwrap_or_else(|| DeliveryResult::Deferred {
+                    id: id.clone(),
+                    retry_after_ms: fanout_core::limiter::IN_FLIGHT_RETRY_MS,
+                    reason: DeferReason::InFlight,
+                });
+            Attempted::reported(result)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,5 +391,47 @@ mod tests {
             };
             assert_eq!(got, expected, "{err:?}");
         }
+    }
+
+    #[test]
+    fn results_pair_up_and_missing_ones_are_deferred() {
+        let ids = vec![
+            "dlv_1".to_string(),
+            "dlv_2".to_string(),
+            "dlv_3".to_string(),
+        ];
+        let results = vec![
+            DeliveryResult::Delivered {
+                id: "dlv_3".into(),
+                status: 200,
+                latency_ms: 1,
+            },
+            DeliveryResult::Rejected {
+                id: "dlv_1".into(),
+                status: Some(410),
+                reason: "gone".into(),
+                response_body: None,
+            },
+            DeliveryResult::Delivered {
+                id: "dlv_99".into(),
+                status: 200,
+                latency_ms: 1,
+            },
+        ];
+        let paired = pair_results(&ids, results);
+        let got: Vec<(&str, &str, bool)> = paired
+            .iter()
+            .map(|a| (a.result.id(), a.result.outcome(), a.attempt.is_some()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("dlv_1", "rejected", true),
+                ("dlv_2", "deferred", false),
+                ("dlv_3", "delivered", true)
+            ]
+        );
+        let owned = pair_results(&ids, vec![]);
+        assert!(owned.iter().all(|a| a.result.outcome() == "deferred"));
     }
 }

@@ -1,12 +1,14 @@
 //! The origin lane: one signed POST per delivery from the daemon itself, through the daemon's
 //! one outbound client (`crate::outbound`: no redirects, the guarded resolver, one signing
-//! path), with the subscriber's timeout.
+//! path), with the subscriber's timeout. It hands back the [`Attempted`] it made (the attempt
+//! as made and its result), and does NOT decide what a result means (`super::state`).
 
 use std::time::{Duration, Instant};
 
-use fanout_core::retry::{parse_retry_after, result_for, Attempt};
-use fanout_core::wire::{DeliveryResult, TransportError, RESPONSE_BODY_LIMIT};
+use fanout_core::retry::{parse_retry_after, Attempt};
+use fanout_core::wire::{TransportError, RESPONSE_BODY_LIMIT};
 
+use super::vocab::Attempted;
 use crate::outbound::{Outbound, Signer, Trust};
 use crate::time::now_ms;
 
@@ -22,12 +24,12 @@ pub struct Outgoing<'a> {
     pub timeout_ms: u64,
 }
 
-/// Send one delivery and report it as the edge would.
-pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> DeliveryResult {
+/// Send one delivery: the attempt made, with its result as the edge would report it.
+pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> Attempted {
     let Some(url) = s.url.cloned() else {
-        return result_for(
+        return Attempted::made(
             s.delivery_id,
-            &Attempt::Transport(TransportError::RefusedUrl),
+            Attempt::Transport(TransportError::RefusedUrl),
             0,
             None,
         );
@@ -47,7 +49,7 @@ pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> Delivery
         Ok(r) => r,
         Err(e) => {
             let latency = started.elapsed().as_millis() as u64;
-            return result_for(s.delivery_id, &Attempt::Transport(e.kind), latency, None);
+            return Attempted::made(s.delivery_id, Attempt::Transport(e.kind), latency, None);
         }
     };
     let status = resp.status().as_u16();
@@ -58,9 +60,9 @@ pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> Delivery
         .and_then(|v| parse_retry_after(v, now_ms()));
     let body = read_prefix(resp).await;
     let latency = started.elapsed().as_millis() as u64;
-    result_for(
+    Attempted::made(
         s.delivery_id,
-        &Attempt::Status {
+        Attempt::Status {
             status,
             retry_after_ms,
         },

@@ -5,7 +5,7 @@
 use fanout_core::retry::{classify, next_step, Attempt, Class, Next};
 use fanout_core::wire::{DeliveryResult, TransportError};
 
-use crate::model::{AttemptRecord, Transition};
+use crate::model::{AttemptRecord, Lane, Transition};
 
 /// The retry rules in force (DESIGN.md's, with a scale for tests).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -135,7 +135,7 @@ pub fn transition_for(
 pub fn attempt_record(
     result: &DeliveryResult,
     attempt: u32,
-    lane: &'static str,
+    lane: Lane,
     at_ms: i64,
     measured_latency_ms: Option<u64>,
 ) -> Option<AttemptRecord> {
@@ -166,7 +166,7 @@ pub fn attempt_record(
     Some(AttemptRecord {
         attempt,
         at_ms,
-        lane,
+        lane: lane.as_str(),
         outcome: result.outcome(),
         status,
         latency_ms: latency_ms.or(measured_latency_ms),
@@ -343,7 +343,7 @@ mod tests {
             retry_after_ms: 1,
             reason: DeferReason::Paused,
         };
-        assert_eq!(attempt_record(&deferred, 1, "edge", 5, None), None);
+        assert_eq!(attempt_record(&deferred, 1, Lane::Edge, 5, None), None);
         assert_eq!(attempt_of(&deferred), None);
         let long = "x".repeat(10_000);
         let busy = DeliveryResult::Failed {
@@ -354,7 +354,7 @@ mod tests {
             error: None,
             latency_ms: Some(7),
         };
-        let rec = attempt_record(&busy, 2, "origin", 5, Some(1)).unwrap();
+        let rec = attempt_record(&busy, 2, Lane::Origin, 5, Some(1)).unwrap();
         assert_eq!(
             (
                 rec.attempt,
@@ -378,7 +378,7 @@ mod tests {
         );
         let timeout = failed(None, None, Some(TransportError::Timeout));
         assert_eq!(
-            attempt_record(&timeout, 1, "origin", 5, None)
+            attempt_record(&timeout, 1, Lane::Origin, 5, None)
                 .unwrap()
                 .error
                 .as_deref(),

@@ -21,10 +21,11 @@ use fanout_core::limiter::LimiterState;
 use fanout_core::wire::{DeliveryResult, TransportError};
 
 use super::plan::RetryRules;
-use super::state::{Effect, Event, Meta, Settings, State};
+use super::state::{Settings, State};
+use super::vocab::{Attempted, Effect, Event, Lane, Meta};
 use crate::alert::AlertRules;
-use crate::ledger::ops::{Recorded, Turn, TurnError};
 use crate::ledger::pg::{grant_shared, merge_limiter, shared_wait};
+use crate::ledger::{Recorded, Turn, TurnError};
 use crate::model::{Claim, Claimed, Subscriber, Transition};
 
 /// A small deterministic generator (xorshift64*): each seed is one history, replayable.
@@ -380,7 +381,7 @@ fn run(seed: u64) {
         if done.is_empty() {
             continue;
         }
-        let items: Vec<(Meta, DeliveryResult)> = done
+        let items: Vec<(Meta, Attempted)> = done
             .into_iter()
             .map(|o| {
                 let id = format!("dlv_{}", o.meta.rowid);
@@ -393,13 +394,13 @@ fn run(seed: u64) {
                         latency_ms: 1,
                     }
                 };
-                (o.meta, result)
+                (o.meta, Attempted::reported(result))
             })
             .collect();
         if first_success_after_storm.is_none()
             && items
                 .iter()
-                .any(|(_, r)| matches!(r, DeliveryResult::Delivered { .. }))
+                .any(|(_, r)| matches!(r.result, DeliveryResult::Delivered { .. }))
         {
             first_success_after_storm = Some(now);
             let paused = |l: Option<LimiterState>| l.and_then(|l| l.paused_until_ms);
@@ -410,7 +411,7 @@ fn run(seed: u64) {
         state.handle(
             Event::Results {
                 sub: Arc::from("s"),
-                lane: "origin",
+                lane: Lane::Origin,
                 items,
                 at_ms,
             },

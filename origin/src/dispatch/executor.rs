@@ -1,0 +1,390 @@
+//! The executor: carries out the state's effects and feeds every answer back as an event. It
+//! reads the clock, talks to the ledger through the typed [`DispatchLedger`] operations,
+//! launches sends (`super::launch`), raises alerts, logs and counts; it sleeps until the
+//! state's deadline or until a message or a result arrives.
+//!
+//! It does NOT decide: it keeps no timer of its own, counts no in-flight send, touches no
+//! limiter, chooses no lane and no delivery. One task owns the state; sends run as their own
+//! tasks and report back over a channel, so a subscriber that hangs holds only its own slots.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fanout_core::breaker::BreakerConfig;
+use tokio::sync::mpsc;
+
+use super::edge_lane::EdgeClient;
+use super::launch::log_outcome;
+use super::plan::RetryRules;
+use super::state::{Settings, State, SHUTDOWN_FLUSHES, SHUTDOWN_FLUSH_EVERY_MS};
+use super::vocab::{Control, Effect, Event, Read, StallReport};
+use crate::alert::{AlertRules, Alerter};
+use crate::ledger::{DispatchLedger, LedgerError};
+use crate::metrics::Metrics;
+use crate::model::{Share, StallView};
+use crate::outbound::Outbound;
+use crate::time::{jitter, now_ms};
+
+/// The executor's liveness, for `/healthz`: the time (unix ms) its loop last began a turn, 0
+/// before the first. A running dispatcher beats at least every couple of seconds
+/// (`RESCAN_EVERY_MS`) plus the time of one ledger write; a dispatcher stuck behind the ledger
+/// or stopped does not. Cheap to clone; every clone reads the same beat.
+#[derive(Debug, Clone, Default)]
+pub struct Heartbeat(Arc<AtomicI64>);
+
+impl Heartbeat {
+    pub fn beat(&self, now_ms: i64) {
+        self.0.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// The last beat (unix ms), 0 if none yet.
+    pub fn last_ms(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct DispatchConfig {
+    pub rules: RetryRules,
+    pub allow_loopback: bool,
+    pub edge: Option<EdgeClient>,
+    pub breaker: BreakerConfig,
+    /// Deliveries per edge call.
+    pub edge_batch: usize,
+    /// Most deliveries in flight across all subscribers.
+    pub max_total_in_flight: usize,
+    /// When to alert and when to disable a subscriber.
+    pub alert_rules: AlertRules,
+    pub alerter: Alerter,
+    /// The daemon's one outbound client.
+    pub outbound: Outbound,
+    /// Beaten by the executor's loop.
+    pub heartbeat: Heartbeat,
+}
+
+/// The clock the executor reads (unix ms on the ledger's clock): [`now_ms`], or in tests one
+/// that follows tokio's paused time.
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// The executor.
+pub struct Dispatcher<L: DispatchLedger> {
+    ledger: L,
+    pub(super) clock: Clock,
+    pub(super) cfg: DispatchConfig,
+    metrics: Arc<Metrics>,
+    state: State,
+    pub(super) done_tx: mpsc::UnboundedSender<Event>,
+    done_rx: mpsc::UnboundedReceiver<Event>,
+}
+
+impl<L: DispatchLedger> std::fmt::Debug for Dispatcher<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("in_flight", &self.state.in_flight())
+            .finish()
+    }
+}
+
+impl<L: DispatchLedger> Dispatcher<L> {
+    pub fn new(ledger: L, cfg: DispatchConfig, metrics: Arc<Metrics>) -> Dispatcher<L> {
+        let state = State::new(Settings {
+            rules: cfg.rules,
+            breaker: cfg.breaker,
+            edge: cfg.edge.is_some(),
+            edge_batch: cfg.edge_batch,
+            max_total_in_flight: cfg.max_total_in_flight,
+            alert_rules: cfg.alert_rules,
+        });
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        Dispatcher {
+            ledger,
+            clock: Arc::new(now_ms),
+            cfg,
+            metrics,
+            state,
+            done_tx,
+            done_rx,
+        }
+    }
+
+    /// The same dispatcher reading `clock` instead of [`now_ms`].
+    pub fn with_clock(mut self, clock: Clock) -> Dispatcher<L> {
+        self.clock = clock;
+        self
+    }
+
+    fn now(&self) -> i64 {
+        (self.clock)()
+    }
+
+    /// Hand one event to the state and carry out every effect, feeding the answers back,
+    /// until none is left. Every effect is carried out; the first read that failed is
+    /// returned (the others are logged).
+    async fn step(&mut self, event: Event) -> Result<(), LedgerError> {
+        let mut queue: VecDeque<Effect> = self.state.handle(event, self.now(), &mut jitter).into();
+        let mut failed = Ok(());
+        while let Some(effect) = queue.pop_front() {
+            for answer in self.execute(effect, &mut failed).await {
+                let now = self.now();
+                queue.extend(self.state.handle(answer, now, &mut jitter));
+            }
+        }
+        failed
+    }
+
+    /// Carry out one effect; its answers, as events.
+    async fn execute(
+        &mut self,
+        effect: Effect,
+        failed: &mut Result<(), LedgerError>,
+    ) -> Vec<Event> {
+        match effect {
+            Effect::Record(turn) => match self.ledger.record_turn(turn).await {
+                Ok(recorded) => vec![Event::Recorded(recorded)],
+                Err(e) => {
+                    tracing::error!(error = %e.error, "could not record the dispatcher's turn; it will be retried");
+                    vec![Event::NotRecorded(e)]
+                }
+            },
+            Effect::Launch {
+                target,
+                deliveries,
+                per_call,
+            } => {
+                self.launch(target, deliveries, per_call);
+                Vec::new()
+            }
+            Effect::Raise(notices) => {
+                for n in notices {
+                    self.cfg.alerter.raise(n);
+                }
+                Vec::new()
+            }
+            Effect::Stalls(report) => {
+                self.stalls(report);
+                Vec::new()
+            }
+            Effect::Read(read) => match self.read(read).await {
+                Ok(answer) => vec![answer],
+                Err(e) => {
+                    if failed.is_ok() {
+                        *failed = Err(e);
+                    } else {
+                        tracing::error!(error = %e, "dispatcher could not read the ledger");
+                    }
+                    Vec::new()
+                }
+            },
+            Effect::SweepLeases { now_ms } => {
+                match self.ledger.release_expired_leases(now_ms).await {
+                    Ok(subs) if !subs.is_empty() => {
+                        tracing::warn!(?subs, "expired leases returned to the queue");
+                        vec![Event::Due(subs)]
+                    }
+                    Ok(_) => Vec::new(),
+                    Err(e) => {
+                        tracing::error!(error = %e, "lease sweep failed");
+                        Vec::new()
+                    }
+                }
+            }
+            Effect::Share { in_flight } => self.share(&in_flight).await,
+            Effect::Leave => {
+                if let Err(e) = self.ledger.leave().await {
+                    tracing::warn!(error = %e, "could not leave the ledger's share: the other daemons take this one's subscribers once it ages out");
+                }
+                Vec::new()
+            }
+            Effect::NoEdge { subscriber } => {
+                tracing::warn!(subscriber = %subscriber, "lane is edge but no edge is configured: using the origin lane");
+                Vec::new()
+            }
+        }
+    }
+
+    async fn read(&self, read: Read) -> Result<Event, LedgerError> {
+        Ok(match read {
+            Read::Customers => Event::Customers(self.ledger.dispatch_customers().await?),
+            Read::Subscribers => Event::Loaded(self.ledger.dispatch_subscribers().await?),
+            Read::Subscriber(id) => {
+                let found = self.ledger.dispatch_subscriber(&id).await?;
+                Event::Changed { id, found }
+            }
+            Read::DueWork { dead_threshold } => {
+                Event::DueWork(self.ledger.due_work(dead_threshold).await?)
+            }
+        })
+    }
+
+    /// Write that this dispatcher is alive and read who shares the ledger now. On failure the
+    /// last share stays (this daemon ages out of the others' lists meanwhile, and both may
+    /// claim for the same subscribers: slower, never wrong).
+    async fn share(&self, in_flight: &[(Option<String>, usize)]) -> Vec<Event> {
+        match self.ledger.share(in_flight).await {
+            Ok(shared) => {
+                let (share, elsewhere) = shared.unzip();
+                if share.as_ref() != self.state.share() {
+                    tracing::info!(daemons = ?share.as_ref().map(Share::members), "the daemons sharing the ledger changed: each claims for its own subscribers");
+                }
+                let n = share.as_ref().map_or(1, |s| s.members().len());
+                self.metrics.daemons.store(n as u64, Ordering::Relaxed);
+                vec![
+                    Event::Share(share),
+                    Event::Elsewhere(elsewhere.unwrap_or_default()),
+                ]
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read which daemons share the ledger");
+                Vec::new()
+            }
+        }
+    }
+
+    /// The watchdog's report: each stall logged once when it begins (and when it ends), the
+    /// set published for `/metrics`, the API and the console.
+    fn stalls(&self, report: StallReport) {
+        let all: BTreeMap<String, StallView> = report
+            .all
+            .iter()
+            .map(|s| {
+                let view = StallView {
+                    since_ms: s.since_ms,
+                    not_before_ms: s.not_before_ms,
+                    next_due_ms: s.next_due_ms,
+                    paused_until_ms: s.paused_until_ms,
+                    breaker: s.breaker,
+                };
+                (s.subscriber.to_string(), view)
+            })
+            .collect();
+        for id in &report.began {
+            if let Some(v) = all.get(id.as_ref()) {
+                tracing::error!(subscriber = %id, since_ms = v.since_ms, not_before_ms = ?v.not_before_ms, next_due_ms = ?v.next_due_ms,
+                    paused_until_ms = ?v.paused_until_ms, breaker = v.breaker.as_str(),
+                    "subscriber stalled: ready to send (due work, its limiter allowing, no wait stated) and nothing sent for 10 s (a dispatcher bug; please report it)");
+            }
+        }
+        for id in &report.ended {
+            tracing::warn!(subscriber = %id, "subscriber no longer stalled");
+        }
+        self.metrics.stalls(all, report.began.len());
+    }
+
+    /// Report results to the metrics and the debug log, then to the state.
+    async fn done(&mut self, batch: Vec<Event>) {
+        for event in batch {
+            match &event {
+                Event::Results {
+                    sub, lane, items, ..
+                } => {
+                    for (meta, sent) in items {
+                        self.metrics
+                            .record(sub, lane.as_str(), &sent.result, meta.latency_ms);
+                        log_outcome(sub, meta, &sent.result);
+                    }
+                }
+                Event::EdgeFailed {
+                    sub,
+                    items,
+                    failure,
+                } => {
+                    self.metrics
+                        .edge_call_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(subscriber = %sub, deliveries = items.len(), failure = ?failure, "edge call failed");
+                }
+                Event::Unsendable {
+                    sub, items, error, ..
+                } => {
+                    tracing::error!(subscriber = %sub, deliveries = items.len(), error = %error, "deliveries could not be sent by the daemon; each counts as a failed attempt");
+                }
+                _ => {}
+            }
+            // Results ask for no read.
+            let _ = self.step(event).await;
+        }
+    }
+
+    fn take_done(&mut self, first: Event) -> Vec<Event> {
+        let mut batch = vec![first];
+        while batch.len() < 4096 {
+            match self.done_rx.try_recv() {
+                Ok(d) => batch.push(d),
+                Err(_) => break,
+            }
+        }
+        batch
+    }
+
+    /// Run until `shutdown`, then wait (a little) for sends in flight to be recorded. Fails if
+    /// it cannot read the subscribers at start: a dispatcher that cannot start must not look
+    /// running (`run` in lib.rs stops the daemon).
+    pub async fn run(
+        mut self,
+        mut control: mpsc::UnboundedReceiver<Control>,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), LedgerError> {
+        self.step(Event::Start).await?;
+        if let Err(e) = self.step(Event::Timers).await {
+            tracing::error!(error = %e, "dispatcher cannot read the queue");
+        }
+        tokio::pin!(shutdown);
+        loop {
+            self.cfg.heartbeat.beat(self.now());
+            let _ = self.step(Event::Tick).await;
+            let now = self.now();
+            let wake = self.state.deadline(now);
+            let sleep = tokio::time::sleep(Duration::from_millis((wake - now).max(0) as u64));
+            let result = tokio::select! {
+                _ = &mut shutdown => break,
+                Some(c) = control.recv() => {
+                    let mut r = self.step(Event::Control(c)).await;
+                    while let Ok(c) = control.try_recv() {
+                        r = r.and(self.step(Event::Control(c)).await);
+                    }
+                    r
+                }
+                Some(d) = self.done_rx.recv() => {
+                    let batch = self.take_done(d);
+                    self.done(batch).await;
+                    Ok(())
+                }
+                _ = sleep => Ok(()),
+            };
+            if let Err(e) = result {
+                tracing::error!(error = %e, "dispatcher could not read the ledger");
+            }
+            if let Err(e) = self.step(Event::Timers).await {
+                tracing::error!(error = %e, "rescan failed");
+            }
+        }
+        self.stop().await;
+        Ok(())
+    }
+
+    /// Leave the share, record what is still in flight while the state allows, and try the
+    /// last turn a few times; the rest is released at the next start.
+    async fn stop(&mut self) {
+        let _ = self.step(Event::Stop).await;
+        while let Some(until) = self.state.draining(self.now()) {
+            let wait = Duration::from_millis((until - self.now()).max(0) as u64);
+            tokio::select! {
+                Some(d) = self.done_rx.recv() => {
+                    let batch = self.take_done(d);
+                    self.done(batch).await;
+                }
+                _ = tokio::time::sleep(wait) => break,
+            }
+        }
+        for _ in 0..SHUTDOWN_FLUSHES {
+            let _ = self.step(Event::Flush).await;
+            if !self.state.has_unrecorded() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(SHUTDOWN_FLUSH_EVERY_MS as u64)).await;
+        }
+        tracing::error!("could not record every result at shutdown; their deliveries are sent again after the restart");
+    }
+}

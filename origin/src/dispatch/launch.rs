@@ -1,0 +1,330 @@
+//! Launching sends: the executor's hands for [`Effect::Launch`](super::vocab::Effect). A
+//! launch signs with the subscriber's active secrets and sends by the lane the state chose
+//! (`target.lane`): each delivery its own task on the origin lane, encoded calls cut by size
+//! on the edge lane. Every send reports back to the state over the executor's channel, once,
+//! even if its task panics ([`Unreported`]).
+//!
+//! It does NOT choose the lane, the deliveries or the call size (the state did), and does not
+//! judge results.
+
+use std::sync::Arc;
+
+use fanout_core::endpoint::check_url;
+use fanout_core::logrec::LogRecord;
+use fanout_core::sign::Secret;
+use fanout_core::wire::{Delivery, DeliveryResult, SubscriberSpec};
+use tokio::sync::mpsc;
+
+use super::edge_lane::{self, edge_failure, pair_results, EdgeClient};
+use super::executor::{Clock, Dispatcher};
+use super::origin_lane;
+use super::vocab::{Event, Lane, Meta, Target};
+use crate::ledger::DispatchLedger;
+use crate::model::{active_secrets, delivery_public_id, Claimed};
+use crate::outbound::Signer;
+
+impl<L: DispatchLedger> Dispatcher<L> {
+    /// Start sending leased deliveries by the lane the state chose.
+    pub(super) fn launch(&self, target: Arc<Target>, claimed: Vec<Claimed>, per_call: usize) {
+        let now = (self.clock)();
+        let active = active_secrets(&target.secrets, now);
+        let secrets: Vec<Secret> = active
+            .iter()
+            .filter_map(|s| Secret::parse(s).ok())
+            .collect();
+        let lane = target.lane;
+        let unsendable = |error: &str| {
+            let _ = self.done_tx.send(Event::Unsendable {
+                sub: target.id.clone(),
+                lane,
+                items: claimed.iter().map(Meta::of).collect(),
+                error: error.into(),
+            });
+        };
+        if secrets.is_empty() {
+            // Nothing can sign these: the daemon's own failure, counted like a send's.
+            unsendable("the subscriber has no usable signing secret");
+            return;
+        }
+        match lane {
+            Lane::Edge => {
+                let Some(edge) = &self.cfg.edge else {
+                    // The state chooses the edge only when one is configured.
+                    unsendable("no edge is configured");
+                    return;
+                };
+                let spec = SubscriberSpec {
+                    id: target.id.to_string(),
+                    url: target.url.to_string(),
+                    secrets: active,
+                    rate_per_sec: target.limits.rate_per_sec,
+                    burst: target.limits.burst,
+                    max_in_flight: target.limits.max_in_flight,
+                    timeout_ms: target.limits.timeout_ms,
+                    legacy_signature: target.legacy_signature,
+                };
+                self.launch_edge(edge, &target, spec, claimed, per_call);
+            }
+            Lane::Origin | Lane::Auto => {
+                let signer = Signer::new(secrets, target.legacy_signature);
+                // Parsed and checked once for the whole launch; each send reuses the parse.
+                let url = Arc::new(check_url(&target.url, self.cfg.allow_loopback).ok());
+                for d in claimed {
+                    let out = self.cfg.outbound.clone();
+                    let done = self.done_tx.clone();
+                    let target = target.clone();
+                    let signer = signer.clone();
+                    let url = url.clone();
+                    let clock = self.clock.clone();
+                    tokio::spawn(async move {
+                        let mut unreported =
+                            Unreported::new(&done, &target.id, Lane::Origin, vec![Meta::of(&d)]);
+                        let id = delivery_public_id(d.rowid);
+                        let started = std::time::Instant::now();
+                        let send = origin_lane::Outgoing {
+                            delivery_id: &id,
+                            event_id: &d.event_id,
+                            url: (*url).as_ref(),
+                            signer: &signer,
+                            timeout_ms: target.limits.timeout_ms,
+                        };
+                        let result = origin_lane::deliver(&out, &send, d.body).await;
+                        let latency_ms = Some(started.elapsed().as_millis() as u64);
+                        if let Some(meta) = unreported.take().pop() {
+                            let _ = done.send(Event::Results {
+                                sub: target.id.clone(),
+                                lane: Lane::Origin,
+                                items: vec![(Meta { latency_ms, ..meta }, result)],
+                                at_ms: clock(),
+                            });
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// Encode each delivery once, cut the calls by encoded length, and send them all at once.
+    fn launch_edge(
+        &self,
+        edge: &EdgeClient,
+        target: &Arc<Target>,
+        spec: SubscriberSpec,
+        claimed: Vec<Claimed>,
+        per_call: usize,
+    ) {
+        let mut metas = Vec::with_capacity(claimed.len());
+        let mut parts = Vec::with_capacity(claimed.len());
+        let mut unsendable: Vec<(Meta, String)> = Vec::new();
+        let spec_json = match edge_lane::encode_spec(&spec) {
+            Ok(j) => j,
+            Err(e) => {
+                let _ = self.done_tx.send(Event::Unsendable {
+                    sub: target.id.clone(),
+                    lane: Lane::Edge,
+                    items: claimed.iter().map(Meta::of).collect(),
+                    error: format!("the edge call cannot be encoded: {e}"),
+                });
+                return;
+            }
+        };
+        for d in claimed {
+            let meta = Meta::of(&d);
+            let delivery = Delivery {
+                id: delivery_public_id(d.rowid),
+                event_id: d.event_id,
+                event_type: d.event_type,
+                attempt: d.attempt,
+                body: d.body,
+            };
+            match edge_lane::encode_delivery(&delivery) {
+                Ok(json) => {
+                    metas.push(meta);
+                    parts.push(json);
+                }
+                Err(e) => unsendable.push((meta, format!("the delivery cannot be encoded: {e}"))),
+            }
+        }
+        let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
+        let (calls, too_big) = edge_lane::split_calls(
+            &sizes,
+            edge_lane::fixed_len(&spec_json),
+            per_call,
+            edge_lane::EDGE_MAX_BYTES,
+        );
+        for i in too_big {
+            unsendable.push((
+                metas[i].clone(),
+                format!(
+                    "the delivery encodes to {} bytes, more than an edge call may carry ({} bytes)",
+                    sizes[i],
+                    edge_lane::EDGE_MAX_BYTES
+                ),
+            ));
+        }
+        for (meta, error) in unsendable {
+            let _ = self.done_tx.send(Event::Unsendable {
+                sub: target.id.clone(),
+                lane: Lane::Edge,
+                items: vec![meta],
+                error,
+            });
+        }
+        let spec_json: Arc<[u8]> = spec_json.into();
+        for call in calls {
+            let refs: Vec<&[u8]> = call.iter().map(|&i| parts[i].as_slice()).collect();
+            let body = edge_lane::batch_body(&spec_json, &refs);
+            let items: Vec<Meta> = call.iter().map(|&i| metas[i].clone()).collect();
+            let edge = edge.clone();
+            let done = self.done_tx.clone();
+            let sub = target.id.clone();
+            let timeout_ms = target.limits.timeout_ms;
+            let clock: Clock = self.clock.clone();
+            tokio::spawn(async move {
+                let mut unreported = Unreported::new(&done, &sub, Lane::Edge, items);
+                let call_id = call_id(clock());
+                let wait = edge_lane::call_timeout(unreported.items.len(), timeout_ms);
+                let result = edge.send(body, &call_id, wait).await;
+                let items = unreported.take();
+                let event = match result {
+                    Ok(results) => {
+                        let ids: Vec<String> =
+                            items.iter().map(|m| delivery_public_id(m.rowid)).collect();
+                        Event::Results {
+                            sub,
+                            lane: Lane::Edge,
+                            items: items.into_iter().zip(pair_results(&ids, results)).collect(),
+                            at_ms: clock(),
+                        }
+                    }
+                    Err(error) => Event::EdgeFailed {
+                        sub,
+                        items,
+                        failure: edge_failure(&error),
+                    },
+                };
+                let _ = done.send(event);
+            });
+        }
+    }
+}
+
+/// The deliveries a send task has not reported yet. Should the task end without reporting them
+/// (a panic unwinding it), dropping this reports them as unsendable: their in-flight slots come
+/// back and each counts a failed attempt (dead at the attempt limit, like a poison event), so a
+/// panic never leaks a slot or strands a delivery until its lease expires.
+struct Unreported {
+    done: mpsc::UnboundedSender<Event>,
+    sub: Arc<str>,
+    lane: Lane,
+    items: Vec<Meta>,
+}
+
+impl Unreported {
+    fn new(
+        done: &mpsc::UnboundedSender<Event>,
+        sub: &Arc<str>,
+        lane: Lane,
+        items: Vec<Meta>,
+    ) -> Unreported {
+        Unreported {
+            done: done.clone(),
+            sub: sub.clone(),
+            lane,
+            items,
+        }
+    }
+
+    /// The deliveries, now to be reported by the task itself.
+    fn take(&mut self) -> Vec<Meta> {
+        std::mem::take(&mut self.items)
+    }
+}
+
+impl Drop for Unreported {
+    fn drop(&mut self) {
+        if self.items.is_empty() {
+            return;
+        }
+        tracing::error!(
+            subscriber = %self.sub,
+            lane = self.lane.as_str(),
+            deliveries = self.items.len(),
+            "a send task ended without reporting its deliveries (it panicked); each counts a failed attempt"
+        );
+        let items = self.take();
+        let _ = self.done.send(Event::Unsendable {
+            sub: self.sub.clone(),
+            lane: self.lane,
+            items,
+            error: "the daemon failed while sending this delivery (an internal error, in its log)"
+                .into(),
+        });
+    }
+}
+
+pub(super) fn log_outcome(sub: &str, meta: &Meta, result: &DeliveryResult) {
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let d = Delivery {
+            id: delivery_public_id(meta.rowid),
+            event_id: meta.event_id.clone(),
+            event_type: meta.event_type.clone(),
+            attempt: meta.attempt,
+            body: String::new(),
+        };
+        tracing::debug!(target: "fanout::delivery", "{}", LogRecord::new(sub, &d, result).to_json());
+    }
+}
+
+/// A fresh id for each edge call (the edge refuses an id it has seen within 300 s as a replay):
+/// random, and unique within this process even if the system's random source fails.
+fn call_id(now_ms: i64) -> String {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let random = getrandom::u64().unwrap_or_default();
+    format!("call_{random:016x}_{now_ms:x}_{n:x}")
+}
+
+#[cfg(test)]
+mod tests {
+    /// A send task that panics still reports its deliveries (as unsendable, so their slots
+    /// come back); one that reports them itself sends nothing more.
+    #[tokio::test]
+    async fn a_panicking_send_task_still_reports_its_deliveries() {
+        use super::{Event, Lane, Meta, Unreported};
+        let (done, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let sub: std::sync::Arc<str> = "s".into();
+        let meta = |rowid| Meta {
+            rowid,
+            event_id: format!("e{rowid}"),
+            event_type: "t".into(),
+            attempt: 1,
+            latency_ms: None,
+        };
+        let (d, s, m) = (done.clone(), sub.clone(), vec![meta(1), meta(2)]);
+        let task = tokio::spawn(async move {
+            let _unreported = Unreported::new(&d, &s, Lane::Edge, m);
+            if s.len() == 1 {
+                panic!("a bug in a send task");
+            }
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        match rx.try_recv() {
+            Ok(Event::Unsendable {
+                sub, lane, items, ..
+            }) => {
+                assert_eq!((&*sub, lane), ("s", Lane::Edge));
+                assert_eq!(items.iter().map(|m| m.rowid).collect::<Vec<_>>(), [1, 2]);
+            }
+            other => panic!("expected the deliveries reported unsendable, got {other:?}"),
+        }
+        let (d, s) = (done.clone(), sub.clone());
+        tokio::spawn(async move {
+            let mut unreported = Unreported::new(&d, &s, Lane::Origin, vec![meta(3)]);
+            assert_eq!(unreported.take().len(), 1);
+        })
+        .await
+        .unwrap();
+        assert!(rx.try_recv().is_err(), "reported once, by the task");
+    }
+}

@@ -363,7 +363,7 @@ mod tests {
                 rec.status,
                 rec.latency_ms
             ),
-            (2, "origin", "failed", Some(429), Some(7))
+            (2, Lane::Origin.as_str(), "failed", Some(429), Some(7))
         );
         assert_eq!(
             rec.response_body.map(|b| b.len()),

@@ -37,11 +37,6 @@ mod subs;
 mod timers;
 mod watch;
 
-#[cfg(test)]
-mod tables;
-#[cfg(test)]
-mod tests;
-
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -413,3 +408,8 @@ impl State {
         self.next_wake(now, latest)
     }
 }
+
+#[cfg(test)]
+mod tables;
+#[cfg(test)]
+mod tests;

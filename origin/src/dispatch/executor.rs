@@ -388,3 +388,113 @@ impl<L: DispatchLedger> Dispatcher<L> {
         tracing::error!("could not record every result at shutdown; their deliveries are sent again after the restart");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::ledger::{create_subscriber, ingest, subscriber_stats, Ledger, NewEvent};
+
+    /// A clock that follows tokio's (paused) time from `start_ms`.
+    fn paused_clock(start_ms: i64) -> Clock {
+        let origin = tokio::time::Instant::now();
+        Arc::new(move || start_ms + origin.elapsed().as_millis() as i64)
+    }
+
+    fn config(max_attempts: u32) -> DispatchConfig {
+        DispatchConfig {
+            rules: RetryRules {
+                max_attempts,
+                backoff_scale: 1.0,
+            },
+            allow_loopback: false,
+            edge: None,
+            breaker: BreakerConfig::default(),
+            edge_batch: 100,
+            max_total_in_flight: 100,
+            alert_rules: AlertRules::default(),
+            alerter: Alerter::log_only(),
+            outbound: Outbound::new(false).expect("an HTTP client"),
+            heartbeat: Heartbeat::default(),
+        }
+    }
+
+    /// On tokio's paused clock, against a real SQLite ledger: a delivery the daemon cannot
+    /// sign (its subscriber's only secret does not parse) is attempted, retried on the
+    /// backoff the state decided (2 s, 4 s … 256 s: minutes), and dead after the attempt
+    /// limit — with no real wait: the executor slept only until the state's deadlines, and
+    /// the ledger was asked at the state's times. (While the ledger's thread works, the idle
+    /// runtime advances the paused clock to the next timer, so more paused time passes than
+    /// the backoffs alone: the bounds say no less than them, and no real wait.)
+    #[tokio::test(start_paused = true)]
+    async fn the_executor_keeps_the_states_deadlines_on_paused_time() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let ledger = Ledger::open(&dir.path().join("ledger.db")).expect("a ledger");
+        let start_ms = now_ms();
+        let clock = paused_clock(start_ms);
+        ledger
+            .call(move |c| {
+                let mut s = crate::ledger::test_subscriber("s", &["*"]);
+                s.created_ms = start_ms;
+                create_subscriber(c, &s, "not a signing secret")?;
+                let event = NewEvent {
+                    id: "evt_1".into(),
+                    event_type: "t".into(),
+                    body: "{}".into(),
+                };
+                ingest(c, &[event], start_ms)?;
+                Ok(())
+            })
+            .await
+            .expect("a subscriber and an event");
+        let max_attempts = 8;
+        let dispatcher = Dispatcher::new(
+            ledger.clone(),
+            config(max_attempts),
+            Arc::new(Metrics::new(false)),
+        )
+        .with_clock(clock.clone());
+        let (_control, control_rx) = mpsc::unbounded_channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(dispatcher.run(control_rx, async move {
+            let _ = stopped.await;
+        }));
+        let real = Instant::now();
+        let dead = loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = clock();
+            let stats = ledger
+                .read(move |c| subscriber_stats(c, BreakerConfig::default(), now))
+                .await
+                .expect("stats");
+            let s = stats.iter().find(|s| s.id == "s").expect("the subscriber");
+            if s.dead == 1 {
+                break now - start_ms;
+            }
+            assert!(
+                now - start_ms < 6 * 3_600_000,
+                "not dead after six hours of paused time: {stats:?}"
+            );
+        };
+        // Seven backoffs of at least 2^k / 2 s (k = 1..7) went by on the paused clock.
+        let least_ms: i64 = (1..max_attempts as i32)
+            .map(|k| 1_000 * 2i64.pow(k as u32) / 2)
+            .sum();
+        assert!(
+            dead >= least_ms,
+            "dead after {dead} ms, sooner than the backoff allows ({least_ms} ms)"
+        );
+        assert!(
+            real.elapsed() < Duration::from_secs(60),
+            "minutes of retries took {:?} of real time",
+            real.elapsed()
+        );
+        let _ = stop.send(());
+        task.await
+            .expect("the dispatcher's task")
+            .expect("the dispatcher ran");
+    }
+}

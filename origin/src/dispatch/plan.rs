@@ -203,6 +203,20 @@ mod tests {
 
     #[test]
     fn transition_table() {
+        let now = 1_000_000;
+        for (name, result, attempt, rules, expected) in transition_cases(now) {
+            assert_eq!(
+                transition_for(&result, attempt, rules, now, 0.0),
+                expected,
+                "{name}"
+            );
+        }
+    }
+
+    /// (name, result, attempt number, rules, expected transition) at `now`.
+    type TransitionCase = (&'static str, DeliveryResult, u32, RetryRules, Transition);
+
+    fn transition_cases(now: i64) -> Vec<TransitionCase> {
         let rules = RetryRules {
             max_attempts: 3,
             backoff_scale: 1.0,
@@ -211,8 +225,7 @@ mod tests {
             max_attempts: 3,
             backoff_scale: 0.01,
         };
-        let now = 1_000_000;
-        let cases: Vec<(&str, DeliveryResult, u32, RetryRules, Transition)> = vec![
+        vec![
             (
                 "delivered",
                 DeliveryResult::Delivered {
@@ -326,14 +339,7 @@ mod tests {
                     error: "status 302 (redirect)".into(),
                 },
             ),
-        ];
-        for (name, result, attempt, rules, expected) in cases {
-            assert_eq!(
-                transition_for(&result, attempt, rules, now, 0.0),
-                expected,
-                "{name}"
-            );
-        }
+        ]
     }
 
     #[test]

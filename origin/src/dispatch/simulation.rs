@@ -206,181 +206,237 @@ const LONGEST_WAIT_MS: i64 = COOLDOWN_MS + 1_000;
 /// cool-down shows.
 const COOLDOWN_MS: i64 = 10_000;
 
-fn run(seed: u64) {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let postgres = rng.chance(50);
-    let storm = Storm::pick(&mut rng);
-    let storm_ms = 500 + rng.below(8_000) as i64;
-    let latency = 1 + rng.below(150) as i64;
-    let breaker = BreakerConfig {
-        threshold: 1 + rng.below(25) as u32,
-        cooldown_ms: COOLDOWN_MS,
-    };
-    let mut sub = crate::ledger::test_subscriber("s", &["*"]);
-    // (The rate stays: the deadline below is counted from it.)
-    sub.limits.max_in_flight = 1 + rng.below(16) as u32;
-    sub.limits.rate_per_sec = [5.0, 50.0, 1_000.0][rng.below(3) as usize];
-    sub.limits.burst = 1 + rng.below(50) as u32;
-    let backlog = 50 + rng.below(300) as i64;
-    let history = format!(
-        "seed {seed}: {} ledger, storm {storm:?} for {storm_ms} ms, latency {latency} ms, \
-         breaker {breaker:?}, limits {:?}, backlog {backlog}",
-        if postgres { "PostgreSQL" } else { "SQLite" },
-        sub.limits
-    );
-    let mut ledger = Ledger {
-        shared: postgres.then(LimiterState::default),
-        sub: sub.clone(),
-        breaker,
-        pending: (1..=backlog).map(|id| (id, 0)).collect(),
-        leased: BTreeMap::new(),
-        attempts: BTreeMap::new(),
-        sent: 0,
-    };
-    let mut state = State::new(Settings {
-        rules: RetryRules {
-            max_attempts: 1_000,
-            backoff_scale: 0.01,
-        },
-        breaker,
-        edge: false,
-        edge_batch: 100,
-        max_total_in_flight: 4_096,
-        alert_rules: AlertRules::default(),
-    });
-    let mut jitter = move || 0.5;
-    state.handle(
-        Event::Loaded(vec![(sub.clone(), LimiterState::default())]),
-        0,
-        &mut jitter,
-    );
-    let mut out: Vec<Out> = Vec::new();
-    let mut now: i64 = 0;
-    let mut first_success_after_storm: Option<i64> = None;
-    // What may delay the send after the first success besides a turn and a token: the pause
-    // still running then, and the clock's jumps, other daemons' pauses and ledger failures
-    // since.
-    let mut excused_ms: i64 = 0;
-    let mut next_send_after_success: Option<i64> = None;
-    // The storm, a cool-down, then the backlog at the rate (a send with this burst may wait
-    // for its answer before the next token accrues), twice over for the clock's jumps.
-    let per_send_ms = (1_000.0 / sub.limits.rate_per_sec) as i64 + latency;
-    let mut deadline = storm_ms + 2 * COOLDOWN_MS + 30_000 + 2 * backlog * per_send_ms;
-    let mut recording: Option<Turn> = None;
-    let mut steps = 0;
-    let trace = std::env::var("FANOUT_SIM_TRACE").is_ok_and(|t| t == seed.to_string());
-    while ledger.sent < backlog as usize {
-        steps += 1;
-        assert!(now <= deadline, "{history}: not all sent by {now} ms ({} of {backlog}); in flight {}, due {}, limiter {:?}, shared {:?}",
-            ledger.sent, state.in_flight_of("s"), ledger.due(now), state.limiter_of("s"), ledger.shared);
-        // The ledger answers the turn being recorded (or fails it, now and then).
-        if let Some(turn) = recording.take() {
-            let effects = if rng.chance(3) {
-                excused_ms += 5_000;
-                state.handle(
-                    Event::NotRecorded(TurnError {
-                        turn,
-                        error: crate::ledger::LedgerError::Closed,
-                    }),
-                    now,
-                    &mut jitter,
-                )
-            } else {
-                let recorded = ledger.answer(&turn, now);
-                state.handle(Event::Recorded(recorded), now, &mut jitter)
+/// One history under way: the model ledger, the state, the sends out, the clock, and what the
+/// checks need to know.
+struct Sim {
+    seed: u64,
+    rng: Rng,
+    postgres: bool,
+    storm: Storm,
+    storm_ms: i64,
+    latency: i64,
+    sub: Subscriber,
+    backlog: i64,
+    history: String,
+    ledger: Ledger,
+    state: State,
+    out: Vec<Out>,
+    now: i64,
+    first_success_after_storm: Option<i64>,
+    /// What may delay the send after the first success besides a turn and a token: the pause
+    /// still running then, and the clock's jumps, other daemons' pauses and ledger failures
+    /// since.
+    excused_ms: i64,
+    next_send_after_success: Option<i64>,
+    deadline: i64,
+    recording: Option<Turn>,
+}
+
+fn jitter() -> f64 {
+    0.5
+}
+
+impl Sim {
+    fn new(seed: u64) -> Sim {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let postgres = rng.chance(50);
+        let storm = Storm::pick(&mut rng);
+        let storm_ms = 500 + rng.below(8_000) as i64;
+        let latency = 1 + rng.below(150) as i64;
+        let breaker = BreakerConfig {
+            threshold: 1 + rng.below(25) as u32,
+            cooldown_ms: COOLDOWN_MS,
+        };
+        let mut sub = crate::ledger::test_subscriber("s", &["*"]);
+        // (The rate stays: the deadline below is counted from it.)
+        sub.limits.max_in_flight = 1 + rng.below(16) as u32;
+        sub.limits.rate_per_sec = [5.0, 50.0, 1_000.0][rng.below(3) as usize];
+        sub.limits.burst = 1 + rng.below(50) as u32;
+        let backlog = 50 + rng.below(300) as i64;
+        let history = format!(
+            "seed {seed}: {} ledger, storm {storm:?} for {storm_ms} ms, latency {latency} ms, \
+             breaker {breaker:?}, limits {:?}, backlog {backlog}",
+            if postgres { "PostgreSQL" } else { "SQLite" },
+            sub.limits
+        );
+        let ledger = Ledger {
+            shared: postgres.then(LimiterState::default),
+            sub: sub.clone(),
+            breaker,
+            pending: (1..=backlog).map(|id| (id, 0)).collect(),
+            leased: BTreeMap::new(),
+            attempts: BTreeMap::new(),
+            sent: 0,
+        };
+        let mut state = State::new(Settings {
+            rules: RetryRules {
+                max_attempts: 1_000,
+                backoff_scale: 0.01,
+            },
+            breaker,
+            edge: false,
+            edge_batch: 100,
+            max_total_in_flight: 4_096,
+            alert_rules: AlertRules::default(),
+        });
+        state.handle(
+            Event::Loaded(vec![(sub.clone(), LimiterState::default())]),
+            0,
+            &mut jitter,
+        );
+        // The storm, a cool-down, then the backlog at the rate (a send with this burst may
+        // wait for its answer before the next token accrues), twice over for the clock's
+        // jumps.
+        let per_send_ms = (1_000.0 / sub.limits.rate_per_sec) as i64 + latency;
+        let deadline = storm_ms + 2 * COOLDOWN_MS + 30_000 + 2 * backlog * per_send_ms;
+        Sim {
+            seed,
+            rng,
+            postgres,
+            storm,
+            storm_ms,
+            latency,
+            sub,
+            backlog,
+            history,
+            ledger,
+            state,
+            out: Vec::new(),
+            now: 0,
+            first_success_after_storm: None,
+            excused_ms: 0,
+            next_send_after_success: None,
+            deadline,
+            recording: None,
+        }
+    }
+
+    /// The ledger answers the turn being recorded (or fails it, now and then); what it
+    /// leases goes out.
+    fn answer_turn(&mut self) {
+        let Some(turn) = self.recording.take() else {
+            return;
+        };
+        let now = self.now;
+        let effects = if self.rng.chance(3) {
+            self.excused_ms += 5_000;
+            let failed = TurnError {
+                turn,
+                error: crate::ledger::LedgerError::Closed,
             };
-            for e in effects {
-                if let Effect::Launch { deliveries, .. } = e {
-                    for d in &deliveries {
-                        out.push(Out {
-                            meta: Meta::of(d),
-                            back_at: now + latency,
-                        });
-                    }
-                    if first_success_after_storm.is_some() && next_send_after_success.is_none() {
-                        next_send_after_success = Some(now);
-                    }
+            self.state
+                .handle(Event::NotRecorded(failed), now, &mut jitter)
+        } else {
+            let recorded = self.ledger.answer(&turn, now);
+            self.state
+                .handle(Event::Recorded(recorded), now, &mut jitter)
+        };
+        for e in effects {
+            if let Effect::Launch { deliveries, .. } = e {
+                for d in &deliveries {
+                    self.out.push(Out {
+                        meta: Meta::of(d),
+                        back_at: now + self.latency,
+                    });
+                }
+                if self.first_success_after_storm.is_some()
+                    && self.next_send_after_success.is_none()
+                {
+                    self.next_send_after_success = Some(now);
                 }
             }
         }
-        // Now and then: another daemon pauses the shared limiter, the subscriber is edited
-        // (same limits), the clock jumps.
-        if postgres && rng.chance(1) {
-            if let Some(shared) = ledger.shared.as_mut() {
-                let pause = 1 + rng.below(3_000) as i64;
-                shared.paused_until_ms = Some(now + pause);
-                deadline += pause;
-                excused_ms += pause;
+    }
+
+    /// Now and then: another daemon pauses the shared limiter, the subscriber is edited
+    /// (same limits, or now and then new ones: the ledger's rows change with it).
+    fn disturb(&mut self) {
+        if self.postgres && self.rng.chance(1) {
+            if let Some(shared) = self.ledger.shared.as_mut() {
+                let pause = 1 + self.rng.below(3_000) as i64;
+                shared.paused_until_ms = Some(self.now + pause);
+                self.deadline += pause;
+                self.excused_ms += pause;
             }
         }
-        if rng.chance(1) {
-            // An edit: now and then new limits (the ledger's rows change with it).
-            if rng.chance(50) {
-                sub.limits.max_in_flight = 1 + rng.below(16) as u32;
-                sub.limits.burst = 1 + rng.below(50) as u32;
-                ledger.sub = sub.clone();
+        if self.rng.chance(1) {
+            if self.rng.chance(50) {
+                self.sub.limits.max_in_flight = 1 + self.rng.below(16) as u32;
+                self.sub.limits.burst = 1 + self.rng.below(50) as u32;
+                self.ledger.sub = self.sub.clone();
             }
-            state.handle(
-                Event::Changed {
-                    id: "s".into(),
-                    found: Some((sub.clone(), LimiterState::default())),
-                },
-                now,
-                &mut jitter,
-            );
+            let found = Some((self.sub.clone(), LimiterState::default()));
+            let changed = Event::Changed {
+                id: "s".into(),
+                found,
+            };
+            self.state.handle(changed, self.now, &mut jitter);
         }
-        if trace {
+    }
+
+    /// A tick: the state records and claims; then the invariants.
+    fn tick(&mut self) {
+        let now = self.now;
+        if std::env::var("FANOUT_SIM_TRACE").is_ok_and(|t| t == self.seed.to_string()) {
             eprintln!(
                 "{now}: sent {} due {} out {} wake {} stalled {:?} limiter {:?} shared {:?}",
-                ledger.sent,
-                ledger.due(now),
-                out.len(),
-                state.next_wake(now, now + 1_000_000),
-                state.stalled(now),
-                state.limiter_of("s"),
-                ledger.shared
+                self.ledger.sent,
+                self.ledger.due(now),
+                self.out.len(),
+                self.state.next_wake(now, now + 1_000_000),
+                self.state.stalled(now),
+                self.state.limiter_of("s"),
+                self.ledger.shared
             );
         }
-        // A tick: the state records and claims.
-        for e in state.handle(Event::Tick, now, &mut jitter) {
+        for e in self.state.handle(Event::Tick, now, &mut jitter) {
             if let Effect::Record(turn) = e {
-                recording = Some(turn);
+                self.recording = Some(turn);
             }
         }
         // The invariant: due work has sends out, a turn under way, or a wake-up in time.
-        let wake = state.next_wake(now, now + 1_000_000);
-        if ledger.due(now) > 0 && state.in_flight_of("s") == 0 && recording.is_none() {
+        let wake = self.state.next_wake(now, now + 1_000_000);
+        if self.ledger.due(now) > 0 && self.state.in_flight_of("s") == 0 && self.recording.is_none()
+        {
             assert!(
                 wake <= now + LONGEST_WAIT_MS,
-                "{history}: due work at {now} ms with nothing out and the next wake-up at {wake}; \
+                "{}: due work at {now} ms with nothing out and the next wake-up at {wake}; \
                  limiter {:?}, shared {:?}",
-                state.limiter_of("s"),
-                ledger.shared
+                self.history,
+                self.state.limiter_of("s"),
+                self.ledger.shared
             );
         }
         assert!(
-            state.stalled(now).is_empty(),
-            "{history}: the watchdog reported {:?} at {now} ms",
-            state.stalled(now)
+            self.state.stalled(now).is_empty(),
+            "{}: the watchdog reported {:?} at {now} ms",
+            self.history,
+            self.state.stalled(now)
         );
-        if recording.is_some() {
-            continue;
-        }
-        // Move the clock to the next thing that happens: a wake-up or an answer.
-        let back = out.iter().map(|o| o.back_at).min();
-        let mut next = back.map_or(wake, |b| b.min(wake)).max(now + 1);
-        if rng.chance(2) {
-            let jump = rng.below(3_000) as i64;
+    }
+
+    /// Move the clock to the next thing that happens (a wake-up or an answer, now and then
+    /// with a jump), and hand the state the answers back by then.
+    fn advance(&mut self) {
+        let wake = self.state.next_wake(self.now, self.now + 1_000_000);
+        let back = self.out.iter().map(|o| o.back_at).min();
+        let mut next = back.map_or(wake, |b| b.min(wake)).max(self.now + 1);
+        if self.rng.chance(2) {
+            let jump = self.rng.below(3_000) as i64;
             next += jump;
-            deadline += jump;
-            excused_ms += jump;
+            self.deadline += jump;
+            self.excused_ms += jump;
         }
-        now = next;
-        let (done, rest): (Vec<Out>, Vec<Out>) = out.into_iter().partition(|o| o.back_at <= now);
-        out = rest;
+        self.now = next;
+        let now = next;
+        let (done, rest): (Vec<Out>, Vec<Out>) = std::mem::take(&mut self.out)
+            .into_iter()
+            .partition(|o| o.back_at <= now);
+        self.out = rest;
         if done.is_empty() {
-            continue;
+            return;
         }
+        let (storm, storm_ms) = (self.storm, self.storm_ms);
         let items: Vec<(Meta, Attempted)> = done
             .into_iter()
             .map(|o| {
@@ -397,36 +453,52 @@ fn run(seed: u64) {
                 (o.meta, Attempted::reported(result))
             })
             .collect();
-        if first_success_after_storm.is_none()
+        if self.first_success_after_storm.is_none()
             && items
                 .iter()
                 .any(|(_, r)| matches!(r.result, DeliveryResult::Delivered { .. }))
         {
-            first_success_after_storm = Some(now);
+            self.first_success_after_storm = Some(now);
             let paused = |l: Option<LimiterState>| l.and_then(|l| l.paused_until_ms);
-            let until = paused(state.limiter_of("s")).max(paused(ledger.shared));
-            excused_ms = until.map_or(0, |u| (u - now).max(0));
+            let until = paused(self.state.limiter_of("s")).max(paused(self.ledger.shared));
+            self.excused_ms = until.map_or(0, |u| (u - now).max(0));
         }
-        let at_ms = now;
-        state.handle(
-            Event::Results {
-                sub: Arc::from("s"),
-                lane: Lane::Origin,
-                items,
-                at_ms,
-            },
-            now,
-            &mut jitter,
-        );
+        let results = Event::Results {
+            sub: Arc::from("s"),
+            lane: Lane::Origin,
+            items,
+            at_ms: now,
+        };
+        self.state.handle(results, now, &mut jitter);
+    }
+}
+
+fn run(seed: u64) {
+    let mut sim = Sim::new(seed);
+    let mut steps = 0;
+    while sim.ledger.sent < sim.backlog as usize {
+        steps += 1;
+        let now = sim.now;
+        assert!(now <= sim.deadline, "{}: not all sent by {now} ms ({} of {}); in flight {}, due {}, limiter {:?}, shared {:?}",
+            sim.history, sim.ledger.sent, sim.backlog, sim.state.in_flight_of("s"), sim.ledger.due(now), sim.state.limiter_of("s"), sim.ledger.shared);
+        sim.answer_turn();
+        sim.disturb();
+        sim.tick();
+        if sim.recording.is_some() {
+            continue;
+        }
+        sim.advance();
     }
     // After the first success, the backlog flowed at once: the next send went within a turn
     // and the rate's wait for one token (or a refusal by another daemon's pause).
-    if let (Some(ok), Some(next)) = (first_success_after_storm, next_send_after_success) {
-        let token_ms = (1_000.0 / sub.limits.rate_per_sec).ceil() as i64;
+    if let (Some(ok), Some(next)) = (sim.first_success_after_storm, sim.next_send_after_success) {
+        let token_ms = (1_000.0 / sim.sub.limits.rate_per_sec).ceil() as i64;
         assert!(
-            next - ok <= token_ms + excused_ms + 250,
-            "{history}: first success at {ok} ms, next send only at {next} ms \
-             ({excused_ms} ms excused)"
+            next - ok <= token_ms + sim.excused_ms + 250,
+            "{}: first success at {ok} ms, next send only at {next} ms \
+             ({} ms excused)",
+            sim.history,
+            sim.excused_ms
         );
     }
     assert!(steps > 0);

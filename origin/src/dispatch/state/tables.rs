@@ -96,7 +96,7 @@ fn claimed(rowid: i64) -> Claimed {
 
 /// Run `script` on a fresh state with `settings`, the model ledger answering its records;
 /// every effect as a line, prefixed with its time.
-fn run(settings: Settings, ledger: &mut Ledger, script: Vec<(i64, Event)>) -> Vec<String> {
+fn run(settings: Settings, ledger: &mut Ledger, script: Script) -> Vec<String> {
     let mut state = State::new(settings);
     let mut lines = Vec::new();
     for (at, event) in script {
@@ -283,6 +283,9 @@ fn paused_5s(id: String) -> DeliveryResult {
     }
 }
 
+/// A script: at each time, an event.
+type Script = Vec<(i64, Event)>;
+
 fn check(name: &str, got: Vec<String>, expected: &[&str]) {
     assert_eq!(
         got,
@@ -296,7 +299,7 @@ fn check(name: &str, got: Vec<String>, expected: &[&str]) {
 /// result frees exactly its slot, a second result for it frees nothing.
 #[test]
 fn limits_and_in_flight_caps_table() {
-    let cases: Vec<(&str, usize, Vec<(i64, Event)>, Vec<&str>)> = vec![
+    let cases: Vec<(&str, usize, Script, Vec<&str>)> = vec![
         (
             "a subscriber's cap",
             100,
@@ -382,7 +385,7 @@ fn fairness_table() {
             sub("b", 100, Some("small")),
         ])
     };
-    let cases: Vec<(&str, Vec<(i64, Event)>, Vec<&str>)> = vec![
+    let cases: Vec<(&str, Script, Vec<&str>)> = vec![
         (
             "weights 3:1 share a budget of 8",
             vec![(0, customers()), (0, two()), (0, Event::Tick)],
@@ -471,7 +474,8 @@ fn breaker_table() {
 /// is due no sooner.
 #[test]
 fn retry_after_table() {
-    let cases: Vec<(&str, fn(String) -> DeliveryResult, Vec<&str>)> = vec![
+    type Answer = fn(String) -> DeliveryResult;
+    let cases: Vec<(&str, Answer, Vec<&str>)> = vec![
         (
             "a 429 with Retry-After: 5 s",
             too_many_5s,

@@ -860,6 +860,71 @@ fn an_edge_breaker_wait_ends_with_a_delivery() {
     assert_eq!(next.len(), 2);
 }
 
+/// A tick after a refused call: the refused `rows` go back due now (no attempt spent); claimed
+/// again with a newcomer, the calls they are launched in, as (deliveries, per call).
+fn relaunch(state: &mut State, rows: &[Claimed], now: i64) -> Vec<(usize, usize)> {
+    let effects = on(state, Event::Tick, now);
+    let [Effect::Record(turn)] = effects.as_slice() else {
+        panic!("{effects:?}");
+    };
+    let deferred: Vec<&Outcome> = turn
+        .outcomes
+        .iter()
+        .filter(|o| matches!(o.transition, Transition::Defer { .. }))
+        .collect();
+    assert_eq!(deferred.len(), rows.len());
+    assert!(deferred
+        .iter()
+        .all(|o| o.transition == Transition::Defer { at_ms: now } && o.attempt.is_none()));
+    // Claimed again, with a newcomer that was never refused.
+    let mut again = rows.to_vec();
+    again.push(Claimed {
+        rowid: 1_000 + now,
+        ..rows[0].clone()
+    });
+    let recorded = Recorded {
+        claims: vec![Claim {
+            subscriber_id: "a".into(),
+            claimed: again,
+            next_due_ms: None,
+            not_before_ms: None,
+        }],
+        notices: vec![],
+    };
+    on(state, Event::Recorded(recorded), now)
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Launch {
+                deliveries,
+                per_call,
+                ..
+            } => Some((deliveries.len(), *per_call)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A recorded outcome: its transition and its attempt's status.
+type Seen = (Transition, Option<Option<u16>>);
+
+/// A tick's recorded outcomes, and its dead subscribers.
+fn tick_outcomes(state: &mut State, now: i64) -> (Vec<Seen>, Vec<String>) {
+    let effects = on(state, Event::Tick, now);
+    let turn = effects
+        .iter()
+        .find_map(|e| match e {
+            Effect::Record(t) => Some(t),
+            _ => None,
+        })
+        .expect("a turn");
+    let got = turn
+        .outcomes
+        .iter()
+        .map(|o| (o.transition.clone(), o.attempt.as_ref().map(|a| a.status)))
+        .collect();
+    (got, turn.dead.clone())
+}
+
 /// A batch the edge refuses with a 4xx that retrying cannot change is split until one
 /// delivery is refused alone; that one counts attempts and goes dead with the edge's error.
 /// A transient failure defers without spending an attempt. Every delivery put back has a
@@ -893,47 +958,6 @@ fn edge_refusals_split_then_count_attempts() {
             attempt: m.attempt,
         })
         .collect();
-    let relaunch = |state: &mut State, rows: &[Claimed], now: i64| -> Vec<(usize, usize)> {
-        let effects = on(state, Event::Tick, now);
-        let [Effect::Record(turn)] = effects.as_slice() else {
-            panic!("{effects:?}");
-        };
-        let deferred: Vec<&Outcome> = turn
-            .outcomes
-            .iter()
-            .filter(|o| matches!(o.transition, Transition::Defer { .. }))
-            .collect();
-        assert_eq!(deferred.len(), rows.len());
-        assert!(deferred
-            .iter()
-            .all(|o| o.transition == Transition::Defer { at_ms: now } && o.attempt.is_none()));
-        // Claimed again, with a newcomer that was never refused.
-        let mut again = rows.to_vec();
-        again.push(Claimed {
-            rowid: 1_000 + now,
-            ..rows[0].clone()
-        });
-        let recorded = Recorded {
-            claims: vec![Claim {
-                subscriber_id: "a".into(),
-                claimed: again,
-                next_due_ms: None,
-                not_before_ms: None,
-            }],
-            notices: vec![],
-        };
-        on(state, Event::Recorded(recorded), now)
-            .iter()
-            .filter_map(|e| match e {
-                Effect::Launch {
-                    deliveries,
-                    per_call,
-                    ..
-                } => Some((deliveries.len(), *per_call)),
-                _ => None,
-            })
-            .collect()
-    };
     on(&mut state, edge_failed("a", &metas, refused()), 10);
     assert_eq!(
         relaunch(&mut state, &claimed, 10),
@@ -974,19 +998,7 @@ fn edge_refusals_split_then_count_attempts() {
     let mut last = metas[2].clone();
     last.attempt = 3;
     on(&mut state, edge_failed("a", &[last], refused()), 40);
-    let effects = on(&mut state, Event::Tick, 40);
-    let turn = effects
-        .iter()
-        .find_map(|e| match e {
-            Effect::Record(t) => Some(t),
-            _ => None,
-        })
-        .unwrap();
-    let got: Vec<(Transition, Option<Option<u16>>)> = turn
-        .outcomes
-        .iter()
-        .map(|o| (o.transition.clone(), o.attempt.as_ref().map(|a| a.status)))
-        .collect();
+    let (got, dead) = tick_outcomes(&mut state, 40);
     let error = "edge refused the delivery: status 413: payload_too_large: too big";
     assert_eq!(
         got,
@@ -1007,11 +1019,7 @@ fn edge_refusals_split_then_count_attempts() {
             ),
         ]
     );
-    assert_eq!(
-        turn.dead,
-        vec!["a".to_string()],
-        "its dead count is checked"
-    );
+    assert_eq!(dead, vec!["a".to_string()], "its dead count is checked");
     // An endpoint the edge refuses: dead at once, every delivery.
     let ep = EdgeFailure::EndpointRefused {
         error: "private address".into(),

@@ -7,7 +7,7 @@
 //! (`super::executor`) carries effects out, feeds their answers back as events, and sleeps
 //! until [`State::deadline`].
 //!
-//! It does NOT read a clock, draw randomness, do I/O or run async code: time and jitter are
+//! It does NOT read a clock, draw randomness, do I/O or wait on anything: time and jitter are
 //! arguments, so tests move the clock instead of sleeping (`tables`, `super::simulation`).
 //!
 //! Split by concern: `subs` (what is known of subscribers, customers and the share),
@@ -196,7 +196,7 @@ pub struct State {
     timers: Option<timers::Timers>,
     /// Subscribers whose work is due once the rescan under way is read (a replay).
     due_after_rescan: Vec<String>,
-    /// Stopping: results of sends in flight are awaited until then.
+    /// Stopping: results of sends in flight are waited for until then.
     drain_until: Option<i64>,
 }
 

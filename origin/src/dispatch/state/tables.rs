@@ -36,6 +36,8 @@ struct Ledger {
     records: usize,
     /// Each claim is refused with a wait of this long (another daemon's share of the limiter).
     refuse_ms: Option<i64>,
+    /// Records are not answered: the script holds the answers.
+    silent: bool,
 }
 
 impl Ledger {
@@ -105,6 +107,9 @@ fn run(settings: Settings, ledger: &mut Ledger, script: Script) -> Vec<String> {
             let effect = queue.remove(0);
             lines.push(format!("{at}: {}", show(&effect, at)));
             if let Effect::Record(turn) = effect {
+                if ledger.silent {
+                    continue;
+                }
                 let answer = ledger.answer(turn);
                 if matches!(answer, Event::NotRecorded(_)) {
                     lines.push(format!("{at}: (not recorded)"));
@@ -543,6 +548,50 @@ fn a_turn_not_recorded_is_retried_whole_table() {
     let mut ledger = Ledger::with(&[("a", 10)]);
     ledger.fail = vec![1, 2];
     check("ledger", run(settings(100), &mut ledger, script), &expected);
+}
+
+/// At most one turn is being recorded at a time: ticks and results meanwhile record nothing;
+/// the results wait for the next turn, after the answer.
+#[test]
+fn one_turn_at_a_time_table() {
+    let answer = |rows: &[i64]| {
+        Event::Recorded(Recorded {
+            claims: vec![Claim {
+                subscriber_id: "a".into(),
+                claimed: rows.iter().map(|&r| claimed(r)).collect(),
+                next_due_ms: None,
+                not_before_ms: None,
+            }],
+            notices: vec![],
+        })
+    };
+    let script = vec![
+        (0, loaded(vec![sub("a", 2, None)])),
+        (0, Event::Tick),
+        (1, Event::Tick),
+        (2, answer(&[1, 2])),
+        (3, Event::Tick),
+        (4, results("a", &[1], 4, ok)),
+        (4, Event::Tick),
+        (5, Event::Flush),
+        (6, Event::Recorded(Recorded::default())),
+        (6, Event::Flush),
+    ];
+    let expected = [
+        "0: record claims=a:2 until=+330000 limiters=a",
+        "2: launch a [1, 2] per=6",
+        "3: record limiters=a",
+        "6: record out=1:sent limiters=a",
+    ];
+    let mut ledger = Ledger {
+        silent: true,
+        ..Ledger::default()
+    };
+    check(
+        "one at a time",
+        run(settings(100), &mut ledger, script),
+        &expected,
+    );
 }
 
 /// Leases and the periodic work run on the state's deadlines: the share and a rescan at the

@@ -14,7 +14,7 @@ pub const RESCAN_EVERY_MS: i64 = 2_000;
 /// The dispatcher writes that it is alive, and reads which daemons share the ledger, this
 /// often (`DispatchLedger::share`).
 pub const SHARE_EVERY_MS: i64 = 1_000;
-/// At shutdown, results of sends in flight are awaited this long.
+/// At shutdown, results of sends in flight are waited for this long.
 pub const DRAIN_MS: i64 = 5_000;
 /// At shutdown, a turn the ledger hands back is tried this many times, this far apart.
 pub const SHUTDOWN_FLUSHES: u32 = 3;
@@ -119,7 +119,7 @@ impl State {
     }
 
     /// Stop: claims end here (the other daemons take this one's subscribers now), and the
-    /// sends in flight are awaited until [`State::draining`] says so no more.
+    /// sends in flight are waited for until [`State::draining`] says so no more.
     pub(super) fn on_stop(&mut self, now: i64) -> Vec<Effect> {
         self.drain_until = Some(now + DRAIN_MS);
         vec![Effect::Leave]

@@ -282,6 +282,15 @@ mod tests {
                     error: "status 500".into(),
                 },
             ),
+        ]
+        .into_iter()
+        .chain(later_cases(now, rules, scaled))
+        .collect()
+    }
+
+    /// More of [`transition_cases`].
+    fn later_cases(now: i64, rules: RetryRules, scaled: RetryRules) -> Vec<TransitionCase> {
+        vec![
             (
                 "429: Retry-After wins, never scaled",
                 failed(Some(429), Some(120_000), None),

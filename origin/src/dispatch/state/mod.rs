@@ -410,6 +410,8 @@ impl State {
 }
 
 #[cfg(test)]
+mod edge_tests;
+#[cfg(test)]
 mod tables;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! The dispatcher's pure decisions about results: what a result does to a delivery (state
 //! transitions), the attempt it records, and how long an edge in trouble is waited for.
-//! Time and jitter come in as arguments; nothing here does I/O.
+//! Time and jitter come in as arguments; nothing here does I/O, keeps state or sees the
+//! ledger (`super::state` applies these decisions).
 
 use fanout_core::retry::{classify, next_step, Attempt, Class, Next};
 use fanout_core::wire::{DeliveryResult, TransportError};

@@ -728,3 +728,25 @@ fn watchdog_table() {
         .collect();
     check("watchdog", got, &["10100: stalls began=[\"a\"] ended=[]"]);
 }
+
+/// Stopping: leave the share, then wait for the sends in flight until `DRAIN_MS` later, or
+/// until they are all back.
+#[test]
+fn stopping_drains_until_its_deadline() {
+    let mut state = State::new(settings(100));
+    let mut ledger = Ledger::with(&[("a", 10)]);
+    let j = &mut || 0.0;
+    state.handle(loaded(vec![sub("a", 2, None)]), 0, j);
+    for effect in state.handle(Event::Tick, 0, j) {
+        if let Effect::Record(turn) = effect {
+            state.handle(ledger.answer(turn), 0, j);
+        }
+    }
+    assert_eq!(state.draining(0), None, "not stopping");
+    assert_eq!(state.handle(Event::Stop, 100, j), vec![Effect::Leave]);
+    let until = 100 + super::DRAIN_MS;
+    assert_eq!(state.draining(100), Some(until));
+    assert_eq!(state.draining(until), None, "the wait is over");
+    state.handle(results("a", &[1, 2], 200, ok), 200, j);
+    assert_eq!(state.draining(200), None, "everything is back");
+}

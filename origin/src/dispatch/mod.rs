@@ -6,7 +6,7 @@
 //! [`vocab::Effect`]s out, time and jitter as arguments): what to claim, what a result means,
 //! which lane, when to sweep leases, re-read the queue or refresh the share, when to wake.
 //! [`executor`] only executes: it carries effects out against the ledger, the lanes
-//! ([`launch`], [`origin_lane`], [`edge_lane`]) and the alerter, feeds every answer back as an
+//! (`launch`, [`origin_lane`], [`edge_lane`]) and the alerter, feeds every answer back as an
 //! event, and sleeps until the state's deadline. It does NOT count in-flight sends, touch a
 //! limiter, keep a timer or choose what is sent.
 //!

@@ -1,8 +1,8 @@
 //! The dispatcher's state machine: every per-subscriber figure (limiter, in-flight sends, due
 //! work, health), every decision and every deadline, with no I/O. It takes
-//! [`Event`](super::vocab::Event)s — a tick, results, an edge call that failed, a turn the
+//! [`Event`]s — a tick, results, an edge call that failed, a turn the
 //! ledger recorded or handed back, the ledger's answers to reads, control messages — and
-//! returns [`Effect`](super::vocab::Effect)s as data: record this turn, launch these sends,
+//! returns [`Effect`]s as data: record this turn, launch these sends,
 //! read this, sweep the leases, refresh the share, raise these alerts. The executor
 //! (`super::executor`) carries effects out, feeds their answers back as events, and sleeps
 //! until [`State::deadline`].

@@ -75,7 +75,7 @@ impl State {
         }))
     }
 
-    /// The subscribers stalled as of `now` (see [`State::watch`]), by id.
+    /// The subscribers stalled as of `now` (see `State::watch`), by id.
     pub fn stalled(&self, now: i64) -> Vec<Stall> {
         let mut out: Vec<Stall> = self
             .subs

@@ -1,11 +1,10 @@
 //! The dispatcher's state machine: every per-subscriber figure (limiter, in-flight sends, due
-//! work, health), every decision and every deadline, with no I/O. It takes
-//! [`Event`]s — a tick, results, an edge call that failed, a turn the
-//! ledger recorded or handed back, the ledger's answers to reads, control messages — and
-//! returns [`Effect`]s as data: record this turn, launch these sends,
-//! read this, sweep the leases, refresh the share, raise these alerts. The executor
-//! (`super::executor`) carries effects out, feeds their answers back as events, and sleeps
-//! until [`State::deadline`].
+//! work, health), every decision and every deadline, with no I/O. It takes [`Event`]s — a
+//! tick, results, an edge call that failed, a turn the ledger recorded or handed back, the
+//! ledger's answers to reads, control messages — and returns [`Effect`]s as data: record this
+//! turn, launch these sends, read this, sweep the leases, refresh the share, raise these
+//! alerts. The executor (`super::executor`) carries effects out, feeds their answers back as
+//! events, and sleeps until [`State::deadline`].
 //!
 //! It does NOT read a clock, draw randomness, do I/O or wait on anything: time and jitter are
 //! arguments, so tests move the clock instead of sleeping (`tables`, `super::simulation`).

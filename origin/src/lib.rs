@@ -310,6 +310,7 @@ async fn serve<L: DispatchLedger>(
             portal_key,
             portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
             breaker: cfg.breaker,
+            ledger_is_shared: served.lock.is_none(),
         },
         metrics,
         health.clone(),

@@ -74,6 +74,11 @@ pub fn human_number(x: f64) -> String {
     }
 }
 
+/// An optional figure as the tables show it: `-` when absent.
+pub fn or_dash<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
 /// Parse a duration like `10s`, `500ms`, `2m`, `1h`, `1.5s` or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();

@@ -13,6 +13,7 @@ pub mod config;
 pub mod console;
 pub mod customer;
 pub mod dispatch;
+pub mod duration;
 pub mod health;
 pub mod ledger;
 pub mod load;

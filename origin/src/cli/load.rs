@@ -40,7 +40,7 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
     /// How long to flood: 10s, 500ms, 2m (at most 1h)
-    #[arg(long, default_value = "10s", value_parser = crate::term::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse_flag)]
     pub duration: std::time::Duration,
     /// HTTP method for --url
     #[arg(long, default_value = "POST")]

@@ -20,6 +20,7 @@ pub mod load;
 pub mod metrics;
 pub mod model;
 pub mod outbound;
+pub mod pages;
 pub mod portal;
 pub mod redact;
 pub mod retention;

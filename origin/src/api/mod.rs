@@ -43,6 +43,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/metrics", get(health::metrics))
         .route("/openapi.json", get(openapi::document))
+        .merge(crate::pages::routes())
         .merge(crate::console::routes())
         .merge(crate::portal::routes(&state.cfg.portal_frame_ancestors))
         .merge(v1)

@@ -2,10 +2,10 @@
 //! `GET /v1/retention` (what retention removed and kept). They read; they change nothing.
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::state::AppState;
@@ -14,7 +14,7 @@ use crate::time::now_ms;
 /// 200 when the dispatcher turns and the ledger can write; 503 with the reasons otherwise.
 /// Reads atomics only on a local ledger: it answers at once even while the writer is busy (a
 /// shared ledger is also asked to answer).
-pub(super) async fn healthz(State(state): State<AppState>) -> Response {
+pub(super) async fn healthz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let mut problems = crate::health::verdict(state.health.snapshot(), now_ms());
     if state.cfg.ledger_is_shared {
         // A shared ledger: healthy only while it answers.
@@ -26,22 +26,10 @@ pub(super) async fn healthz(State(state): State<AppState>) -> Response {
         }
     }
     if problems.is_empty() {
-        return Json(json!({ "status": "ok" })).into_response();
+        Ok(Json(json!({ "status": "ok" })))
+    } else {
+        Err(ApiError::Unhealthy(problems))
     }
-    let message = problems
-        .iter()
-        .map(|p| p.message.as_str())
-        .collect::<Vec<_>>()
-        .join("; ");
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        Json(json!({
-            "status": "unavailable",
-            "error": { "code": "unavailable", "message": message },
-            "problems": problems,
-        })),
-    )
-        .into_response()
 }
 
 /// What retention has removed and the oldest finished deliveries it kept: keyed lookups only.
@@ -101,7 +89,8 @@ mod tests {
             let r =
                 tokio::time::timeout(std::time::Duration::from_millis(500), healthz(State(state)))
                     .await
-                    .expect("healthz waited");
+                    .expect("healthz waited")
+                    .into_response();
             let status = r.status().as_u16();
             let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
             (

@@ -42,9 +42,9 @@ pub struct SubscriberInput {
     /// A `whsec_` secret to use instead of a generated one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
-    /// Only `false` is accepted: a subscriber is created enabled.
+    /// Only `false`: a subscriber is created enabled (the type refuses `true`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub disabled: Option<bool>,
+    pub disabled: Option<CreatedEnabled>,
     /// The owning customer (`null` is none).
     #[serde(
         default,
@@ -52,6 +52,29 @@ pub struct SubscriberInput {
         skip_serializing_if = "Option::is_none"
     )]
     pub customer: Option<Option<String>>,
+}
+
+/// `"disabled": false` in a creation body, the only value it may have there: a subscriber is
+/// created enabled (`PATCH {"disabled": true}` disables it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreatedEnabled;
+
+impl Serialize for CreatedEnabled {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bool(false)
+    }
+}
+
+impl<'de> Deserialize<'de> for CreatedEnabled {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if bool::deserialize(d)? {
+            Err(serde::de::Error::custom(
+                "a subscriber is created enabled; PATCH {\"disabled\": true} disables it",
+            ))
+        } else {
+            Ok(CreatedEnabled)
+        }
+    }
 }
 
 /// The body of `PATCH /v1/subscribers/{id}`: only the fields given change. It has no
@@ -173,11 +196,6 @@ pub fn subscriber_from(
     limits.validate().map_err(ApiError::Invalid)?;
     if let Some(s) = &input.secret {
         Secret::parse(s).map_err(|e| ApiError::Invalid(format!("secret: {e}")))?;
-    }
-    if input.disabled == Some(true) {
-        return Err(ApiError::Invalid(
-            "a subscriber is created enabled; PATCH {\"disabled\": true} disables it".into(),
-        ));
     }
     validate_customer_ref(&input.customer)?;
     Ok((
@@ -332,13 +350,8 @@ mod tests {
                 Err("invalid_request"),
             ),
             (
-                "created disabled",
-                |i| i.disabled = Some(true),
-                Err("invalid_request"),
-            ),
-            (
                 "created enabled, said so",
-                |i| i.disabled = Some(false),
+                |i| i.disabled = Some(CreatedEnabled),
                 Ok(()),
             ),
         ];
@@ -430,5 +443,21 @@ mod tests {
         assert_eq!(detach.customer, Some(None));
         let keep: SubscriberPatch = serde_json::from_str("{}").unwrap();
         assert_eq!(keep.customer, None);
+        // A creation body may say `"disabled": false`, never `true`.
+        let create = |body: &str| {
+            super::super::body::parse_json::<SubscriberInput>(body.as_bytes())
+                .map(|i| i.disabled)
+                .map_err(|e| e.status_and_code().1)
+        };
+        assert_eq!(create(r#"{"disabled":false}"#), Ok(Some(CreatedEnabled)));
+        assert_eq!(create(r#"{"disabled":true}"#), Err("invalid_request"));
+        assert_eq!(
+            serde_json::to_string(&SubscriberInput {
+                disabled: Some(CreatedEnabled),
+                ..Default::default()
+            })
+            .unwrap(),
+            r#"{"disabled":false}"#
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! The API's answers as types, written by the handlers and read back by the CLI (`cli.rs`):
+//! The API's answers as types, written by the handlers and read back by the CLI (`crate::cli`):
 //! one type both ways, so a renamed field fails to compile instead of printing `-`.
 
 use serde::{Deserialize, Serialize};

@@ -11,9 +11,9 @@ use serde::Deserialize;
 
 use crate::alert::rules::{DEFAULT_DEAD_THRESHOLD, DEFAULT_DISABLE_AFTER_MS};
 use crate::alert::{AlertRules, AlertTarget};
+use crate::duration::parse_duration;
 use crate::retention::{Retention, DEFAULT_RETAIN_DEAD_MS, DEFAULT_RETAIN_SENT_MS};
 use crate::server::{ServerLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
-use crate::time::parse_duration;
 
 pub const DEFAULT_DB: &str = "./fanout.db";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -324,246 +324,340 @@ fn breaker_settings(
     })
 }
 
-impl Config {
-    /// Validate merged settings; also returns warnings about risky combinations.
-    pub fn from_settings(s: Settings) -> Result<(Config, Vec<String>), ConfigError> {
-        let err = |m: String| Err(ConfigError(m));
-        let mut warnings = Vec::new();
-        let db = LedgerLocation::parse(s.db.as_deref().unwrap_or_else(|| Path::new(DEFAULT_DB)))?;
-        let listen_text = s.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
-        let Ok(listen) = listen_text.parse::<SocketAddr>() else {
-            return err(format!(
-                "--listen {listen_text:?} is not an address like 127.0.0.1:8080"
-            ));
-        };
-        let Some(api_token) = s.api_token.filter(|t| !t.trim().is_empty()) else {
-            return err("an API token is required: set --api-token or FANOUT_API_TOKEN".into());
-        };
-        if api_token.len() < 16 && !listen.ip().is_loopback() {
+/// A duration setting that may be turned off: `default_ms` when not set, `None` for one of
+/// `off` (`never`, `forever`), else a duration of at least 1s.
+fn optional_duration(
+    flag: &str,
+    text: Option<&str>,
+    default_ms: i64,
+    off: &[&str],
+    like: &str,
+) -> Result<Option<i64>, ConfigError> {
+    match text.map(str::trim) {
+        None => Ok(Some(default_ms)),
+        Some(t) if off.contains(&t) => Ok(None),
+        Some(t) => match parse_duration(t) {
+            Some(ms) if ms >= 1000 => Ok(Some(ms)),
+            _ => Err(ConfigError(format!(
+                "--{flag} {t:?} is not a duration of at least 1s like {like} (or \"{}\")",
+                off.first().copied().unwrap_or("never")
+            ))),
+        },
+    }
+}
+
+/// `--listen` and `--api-token` (required; a short one beyond loopback is warned about).
+fn listen_and_token(
+    listen: Option<String>,
+    api_token: Option<String>,
+    warnings: &mut Vec<String>,
+) -> Result<(SocketAddr, String), ConfigError> {
+    let listen_text = listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+    let Ok(listen) = listen_text.parse::<SocketAddr>() else {
+        return Err(ConfigError(format!(
+            "--listen {listen_text:?} is not an address like 127.0.0.1:8080"
+        )));
+    };
+    let Some(api_token) = api_token.filter(|t| !t.trim().is_empty()) else {
+        return Err(ConfigError(
+            "an API token is required: set --api-token or FANOUT_API_TOKEN".into(),
+        ));
+    };
+    if api_token.len() < 16 && !listen.ip().is_loopback() {
+        warnings.push(
+            "the API token is shorter than 16 characters and the API listens beyond loopback"
+                .into(),
+        );
+    }
+    Ok((listen, api_token))
+}
+
+/// `--edge-url` with its `--edge-key`: the edge lane, or none.
+fn edge_target(
+    url: Option<String>,
+    key: Option<String>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<(String, Secret)>, ConfigError> {
+    match (url.filter(|u| !u.is_empty()), key.filter(|k| !k.is_empty())) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => {
+            warnings.push("--edge-key is set without --edge-url: the edge lane is off".into());
+            Ok(None)
+        }
+        (Some(_), None) => Err(ConfigError(
+            "--edge-url needs --edge-key (the edge's EDGE_SIGNING_KEY, whsec_…)".into(),
+        )),
+        (Some(url), Some(key)) => {
+            match url::Url::parse(&url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {
+                    if u.scheme() == "http"
+                        && !matches!(u.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"))
+                    {
+                        warnings.push(format!(
+                            "the edge URL {} is plain http beyond loopback",
+                            crate::redact::url(&url)
+                        ));
+                    }
+                }
+                _ => {
+                    return Err(ConfigError(format!(
+                        "--edge-url {url:?} is not an http(s) URL"
+                    )))
+                }
+            }
+            let key = Secret::parse(&key).map_err(|e| ConfigError(format!("--edge-key: {e}")))?;
+            Ok(Some((url, key)))
+        }
+    }
+}
+
+/// `--max-attempts` (1 to 100) and `--backoff-scale` (above 0, at most 100; below 1 warned).
+fn retry_settings(
+    max_attempts: Option<u32>,
+    backoff_scale: Option<f64>,
+    warnings: &mut Vec<String>,
+) -> Result<(u32, f64), ConfigError> {
+    let max_attempts = max_attempts.unwrap_or(fanout_core::retry::DEFAULT_MAX_ATTEMPTS);
+    if !(1..=100).contains(&max_attempts) {
+        return Err(ConfigError(format!(
+            "--max-attempts must be 1 to 100, not {max_attempts}"
+        )));
+    }
+    let backoff_scale = backoff_scale.unwrap_or(1.0);
+    if !(backoff_scale.is_finite() && backoff_scale > 0.0 && backoff_scale <= 100.0) {
+        return Err(ConfigError(format!(
+            "--backoff-scale must be above 0 and at most 100, not {backoff_scale}"
+        )));
+    }
+    if backoff_scale < 1.0 {
+        warnings.push(format!(
+            "--backoff-scale {backoff_scale}: retries come faster than DESIGN.md's schedule"
+        ));
+    }
+    Ok((max_attempts, backoff_scale))
+}
+
+/// `--max-event-bytes`, `--edge-batch` and `--max-total-in-flight` within their bounds.
+fn size_settings(
+    max_event_bytes: Option<usize>,
+    edge_batch: Option<usize>,
+    max_total_in_flight: Option<usize>,
+) -> Result<(usize, usize, usize), ConfigError> {
+    let max_event_bytes = max_event_bytes.unwrap_or(DEFAULT_MAX_EVENT_BYTES);
+    if !(1024..=fanout_core::wire::MAX_BODY_BYTES).contains(&max_event_bytes) {
+        return Err(ConfigError(format!(
+            "--max-event-bytes must be 1024 to {} (the edge's limit), not {max_event_bytes}",
+            fanout_core::wire::MAX_BODY_BYTES
+        )));
+    }
+    let edge_batch = edge_batch.unwrap_or(DEFAULT_EDGE_BATCH);
+    if !(1..=fanout_core::wire::MAX_BATCH).contains(&edge_batch) {
+        return Err(ConfigError(format!(
+            "--edge-batch must be 1 to {}, not {edge_batch}",
+            fanout_core::wire::MAX_BATCH
+        )));
+    }
+    let max_total_in_flight = max_total_in_flight.unwrap_or(DEFAULT_MAX_TOTAL_IN_FLIGHT);
+    if max_total_in_flight == 0 {
+        return Err(ConfigError(
+            "--max-total-in-flight must be at least 1".into(),
+        ));
+    }
+    Ok((max_event_bytes, edge_batch, max_total_in_flight))
+}
+
+/// `--alert-url` with its `--alert-secret`: where alerts go, or nowhere (logged only).
+fn alert_target(
+    url: Option<String>,
+    secret: Option<String>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<AlertTarget>, ConfigError> {
+    match (
+        url.filter(|u| !u.is_empty()),
+        secret.filter(|k| !k.is_empty()),
+    ) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => {
+            warnings
+                .push("--alert-secret is set without --alert-url: alerts are only logged".into());
+            Ok(None)
+        }
+        (Some(_), None) => Err(ConfigError(
+            "--alert-url needs --alert-secret (a whsec_ secret the operator's endpoint verifies)"
+                .into(),
+        )),
+        (Some(url), Some(secret)) => {
+            match url::Url::parse(&url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+                _ => {
+                    return Err(ConfigError(format!(
+                        "--alert-url {url:?} is not an http(s) URL"
+                    )))
+                }
+            }
+            let secret =
+                Secret::parse(&secret).map_err(|e| ConfigError(format!("--alert-secret: {e}")))?;
+            Ok(Some(AlertTarget { url, secret }))
+        }
+    }
+}
+
+/// `--dead-alert-threshold` (at least 1) and `--disable-after` (at least 1s, or `never`).
+fn alert_rules(
+    dead_threshold: Option<u64>,
+    disable_after: Option<&str>,
+) -> Result<AlertRules, ConfigError> {
+    let dead_threshold = dead_threshold.unwrap_or(DEFAULT_DEAD_THRESHOLD);
+    if dead_threshold == 0 {
+        return Err(ConfigError(
+            "--dead-alert-threshold must be at least 1".into(),
+        ));
+    }
+    let disable_after_ms = optional_duration(
+        "disable-after",
+        disable_after,
+        DEFAULT_DISABLE_AFTER_MS,
+        &["never", "off"],
+        "5d, 12h, 30s",
+    )?;
+    Ok(AlertRules {
+        dead_threshold,
+        disable_after_ms,
+    })
+}
+
+/// `--retain-sent` and `--retain-dead` (at least 1s, or `forever`).
+fn retention_settings(
+    sent: Option<&str>,
+    dead: Option<&str>,
+    warnings: &mut Vec<String>,
+) -> Result<Retention, ConfigError> {
+    let window = |flag: &str, text: Option<&str>, default_ms: i64| {
+        optional_duration(flag, text, default_ms, &["forever"], "90s, 12h, 7d")
+    };
+    let retention = Retention {
+        sent_ms: window("retain-sent", sent, DEFAULT_RETAIN_SENT_MS)?,
+        dead_ms: window("retain-dead", dead, DEFAULT_RETAIN_DEAD_MS)?,
+    };
+    if let (Some(sent), Some(dead)) = (retention.sent_ms, retention.dead_ms) {
+        if dead < sent {
             warnings.push(
-                "the API token is shorter than 16 characters and the API listens beyond loopback"
+                "--retain-dead is shorter than --retain-sent: dead deliveries, which may \
+                 still be replayed, go first"
                     .into(),
             );
         }
-        let edge = match (
-            s.edge_url.filter(|u| !u.is_empty()),
-            s.edge_key.filter(|k| !k.is_empty()),
-        ) {
-            (None, None) => None,
-            (None, Some(_)) => {
-                warnings.push("--edge-key is set without --edge-url: the edge lane is off".into());
-                None
-            }
-            (Some(_), None) => {
-                return err(
-                    "--edge-url needs --edge-key (the edge's EDGE_SIGNING_KEY, whsec_…)".into(),
-                )
-            }
-            (Some(url), Some(key)) => {
-                match url::Url::parse(&url) {
-                    Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {
-                        if u.scheme() == "http"
-                            && !matches!(u.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"))
-                        {
-                            warnings.push(format!(
-                                "the edge URL {} is plain http beyond loopback",
-                                crate::redact::url(&url)
-                            ));
-                        }
-                    }
-                    _ => return err(format!("--edge-url {url:?} is not an http(s) URL")),
-                }
-                let key =
-                    Secret::parse(&key).map_err(|e| ConfigError(format!("--edge-key: {e}")))?;
-                Some((url, key))
-            }
-        };
+    }
+    Ok(retention)
+}
+
+/// `--max-db-size`: a cap of at least 64KiB (a few pages beyond a new ledger's), or none.
+fn max_db_size(text: Option<&str>) -> Result<Option<u64>, ConfigError> {
+    const MIN_DB_SIZE: u64 = 64 * 1024;
+    match text {
+        None => Ok(None),
+        Some(text) => match parse_size(text) {
+            Some(n) if n >= MIN_DB_SIZE => Ok(Some(n)),
+            _ => Err(ConfigError(format!(
+                "--max-db-size {text:?} is not a size of at least 64KiB like 500MiB or 20GiB"
+            ))),
+        },
+    }
+}
+
+/// `--header-timeout`, `--body-timeout` (each at least 100ms) and `--max-connections`.
+fn server_limits(
+    header_timeout: Option<&str>,
+    body_timeout: Option<&str>,
+    max_connections: Option<usize>,
+) -> Result<ServerLimits, ConfigError> {
+    let header_timeout = duration_setting(
+        "header-timeout",
+        header_timeout,
+        DEFAULT_HEADER_TIMEOUT,
+        100,
+    )?;
+    let body_timeout = duration_setting("body-timeout", body_timeout, DEFAULT_BODY_TIMEOUT, 100)?;
+    let max_connections = max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+    if max_connections == 0 {
+        return Err(ConfigError("--max-connections must be at least 1".into()));
+    }
+    Ok(ServerLimits {
+        header_timeout,
+        max_connections,
+        write_timeout: body_timeout,
+    })
+}
+
+/// `--portal-frame-ancestors` as a CSP source list; a plain-http origin is warned about.
+fn portal_ancestors(
+    origins: Option<Vec<String>>,
+    warnings: &mut Vec<String>,
+) -> Result<String, ConfigError> {
+    let ancestors =
+        crate::portal::frame_ancestors(&origins.unwrap_or_default()).map_err(ConfigError)?;
+    if ancestors.split(' ').any(|o| o.starts_with("http://")) {
+        warnings.push(
+            "--portal-frame-ancestors lists a plain-http origin: a portal link framed there \
+             travels unencrypted"
+                .into(),
+        );
+    }
+    Ok(ancestors)
+}
+
+impl Config {
+    /// Validate merged settings; also returns warnings about risky combinations.
+    pub fn from_settings(s: Settings) -> Result<(Config, Vec<String>), ConfigError> {
+        let mut warnings = Vec::new();
+        let db = LedgerLocation::parse(s.db.as_deref().unwrap_or_else(|| Path::new(DEFAULT_DB)))?;
+        let (listen, api_token) = listen_and_token(s.listen, s.api_token, &mut warnings)?;
+        let edge = edge_target(s.edge_url, s.edge_key, &mut warnings)?;
         let allow_loopback = s.allow_loopback.unwrap_or(false);
         if allow_loopback {
             warnings.push("--allow-loopback is on: for development and tests only".into());
         }
-        let max_attempts = s
-            .max_attempts
-            .unwrap_or(fanout_core::retry::DEFAULT_MAX_ATTEMPTS);
-        if !(1..=100).contains(&max_attempts) {
-            return err(format!(
-                "--max-attempts must be 1 to 100, not {max_attempts}"
-            ));
-        }
-        let backoff_scale = s.backoff_scale.unwrap_or(1.0);
-        if !(backoff_scale.is_finite() && backoff_scale > 0.0 && backoff_scale <= 100.0) {
-            return err(format!(
-                "--backoff-scale must be above 0 and at most 100, not {backoff_scale}"
-            ));
-        }
-        if backoff_scale < 1.0 {
-            warnings.push(format!(
-                "--backoff-scale {backoff_scale}: retries come faster than DESIGN.md's schedule"
-            ));
-        }
-        let max_event_bytes = s.max_event_bytes.unwrap_or(DEFAULT_MAX_EVENT_BYTES);
-        if !(1024..=fanout_core::wire::MAX_BODY_BYTES).contains(&max_event_bytes) {
-            return err(format!(
-                "--max-event-bytes must be 1024 to {} (the edge's limit), not {max_event_bytes}",
-                fanout_core::wire::MAX_BODY_BYTES
-            ));
-        }
-        let edge_batch = s.edge_batch.unwrap_or(DEFAULT_EDGE_BATCH);
-        if !(1..=fanout_core::wire::MAX_BATCH).contains(&edge_batch) {
-            return err(format!(
-                "--edge-batch must be 1 to {}, not {edge_batch}",
-                fanout_core::wire::MAX_BATCH
-            ));
-        }
-        let max_total_in_flight = s.max_total_in_flight.unwrap_or(DEFAULT_MAX_TOTAL_IN_FLIGHT);
-        if max_total_in_flight == 0 {
-            return err("--max-total-in-flight must be at least 1".into());
-        }
+        let (max_attempts, backoff_scale) =
+            retry_settings(s.max_attempts, s.backoff_scale, &mut warnings)?;
+        let (max_event_bytes, edge_batch, max_total_in_flight) =
+            size_settings(s.max_event_bytes, s.edge_batch, s.max_total_in_flight)?;
         let breaker = breaker_settings(s.breaker_threshold, s.breaker_cooldown.as_deref())?;
-        let alert =
-            match (
-                s.alert_url.filter(|u| !u.is_empty()),
-                s.alert_secret.filter(|k| !k.is_empty()),
-            ) {
-                (None, None) => None,
-                (None, Some(_)) => {
-                    warnings.push(
-                        "--alert-secret is set without --alert-url: alerts are only logged".into(),
-                    );
-                    None
-                }
-                (Some(_), None) => return err(
-                    "--alert-url needs --alert-secret (a whsec_ secret the operator's endpoint \
-                     verifies)"
-                        .into(),
-                ),
-                (Some(url), Some(secret)) => {
-                    match url::Url::parse(&url) {
-                        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
-                        _ => return err(format!("--alert-url {url:?} is not an http(s) URL")),
-                    }
-                    let secret = Secret::parse(&secret)
-                        .map_err(|e| ConfigError(format!("--alert-secret: {e}")))?;
-                    Some(AlertTarget { url, secret })
-                }
-            };
-        let dead_threshold = s.dead_alert_threshold.unwrap_or(DEFAULT_DEAD_THRESHOLD);
-        if dead_threshold == 0 {
-            return err("--dead-alert-threshold must be at least 1".into());
-        }
-        let disable_after_ms = match s.disable_after.as_deref().map(str::trim) {
-            None => Some(DEFAULT_DISABLE_AFTER_MS),
-            Some("never" | "off") => None,
-            Some(text) => match parse_duration(text) {
-                Some(ms) if ms >= 1000 => Some(ms),
-                _ => {
-                    return err(format!(
-                        "--disable-after {text:?} is not a duration of at least 1s like 5d, \
-                         12h, 30s (or \"never\")"
-                    ))
-                }
-            },
-        };
-        let window = |flag: &str, text: Option<String>, default_ms: i64| match text
-            .as_deref()
-            .map(str::trim)
-        {
-            None => Ok(Some(default_ms)),
-            Some("forever") => Ok(None),
-            Some(t) => match parse_duration(t) {
-                Some(ms) if ms >= 1000 => Ok(Some(ms)),
-                _ => Err(ConfigError(format!(
-                    "--{flag} {t:?} is not a duration of at least 1s like 90s, 12h, 7d (or \
-                     \"forever\")"
-                ))),
-            },
-        };
-        let retention = Retention {
-            sent_ms: window("retain-sent", s.retain_sent, DEFAULT_RETAIN_SENT_MS)?,
-            dead_ms: window("retain-dead", s.retain_dead, DEFAULT_RETAIN_DEAD_MS)?,
-        };
-        if let (Some(sent), Some(dead)) = (retention.sent_ms, retention.dead_ms) {
-            if dead < sent {
-                warnings.push(
-                    "--retain-dead is shorter than --retain-sent: dead deliveries, which may \
-                     still be replayed, go first"
-                        .into(),
-                );
-            }
-        }
-        /// The smallest size cap: a few pages beyond a new ledger's.
-        const MIN_DB_SIZE: u64 = 64 * 1024;
-        let max_db_bytes = match s.max_db_size.as_deref() {
-            None => None,
-            Some(text) => match parse_size(text) {
-                Some(n) if n >= MIN_DB_SIZE => Some(n),
-                _ => {
-                    return err(format!(
-                    "--max-db-size {text:?} is not a size of at least 64KiB like 500MiB or 20GiB"
-                ))
-                }
-            },
-        };
-        let header_timeout = duration_setting(
-            "header-timeout",
+        let alert = alert_target(s.alert_url, s.alert_secret, &mut warnings)?;
+        let alert_rules = alert_rules(s.dead_alert_threshold, s.disable_after.as_deref())?;
+        let retention = retention_settings(
+            s.retain_sent.as_deref(),
+            s.retain_dead.as_deref(),
+            &mut warnings,
+        )?;
+        let max_db_bytes = max_db_size(s.max_db_size.as_deref())?;
+        let server_limits = server_limits(
             s.header_timeout.as_deref(),
-            DEFAULT_HEADER_TIMEOUT,
-            100,
-        )?;
-        let body_timeout = duration_setting(
-            "body-timeout",
             s.body_timeout.as_deref(),
-            DEFAULT_BODY_TIMEOUT,
-            100,
+            s.max_connections,
         )?;
-        let max_connections = s.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
-        if max_connections == 0 {
-            return err("--max-connections must be at least 1".into());
-        }
-        let portal_frame_ancestors =
-            crate::portal::frame_ancestors(&s.portal_frame_ancestors.unwrap_or_default())
-                .map_err(ConfigError)?;
-        if portal_frame_ancestors
-            .split(' ')
-            .any(|o| o.starts_with("http://"))
-        {
-            warnings.push(
-                "--portal-frame-ancestors lists a plain-http origin: a portal link framed there \
-                 travels unencrypted"
-                    .into(),
-            );
-        }
-        Ok((
-            Config {
-                db,
-                max_db_bytes,
-                server_limits: ServerLimits {
-                    header_timeout,
-                    max_connections,
-                    write_timeout: body_timeout,
-                },
-                body_timeout,
-                listen,
-                edge,
-                api_token,
-                allow_loopback,
-                max_attempts,
-                backoff_scale,
-                max_event_bytes,
-                rotation_grace_secs: s.rotation_grace_secs.unwrap_or(DEFAULT_ROTATION_GRACE_SECS),
-                edge_batch,
-                max_total_in_flight,
-                breaker,
-                alert,
-                alert_rules: AlertRules {
-                    dead_threshold,
-                    disable_after_ms,
-                },
-                retention,
-                portal_frame_ancestors,
-            },
-            warnings,
-        ))
+        let portal_frame_ancestors = portal_ancestors(s.portal_frame_ancestors, &mut warnings)?;
+        let config = Config {
+            db,
+            max_db_bytes,
+            body_timeout: server_limits.write_timeout,
+            server_limits,
+            listen,
+            edge,
+            api_token,
+            allow_loopback,
+            max_attempts,
+            backoff_scale,
+            max_event_bytes,
+            rotation_grace_secs: s.rotation_grace_secs.unwrap_or(DEFAULT_ROTATION_GRACE_SECS),
+            edge_batch,
+            max_total_in_flight,
+            breaker,
+            alert,
+            alert_rules,
+            retention,
+            portal_frame_ancestors,
+        };
+        Ok((config, warnings))
     }
 }
 
@@ -742,10 +836,19 @@ mod tests {
         }
     }
 
+    fn check(cases: Vec<(&str, Settings, Result<(), &str>)>) {
+        for (name, s, expected) in cases {
+            match (Config::from_settings(s), expected) {
+                (Ok(_), Ok(())) => {}
+                (Err(ConfigError(m)), Err(part)) => assert!(m.contains(part), "{name}: {m}"),
+                (got, exp) => panic!("{name}: got {got:?}, expected {exp:?}"),
+            }
+        }
+    }
+
     #[test]
     fn validation_table() {
         let key = Secret::from_bytes(&[7u8; 32]).unwrap().encode();
-        let alert_key = Secret::from_bytes(&[9u8; 32]).unwrap().encode();
         let cases: Vec<(&str, Settings, Result<(), &str>)> = vec![
             ("defaults", base(), Ok(())),
             (
@@ -828,6 +931,14 @@ mod tests {
                 },
                 Err("--edge-batch"),
             ),
+        ];
+        check(cases);
+    }
+
+    #[test]
+    fn alert_and_retention_table() {
+        let alert_key = Secret::from_bytes(&[9u8; 32]).unwrap().encode();
+        let cases: Vec<(&str, Settings, Result<(), &str>)> = vec![
             (
                 "alerts ok",
                 Settings {
@@ -923,13 +1034,11 @@ mod tests {
                 Ok(()),
             ),
         ];
-        for (name, s, expected) in cases {
-            match (Config::from_settings(s), expected) {
-                (Ok(_), Ok(())) => {}
-                (Err(ConfigError(m)), Err(part)) => assert!(m.contains(part), "{name}: {m}"),
-                (got, exp) => panic!("{name}: got {got:?}, expected {exp:?}"),
-            }
-        }
+        check(cases);
+    }
+
+    #[test]
+    fn defaults_and_durations() {
         let (c, _) = Config::from_settings(base()).unwrap();
         assert_eq!(
             (

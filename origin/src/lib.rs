@@ -13,12 +13,14 @@ pub mod config;
 pub mod console;
 pub mod customer;
 pub mod dispatch;
+pub mod duration;
 pub mod health;
 pub mod ledger;
 pub mod load;
 pub mod metrics;
 pub mod model;
 pub mod outbound;
+pub mod pages;
 pub mod portal;
 pub mod redact;
 pub mod retention;
@@ -310,6 +312,7 @@ async fn serve<L: DispatchLedger>(
             portal_key,
             portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
             breaker: cfg.breaker,
+            ledger_is_shared: served.lock.is_none(),
         },
         metrics,
         health.clone(),

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::duration::format_duration;
 use crate::ledger::retention::{self as purge, Finished, Removed};
 use crate::ledger::store::Store;
 use crate::ledger::LedgerError;
-use crate::time::format_duration;
 
 pub const DEFAULT_RETAIN_SENT_MS: i64 = 7 * 86_400_000;
 pub const DEFAULT_RETAIN_DEAD_MS: i64 = 30 * 86_400_000;

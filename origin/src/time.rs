@@ -1,5 +1,5 @@
-//! The daemon's only clock and randomness, the parsing of times in queries, and human
-//! durations (`5d`, `30s`) in the configuration.
+//! The daemon's only clock and randomness, and the parsing and writing of times (RFC 3339 or
+//! unix ms). Durations (`5d`, `30s`) are `crate::duration`'s.
 //!
 //! The clock is the host's plus an offset: 0 on SQLite; on a shared PostgreSQL ledger the
 //! offset of the database server's clock from this host's, measured at start-up and every
@@ -160,57 +160,6 @@ pub fn parse_time(s: &str) -> Option<i64> {
     Some(secs * 1000 + millis)
 }
 
-/// Parse a human duration into milliseconds: one or more `<number><unit>` parts with units
-/// `ms`, `s`, `m`, `h`, `d` (`5d`, `30s`, `1h30m`, `250ms`); a bare number is seconds.
-pub fn parse_duration(s: &str) -> Option<i64> {
-    let s = s.trim();
-    if s.is_empty() {
-        return None;
-    }
-    if s.bytes().all(|b| b.is_ascii_digit()) {
-        return s.parse::<i64>().ok()?.checked_mul(1000);
-    }
-    let mut total: i64 = 0;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        let n: i64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
-        let unit_ms = match &rest[..unit_len] {
-            "ms" => 1,
-            "s" => 1000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
-            _ => return None,
-        };
-        rest = &rest[unit_len..];
-        total = total.checked_add(n.checked_mul(unit_ms)?)?;
-    }
-    Some(total)
-}
-
-/// A duration in ms the way [`parse_duration`] reads it, in its largest whole unit (`5d`,
-/// `90s`, `250ms`).
-pub fn format_duration(ms: i64) -> String {
-    const UNITS: [(i64, &str); 4] = [
-        (86_400_000, "d"),
-        (3_600_000, "h"),
-        (60_000, "m"),
-        (1000, "s"),
-    ];
-    for (size, unit) in UNITS {
-        if ms != 0 && ms % size == 0 {
-            return format!("{}{unit}", ms / size);
-        }
-    }
-    format!("{ms}ms")
-}
-
 /// Unix ms as RFC 3339 in UTC with milliseconds (`2026-11-30T04:45:53.250Z`).
 pub fn format_rfc3339(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
@@ -276,36 +225,6 @@ mod tests {
         for &(input, expected) in cases {
             assert_eq!(parse_time(input), expected, "{input:?}");
         }
-    }
-
-    #[test]
-    fn duration_table() {
-        let cases: &[(&str, Option<i64>)] = &[
-            ("5d", Some(432_000_000)),
-            ("30s", Some(30_000)),
-            ("2s", Some(2000)),
-            ("250ms", Some(250)),
-            ("1h30m", Some(5_400_000)),
-            ("10m", Some(600_000)),
-            ("90", Some(90_000)),
-            (" 12h ", Some(43_200_000)),
-            ("", None),
-            ("d", None),
-            ("5", Some(5000)),
-            ("5w", None),
-            ("5 d", None),
-            ("-5s", None),
-            ("1.5h", None),
-            ("99999999999999999999d", None),
-        ];
-        for &(input, expected) in cases {
-            assert_eq!(parse_duration(input), expected, "{input:?}");
-        }
-        for ms in [432_000_000, 30_000, 5_400_000, 250, 2000, 3_600_000] {
-            assert_eq!(parse_duration(&format_duration(ms)), Some(ms), "{ms}");
-        }
-        assert_eq!(format_duration(432_000_000), "5d");
-        assert_eq!(format_duration(5_400_000), "90m");
     }
 
     #[test]

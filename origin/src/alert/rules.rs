@@ -150,7 +150,7 @@ pub fn after_attempt(prev: &Health, seen: &Seen<'_>, rules: &AlertRules) -> Afte
             _ if gone => Some("the endpoint answered 410 Gone".to_string()),
             (Some(since), Some(after)) if seen.at_ms - since >= after => Some(format!(
                 "every attempt failed for {} (since {}); last: {}",
-                crate::time::format_duration(after),
+                crate::duration::format_duration(after),
                 crate::time::format_rfc3339(since),
                 seen.error.unwrap_or("failed"),
             )),

@@ -14,7 +14,8 @@ use axum::http::{header, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, AppState};
+use super::error::ApiError;
+use super::state::AppState;
 use crate::ledger;
 use crate::portal::token;
 use crate::time::now_ms;

@@ -1,34 +1,31 @@
-//! `/v1/customers`: the operator's customers (admin token only), and
-//! `POST /v1/customers/{id}/portal`, which issues a link to that customer's portal, and
-//! `POST /v1/customers/{id}/portal/revoke`, which ends every link issued so far.
+//! `/v1/customers`: the operator's customers (admin token only): create, list, read, change
+//! (a typed PATCH: `null` removes the cap) and remove. Portal links are `super::portal_links`.
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::body::{parse_json, present, read_body, MAX_ADMIN_BYTES};
+use super::error::ApiError;
 use super::extract::PathId;
-use super::{parse_json, read_body, ApiError, AppState};
+use super::state::AppState;
 use crate::customer::{
-    validate_max_in_flight, validate_weight, Customer, CustomerList, CustomerView, PortalLink,
-    DEFAULT_WEIGHT,
+    validate_max_in_flight, validate_weight, Customer, CustomerList, CustomerView, DEFAULT_WEIGHT,
 };
 use crate::dispatch::Control;
 use crate::ledger::LedgerError;
 use crate::model::validate_id;
-use crate::portal::token;
 use crate::time::{now_ms, random_bytes};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/customers", post(create).get(list))
         .route("/v1/customers/{id}", get(read).patch(update).delete(remove))
-        .route("/v1/customers/{id}/portal", post(portal_link))
-        .route("/v1/customers/{id}/portal/revoke", post(revoke_links))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -37,18 +34,18 @@ struct CustomerInput {
     id: Option<String>,
     weight: Option<u32>,
     /// `null` in a PATCH removes the cap.
-    #[serde(default, deserialize_with = "super::present")]
+    #[serde(default, deserialize_with = "present")]
     max_in_flight: Option<Option<u32>>,
 }
 
-fn unknown(e: LedgerError, id: &str) -> ApiError {
+pub(super) fn unknown(e: LedgerError, id: &str) -> ApiError {
     match e {
         LedgerError::NotFound(_) => ApiError::UnknownCustomer(format!("no customer {id}")),
         other => ApiError::Ledger(other),
     }
 }
 
-fn nonce() -> Result<String, ApiError> {
+pub(super) fn nonce() -> Result<String, ApiError> {
     let bytes = random_bytes::<16>()
         .map_err(|e| ApiError::Ledger(LedgerError::Invalid(format!("no randomness: {e}"))))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
@@ -104,7 +101,7 @@ async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
+    let bytes = read_body(&state.cfg, &headers, body, MAX_ADMIN_BYTES).await?;
     let input: CustomerInput = parse_json(&bytes)?;
     let cu = customer_from(input, nonce()?, now_ms())?;
     state.ledger.create_customer(cu.clone()).await?;
@@ -139,7 +136,7 @@ async fn update(
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&state.cfg, &headers, body, 64 * 1024).await?;
+    let bytes = read_body(&state.cfg, &headers, body, MAX_ADMIN_BYTES).await?;
     let input: CustomerInput = parse_json(&bytes)?;
     let now = now_ms();
     let result = state
@@ -169,85 +166,6 @@ async fn remove(
         .map_err(|e| unknown(e, &id))?;
     state.tell(Control::Customers);
     Ok(Json(json!({ "id": id, "deleted": true })))
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PortalInput {
-    ttl_secs: Option<u64>,
-}
-
-/// Where the portal page is, as the caller reached this daemon: its `Host`, and https when a
-/// proxy in front says so (`X-Forwarded-Proto`).
-fn portal_base(headers: &HeaderMap) -> String {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .filter(|h| {
-            !h.is_empty()
-                && h.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
-        })
-        .unwrap_or("localhost");
-    let https = headers
-        .get("x-forwarded-proto")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|p| p.eq_ignore_ascii_case("https"));
-    format!("{}://{host}", if https { "https" } else { "http" })
-}
-
-async fn portal_link(
-    State(state): State<AppState>,
-    PathId(id): PathId,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<impl IntoResponse, ApiError> {
-    let bytes = read_body(&state.cfg, &headers, body, 4 * 1024).await?;
-    let input: PortalInput = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
-        PortalInput::default()
-    } else {
-        parse_json(&bytes)?
-    };
-    let ttl = token::ttl_secs(input.ttl_secs).map_err(ApiError::Invalid)?;
-    let cu = state
-        .ledger
-        .customer(id.clone())
-        .await
-        .map_err(|e| unknown(e, &id))?;
-    let expires_at_ms = now_ms() + (ttl as i64) * 1000;
-    let t = token::sign(
-        &state.cfg.portal_key,
-        &token::Claims {
-            customer: cu.id,
-            nonce: cu.portal_nonce,
-            expires_ms: expires_at_ms,
-        },
-    );
-    // The token travels in the fragment: browsers never send it to a server.
-    let url = format!("{}/portal#token={t}", portal_base(&headers));
-    Ok((
-        StatusCode::CREATED,
-        Json(PortalLink {
-            url,
-            token: t,
-            expires_at_ms,
-        }),
-    ))
-}
-
-/// End every portal link issued for this customer so far (401 from then on); links issued
-/// afterwards work.
-async fn revoke_links(
-    State(state): State<AppState>,
-    PathId(id): PathId,
-) -> Result<impl IntoResponse, ApiError> {
-    let now = now_ms();
-    state
-        .ledger
-        .revoke_portal_links(id.clone(), nonce()?, now)
-        .await
-        .map_err(|e| unknown(e, &id))?;
-    Ok(Json(json!({ "id": id, "links_revoked_at_ms": now })))
 }
 
 #[cfg(test)]
@@ -316,32 +234,5 @@ mod tests {
         assert_eq!((p.weight, p.max_in_flight), (7, Some(5)));
         assert!(patched(c.clone(), input(Some("other"), None, None), 3).is_err());
         assert!(patched(c, input(None, Some(0), None), 3).is_err());
-    }
-
-    #[test]
-    fn portal_base_table() {
-        let h = |pairs: &[(&'static str, &str)]| {
-            let mut m = HeaderMap::new();
-            for (k, v) in pairs {
-                m.insert(*k, v.parse().unwrap());
-            }
-            m
-        };
-        assert_eq!(
-            portal_base(&h(&[("host", "127.0.0.1:8080")])),
-            "http://127.0.0.1:8080"
-        );
-        assert_eq!(
-            portal_base(&h(&[
-                ("host", "hooks.example.com"),
-                ("x-forwarded-proto", "https")
-            ])),
-            "https://hooks.example.com"
-        );
-        assert_eq!(
-            portal_base(&h(&[("host", "evil.com/x?")])),
-            "http://localhost"
-        );
-        assert_eq!(portal_base(&h(&[])), "http://localhost");
     }
 }

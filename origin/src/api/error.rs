@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use fanout_core::wire::ErrorBody;
 
+use crate::health::Problem;
 use crate::ledger::LedgerError;
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +42,9 @@ pub enum ApiError {
     Busy(String),
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// `/healthz`'s answer when the daemon cannot do its work: every reason, with its code.
+    #[error("{}", unhealthy_message(.0))]
+    Unhealthy(Vec<Problem>),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
 }
@@ -75,6 +79,7 @@ impl ApiError {
             ApiError::Timeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             ApiError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            ApiError::Unhealthy(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Ledger(LedgerError::NotFound(_)) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Ledger(LedgerError::Conflict(_)) => (StatusCode::CONFLICT, "conflict"),
             ApiError::Ledger(LedgerError::Invalid(_)) => {
@@ -97,6 +102,16 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
+        if let ApiError::Unhealthy(problems) = &self {
+            // The usual error, with the status and every reason beside it (no Retry-After:
+            // a probe asks again on its own schedule).
+            let body = serde_json::json!({
+                "status": "unavailable",
+                "error": { "code": code, "message": self.to_string() },
+                "problems": problems,
+            });
+            return (status, Json(body)).into_response();
+        }
         let message = match &self {
             ApiError::Ledger(
                 LedgerError::NotFound(m)
@@ -137,4 +152,13 @@ impl IntoResponse for ApiError {
         }
         response
     }
+}
+
+/// The reasons of an [`ApiError::Unhealthy`] in one line.
+fn unhealthy_message(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|p| p.message.as_str())
+        .collect::<Vec<_>>()
+        .join("; ")
 }

@@ -3,7 +3,7 @@
 use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 
-use super::ApiError;
+use super::error::ApiError;
 
 /// The `{id}` of a route. A malformed one (percent-encoded bytes that are not UTF-8) is an
 /// `invalid_request`, not axum's plain-text 400.

@@ -62,9 +62,11 @@ mod tests {
             }
         }
         ops.sort();
-        // The router's routes (api::router, console::routes and portal::routes); keep both lists in step.
+        // The router's routes (api::router, console::routes, portal::routes and pages::routes);
+        // keep both lists in step.
         let mut expected = vec![
             "GET /",
+            "GET /common.js",
             "GET /console.css",
             "GET /console.js",
             "GET /healthz",

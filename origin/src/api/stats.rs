@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use fanout_core::breaker::{BreakerConfig, BreakerView};
 use serde::{Deserialize, Serialize};
 
-use super::ApiError;
+use super::error::ApiError;
 use crate::ledger::status::SubscriberCounts;
 use crate::model::{StallView, Subscriber, SubscriberView};
 

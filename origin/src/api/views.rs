@@ -1,10 +1,10 @@
-//! The API's answers as types, written by the handlers and read back by the CLI (`cli.rs`):
+//! The API's answers as types, written by the handlers and read back by the CLI (`crate::cli`):
 //! one type both ways, so a renamed field fails to compile instead of printing `-`.
 
 use serde::{Deserialize, Serialize};
 
 pub use super::stats::{SubscriberStats, ViewWithStats};
-pub use super::SubscriberInput;
+pub use super::subscriber_input::SubscriberInput;
 pub use crate::ledger::{AttemptRecordView, DeliveryView, Ingested};
 pub use crate::model::SubscriberView;
 

@@ -9,31 +9,12 @@
   const TOKEN_KEY = 'fanout.token';
   const PAGE = 200;
 
-  const $ = (sel) => document.querySelector(sel);
+  // The helpers this page shares with the portal (/common.js).
+  const { $, h, request } = window.FanoutPage;
 
-  /** Build an element. Strings and numbers become text nodes; props set attributes or handlers. */
-  function h(tag, props, ...children) {
-    const el = document.createElement(tag);
-    for (const [k, v] of Object.entries(props ?? {})) {
-      if (v == null || v === false) continue;
-      if (k === 'class') el.className = v;
-      else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
-      else el.setAttribute(k, v === true ? '' : String(v));
-    }
-    for (const c of children.flat()) {
-      if (c == null || c === false) continue;
-      el.append(c instanceof Node ? c : String(c));
-    }
-    return el;
-  }
-
-  const fmtTime = (ms) => {
-    if (ms == null) return '';
-    const d = new Date(ms);
-    return Number.isNaN(d.getTime()) ? String(ms) : d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
-  };
+  const fmtTime = (ms) => window.FanoutPage.fmtTime(ms);
   const fmtNum = (n, digits = 0) => (n == null ? '' : Number(n).toLocaleString('en-US', { maximumFractionDigits: digits }));
-  const badge = (status) => h('span', { class: `badge ${status}`, 'data-status': status }, status.replace('_', ' '));
+  const badge = (status) => window.FanoutPage.badge(status, status.replace('_', ' '));
   const deliveryLink = (id) => h('a', { href: `#/deliveries/${encodeURIComponent(id)}` }, id);
 
   // ------------------------------------------------------------------------------------------
@@ -41,43 +22,8 @@
 
   const token = () => sessionStorage.getItem(TOKEN_KEY);
 
-  class ApiError extends Error {
-    constructor(status, code, message) {
-      super(message);
-      this.status = status;
-      this.code = code;
-    }
-  }
-
   /** One API call; the JSON answer, or an ApiError carrying the API's `{error:{code,message}}`. */
-  async function call(method, path, body, bearer = token()) {
-    const headers = { authorization: `Bearer ${bearer ?? ''}`, accept: 'application/json' };
-    if (body !== undefined) headers['content-type'] = 'application/json';
-    let res;
-    try {
-      res = await fetch(path, {
-        method,
-        headers,
-        body: body === undefined ? undefined : JSON.stringify(body),
-        cache: 'no-store',
-        credentials: 'omit',
-      });
-    } catch (e) {
-      throw new ApiError(0, 'network', `The daemon did not answer (${e.message}).`);
-    }
-    const text = await res.text();
-    let data = null;
-    try {
-      data = text ? JSON.parse(text) : null;
-    } catch {
-      /* not JSON: reported below */
-    }
-    if (!res.ok) {
-      const err = data?.error;
-      throw new ApiError(res.status, err?.code ?? 'http', err?.message ?? `HTTP ${res.status}`);
-    }
-    return data;
-  }
+  const call = (method, path, body, bearer = token()) => request(method, path, body, bearer, 'The daemon');
 
   /** An API call from a signed-in view: a refused token sends the operator back to sign in. */
   async function api(method, path, body) {
@@ -94,17 +40,7 @@
   // ------------------------------------------------------------------------------------------
   // Messages
 
-  let flashTimer;
-  function flash(message, kind = 'info') {
-    const el = $('#flash');
-    el.textContent = message;
-    el.className = kind;
-    el.hidden = false;
-    clearTimeout(flashTimer);
-    flashTimer = setTimeout(() => {
-      el.hidden = true;
-    }, kind === 'error' ? 10_000 : 5_000);
-  }
+  const flash = window.FanoutPage.flasher('#flash', 'info', (kind) => (kind === 'error' ? 10_000 : 5_000));
 
   function showError(el, message) {
     el.textContent = message;

@@ -1,5 +1,6 @@
 //! The customer portal: one static page, its script and its style sheet, embedded in the binary
-//! (no build step), served at `/portal`. The operator's product gets a link from
+//! (no build step), served at `/portal`, with the helpers it shares with the console
+//! (`crate::pages`, `/common.js`). The operator's product gets a link from
 //! `POST /v1/customers/{id}/portal`; the page reads its token from the URL fragment (never sent
 //! to a server, so never in a log or a Referer), keeps it in memory and sessionStorage (no
 //! cookie), and calls the same `/v1` routes as any client with it, scoped to its customer by
@@ -12,10 +13,12 @@ pub mod token;
 
 use std::sync::Arc;
 
-use axum::http::{header, HeaderValue};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderValue;
+use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
+
+use crate::pages;
 
 const INDEX_HTML: &str = include_str!("index.html");
 const PORTAL_JS: &str = include_str!("portal.js");
@@ -63,19 +66,11 @@ pub fn frame_ancestors(origins: &[String]) -> Result<String, String> {
     })
 }
 
-/// The portal's Content-Security-Policy: like the console's, but framed by `ancestors`.
-pub fn csp(ancestors: &str) -> String {
-    format!(
-        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
-         img-src 'self' data:; form-action 'none'; base-uri 'none'; frame-ancestors {ancestors}"
-    )
-}
-
 /// `/portal`, `/portal.js` and `/portal.css`, for any router state.
 pub fn routes<S: Clone + Send + Sync + 'static>(ancestors: &str) -> Router<S> {
     let framable = ancestors != "'none'";
     let csp: Arc<HeaderValue> = Arc::new(
-        HeaderValue::from_str(&csp(ancestors))
+        HeaderValue::from_str(&pages::csp(ancestors))
             .unwrap_or_else(|_| HeaderValue::from_static("frame-ancestors 'none'")),
     );
     let serve = move |content_type: &'static str, body: &'static str| {
@@ -97,23 +92,7 @@ fn asset(
     csp: &HeaderValue,
     framable: bool,
 ) -> Response {
-    let mut res = body.into_response();
-    let h = res.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(header::CONTENT_SECURITY_POLICY, csp.clone());
-    if !framable {
-        h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    }
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    res
+    pages::asset(content_type, body, csp.clone(), framable)
 }
 
 #[cfg(test)]

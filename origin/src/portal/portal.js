@@ -11,31 +11,12 @@
   const TOKEN_KEY = 'fanout.portal.token';
   const PAGE = 500;
 
-  const $ = (sel) => document.querySelector(sel);
+  // The helpers this page shares with the console (/common.js).
+  const { $, h, request } = window.FanoutPage;
 
-  /** Build an element. Strings and numbers become text nodes; props set attributes or handlers. */
-  function h(tag, props, ...children) {
-    const el = document.createElement(tag);
-    for (const [k, v] of Object.entries(props ?? {})) {
-      if (v == null || v === false) continue;
-      if (k === 'class') el.className = v;
-      else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
-      else el.setAttribute(k, v === true ? '' : String(v));
-    }
-    for (const c of children.flat()) {
-      if (c == null || c === false) continue;
-      el.append(c instanceof Node ? c : String(c));
-    }
-    return el;
-  }
-
-  const fmtTime = (ms) => {
-    if (ms == null) return '';
-    const d = new Date(ms);
-    return Number.isNaN(d.getTime()) ? String(ms) : d.toLocaleString();
-  };
+  const fmtTime = (ms) => window.FanoutPage.fmtTime(ms, true);
   const STATUS_LABEL = { dead: 'failed', pending: 'retrying', sent: 'delivered', in_flight: 'sending' };
-  const badge = (status) => h('span', { class: `badge ${status}`, 'data-status': status }, STATUS_LABEL[status] ?? status);
+  const badge = (status) => window.FanoutPage.badge(status, STATUS_LABEL[status] ?? status);
 
   // ------------------------------------------------------------------------------------------
   // The token: from the fragment once, then from this tab's storage.
@@ -68,42 +49,14 @@
     }
   }
 
-  class ApiError extends Error {
-    constructor(status, code, message) {
-      super(message);
-      this.status = status;
-      this.code = code;
-    }
-  }
-
+  /** One API call with the link's token; a refused token (401) ends the page. */
   async function call(method, path, body) {
-    const headers = { authorization: `Bearer ${bearer ?? ''}`, accept: 'application/json' };
-    if (body !== undefined) headers['content-type'] = 'application/json';
-    let res;
     try {
-      res = await fetch(path, {
-        method,
-        headers,
-        body: body === undefined ? undefined : JSON.stringify(body),
-        cache: 'no-store',
-        credentials: 'omit',
-      });
+      return await request(method, path, body, bearer, 'The service');
     } catch (e) {
-      throw new ApiError(0, 'network', `The service did not answer (${e.message}).`);
+      if (e.status === 401) fatal(e.apiMessage ?? 'This link is not valid.');
+      throw e;
     }
-    const text = await res.text();
-    let data = null;
-    try {
-      data = text ? JSON.parse(text) : null;
-    } catch {
-      /* not JSON: reported below */
-    }
-    if (!res.ok) {
-      const err = data?.error;
-      if (res.status === 401) fatal(err?.message ?? 'This link is not valid.');
-      throw new ApiError(res.status, err?.code ?? 'http', err?.message ?? `HTTP ${res.status}`);
-    }
-    return data;
   }
 
   function fatal(message) {
@@ -114,15 +67,7 @@
     $('#fatal').hidden = false;
   }
 
-  let flashTimer = null;
-  function flash(message, kind = 'ok') {
-    const el = $('#flash');
-    el.textContent = message;
-    el.className = kind;
-    el.hidden = false;
-    clearTimeout(flashTimer);
-    flashTimer = setTimeout(() => (el.hidden = true), 6000);
-  }
+  const flash = window.FanoutPage.flasher('#flash', 'ok', () => 6000);
   const report = (e) => flash(e.message, 'error');
 
   // ------------------------------------------------------------------------------------------

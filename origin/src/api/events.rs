@@ -1,0 +1,193 @@
+//! `POST /v1/events`: a producer's event, or an array of them, parsed (pure, each event kept
+//! byte for byte), written to the ledger in one transaction, and the dispatcher told which
+//! subscribers have work. It does not deliver anything.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::body::{read_body, MAX_REQUEST_BYTES};
+use super::error::ApiError;
+use super::state::AppState;
+use super::views;
+use crate::dispatch::Control;
+use crate::ledger::NewEvent;
+use crate::model::{validate_event_id, validate_visible};
+use crate::time::now_ms;
+
+/// Most events in one `POST /v1/events`.
+pub const MAX_EVENTS_PER_REQUEST: usize = 10_000;
+
+#[derive(Deserialize)]
+struct EventHead {
+    id: Option<serde_json::Value>,
+    #[serde(rename = "type")]
+    event_type: Option<serde_json::Value>,
+}
+
+/// Parse one event: an object with a string `id` and `type`, kept byte for byte.
+fn parse_event(
+    raw: &RawValue,
+    index: Option<usize>,
+    max_bytes: usize,
+) -> Result<NewEvent, ApiError> {
+    let at = index.map_or(String::new(), |i| format!("event {i}: "));
+    let text = raw.get();
+    if text.len() > max_bytes {
+        return Err(ApiError::TooLarge(format!(
+            "{at}the event is {} bytes; the limit is {max_bytes}",
+            text.len()
+        )));
+    }
+    let head: EventHead = serde_json::from_str(text)
+        .map_err(|_| ApiError::Invalid(format!("{at}an event must be a JSON object")))?;
+    let id = match head.id {
+        Some(serde_json::Value::String(s)) => s,
+        Some(_) => return Err(ApiError::Invalid(format!("{at}id must be a string"))),
+        None => return Err(ApiError::Invalid(format!("{at}id is missing"))),
+    };
+    validate_event_id("id", &id).map_err(|e| ApiError::Invalid(format!("{at}{e}")))?;
+    let event_type = match head.event_type {
+        Some(serde_json::Value::String(s)) => s,
+        Some(_) => return Err(ApiError::Invalid(format!("{at}type must be a string"))),
+        None => return Err(ApiError::Invalid(format!("{at}type is missing"))),
+    };
+    validate_visible("type", &event_type).map_err(|e| ApiError::Invalid(format!("{at}{e}")))?;
+    if event_type.contains('*') {
+        return Err(ApiError::Invalid(format!("{at}type must not contain '*'")));
+    }
+    Ok(NewEvent {
+        id,
+        event_type,
+        body: text.to_string(),
+    })
+}
+
+/// Parse a `POST /v1/events` body: one event or an array of them. `true` when it was an array.
+pub fn parse_events(
+    body: &[u8],
+    max_event_bytes: usize,
+) -> Result<(Vec<NewEvent>, bool), ApiError> {
+    let raw: &RawValue = serde_json::from_slice(body).map_err(|e| ApiError::from_json(&e))?;
+    let text = raw.get();
+    if text.starts_with('[') {
+        let items: Vec<&RawValue> =
+            serde_json::from_str(text).map_err(|e| ApiError::from_json(&e))?;
+        if items.is_empty() {
+            return Err(ApiError::Invalid("the array holds no event".into()));
+        }
+        if items.len() > MAX_EVENTS_PER_REQUEST {
+            return Err(ApiError::TooLarge(format!(
+                "{} events in one request; the limit is {MAX_EVENTS_PER_REQUEST}",
+                items.len()
+            )));
+        }
+        let events = items
+            .iter()
+            .enumerate()
+            .map(|(i, r)| parse_event(r, Some(i), max_event_bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((events, true))
+    } else {
+        Ok((vec![parse_event(raw, None, max_event_bytes)?], false))
+    }
+}
+
+pub(super) async fn post_events(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<impl IntoResponse, ApiError> {
+    let limit = MAX_REQUEST_BYTES.max(state.cfg.max_event_bytes);
+    let bytes = read_body(&state.cfg, &headers, body, limit).await?;
+    let (events, is_array) = parse_events(&bytes, state.cfg.max_event_bytes)?;
+    let now = now_ms();
+    let (results, touched) = state.ledger.ingest(events, now).await?;
+    let dups = results.iter().filter(|r| r.duplicate).count() as u64;
+    state.metrics.events_ingested.fetch_add(
+        results.len() as u64 - dups,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    state
+        .metrics
+        .events_duplicate
+        .fetch_add(dups, std::sync::atomic::Ordering::Relaxed);
+    if !touched.is_empty() {
+        state.tell(Control::Due(touched));
+    }
+    let body = if is_array {
+        serde_json::to_value(views::IngestedBatch { events: results })
+    } else {
+        serde_json::to_value(&results[0])
+    }
+    .unwrap_or_default();
+    Ok((StatusCode::ACCEPTED, Json(body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(body: &str, expected: Result<Vec<(&str, &str)>, &str>) {
+        let got = parse_events(body.as_bytes(), 64)
+            .map(|(evs, _)| evs.into_iter().map(|e| (e.id, e.body)).collect::<Vec<_>>());
+        match (got, expected) {
+            (Ok(evs), Ok(exp)) => {
+                let exp: Vec<(String, String)> = exp
+                    .into_iter()
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .collect();
+                assert_eq!(evs, exp, "{body}");
+            }
+            (Err(e), Err(code)) => assert_eq!(e.status_and_code().1, code, "{body}: {e}"),
+            (got, exp) => panic!("{body}: got {got:?}, expected {exp:?}"),
+        }
+    }
+
+    #[test]
+    fn event_parsing_table() {
+        check(
+            r#"{"id":"e1","type":"a.b"}"#,
+            Ok(vec![("e1", r#"{"id":"e1","type":"a.b"}"#)]),
+        );
+        check(
+            " {\"type\":\"a\", \"id\":\"e1\"} \n",
+            Ok(vec![("e1", "{\"type\":\"a\", \"id\":\"e1\"}")]),
+        );
+        check(
+            r#"[{"id":"e1","type":"a"},{"id":"e2","type":"a","x":[1]}]"#,
+            Ok(vec![
+                ("e1", r#"{"id":"e1","type":"a"}"#),
+                ("e2", r#"{"id":"e2","type":"a","x":[1]}"#),
+            ]),
+        );
+        check(r#"{"id":"e1""#, Err("malformed_json"));
+        check("", Err("malformed_json"));
+        check(r#"{"type":"a"}"#, Err("invalid_request"));
+        check(r#"{"id":"e1"}"#, Err("invalid_request"));
+        check(r#"{"id":7,"type":"a"}"#, Err("invalid_request"));
+        check(r#"{"id":"","type":"a"}"#, Err("invalid_request"));
+        // An event id is sent as the webhook-id header: visible ASCII only.
+        check(r#"{"id":"évènement","type":"a"}"#, Err("invalid_request"));
+        check(r#"{"id":"a b","type":"a"}"#, Err("invalid_request"));
+        check(r#"{"id":"e1","type":"a*"}"#, Err("invalid_request"));
+        check(r#"[]"#, Err("invalid_request"));
+        check(r#"["x"]"#, Err("invalid_request"));
+        check(r#"42"#, Err("invalid_request"));
+        check(
+            &format!(r#"{{"id":"e1","type":"a","pad":"{}"}}"#, "x".repeat(64)),
+            Err("too_large"),
+        );
+        check(
+            &format!(
+                r#"[{{"id":"e1","type":"a"}},{{"id":"e2","type":"a","pad":"{}"}}]"#,
+                "x".repeat(64)
+            ),
+            Err("too_large"),
+        );
+    }
+}

@@ -1,0 +1,463 @@
+//! What a subscriber request says, as types, and what it does to a subscriber (pure): the
+//! creation body ([`SubscriberInput`], also written by the CLI), the PATCH body
+//! ([`SubscriberPatch`]: only the fields a PATCH may set, so anything else is refused by the
+//! type), their validation, and the rules of a PATCH. No I/O, no clock, no randomness.
+
+use fanout_core::endpoint::check_url;
+use fanout_core::sign::Secret;
+use serde::{Deserialize, Serialize};
+
+use super::auth::Principal;
+use super::body::present;
+use super::error::ApiError;
+use crate::model::{
+    validate_id, validate_pattern, Disabled, Lane, Limits, Subscriber, DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_RATE_PER_SEC, DEFAULT_TIMEOUT_MS,
+};
+
+const MAX_URL_LEN: usize = 2048;
+
+/// The body of `POST /v1/subscribers` (the CLI writes it with the same type).
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriberInput {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_types: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_per_sec: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lane: Option<Lane>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub legacy_signature: Option<bool>,
+    /// A `whsec_` secret to use instead of a generated one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// Only `false`: a subscriber is created enabled (the type refuses `true`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<CreatedEnabled>,
+    /// The owning customer (`null` is none).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub customer: Option<Option<String>>,
+}
+
+/// `"disabled": false` in a creation body, the only value it may have there: a subscriber is
+/// created enabled (`PATCH {"disabled": true}` disables it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreatedEnabled;
+
+impl Serialize for CreatedEnabled {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bool(false)
+    }
+}
+
+impl<'de> Deserialize<'de> for CreatedEnabled {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if bool::deserialize(d)? {
+            Err(serde::de::Error::custom(
+                "a subscriber is created enabled; PATCH {\"disabled\": true} disables it",
+            ))
+        } else {
+            Ok(CreatedEnabled)
+        }
+    }
+}
+
+/// The body of `PATCH /v1/subscribers/{id}`: only the fields given change. It has no
+/// `secret` (rotate instead), so a body naming one is refused as an unknown field.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriberPatch {
+    /// May only repeat the current id.
+    pub id: Option<String>,
+    pub url: Option<String>,
+    pub event_types: Option<Vec<String>>,
+    pub rate_per_sec: Option<f64>,
+    pub burst: Option<u32>,
+    pub max_in_flight: Option<u32>,
+    pub timeout_ms: Option<u64>,
+    pub lane: Option<Lane>,
+    pub legacy_signature: Option<bool>,
+    /// `false` re-enables a disabled subscriber, `true` disables it.
+    pub disabled: Option<bool>,
+    /// Move to this customer; `null` detaches the subscriber from its customer.
+    #[serde(default, deserialize_with = "present")]
+    pub customer: Option<Option<String>>,
+}
+
+impl SubscriberPatch {
+    /// The names of the fields this PATCH sets (what [`Principal::may_patch`] judges). The
+    /// destructuring names every field: one added to the type and not here fails to compile.
+    pub fn fields(&self) -> Vec<&'static str> {
+        let SubscriberPatch {
+            id,
+            url,
+            event_types,
+            rate_per_sec,
+            burst,
+            max_in_flight,
+            timeout_ms,
+            lane,
+            legacy_signature,
+            disabled,
+            customer,
+        } = self;
+        let set: [(&'static str, bool); 11] = [
+            ("id", id.is_some()),
+            ("url", url.is_some()),
+            ("event_types", event_types.is_some()),
+            ("rate_per_sec", rate_per_sec.is_some()),
+            ("burst", burst.is_some()),
+            ("max_in_flight", max_in_flight.is_some()),
+            ("timeout_ms", timeout_ms.is_some()),
+            ("lane", lane.is_some()),
+            ("legacy_signature", legacy_signature.is_some()),
+            ("disabled", disabled.is_some()),
+            ("customer", customer.is_some()),
+        ];
+        set.into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(f, _)| f)
+            .collect()
+    }
+}
+
+fn validate_customer_ref(customer: &Option<Option<String>>) -> Result<(), ApiError> {
+    if let Some(Some(c)) = customer {
+        validate_id("customer", c).map_err(ApiError::Invalid)?;
+    }
+    Ok(())
+}
+
+fn validate_url(url: &str, allow_loopback: bool) -> Result<(), ApiError> {
+    if url.len() > MAX_URL_LEN {
+        return Err(ApiError::InvalidUrl(format!(
+            "url is longer than {MAX_URL_LEN} characters"
+        )));
+    }
+    check_url(url, allow_loopback)
+        .map(|_| ())
+        .map_err(|e| ApiError::InvalidUrl(format!("url refused: {e}")))
+}
+
+fn validate_types(types: &[String]) -> Result<(), ApiError> {
+    if types.is_empty() {
+        return Err(ApiError::Invalid(
+            "event_types must hold at least one pattern".into(),
+        ));
+    }
+    for t in types {
+        validate_pattern(t).map_err(ApiError::Invalid)?;
+    }
+    Ok(())
+}
+
+/// Build a subscriber from a creation request (pure).
+pub fn subscriber_from(
+    input: SubscriberInput,
+    allow_loopback: bool,
+    now: i64,
+) -> Result<(Subscriber, Option<String>), ApiError> {
+    let id = input
+        .id
+        .ok_or_else(|| ApiError::Invalid("id is missing".into()))?;
+    validate_id("id", &id).map_err(ApiError::Invalid)?;
+    let url = input
+        .url
+        .ok_or_else(|| ApiError::Invalid("url is missing".into()))?;
+    validate_url(&url, allow_loopback)?;
+    let event_types = input
+        .event_types
+        .ok_or_else(|| ApiError::Invalid("event_types is missing".into()))?;
+    validate_types(&event_types)?;
+    let rate_per_sec = input.rate_per_sec.unwrap_or(DEFAULT_RATE_PER_SEC);
+    let limits = Limits {
+        rate_per_sec,
+        burst: input
+            .burst
+            .unwrap_or_else(|| Limits::default_burst(rate_per_sec)),
+        max_in_flight: input.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT),
+        timeout_ms: input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+    };
+    limits.validate().map_err(ApiError::Invalid)?;
+    if let Some(s) = &input.secret {
+        Secret::parse(s).map_err(|e| ApiError::Invalid(format!("secret: {e}")))?;
+    }
+    validate_customer_ref(&input.customer)?;
+    Ok((
+        Subscriber {
+            id,
+            url,
+            event_types,
+            limits,
+            lane: input.lane.unwrap_or_default(),
+            legacy_signature: input.legacy_signature.unwrap_or(false),
+            secrets: Vec::new(),
+            created_ms: now,
+            updated_ms: now,
+            health: Default::default(),
+            customer: input.customer.flatten(),
+        },
+        input.secret,
+    ))
+}
+
+/// Apply a PATCH to a subscriber (pure).
+pub fn patched(
+    mut s: Subscriber,
+    input: SubscriberPatch,
+    allow_loopback: bool,
+    now: i64,
+    who: &Principal,
+) -> Result<Subscriber, ApiError> {
+    if input.id.as_ref().is_some_and(|id| *id != s.id) {
+        return Err(ApiError::Invalid("id cannot be changed".into()));
+    }
+    if let Some(url) = input.url {
+        validate_url(&url, allow_loopback)?;
+        s.url = url;
+    }
+    if let Some(types) = input.event_types {
+        validate_types(&types)?;
+        s.event_types = types;
+    }
+    if let Some(r) = input.rate_per_sec {
+        s.limits.rate_per_sec = r;
+    }
+    if let Some(b) = input.burst {
+        s.limits.burst = b;
+    }
+    if let Some(m) = input.max_in_flight {
+        s.limits.max_in_flight = m;
+    }
+    if let Some(t) = input.timeout_ms {
+        s.limits.timeout_ms = t;
+    }
+    s.limits.validate().map_err(ApiError::Invalid)?;
+    if let Some(l) = input.lane {
+        s.lane = l;
+    }
+    if let Some(l) = input.legacy_signature {
+        s.legacy_signature = l;
+    }
+    validate_customer_ref(&input.customer)?;
+    if let Some(c) = input.customer {
+        s.customer = c;
+    }
+    match (input.disabled, &s.health.disabled) {
+        // What an operator disabled only an operator re-enables.
+        (Some(false), Some(d)) if d.by_operator && !who.is_operator() => {
+            return Err(ApiError::Forbidden(
+                "this endpoint was disabled by the operator: only the operator can re-enable it"
+                    .into(),
+            ))
+        }
+        // Re-enabled: a fresh start (no run of failures; the dispatcher closes the breaker).
+        (Some(false), Some(_)) => s.health = Default::default(),
+        (Some(true), None) => {
+            s.health.disabled = Some(Disabled {
+                at_ms: now,
+                reason: format!("disabled by {}", who.actor()),
+                by_operator: who.is_operator(),
+            })
+        }
+        _ => {}
+    }
+    s.updated_ms = now;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> SubscriberInput {
+        SubscriberInput {
+            id: Some("s".into()),
+            url: Some("https://example.com/h".into()),
+            event_types: Some(vec!["video.*".into()]),
+            rate_per_sec: Some(10.0),
+            ..Default::default()
+        }
+    }
+
+    type Edit = fn(&mut SubscriberInput);
+
+    #[test]
+    fn subscriber_input_table() {
+        let cases: &[(&str, Edit, Result<(), &str>)] = &[
+            ("ok", |_| {}, Ok(())),
+            ("no id", |i| i.id = None, Err("invalid_request")),
+            ("no url", |i| i.url = None, Err("invalid_request")),
+            (
+                "http refused",
+                |i| i.url = Some("http://example.com/h".into()),
+                Err("invalid_url"),
+            ),
+            (
+                "private ip",
+                |i| i.url = Some("https://10.1.2.3/h".into()),
+                Err("invalid_url"),
+            ),
+            (
+                "not a url",
+                |i| i.url = Some("nope".into()),
+                Err("invalid_url"),
+            ),
+            (
+                "zero rate",
+                |i| i.rate_per_sec = Some(0.0),
+                Err("invalid_request"),
+            ),
+            (
+                "negative rate",
+                |i| i.rate_per_sec = Some(-3.0),
+                Err("invalid_request"),
+            ),
+            ("zero burst", |i| i.burst = Some(0), Err("invalid_request")),
+            (
+                "zero in flight",
+                |i| i.max_in_flight = Some(0),
+                Err("invalid_request"),
+            ),
+            (
+                "no types",
+                |i| i.event_types = Some(vec![]),
+                Err("invalid_request"),
+            ),
+            (
+                "bad pattern",
+                |i| i.event_types = Some(vec!["vid*".into()]),
+                Err("invalid_request"),
+            ),
+            (
+                "bad secret",
+                |i| i.secret = Some("hunter2".into()),
+                Err("invalid_request"),
+            ),
+            (
+                "created enabled, said so",
+                |i| i.disabled = Some(CreatedEnabled),
+                Ok(()),
+            ),
+        ];
+        for (name, edit, expected) in cases {
+            let mut input = base();
+            edit(&mut input);
+            let got = subscriber_from(input, false, 0)
+                .map(|_| ())
+                .map_err(|e| e.status_and_code().1);
+            assert_eq!(&got, expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn patch_rules() {
+        let (s, _) = subscriber_from(base(), false, 0).unwrap();
+        assert_eq!(
+            (s.limits.burst, s.limits.max_in_flight, s.lane),
+            (10, DEFAULT_MAX_IN_FLIGHT, Lane::Auto)
+        );
+        let p = patched(
+            s.clone(),
+            SubscriberPatch {
+                rate_per_sec: Some(-1.0),
+                ..Default::default()
+            },
+            false,
+            1,
+            &Principal::Admin,
+        );
+        assert!(p.is_err());
+        // Disable, then re-enable: a fresh start.
+        let toggle = |d: bool| SubscriberPatch {
+            disabled: Some(d),
+            ..Default::default()
+        };
+        let off = patched(s.clone(), toggle(true), false, 5, &Principal::Admin).unwrap();
+        let d = off.health.disabled.clone().unwrap();
+        assert_eq!((d.at_ms, d.reason.as_str()), (5, "disabled by an operator"));
+        let again = patched(off.clone(), toggle(true), false, 9, &Principal::Admin).unwrap();
+        assert_eq!(again.health.disabled.map(|d| d.at_ms), Some(5));
+        assert!(d.by_operator);
+        // The customer pauses and resumes its own endpoint, but does not re-enable one the
+        // operator disabled.
+        let customer = Principal::Portal {
+            customer: "acme".into(),
+        };
+        let paused = patched(s.clone(), toggle(true), false, 5, &customer).unwrap();
+        assert!(!paused.health.disabled.as_ref().unwrap().by_operator);
+        let resumed = patched(paused, toggle(false), false, 6, &customer).unwrap();
+        assert_eq!(resumed.health.disabled, None);
+        assert!(matches!(
+            patched(off.clone(), toggle(false), false, 6, &customer),
+            Err(ApiError::Forbidden(_))
+        ));
+        let mut failing = off;
+        failing.health.failing_since_ms = Some(2);
+        let on = patched(failing, toggle(false), false, 6, &Principal::Admin).unwrap();
+        assert_eq!(on.health, Default::default());
+        let mut enabled_failing = s;
+        enabled_failing.health.failing_since_ms = Some(2);
+        let still = patched(enabled_failing, toggle(false), false, 6, &Principal::Admin).unwrap();
+        assert_eq!(still.health.failing_since_ms, Some(2));
+    }
+
+    /// The PATCH body as a type: what it refuses, and the fields it names for the portal's rule.
+    #[test]
+    fn patch_body_table() {
+        let cases: &[(&str, Result<Vec<&str>, &str>)] = &[
+            (r#"{}"#, Ok(vec![])),
+            (r#"{"disabled":true}"#, Ok(vec!["disabled"])),
+            (r#"{"customer":null}"#, Ok(vec!["customer"])),
+            (
+                r#"{"rate_per_sec":5,"burst":10}"#,
+                Ok(vec!["rate_per_sec", "burst"]),
+            ),
+            (r#"{"secret":"whsec_x"}"#, Err("invalid_request")),
+            (r#"{"colour":"red"}"#, Err("invalid_request")),
+            (r#"{"disabled":"yes"}"#, Err("invalid_request")),
+            (r#"{"disabled":"#, Err("malformed_json")),
+        ];
+        for (body, expected) in cases {
+            let got = super::super::body::parse_json::<SubscriberPatch>(body.as_bytes())
+                .map(|p| p.fields())
+                .map_err(|e| e.status_and_code().1);
+            assert_eq!(&got, expected, "{body}");
+        }
+        let detach: SubscriberPatch = serde_json::from_str(r#"{"customer":null}"#).unwrap();
+        assert_eq!(detach.customer, Some(None));
+        let keep: SubscriberPatch = serde_json::from_str("{}").unwrap();
+        assert_eq!(keep.customer, None);
+        // A creation body may say `"disabled": false`, never `true`.
+        let create = |body: &str| {
+            super::super::body::parse_json::<SubscriberInput>(body.as_bytes())
+                .map(|i| i.disabled)
+                .map_err(|e| e.status_and_code().1)
+        };
+        assert_eq!(create(r#"{"disabled":false}"#), Ok(Some(CreatedEnabled)));
+        assert_eq!(create(r#"{"disabled":true}"#), Err("invalid_request"));
+        assert_eq!(
+            serde_json::to_string(&SubscriberInput {
+                disabled: Some(CreatedEnabled),
+                ..Default::default()
+            })
+            .unwrap(),
+            r#"{"disabled":false}"#
+        );
+    }
+}

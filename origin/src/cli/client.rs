@@ -1,0 +1,138 @@
+//! The client side of the daemon's API: where it is and its token ([`ClientArgs`]), one
+//! call decoded into the view type the API writes ([`Client::call`]), and the error every
+//! client command reports ([`ClientError`]). It knows no command.
+
+use clap::Args;
+use serde_json::Value;
+
+use crate::config::DEFAULT_LISTEN;
+
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// Base URL of the daemon's API [default: http://<--listen>]
+    #[arg(long, env = "FANOUT_SERVER")]
+    pub server: Option<String>,
+    /// Address the daemon listens on, used when --server is not given
+    #[arg(long, env = "FANOUT_LISTEN")]
+    pub listen: Option<String>,
+    /// Bearer token of the daemon's API
+    #[arg(long, env = "FANOUT_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+}
+
+/// A client command failed; the message is for the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach the daemon at {0}: {1}")]
+    Unreachable(String, String),
+    #[error("{status}: {message}")]
+    Api { status: u16, message: String },
+    #[error("{0}")]
+    Input(String),
+    #[error(transparent)]
+    Ledger(#[from] crate::ledger::LedgerError),
+    #[error("backup: {0}")]
+    Backup(#[from] crate::ledger::backup::BackupError),
+}
+
+pub(super) struct Client {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub(super) fn new(args: &ClientArgs) -> Result<Client, ClientError> {
+        let base = match &args.server {
+            Some(s) => s.trim_end_matches('/').to_string(),
+            None => format!(
+                "http://{}",
+                args.listen.as_deref().unwrap_or(DEFAULT_LISTEN)
+            ),
+        };
+        let token = args
+            .api_token
+            .clone()
+            .ok_or_else(|| ClientError::Input("set --api-token or FANOUT_API_TOKEN".into()))?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| ClientError::Input(e.to_string()))?;
+        Ok(Client { base, token, http })
+    }
+
+    /// A text answer to a GET (`/metrics`), or `None` when there is none.
+    pub(super) async fn text(&self, path: &str) -> Option<String> {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        resp.text().await.ok()
+    }
+
+    /// One API call, its answer decoded into the view type the API writes.
+    pub(super) async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.request(method, &url).bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.header("content-type", "application/json").body(b);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| ClientError::Unreachable(self.base.clone(), e.to_string()))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Unreachable(self.base.clone(), e.to_string()))?;
+        if status >= 400 {
+            let message = serde_json::from_slice::<fanout_core::wire::ErrorBody>(&bytes)
+                .map(|e| e.error.message)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            return Err(ClientError::Api { status, message });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| {
+            ClientError::Unreachable(
+                self.base.clone(),
+                format!("the answer to {path} is not what this version expects: {e}"),
+            )
+        })
+    }
+}
+
+pub(super) fn query(pairs: &[(&str, &Option<String>)]) -> String {
+    let parts: Vec<String> = pairs
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", encode(v))))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", parts.join("&"))
+    }
+}
+
+pub(super) fn encode(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+pub(super) fn print<T: serde::Serialize>(v: &T) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// Decode a daemon answer into its API view type.
+pub(super) fn view<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ClientError> {
+    serde_json::from_value(v)
+        .map_err(|e| ClientError::Input(format!("unexpected answer from the daemon: {e}")))
+}

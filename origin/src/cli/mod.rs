@@ -1,0 +1,204 @@
+//! The `fanout` command line: `serve`, client commands that talk to a running daemon's API
+//! (`status`, `subscriber add|list|remove|secret`, `customer …`, `send`, `deliveries`,
+//! `replay`), `load`, and the commands that work on a ledger directly (`backup`,
+//! `ledger copy`). This file holds the grammar's top ([`Cli`], [`Command`]) and sends each
+//! command to its file; listings print a table for people and JSON with `--json`; progress
+//! bars go to stderr only when it is a terminal. It does not run the daemon (`crate::run`).
+
+mod client;
+mod customers;
+mod deliveries;
+mod ledger;
+mod load;
+mod send;
+mod status;
+mod subscribers;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+pub use client::{ClientArgs, ClientError};
+pub use customers::CustomerCommand;
+pub use deliveries::{DeliveriesArgs, ReplayArgs};
+pub use ledger::{BackupArgs, LedgerCommand, LedgerCopyArgs, PG_BACKUP};
+pub use load::LoadArgs;
+pub use send::SendArgs;
+pub use status::StatusArgs;
+pub use subscribers::{SubscriberAdd, SubscriberCommand};
+
+use crate::config::Settings;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fanout",
+    version,
+    about = "Rate-limited webhook fan-out: the origin daemon and its client"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log format on stderr: text (colour only on a terminal) or json (one object per line)
+    #[arg(long, env = "FANOUT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+// Parsed once at start-up and matched once: boxing `serve`'s settings would buy nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Command {
+    /// Run the daemon: ledger, dispatcher and HTTP API
+    Serve(ServeArgs),
+    /// Manage subscribers
+    Subscriber {
+        #[command(subcommand)]
+        command: SubscriberCommand,
+    },
+    /// Manage customers (owners of subscribers) and links to their portal
+    Customer {
+        #[command(subcommand)]
+        command: CustomerCommand,
+    },
+    /// Send events (one JSON object, an array, or one object per line) from a file or stdin
+    Send(SendArgs),
+    /// List deliveries, e.g. `fanout deliveries --status dead`
+    Deliveries(DeliveriesArgs),
+    /// Replay one delivery by id, or every delivery matching the filters (dead by default)
+    Replay(ReplayArgs),
+    /// Per-subscriber status: lane, rate, backlog, sent, dead, disabled, pause and breaker,
+    /// last error
+    Status(StatusArgs),
+    /// Flood a URL, or the edge for one subscriber, for a bounded time; report accepted,
+    /// throttled and the achieved rate
+    Load(LoadArgs),
+    /// Write a consistent copy of a SQLite ledger, also while its daemon serves; leases in
+    /// the copy return to pending (a PostgreSQL ledger is backed up with pg_dump)
+    Backup(BackupArgs),
+    /// Work on a ledger directly (the daemon stopped)
+    Ledger {
+        #[command(subcommand)]
+        command: LedgerCommand,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML config file (same names as the flags, with underscores)
+    #[arg(long, env = "FANOUT_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+impl ServeArgs {
+    /// Flags and environment over the config file.
+    pub fn merged(self) -> Result<Settings, crate::config::ConfigError> {
+        let file = match &self.config {
+            Some(p) => Settings::from_file(p)?,
+            None => Settings::default(),
+        };
+        Ok(self.settings.over(file))
+    }
+}
+
+/// Run a client command: each is its own function below.
+pub async fn run_client(command: Command) -> Result<(), ClientError> {
+    match command {
+        Command::Serve(_) => Err(ClientError::Input("serve is not a client command".into())),
+        Command::Customer { command } => customers::run_customer(command).await,
+        Command::Subscriber { command } => subscribers::run(command).await,
+        Command::Send(a) => send::send(a).await,
+        Command::Deliveries(a) => deliveries::deliveries(a).await,
+        Command::Replay(a) => deliveries::replay(a).await,
+        Command::Status(a) => status::status(a).await,
+        Command::Load(a) => load::load(a).await,
+        Command::Ledger {
+            command: LedgerCommand::Copy(a),
+        } => ledger::ledger_copy(a).await,
+        Command::Backup(a) => ledger::backup(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_arguments() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("fanout").chain(args.iter().copied()))
+                .map(|c| match c.command {
+                    Command::Load(l) => (l.workers, l.duration.as_millis(), l.rate, l.burst),
+                    other => panic!("{other:?}"),
+                })
+                .map_err(|e| e.kind())
+        };
+        assert_eq!(
+            parse(&[
+                "load",
+                "--url",
+                "http://127.0.0.1:1/",
+                "--duration",
+                "1500ms"
+            ]),
+            Ok((8, 1500, 10.0, 20))
+        );
+        assert_eq!(
+            parse(&[
+                "load",
+                "--edge-url",
+                "http://127.0.0.1:8787",
+                "--edge-key",
+                "whsec_x",
+                "--rate",
+                "5",
+                "--burst",
+                "7",
+                "--workers",
+                "2"
+            ]),
+            Ok((2, 10_000, 5.0, 7))
+        );
+        assert!(parse(&["load"]).is_err(), "a target is required");
+        assert!(
+            parse(&["load", "--edge-url", "http://127.0.0.1:8787"]).is_err()
+                || std::env::var("FANOUT_EDGE_KEY").is_ok()
+        );
+        assert!(parse(&["load", "--url", "http://x/", "--duration", "soon"]).is_err());
+    }
+
+    #[test]
+    fn cli_parses() {
+        Cli::command_check();
+    }
+
+    impl Cli {
+        fn command_check() {
+            use clap::CommandFactory;
+            Cli::command().debug_assert();
+            let cli = Cli::try_parse_from([
+                "fanout",
+                "serve",
+                "--db",
+                "x.db",
+                "--allow-loopback",
+                "--max-attempts",
+                "3",
+            ])
+            .unwrap();
+            match cli.command {
+                Command::Serve(s) => {
+                    assert_eq!(s.settings.allow_loopback, Some(true));
+                    assert_eq!(s.settings.max_attempts, Some(3));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}

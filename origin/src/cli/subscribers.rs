@@ -1,0 +1,221 @@
+//! `fanout subscriber add|list|remove|secret`, and the subscriber listing as a table (pure).
+
+use clap::{Args, Subcommand};
+
+use super::client::{encode, print, view, Client, ClientArgs, ClientError};
+use crate::api::views::{Deleted, SubscriberInput, SubscriberList, SubscriberView};
+use crate::model::Lane;
+use crate::term::human_number;
+
+#[derive(Debug, Subcommand)]
+pub enum SubscriberCommand {
+    /// Add a subscriber; prints it with its generated secret
+    Add(SubscriberAdd),
+    /// List subscribers
+    List {
+        /// Print the daemon's JSON instead of a table
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Remove a subscriber (its unfinished deliveries go dead)
+    Remove {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Print a subscriber's active signing secrets, newest first (a rotated-out one with the
+    /// time it stops signing)
+    Secret {
+        id: String,
+        /// Print the daemon's JSON instead of one line per secret
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+fn parse_lane(s: &str) -> Result<Lane, String> {
+    Lane::parse(s).ok_or_else(|| format!("{s:?} is not a lane: edge, origin or auto"))
+}
+
+#[derive(Debug, Args)]
+pub struct SubscriberAdd {
+    pub id: String,
+    pub url: String,
+    /// Event type or prefix pattern like video.* (repeatable) [default: *]
+    #[arg(long = "event-type", short = 't')]
+    pub event_types: Vec<String>,
+    #[arg(long)]
+    pub rate_per_sec: Option<f64>,
+    #[arg(long)]
+    pub burst: Option<u32>,
+    #[arg(long)]
+    pub max_in_flight: Option<u32>,
+    #[arg(long)]
+    pub timeout_ms: Option<u64>,
+    /// edge, origin or auto
+    #[arg(long, value_parser = parse_lane)]
+    pub lane: Option<Lane>,
+    /// Also send the legacy X-Fanout-Signature header
+    #[arg(long)]
+    pub legacy_signature: bool,
+    /// The customer that owns this endpoint (see `fanout customer add`)
+    #[arg(long)]
+    pub customer: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `fanout subscriber …`: each subcommand is its own function below.
+pub(super) async fn run(command: SubscriberCommand) -> Result<(), ClientError> {
+    match command {
+        SubscriberCommand::Add(a) => subscriber_add(a).await,
+        SubscriberCommand::List { json, client } => subscriber_list(&client, json).await,
+        SubscriberCommand::Remove { id, client } => subscriber_remove(&client, &id).await,
+        SubscriberCommand::Secret { id, json, client } => {
+            subscriber_secret(&id, json, &client).await
+        }
+    }
+}
+
+/// `fanout subscriber add`: prints the new subscriber with its secret.
+async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
+    let client = Client::new(&a.client)?;
+    let input = SubscriberInput {
+        id: Some(a.id),
+        url: Some(a.url),
+        event_types: Some(if a.event_types.is_empty() {
+            vec!["*".to_string()]
+        } else {
+            a.event_types
+        }),
+        rate_per_sec: a.rate_per_sec,
+        burst: a.burst,
+        max_in_flight: a.max_in_flight,
+        timeout_ms: a.timeout_ms,
+        lane: a.lane,
+        legacy_signature: a.legacy_signature.then_some(true),
+        customer: a.customer.map(Some),
+        ..SubscriberInput::default()
+    };
+    let body = serde_json::to_vec(&input).map_err(|e| ClientError::Input(e.to_string()))?;
+    let created: SubscriberView = client
+        .call(reqwest::Method::POST, "/v1/subscribers", Some(body))
+        .await?;
+    print(&created);
+    Ok(())
+}
+
+/// `fanout subscriber list`.
+async fn subscriber_list(client: &ClientArgs, json: bool) -> Result<(), ClientError> {
+    let list: SubscriberList = Client::new(client)?
+        .call(reqwest::Method::GET, "/v1/subscribers", None)
+        .await?;
+    if json {
+        print(&list);
+    } else {
+        print!("{}", subscribers_table(&list));
+    }
+    Ok(())
+}
+
+/// `fanout subscriber remove`.
+async fn subscriber_remove(client: &ClientArgs, id: &str) -> Result<(), ClientError> {
+    let path = format!("/v1/subscribers/{}", encode(id));
+    let deleted: Deleted = Client::new(client)?
+        .call(reqwest::Method::DELETE, &path, None)
+        .await?;
+    print(&deleted);
+    Ok(())
+}
+
+/// `fanout subscriber secret ID`: `GET /v1/subscribers/{id}/secret`, read as its view.
+async fn subscriber_secret(id: &str, json: bool, client: &ClientArgs) -> Result<(), ClientError> {
+    let path = format!("/v1/subscribers/{}/secret", encode(id));
+    let v = Client::new(client)?
+        .call(reqwest::Method::GET, &path, None)
+        .await?;
+    let secrets: crate::model::SecretsView = view(v)?;
+    if json {
+        print(&serde_json::to_value(&secrets).unwrap_or_default());
+    } else {
+        print!("{}", secrets_lines(&secrets));
+    }
+    Ok(())
+}
+
+/// One line per secret, newest first: the secret, a tab, `current` or `until <unix ms>` (pure).
+pub fn secrets_lines(v: &crate::model::SecretsView) -> String {
+    v.secrets
+        .iter()
+        .map(|s| match s.expires_at_ms {
+            None => format!("{}\tcurrent\n", s.secret),
+            Some(ms) => format!("{}\tuntil {ms}\n", s.secret),
+        })
+        .collect()
+}
+
+/// `fanout subscriber list` as a table (pure).
+pub fn subscribers_table(list: &SubscriberList) -> String {
+    if list.subscribers.is_empty() {
+        return "no subscribers\n".into();
+    }
+    let rows: Vec<Vec<String>> = list
+        .subscribers
+        .iter()
+        .map(|s| {
+            let v = &s.view;
+            vec![
+                v.id.clone(),
+                v.lane.as_str().into(),
+                human_number(v.rate_per_sec),
+                v.burst.to_string(),
+                v.max_in_flight.to_string(),
+                v.event_types.join(","),
+                v.url.clone(),
+            ]
+        })
+        .collect();
+    crate::term::table(
+        &[
+            "ID",
+            "LANE",
+            "RATE/S",
+            "BURST",
+            "MAX IN FLIGHT",
+            "EVENT TYPES",
+            "URL",
+        ],
+        &rows,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_as_lines() {
+        use crate::model::{SecretView, SecretsView};
+        let v = SecretsView {
+            secrets: vec![
+                SecretView {
+                    secret: "whsec_new".into(),
+                    expires_at_ms: None,
+                },
+                SecretView {
+                    secret: "whsec_old".into(),
+                    expires_at_ms: Some(1_700_000_000_000),
+                },
+            ],
+        };
+        assert_eq!(
+            secrets_lines(&v),
+            "whsec_new\tcurrent\nwhsec_old\tuntil 1700000000000\n"
+        );
+        assert_eq!(secrets_lines(&SecretsView { secrets: vec![] }), "");
+    }
+}

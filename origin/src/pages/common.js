@@ -1,0 +1,99 @@
+// Fanout page helpers shared by the admin console (/) and the customer portal (/portal). Plain
+// JavaScript, no build step, served once by `fanout serve` at /common.js and loaded by both
+// pages before their own script. It defines one global, `FanoutPage`, and touches nothing else.
+//
+// Rules every helper keeps: values reach the page as text nodes or attributes, never innerHTML;
+// API calls carry the caller's bearer token and no cookie, and are never cached.
+'use strict';
+
+window.FanoutPage = (() => {
+  const $ = (sel) => document.querySelector(sel);
+
+  /** Build an element. Strings and numbers become text nodes; props set attributes or handlers. */
+  function h(tag, props, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(props ?? {})) {
+      if (v == null || v === false) continue;
+      if (k === 'class') el.className = v;
+      else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+      else el.setAttribute(k, v === true ? '' : String(v));
+    }
+    for (const c of children.flat()) {
+      if (c == null || c === false) continue;
+      el.append(c instanceof Node ? c : String(c));
+    }
+    return el;
+  }
+
+  /** A refused call: the HTTP status, the API's error code and message (`apiMessage`: the
+   * message the API gave, if it gave one). */
+  class ApiError extends Error {
+    constructor(status, code, message, apiMessage) {
+      super(message);
+      this.status = status;
+      this.code = code;
+      this.apiMessage = apiMessage;
+    }
+  }
+
+  /** One API call; the JSON answer, or an ApiError carrying the API's `{error:{code,message}}`.
+   * `who` names the server in the message when it does not answer at all. */
+  async function request(method, path, body, bearer, who) {
+    const headers = { authorization: `Bearer ${bearer ?? ''}`, accept: 'application/json' };
+    if (body !== undefined) headers['content-type'] = 'application/json';
+    let res;
+    try {
+      res = await fetch(path, {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        cache: 'no-store',
+        credentials: 'omit',
+      });
+    } catch (e) {
+      throw new ApiError(0, 'network', `${who} did not answer (${e.message}).`);
+    }
+    const text = await res.text();
+    let data = null;
+    try {
+      data = text ? JSON.parse(text) : null;
+    } catch {
+      /* not JSON: reported below */
+    }
+    if (!res.ok) {
+      const err = data?.error;
+      throw new ApiError(res.status, err?.code ?? 'http', err?.message ?? `HTTP ${res.status}`, err?.message);
+    }
+    return data;
+  }
+
+  /** A function that shows a message in the element `sel` (its class is the message's kind)
+   * and hides it after `msFor(kind)` milliseconds. */
+  function flasher(sel, defaultKind, msFor) {
+    let timer = null;
+    return (message, kind = defaultKind) => {
+      const el = $(sel);
+      el.textContent = message;
+      el.className = kind;
+      el.hidden = false;
+      clearTimeout(timer);
+      timer = setTimeout(() => {
+        el.hidden = true;
+      }, msFor(kind));
+    };
+  }
+
+  /** Unix ms as text: UTC `2026-12-03 09:00:00Z`, or the reader's local time when `local`;
+   * '' for none, the number itself when it is not a time. */
+  function fmtTime(ms, local = false) {
+    if (ms == null) return '';
+    const d = new Date(ms);
+    if (Number.isNaN(d.getTime())) return String(ms);
+    return local ? d.toLocaleString() : d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
+  }
+
+  /** A delivery status as a badge (styled by its status, read by tests through data-status). */
+  const badge = (status, label) => h('span', { class: `badge ${status}`, 'data-status': status }, label);
+
+  return Object.freeze({ $, h, ApiError, request, flasher, fmtTime, badge });
+})();

@@ -217,7 +217,12 @@ impl<L: DispatchLedger> Dispatcher<L> {
             } = &event
             {
                 for (meta, result) in items {
-                    self.metrics.record(sub, lane, result, meta.latency_ms);
+                    self.metrics.record(
+                        sub,
+                        Lane::parse(lane).unwrap_or(Lane::Origin),
+                        result,
+                        meta.latency_ms,
+                    );
                     log_outcome(sub, meta, result);
                 }
             }

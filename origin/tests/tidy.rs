@@ -750,9 +750,8 @@ fn use_tree(s: &[u8], i: &mut usize, mut prefix: Vec<String>, out: &mut Vec<Vec<
                 let before = *i;
                 use_tree(s, i, prefix.clone(), out);
                 skip_ws(i);
-                if *i < s.len() && s[*i] == b',' {
-                    *i += 1;
-                } else if *i == before {
+                // Past a comma, or past what could not be read (never stuck in place).
+                if (*i < s.len() && s[*i] == b',') || *i == before {
                     *i += 1;
                 }
             }

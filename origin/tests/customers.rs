@@ -559,7 +559,16 @@ async fn changed_expired_and_orphaned_tokens_are_refused() {
     let (short, link) = portal(api, "acme", Some(1)).await;
     assert!(link["expires_at_ms"].as_i64().unwrap() > 0);
     assert_eq!(as_token(api, &short).get("/v1/subscribers").await.0, 200);
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Asked until it is refused, which must not be before the link said it expires.
+    let expires = link["expires_at_ms"].as_i64().unwrap();
+    wait_for("the short link to expire", LONG, || async {
+        as_token(api, &short).get("/v1/subscribers").await.0 != 200
+    })
+    .await;
+    assert!(
+        fanout_origin::time::now_ms() >= expires,
+        "refused before it expired"
+    );
     let (s, body) = as_token(api, &short).get("/v1/subscribers").await;
     assert_eq!(s, 401);
     assert!(body["error"]["message"]

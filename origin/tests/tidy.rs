@@ -1,10 +1,29 @@
-//! Tidy: the invariants ARCHITECTURE.md states about the origin's source, checked on the source.
+//! Tidy: the invariants ARCHITECTURE.md states about the source, checked on the source. Each
+//! check is a pure function over (path, text) pairs with a self-test that feeds it a synthetic
+//! violation and sees it caught.
 //! - `rusqlite` is named only inside `origin/src/ledger/` (everything else goes through the
-//!   ledger's typed operations), but for the files [`RUSQLITE_ALLOWED`] lists as debt.
+//!   ledger's typed operations), but for the files [`RUSQLITE_ALLOWED`] lists as debt; and each
+//!   driver only by its backend ([`DRIVERS`]: `rusqlite` in [`SQLITE_BACKEND`],
+//!   `tokio_postgres`/`deadpool` in [`POSTGRES_BACKEND`], both in [`COPY_COMMAND`]).
+//! - `api/` names no backend ([`BACKEND_NAMES`]).
 //! - Rows are deleted only where the invariants allow it: [`DELETES_ALLOWED`] lists each
 //!   `DELETE FROM <table>` by file, with the reason. Deliveries, events and attempts are never
 //!   deleted except by retention (`ledger/retention.rs`).
 //! - No file git tracks holds an unresolved merge conflict (one reached main in a document once).
+//! - The pure modules ([`PURE`]) name no clock, randomness, I/O or async ([`IMPURE`]).
+//! - No two files of a crate import each other, directly or in a circle ([`import_graph`] says
+//!   what an import is).
+//! - At most [`MAX_FILE_CODE`] lines of code per file before its tests and [`MAX_FN_LINES`]
+//!   lines per function, but for [`SIZE_ALLOWLIST`], which may only shrink.
+//! - Every path ARCHITECTURE.md names exists.
+//! - No lane is compared as a string outside [`LANE_STRINGS_ALLOWED`].
+//! - No test passes without running: none returns early when not root, none sleeps a guessed
+//!   time and then asserts (but for [`SLEEPS_ALLOWED`]).
+//!
+//! On a branch of issue 23 without the others: `each_driver_is_named_only_by_its_backend`,
+//! `the_api_names_no_backend` and (for `ledger/pg/`) `no_import_cycle_between_files` fail until
+//! the ledger is split into its contract and two sibling backends; `no_lane_is_compared_as_a_string`
+//! until the dispatcher carries its lane as a type.
 
 // Test code: a failed expect is a failed test.
 #![allow(clippy::expect_used)]
@@ -1331,4 +1350,114 @@ fn the_root_check_catches_a_silent_skip() {
             .to_string(),
     )];
     assert_eq!(skipped_unless_root(&files), ["origin/tests/x.rs:2"]);
+}
+
+/// Sleeps a test may assert after, by file and a piece of the sleep's line, with the reason: each
+/// waits for a time the system under test stated, which is what the test checks.
+const SLEEPS_ALLOWED: &[(&str, &str, &str)] = &[
+    (
+        "tests/edge_limits.test.mjs",
+        "sleep(results[20].retry_after_ms)",
+        "obeys the wait the edge advertised, then checks it was enough",
+    ),
+    (
+        "tests/edge_failures.test.mjs",
+        "sleep(lastWait)",
+        "obeys the last wait the edge advertised during a pause, then checks it was enough",
+    ),
+    (
+        "tests/portal.test.mjs",
+        "short.expires_at_ms",
+        "waits for the expiry the portal link states, then checks it is refused",
+    ),
+];
+
+/// `path:line` for each sleep followed within three lines by an assertion: a test that waits a
+/// guessed time and then asserts what it sees (often that nothing more happened) passes when
+/// nothing happened at all. A sleep closing a polling loop (the next line ends the block) is a
+/// poll, not a guess.
+fn sleeps_then_asserts(files: &[(String, String)], allowed: &[(&str, &str, &str)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, text) in files {
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let t = line.trim();
+            if !t.contains("sleep(")
+                || t.starts_with("//")
+                || t.contains("fn sleep")
+                || t.contains("const sleep")
+                || allowed.iter().any(|(f, s, _)| f == path && t.contains(s))
+            {
+                continue;
+            }
+            let next: Vec<&str> = lines[i + 1..]
+                .iter()
+                .map(|l| l.trim())
+                .filter(|l| !l.is_empty())
+                .take(3)
+                .collect();
+            let polls = next.first().is_some_and(|l| *l == "}" || *l == "};");
+            if !polls && next.iter().any(|l| l.starts_with("assert")) {
+                found.push(format!("{path}:{}", i + 1));
+            }
+        }
+    }
+    found
+}
+
+/// Every file under `dir` (from the root) whose name ends with `ext`, as (path, text).
+fn text_tree(dir: &str, ext: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut todo = vec![root().join(dir)];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).expect("a readable directory") {
+            let p = entry.expect("a directory entry").path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.to_string_lossy().ends_with(ext) {
+                let rel = p
+                    .strip_prefix(root())
+                    .expect("under the root")
+                    .to_string_lossy()
+                    .replace('\\', "/");
+                out.push((rel, std::fs::read_to_string(&p).expect("a readable file")));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn no_test_sleeps_and_then_asserts() {
+    let mut files = text_tree("origin/tests", ".rs");
+    files.extend(text_tree("tests", ".mjs"));
+    let found = sleeps_then_asserts(&files, SLEEPS_ALLOWED);
+    assert!(
+        found.is_empty(),
+        "tests that sleep and then assert (wait for an event: a count, a status, a later marker): {found:?}"
+    );
+}
+
+#[test]
+fn the_sleep_check_catches_a_guessed_wait() {
+    let files = vec![
+        (
+            "origin/tests/x.rs".to_string(),
+            "    run.api.events(e).await;\n    tokio::time::sleep(Duration::from_secs(3)).await;\n    let sent = sub.count();\n    assert!(sent <= 4);\n    loop {\n        if done() {\n            break;\n        }\n        tokio::time::sleep(Duration::from_millis(50)).await;\n    }\n    assert!(done());\n".to_string(),
+        ),
+        (
+            "tests/y.test.mjs".to_string(),
+            "import { sleep } from './lib/harness.mjs';\n  await sleep(300);\n\n  assert.equal(sub.requests.length, 1);\n  await sleep(results[20].retry_after_ms);\n  assert.equal(n, 2);\n".to_string(),
+        ),
+    ];
+    let allowed = [(
+        "tests/y.test.mjs",
+        "retry_after_ms",
+        "obeys the stated wait",
+    )];
+    assert_eq!(
+        sleeps_then_asserts(&files, &allowed),
+        ["origin/tests/x.rs:2", "tests/y.test.mjs:2"]
+    );
 }

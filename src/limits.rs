@@ -7,12 +7,13 @@
 //! ([`crate::bucket::Bucket::wait_ms`]: at most `MAX_BURST` tokens at `MIN_RATE_PER_SEC`) is
 //! far below `u64::MAX` milliseconds.
 
-use crate::wire::{MAX_TIMEOUT_MS, MIN_TIMEOUT_MS};
-
 /// The slowest rate: one request every 10,000 s (about 2.8 hours).
 pub const MIN_RATE_PER_SEC: f64 = 0.0001;
 /// The fastest rate: a million requests a second.
 pub const MAX_RATE_PER_SEC: f64 = 1_000_000.0;
+/// Bounds on a subscriber's configured request timeout.
+pub const MIN_TIMEOUT_MS: u64 = 100;
+pub const MAX_TIMEOUT_MS: u64 = 60_000;
 /// The largest burst and the most requests in flight.
 pub const MAX_BURST: u32 = 1_000_000;
 pub const MAX_IN_FLIGHT: u32 = 1_000_000;

@@ -11,9 +11,8 @@ pub const MAX_BATCH: usize = 500;
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
 /// How much of a subscriber's response body is kept in a result or an attempt record.
 pub const RESPONSE_BODY_LIMIT: usize = 4096;
-/// Bounds on a subscriber's configured request timeout.
-pub const MIN_TIMEOUT_MS: u64 = 100;
-pub const MAX_TIMEOUT_MS: u64 = 60_000;
+/// Bounds on a subscriber's configured request timeout (kept with the other bounds).
+pub use crate::limits::{MAX_TIMEOUT_MS, MIN_TIMEOUT_MS};
 /// The longest id (subscriber, event, delivery) either side accepts, in bytes.
 pub const MAX_ID_LEN: usize = 255;
 

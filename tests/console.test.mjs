@@ -11,7 +11,7 @@ import path from 'node:path';
 
 import { chromium } from 'playwright-core';
 
-import { sleep, startOrigin, startSubscriber, waitFor } from './lib/harness.mjs';
+import { startOrigin, startSubscriber, waitFor } from './lib/harness.mjs';
 
 const CHROMIUM = process.env.FANOUT_CHROMIUM ?? '/usr/bin/chromium';
 const SHOTS = process.env.FANOUT_SCREENSHOT_DIR ?? '/tmp';
@@ -257,12 +257,23 @@ test('console: a 410 disables a subscriber, Re-enable sends what waited; disable
   // The first event meets the 410: that delivery is dead and the subscriber disabled.
   assert.equal((await origin.api('/v1/events', { body: { id: 'evt_order_0', type: 'order.placed' } })).status, 202);
   await waitFor(async () => (await subView()).disabled, 15_000);
-  // Later events wait, pending, for the subscriber to come back; nothing is sent meanwhile.
+  // Later events wait, pending, for the subscriber to come back; nothing is sent meanwhile. A
+  // witness subscribed to the same events marks the time: once it has received both, the
+  // dispatcher has taken up their deliveries, and would have sent the disabled one's too.
+  const witness = await startSubscriber(() => ({ status: 200, body: 'ok' }));
+  t.after(() => witness.close());
+  const watching = await origin.api('/v1/subscribers', {
+    body: { id: 'sub_witness', url: `${witness.url}/w`, event_types: ['order.*'], lane: 'origin' },
+  });
+  assert.equal(watching.status, 201, await watching.text());
   const later = await origin.api('/v1/events', {
     body: [1, 2].map((i) => ({ id: `evt_order_${i}`, type: 'order.placed' })),
   });
   assert.equal(later.status, 202);
+  await waitFor(() => witness.requests.length === 2, 15_000);
+  assert.equal(sub.requests.length, 1, 'nothing is sent to a disabled subscriber');
   assert.equal((await deliveriesOf(origin, { subscriber: 'sub_orders', status: 'pending' })).length, 2);
+  assert.equal((await origin.api('/v1/subscribers/sub_witness', { method: 'DELETE' })).status, 200);
 
   const { page, problems, dialogs } = await openPage(browser);
   await signIn(page, origin);
@@ -274,7 +285,6 @@ test('console: a 410 disables a subscriber, Re-enable sends what waited; disable
   assert.equal((await row.locator('[data-field=dead]').textContent()).trim(), '1');
   assert.equal(await row.locator('button[data-action=disable]').count(), 0);
   console.log(`screenshot: ${await shot(page, 'disabled')}`);
-  await sleep(300);
   assert.equal(sub.requests.length, 1, 'nothing is sent to a disabled subscriber');
 
   // The endpoint is back: Re-enable (no confirmation needed) and the table follows the

@@ -86,12 +86,20 @@ impl LoadPlan {
     }
 }
 
+/// What a run drove: deliveries through an edge, or requests to a URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadMode {
+    Edge,
+    Url,
+}
+
 /// What a run measured. `accepted`/`throttled` are deliveries against the edge, requests
 /// against a URL.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LoadReport {
     /// `edge` or `url`.
-    pub mode: &'static str,
+    pub mode: LoadMode,
     pub target: String,
     pub workers: usize,
     pub duration_secs: f64,
@@ -242,13 +250,13 @@ pub async fn run(
     let elapsed = started.elapsed().as_secs_f64();
     let accepted = tally.accepted.load(Relaxed);
     let (mode, target_text, subscriber, rate, burst) = match &plan.target {
-        Target::Url { url, .. } => ("url", url.clone(), None, None, None),
+        Target::Url { url, .. } => (LoadMode::Url, url.clone(), None, None, None),
         Target::Edge {
             base_url,
             subscriber,
             ..
         } => (
-            "edge",
+            LoadMode::Edge,
             base_url.clone(),
             Some(subscriber.id.clone()),
             Some(subscriber.rate_per_sec),
@@ -390,7 +398,7 @@ pub fn human(r: &LoadReport) -> String {
     use crate::term::human_number as num;
     let mut out = String::new();
     let mut line = |k: &str, v: String| out.push_str(&format!("  {k:<14}{v}\n"));
-    if r.mode == "edge" {
+    if r.mode == LoadMode::Edge {
         let reasons: Vec<String> = r
             .deferred_by_reason
             .iter()
@@ -499,7 +507,7 @@ mod tests {
     #[test]
     fn human_report_names_the_ceiling() {
         let r = LoadReport {
-            mode: "edge",
+            mode: LoadMode::Edge,
             target: "http://127.0.0.1:8787".into(),
             workers: 8,
             duration_secs: 10.0,

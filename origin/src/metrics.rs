@@ -12,14 +12,16 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use fanout_core::wire::{DeferReason, DeliveryResult};
 
 use crate::ledger::store::Store;
 use crate::ledger::{self, LedgerError, SubscriberStats};
-use crate::model::StallView;
+use crate::model::{Lane, StallView};
 
-const LANES: [&str; 2] = ["origin", "edge"];
+/// The lanes results are counted by, in the order of `Metrics::latency`.
+const LANES: [Lane; 2] = [Lane::Origin, Lane::Edge];
 const REASONS: [DeferReason; 4] = [
     DeferReason::Rate,
     DeferReason::InFlight,
@@ -67,11 +69,28 @@ pub struct Metrics {
     /// SQLite).
     pub daemons: AtomicU64,
     /// What the retention task measured (its steps' writer time).
-    pub retention: crate::retention::RetentionStats,
+    pub retention: RetentionStats,
     /// The subscribers the dispatcher's watchdog finds stalled now, by id.
     stalls: Mutex<BTreeMap<String, StallView>>,
     /// Stalls that began (each counted once).
     stalls_total: AtomicU64,
+}
+
+/// What the retention task (`crate::retention`) measured since the daemon started. It lives
+/// here, with the other counters, so the task depends on the metrics and not the reverse.
+#[derive(Debug, Default)]
+pub struct RetentionStats {
+    /// The longest time one step held the writer, in microseconds.
+    pub longest_step_us: AtomicU64,
+    pub steps: AtomicU64,
+}
+
+impl RetentionStats {
+    pub(crate) fn observe(&self, took: Duration) {
+        self.steps.fetch_add(1, Relaxed);
+        self.longest_step_us
+            .fetch_max(took.as_micros().min(u64::MAX as u128) as u64, Relaxed);
+    }
 }
 
 /// What the ledger says at scrape time.
@@ -135,22 +154,20 @@ impl Metrics {
     pub fn record(
         &self,
         subscriber: &Arc<str>,
-        lane: &'static str,
+        lane: Lane,
         result: &DeliveryResult,
         measured_latency_ms: Option<u64>,
     ) {
-        let lane = LANES
-            .iter()
-            .copied()
-            .find(|l| *l == lane)
-            .unwrap_or("origin");
+        // A result is the edge's or the origin's (`auto` is resolved before a send).
+        let edge = lane == Lane::Edge;
+        let label = if edge { Lane::Edge } else { Lane::Origin }.as_str();
         if let Ok(mut r) = self.results.lock() {
-            *r.entry((subscriber.clone(), lane, result.outcome()))
+            *r.entry((subscriber.clone(), label, result.outcome()))
                 .or_default() += 1;
         }
         let latency = match result {
             DeliveryResult::Deferred { reason, .. } => {
-                if lane == "edge" {
+                if edge {
                     if let Some(i) = REASONS.iter().position(|r| r == reason) {
                         self.edge_deferrals[i].fetch_add(1, Relaxed);
                     }
@@ -162,7 +179,7 @@ impl Metrics {
             DeliveryResult::Rejected { .. } => None,
         };
         if let Some(ms) = latency.or(measured_latency_ms) {
-            let i = usize::from(lane == "edge");
+            let i = usize::from(edge);
             self.latency[i].observe(ms);
         }
     }
@@ -210,6 +227,7 @@ impl Metrics {
             "Latency of delivery attempts, by lane (the edge's measure for the edge lane).",
         );
         for (i, lane) in LANES.iter().enumerate() {
+            let lane = lane.as_str();
             let h = &self.latency[i];
             let mut cumulative = 0u64;
             for (b, le) in LATENCY_BUCKETS_MS.iter().enumerate() {
@@ -505,11 +523,11 @@ mod tests {
     fn counts_results_deferrals_and_latency() {
         let m = Metrics::new(true);
         let a: Arc<str> = Arc::from("a\"b");
-        m.record(&a, "edge", &delivered(3), None);
-        m.record(&a, "edge", &delivered(700), None);
+        m.record(&a, Lane::Edge, &delivered(3), None);
+        m.record(&a, Lane::Edge, &delivered(700), None);
         m.record(
             &a,
-            "edge",
+            Lane::Edge,
             &DeliveryResult::Deferred {
                 id: "d".into(),
                 retry_after_ms: 100,
@@ -519,7 +537,7 @@ mod tests {
         );
         m.record(
             &a,
-            "origin",
+            Lane::Origin,
             &DeliveryResult::Rejected {
                 id: "d".into(),
                 status: Some(410),

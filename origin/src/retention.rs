@@ -5,7 +5,7 @@
 //!
 //! What to purge and when is decided by [`plan`] (pure, takes `now`); [`pass`] carries it out.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -14,6 +14,8 @@ use crate::duration::format_duration;
 use crate::ledger::retention::{self as purge, Finished, Removed};
 use crate::ledger::store::Store;
 use crate::ledger::LedgerError;
+/// Kept with the daemon's other counters; named here too, where the task fills it.
+pub use crate::metrics::RetentionStats;
 
 pub const DEFAULT_RETAIN_SENT_MS: i64 = 7 * 86_400_000;
 pub const DEFAULT_RETAIN_DEAD_MS: i64 = 30 * 86_400_000;
@@ -97,22 +99,6 @@ pub fn plan(r: &Retention, now_ms: i64) -> Plan {
     Plan {
         finished,
         events_before_ms: cut(r.sent_ms),
-    }
-}
-
-/// What the task measured since the daemon started.
-#[derive(Debug, Default)]
-pub struct RetentionStats {
-    /// The longest time one step held the writer, in microseconds.
-    pub longest_step_us: AtomicU64,
-    pub steps: AtomicU64,
-}
-
-impl RetentionStats {
-    fn observe(&self, took: Duration) {
-        self.steps.fetch_add(1, Relaxed);
-        self.longest_step_us
-            .fetch_max(took.as_micros().min(u64::MAX as u128) as u64, Relaxed);
     }
 }
 

@@ -349,10 +349,25 @@ async fn a_portal_token_sees_and_changes_only_its_own_customer() {
         .iter()
         .any(|r| String::from_utf8_lossy(&r.body).contains("fanout.test")));
 
-    // Nothing of B changed, and B's endpoint got nothing more.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Nothing of B changed (a replay or a change that reached B would show in its views now:
+    // a replay makes a delivery pending before it answers), and B's endpoint got nothing more.
     assert_eq!(snapshot_b(api).await, before);
-    assert_eq!(b_sub.count(), 2);
+    // A marker: the operator's test event to B, due after anything the portal token did. Once
+    // it has arrived, anything of B's made due earlier would have arrived before it.
+    let (s, body) = api.post("/v1/subscribers/b1/test", json!({})).await;
+    assert_eq!(s, 202, "{body}");
+    wait_for("the marker arrives at B", LONG, || async {
+        b_sub
+            .received()
+            .iter()
+            .any(|r| String::from_utf8_lossy(&r.body).contains("fanout.test"))
+    })
+    .await;
+    assert_eq!(
+        b_sub.count(),
+        3,
+        "B's endpoint got its two and the marker, nothing more"
+    );
     d.stop().await;
 }
 
@@ -544,7 +559,16 @@ async fn changed_expired_and_orphaned_tokens_are_refused() {
     let (short, link) = portal(api, "acme", Some(1)).await;
     assert!(link["expires_at_ms"].as_i64().unwrap() > 0);
     assert_eq!(as_token(api, &short).get("/v1/subscribers").await.0, 200);
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Asked until it is refused, which must not be before the link said it expires.
+    let expires = link["expires_at_ms"].as_i64().unwrap();
+    wait_for("the short link to expire", LONG, || async {
+        as_token(api, &short).get("/v1/subscribers").await.0 != 200
+    })
+    .await;
+    assert!(
+        fanout_origin::time::now_ms() >= expires,
+        "refused before it expired"
+    );
     let (s, body) = as_token(api, &short).get("/v1/subscribers").await;
     assert_eq!(s, 401);
     assert!(body["error"]["message"]

@@ -182,7 +182,12 @@ async fn rotated_out_secret_stops_signing_after_the_grace_period() {
         .post("/v1/subscribers/short_grace/rotate-secret", json!({}))
         .await;
     let new = rotated["secret"].as_str().unwrap().to_string();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Waits for the end of the grace period the daemon stated (not a guess of it).
+    let grace_ends = rotated["previous_secrets_expire_at_ms"].as_i64().unwrap();
+    wait_for("the grace period to end", LONG, || async {
+        fanout_origin::time::now_ms() > grace_ends
+    })
+    .await;
     d.api
         .events(json!({ "id": "evt_after_grace", "type": "t" }))
         .await;

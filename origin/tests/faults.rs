@@ -239,10 +239,18 @@ async fn a_stored_limiter_that_does_not_decode_starts_empty_and_is_reported() {
         "{view}"
     );
     run.api.events(events("evt_lim", 20, "t.x")).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let sent = sub.count();
-    // From an empty bucket at 1/s: about 3 in 3 s (plus one for timing), never the burst of 20.
-    assert!(sent <= 4, "{sent} sent in 3 s at 1/s");
+    // From an empty bucket at 1/s: the deliveries go out one a second, never the burst of 20.
+    // Waits for the fourth to arrive (so sending works), then reads their arrival times.
+    wait_for("four deliveries", Duration::from_secs(15), || async {
+        sub.count() >= 4
+    })
+    .await;
+    let at: Vec<Instant> = sub.received().iter().map(|r| r.at).collect();
+    let spread = at[3].duration_since(at[0]);
+    assert!(
+        spread >= Duration::from_millis(2_500),
+        "the first four deliveries arrived within {spread:?}: a burst, not 1/s from an empty bucket"
+    );
     let log = run.log();
     assert!(
         log.contains("WARN") && log.contains("does not decode") && log.contains("partner"),

@@ -475,10 +475,10 @@ async fn a_retry_after_pause_is_shared_by_every_daemon() {
 /// has room. The ledger's tables live in a tablespace on a 2 MiB tmpfs.
 #[tokio::test]
 async fn a_full_disk_is_unavailable_and_ingest_resumes_once_it_has_room() {
-    if !common::pg::is_root() {
-        eprintln!("skipped: mounting a tmpfs needs root (the test command runs as root in CI)");
-        return;
-    }
+    assert!(
+        common::pg::is_root(),
+        "this test mounts a 2 MiB tmpfs, which needs root: run the tests as root (scripts/test.sh and CI do)"
+    );
     let disk = common::pg::SmallDisk::mount(2);
     let server = PgServer::start();
     let c = server.connect("postgres").await;

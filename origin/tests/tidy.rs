@@ -1,10 +1,29 @@
-//! Tidy: the invariants ARCHITECTURE.md states about the origin's source, checked on the source.
+//! Tidy: the invariants ARCHITECTURE.md states about the source, checked on the source. Each
+//! check is a pure function over (path, text) pairs with a self-test that feeds it a synthetic
+//! violation and sees it caught.
 //! - `rusqlite` is named only inside `origin/src/ledger/` (everything else goes through the
-//!   ledger's typed operations), but for the files [`RUSQLITE_ALLOWED`] lists as debt.
+//!   ledger's typed operations), but for the files [`RUSQLITE_ALLOWED`] lists as debt; and each
+//!   driver only by its backend ([`DRIVERS`]: `rusqlite` in [`SQLITE_BACKEND`],
+//!   `tokio_postgres`/`deadpool` in [`POSTGRES_BACKEND`], both in [`COPY_COMMAND`]).
+//! - `api/` names no backend ([`BACKEND_NAMES`]).
 //! - Rows are deleted only where the invariants allow it: [`DELETES_ALLOWED`] lists each
 //!   `DELETE FROM <table>` by file, with the reason. Deliveries, events and attempts are never
 //!   deleted except by retention (`ledger/retention.rs`).
 //! - No file git tracks holds an unresolved merge conflict (one reached main in a document once).
+//! - The pure modules ([`PURE`]) name no clock, randomness, I/O or async ([`IMPURE`]).
+//! - No two files of a crate import each other, directly or in a circle ([`import_graph`] says
+//!   what an import is).
+//! - At most [`MAX_FILE_CODE`] lines of code per file before its tests and [`MAX_FN_LINES`]
+//!   lines per function, but for [`SIZE_ALLOWLIST`], which may only shrink.
+//! - Every path ARCHITECTURE.md names exists.
+//! - No lane is compared as a string outside [`LANE_STRINGS_ALLOWED`].
+//! - No test passes without running: none returns early when not root, none sleeps a guessed
+//!   time and then asserts (but for [`SLEEPS_ALLOWED`]).
+//!
+//! On a branch of issue 23 without the others: `each_driver_is_named_only_by_its_backend`,
+//! `the_api_names_no_backend` and (for `ledger/pg/`) `no_import_cycle_between_files` fail until
+//! the ledger is split into its contract and two sibling backends; `no_lane_is_compared_as_a_string`
+//! until the dispatcher carries its lane as a type.
 
 // Test code: a failed expect is a failed test.
 #![allow(clippy::expect_used)]
@@ -278,5 +297,1174 @@ fn the_conflict_check_catches_markers() {
     assert_eq!(
         conflict_markers(&[("f.md".into(), text)]),
         ["f.md:2", "f.md:4", "f.md:6"]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading the tree: every check below is a pure function over (path, text) pairs, so each one
+// is fed a synthetic violation in a self-test and seen to catch it.
+// ---------------------------------------------------------------------------------------------
+
+/// The repository's root (the workspace holding `origin/` and the core crate's `src/`).
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every `.rs` file under `dir` (relative to the repository's root), as (path relative to the
+/// root with `/`, text), sorted by path.
+fn rust_tree(dir: &str) -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    rust_files(&root().join(dir), &mut files);
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let rel = p
+                .strip_prefix(root())
+                .expect("under the root")
+                .to_string_lossy()
+                .replace('\\', "/");
+            let text = std::fs::read_to_string(&p).expect("a readable source file");
+            (rel, text)
+        })
+        .collect()
+}
+
+/// The sources of both crates (the daemon's `origin/src/` and the core's `src/`), paths from
+/// the repository's root.
+fn crate_sources() -> Vec<(String, String)> {
+    let mut files = rust_tree("origin/src");
+    files.extend(rust_tree("src"));
+    files
+}
+
+/// `files` under `prefix`, with the prefix taken off their paths.
+fn under(files: &[(String, String)], prefix: &str) -> Vec<(String, String)> {
+    files
+        .iter()
+        .filter_map(|(p, t)| Some((p.strip_prefix(prefix)?.to_string(), t.clone())))
+        .collect()
+}
+
+/// Leading whitespace of a line.
+fn indent(line: &str) -> &str {
+    &line[..line.len() - line.trim_start().len()]
+}
+
+/// The last line (index) of the item starting at line `start`, on rustfmt's layout: the line
+/// itself when it ends in `;` or closes what it opens, else the first later line at the same
+/// indentation that closes it (`}`, `};`, `)…;`).
+fn item_end(lines: &[&str], start: usize) -> usize {
+    let first = lines[start].trim_end();
+    let opens = first.matches('{').count() + first.matches('(').count();
+    let closes = first.matches('}').count() + first.matches(')').count();
+    if (first.ends_with(';') || first.ends_with('}') || first.ends_with(',')) && opens <= closes {
+        return start;
+    }
+    let ind = indent(lines[start]);
+    for (j, line) in lines.iter().enumerate().skip(start + 1) {
+        let line = line.trim_end();
+        if indent(line) != ind {
+            continue;
+        }
+        let rest = line.trim_start();
+        if rest == "}"
+            || rest == "};"
+            || rest == "},"
+            || (rest.starts_with(')') && rest.ends_with(';'))
+        {
+            return j;
+        }
+    }
+    lines.len() - 1
+}
+
+/// `text` with every item under `#[cfg(test)]` blanked out (lines kept, so line numbers hold).
+fn strip_cfg_test(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut keep = vec![true; lines.len()];
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim() == "#[cfg(test)]" {
+            let mut item = i + 1;
+            while item < lines.len() && lines[item].trim_start().starts_with("#[") {
+                item += 1;
+            }
+            let end = if item < lines.len() {
+                item_end(&lines, item)
+            } else {
+                i
+            };
+            for k in keep.iter_mut().take(end + 1).skip(i) {
+                *k = false;
+            }
+            i = end + 1;
+        } else {
+            i += 1;
+        }
+    }
+    lines
+        .iter()
+        .zip(keep)
+        .map(|(l, k)| if k { *l } else { "" })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `text` without its `//` comments (a `//` inside a string literal stays).
+fn strip_comments(text: &str) -> String {
+    text.lines()
+        .map(|line| {
+            let mut in_string = false;
+            let mut escaped = false;
+            let bytes = line.as_bytes();
+            for (i, &b) in bytes.iter().enumerate() {
+                match b {
+                    _ if escaped => escaped = false,
+                    b'\\' if in_string => escaped = true,
+                    b'"' => in_string = !in_string,
+                    b'/' if !in_string && bytes.get(i + 1) == Some(&b'/') => return &line[..i],
+                    _ => {}
+                }
+            }
+            line
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The code of a file a check reads: no comments, no `#[cfg(test)]` items.
+fn code(text: &str) -> String {
+    strip_comments(&strip_cfg_test(text))
+}
+
+/// Files their parent declares only for tests (`#[cfg(test)] mod x;`: a `tests.rs` sibling, a
+/// simulation), by path: none of their text is the crate's code.
+fn test_only_files(files: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, text) in files {
+        let (parent, file) = match path.rsplit_once('/') {
+            Some((d, f)) => (format!("{d}/"), f),
+            None => (String::new(), path.as_str()),
+        };
+        let dir = match file {
+            "mod.rs" | "lib.rs" | "main.rs" => parent,
+            _ => format!("{parent}{}/", file.trim_end_matches(".rs")),
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        for w in lines.windows(2) {
+            let decl = w[1].trim();
+            if w[0].trim() == "#[cfg(test)]" && decl.ends_with(';') {
+                if let Some(name) = decl
+                    .trim_start_matches("pub ")
+                    .strip_prefix("mod ")
+                    .map(|n| n.trim_end_matches(';'))
+                {
+                    out.push(format!("{dir}{name}.rs"));
+                    out.push(format!("{dir}{name}/mod.rs"));
+                }
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// a. Pure files name no clock, randomness, I/O or async.
+// ---------------------------------------------------------------------------------------------
+
+/// The pure modules, from the repository's root, without `.rs`: each names a file `x.rs` or a
+/// folder `x/` (every file under it), so a module split into a folder keeps its entry. Their
+/// `#[cfg(test)]` items and the files their parent declares only for tests are not read.
+const PURE: &[&str] = &[
+    "origin/src/dispatch/plan",
+    "origin/src/dispatch/fair",
+    "origin/src/dispatch/state",
+    "origin/src/model",
+    "origin/src/customer",
+    "origin/src/alert/rules",
+    "src/breaker",
+    "src/bucket",
+    "src/edge_limits",
+    "src/endpoint",
+    "src/limiter",
+    "src/limits",
+    "src/logrec",
+    "src/retry",
+    "src/sign",
+    "src/wire",
+];
+
+/// What a pure file may not name: a clock, randomness, I/O (files, sockets, processes, the
+/// environment, a database, HTTP) or async. `std::net`'s address types are values and allowed
+/// (`src/endpoint.rs` classifies IP addresses); its sockets are not.
+const IMPURE: &[&str] = &[
+    "SystemTime",
+    "Instant::now",
+    "now_ms()",
+    "rand::",
+    "thread_rng",
+    "getrandom",
+    "random_bytes",
+    "std::fs",
+    "std::io",
+    "std::env",
+    "std::process",
+    "std::thread",
+    "TcpStream",
+    "TcpListener",
+    "UdpSocket",
+    "tokio",
+    "async ",
+    ".await",
+    "reqwest",
+    "hyper",
+    "axum",
+    "rusqlite",
+    "tokio_postgres",
+    "deadpool",
+    "worker::",
+];
+
+fn is_pure(path: &str, pure: &[&str]) -> bool {
+    pure.iter()
+        .any(|m| path == format!("{m}.rs") || path.starts_with(&format!("{m}/")))
+}
+
+/// `path: token` for each impure name in a pure file's code.
+fn impure_names(files: &[(String, String)], pure: &[&str]) -> Vec<String> {
+    let test_only = test_only_files(files);
+    let mut found = Vec::new();
+    for (path, text) in files {
+        if !is_pure(path, pure) || test_only.contains(path) {
+            continue;
+        }
+        let code = code(text);
+        for token in IMPURE {
+            if code.contains(token) {
+                found.push(format!("{path}: {token}"));
+            }
+        }
+    }
+    found
+}
+
+/// The entries of `PURE` naming neither a file nor a folder (a module renamed: update the list).
+fn missing_modules(modules: &[&str]) -> Vec<String> {
+    modules
+        .iter()
+        .filter(|m| !root().join(format!("{m}.rs")).is_file() && !root().join(m).is_dir())
+        .map(|m| m.to_string())
+        .collect()
+}
+
+#[test]
+fn pure_files_name_no_clock_randomness_io_or_async() {
+    let missing = missing_modules(PURE);
+    assert!(missing.is_empty(), "PURE names modules that do not exist (renamed? update the list in origin/tests/tidy.rs): {missing:?}");
+    let found = impure_names(&crate_sources(), PURE);
+    assert!(
+        found.is_empty(),
+        "pure files naming a clock, randomness, I/O or async (take `now` and randomness as arguments; let an executor do the I/O): {found:?}"
+    );
+}
+
+#[test]
+fn the_purity_check_catches_a_clock() {
+    let files = vec![
+        (
+            "origin/src/dispatch/state/claims.rs".to_string(),
+            "//! No SystemTime here.\nfn f() -> i64 { crate::time::now_ms() }\n#[cfg(test)]\nmod tests {\n    use std::fs;\n}\n".to_string(),
+        ),
+        (
+            "origin/src/dispatch/state/mod.rs".to_string(),
+            "mod claims;\n#[cfg(test)]\nmod tests;\n".to_string(),
+        ),
+        (
+            "origin/src/dispatch/state/tests.rs".to_string(),
+            "use std::time::SystemTime;".to_string(),
+        ),
+        (
+            "src/wire.rs".to_string(),
+            "async fn g() { x.await }".to_string(),
+        ),
+        (
+            "origin/src/server.rs".to_string(),
+            "async fn serve() { tokio::spawn(x).await }".to_string(),
+        ),
+    ];
+    assert_eq!(
+        impure_names(&files, &["origin/src/dispatch/state", "src/wire"]),
+        [
+            "origin/src/dispatch/state/claims.rs: now_ms()",
+            "src/wire.rs: async ",
+            "src/wire.rs: .await",
+        ]
+    );
+    assert_eq!(
+        missing_modules(&["src/wire", "origin/src/dispatch", "src/nowhere"]),
+        ["src/nowhere"]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// b. Each database driver is named only by its backend (and the copy between them).
+// c. `api/` names no backend.
+// ---------------------------------------------------------------------------------------------
+
+/// The SQLite backend's folder, under origin/src.
+const SQLITE_BACKEND: &str = "ledger/sqlite/";
+/// The PostgreSQL backend's folder, under origin/src.
+const POSTGRES_BACKEND: &str = "ledger/postgres/";
+/// The command copying a SQLite ledger into PostgreSQL (a file or a folder, under origin/src):
+/// the one place that speaks both drivers.
+const COPY_COMMAND: &str = "ledger/copy/";
+
+/// Which driver names may appear only where, under origin/src.
+const DRIVERS: &[(&str, &[&str])] = &[
+    ("rusqlite", &[SQLITE_BACKEND, COPY_COMMAND]),
+    ("tokio_postgres", &[POSTGRES_BACKEND, COPY_COMMAND]),
+    ("deadpool", &[POSTGRES_BACKEND, COPY_COMMAND]),
+];
+
+/// `path: driver` for each driver named (in code, not comments) outside its places.
+fn drivers_out_of_place(files: &[(String, String)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, text) in files {
+        let code = strip_comments(text);
+        for (driver, places) in DRIVERS {
+            if code.contains(driver) && !places.iter().any(|p| path.starts_with(p)) {
+                found.push(format!("{path}: {driver}"));
+            }
+        }
+    }
+    found
+}
+
+/// What `api/` may not name: a driver, a backend's type or module, a `Store` variant.
+const BACKEND_NAMES: &[&str] = &[
+    "rusqlite",
+    "tokio_postgres",
+    "deadpool",
+    "PgLedger",
+    "Store::Sqlite",
+    "Store::Postgres",
+    "sqlite::",
+    "postgres::",
+];
+
+/// `path: name` for each backend named in `api/` (tests included: they too go through the
+/// contract).
+fn api_backend_names(files: &[(String, String)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, text) in files.iter().filter(|(p, _)| p.starts_with("api/")) {
+        let code = strip_comments(text);
+        for name in BACKEND_NAMES {
+            if code.contains(name) {
+                found.push(format!("{path}: {name}"));
+            }
+        }
+    }
+    found
+}
+
+/// Fails until the ledger is split into `ledger/sqlite/` and `ledger/postgres/` (issue 23's
+/// ledger branch): that is expected on a branch without it.
+#[test]
+fn each_driver_is_named_only_by_its_backend() {
+    let found = drivers_out_of_place(&sources());
+    assert!(
+        found.is_empty(),
+        "drivers named outside their backend ({SQLITE_BACKEND}, {POSTGRES_BACKEND}, the copy {COPY_COMMAND}): {found:?}"
+    );
+}
+
+#[test]
+fn the_api_names_no_backend() {
+    let found = api_backend_names(&sources());
+    assert!(
+        found.is_empty(),
+        "api/ names a backend (use the ledger's contract): {found:?}"
+    );
+}
+
+#[test]
+fn the_driver_checks_catch_a_driver_out_of_place() {
+    let files = vec![
+        (
+            "ledger/sqlite/queries.rs".to_string(),
+            "use rusqlite::Connection;".to_string(),
+        ),
+        (
+            "ledger/postgres/ops.rs".to_string(),
+            "use tokio_postgres::Row;\nfn f(c: &rusqlite::Connection) {}".to_string(),
+        ),
+        (
+            "ledger/copy/mod.rs".to_string(),
+            "use rusqlite::Connection;\nuse deadpool_postgres::Pool;".to_string(),
+        ),
+        (
+            "ledger/mod.rs".to_string(),
+            "//! Names no driver: not rusqlite.\npub struct Row;".to_string(),
+        ),
+        (
+            "dispatch/mod.rs".to_string(),
+            "type P = deadpool_postgres::Pool;".to_string(),
+        ),
+        (
+            "api/stats.rs".to_string(),
+            "match s { Store::Postgres(l) => l.x(), _ => 0 }".to_string(),
+        ),
+        (
+            "api/mod.rs".to_string(),
+            "// not PgLedger\nuse crate::ledger::Ledger;".to_string(),
+        ),
+    ];
+    assert_eq!(
+        drivers_out_of_place(&files),
+        [
+            "ledger/postgres/ops.rs: rusqlite",
+            "dispatch/mod.rs: deadpool"
+        ]
+    );
+    assert_eq!(api_backend_names(&files), ["api/stats.rs: Store::Postgres"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// d. No import cycle between files.
+// ---------------------------------------------------------------------------------------------
+
+/// A file's module path inside its crate (`a/b.rs` and `a/b/mod.rs` are `[a, b]`; `lib.rs` is
+/// `[]`), or `None` for a crate root that is not the library (`main.rs`).
+fn module_of(rel: &str) -> Option<Vec<String>> {
+    if rel == "main.rs" {
+        return None;
+    }
+    let rel = rel.strip_suffix(".rs")?;
+    let mut segs: Vec<String> = rel.split('/').map(str::to_string).collect();
+    if segs.last().is_some_and(|s| s == "mod" || s == "lib") {
+        segs.pop();
+    }
+    Some(segs)
+}
+
+/// Reads a use tree at `s[*i..]` under `prefix` (`a::b`, `a::{b, c::d}`, `a::*`, `a as b`),
+/// pushing each full path to `out`.
+fn use_tree(s: &[u8], i: &mut usize, mut prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+    let skip_ws = |i: &mut usize| {
+        while *i < s.len() && s[*i].is_ascii_whitespace() {
+            *i += 1;
+        }
+    };
+    loop {
+        skip_ws(i);
+        if *i < s.len() && s[*i] == b'{' {
+            *i += 1;
+            loop {
+                skip_ws(i);
+                if *i >= s.len() || s[*i] == b'}' {
+                    *i += 1;
+                    return;
+                }
+                let before = *i;
+                use_tree(s, i, prefix.clone(), out);
+                skip_ws(i);
+                // Past a comma, or past what could not be read (never stuck in place).
+                if (*i < s.len() && s[*i] == b',') || *i == before {
+                    *i += 1;
+                }
+            }
+        }
+        let start = *i;
+        while *i < s.len() && (s[*i].is_ascii_alphanumeric() || s[*i] == b'_') {
+            *i += 1;
+        }
+        if *i == start {
+            if *i < s.len() && s[*i] == b'*' {
+                *i += 1;
+            }
+            out.push(prefix);
+            return;
+        }
+        prefix.push(String::from_utf8_lossy(&s[start..*i]).into_owned());
+        if s[*i..].starts_with(b"::") {
+            *i += 2;
+        } else {
+            out.push(prefix);
+            return;
+        }
+    }
+}
+
+/// Every module path a file's code names through `crate::`, `super::` or `self::` (in a `use`
+/// or inline), made absolute from the file's own module path `me`.
+fn named_paths(code: &str, me: &[String]) -> Vec<Vec<String>> {
+    let s = code.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < s.len() {
+        let boundary =
+            i == 0 || !(s[i - 1].is_ascii_alphanumeric() || matches!(s[i - 1], b'_' | b':' | b'$'));
+        let rest = &s[i..];
+        let base: Option<(Vec<String>, usize)> = if !boundary {
+            None
+        } else if rest.starts_with(b"crate::") {
+            Some((Vec::new(), "crate::".len()))
+        } else if rest.starts_with(b"self::") {
+            Some((me.to_vec(), "self::".len()))
+        } else if rest.starts_with(b"super::") {
+            let mut base = me.to_vec();
+            let mut n = 0;
+            while s[i + n..].starts_with(b"super::") {
+                base.pop();
+                n += "super::".len();
+            }
+            Some((base, n))
+        } else {
+            None
+        };
+        match base {
+            Some((base, n)) => {
+                i += n;
+                use_tree(s, &mut i, base, &mut out);
+            }
+            None => i += 1,
+        }
+    }
+    out
+}
+
+/// The import graph of one crate's files (paths relative to its `src/`): an edge from a file to
+/// the deepest file holding what it names (`crate::a::b::C` is `a/b.rs` or `a/b/mod.rs` if one
+/// exists, else `a.rs`…). A `mod` declaration only says where a file sits and is no edge, so
+/// a child naming its parent (`super::X`) is an edge, the parent's `mod child;` is not, and a
+/// parent naming its child through `self::child::` or `crate::…::child::` is one. A parent's
+/// relative `use child::X` is not read (a path from the parent down to its own child).
+/// `#[cfg(test)]` items and test-only files are not read.
+fn import_graph(files: &[(String, String)]) -> Vec<(String, Vec<String>)> {
+    let test_only = test_only_files(files);
+    let modules: Vec<(Vec<String>, &String)> = files
+        .iter()
+        .filter(|(p, _)| !test_only.contains(p))
+        .filter_map(|(p, _)| Some((module_of(p)?, p)))
+        .collect();
+    let file_of = |path: &[String]| -> Option<String> {
+        (0..=path.len())
+            .rev()
+            .find_map(|k| modules.iter().find(|(m, _)| m[..] == path[..k]))
+            .map(|(_, p)| (*p).clone())
+    };
+    let mut graph = Vec::new();
+    for (path, text) in files {
+        let Some(me) = module_of(path) else { continue };
+        if test_only.contains(path) {
+            continue;
+        }
+        let mut to: Vec<String> = named_paths(&code(text), &me)
+            .iter()
+            .filter_map(|p| file_of(p))
+            .filter(|f| f != path)
+            .collect();
+        to.sort();
+        to.dedup();
+        graph.push((path.clone(), to));
+    }
+    graph
+}
+
+/// The strongly connected groups of more than one file, each sorted, in order.
+fn cycles(graph: &[(String, Vec<String>)]) -> Vec<Vec<String>> {
+    let reach = |from: &String| -> Vec<String> {
+        let mut seen = vec![from.clone()];
+        let mut todo = vec![from.clone()];
+        while let Some(f) = todo.pop() {
+            for (_, to) in graph.iter().filter(|(g, _)| *g == f) {
+                for t in to {
+                    if !seen.contains(t) {
+                        seen.push(t.clone());
+                        todo.push(t.clone());
+                    }
+                }
+            }
+        }
+        seen
+    };
+    let reaches: Vec<(String, Vec<String>)> =
+        graph.iter().map(|(f, _)| (f.clone(), reach(f))).collect();
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    for (f, fr) in &reaches {
+        if groups.iter().any(|g| g.contains(f)) {
+            continue;
+        }
+        let mut group: Vec<String> = reaches
+            .iter()
+            .filter(|(g, gr)| fr.contains(g) && gr.contains(f))
+            .map(|(g, _)| g.clone())
+            .collect();
+        group.sort();
+        if group.len() > 1 {
+            groups.push(group);
+        }
+    }
+    groups
+}
+
+#[test]
+fn no_import_cycle_between_files() {
+    let mut found = Vec::new();
+    for dir in ["origin/src/", "src/"] {
+        let graph = import_graph(&under(&crate_sources(), dir));
+        for group in cycles(&graph) {
+            // The edges inside the circle, to see which import to move.
+            let edges: Vec<String> = graph
+                .iter()
+                .filter(|(f, _)| group.contains(f))
+                .flat_map(|(f, to)| {
+                    to.iter()
+                        .filter(|t| group.contains(t))
+                        .map(move |t| format!("{dir}{f} -> {dir}{t}"))
+                })
+                .collect();
+            found.push(edges);
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "files that import each other, in a circle (move what they share below both): {found:#?}"
+    );
+}
+
+#[test]
+fn the_cycle_check_catches_a_circle() {
+    let file = |p: &str, t: &str| (p.to_string(), t.to_string());
+    let files = vec![
+        file("lib.rs", "pub mod a;\npub mod b;\npub mod c;\npub mod d;\nuse crate::a::A;"),
+        // A parent and a child naming it: no circle (`mod` is no edge).
+        file("a/mod.rs", "mod x;\n#[cfg(test)]\nmod tests;\npub struct A;"),
+        file("a/x.rs", "use super::A;"),
+        file("a/tests.rs", "use crate::b::B;"),
+        // b -> c -> d -> b, through a group, `self::` and an inline path.
+        file("b.rs", "use crate::{c::C, a::A};\npub struct B;"),
+        file("c.rs", "pub struct C;\nfn f() { crate::d::g() }\n#[cfg(test)]\nmod tests {\n    use crate::a::A;\n}"),
+        file("d.rs", "// crate::a::A in a comment\nuse crate::b::B as Bee;\npub fn g() {}"),
+    ];
+    assert_eq!(cycles(&import_graph(&files)), [["b.rs", "c.rs", "d.rs"]]);
+    let mut paths = Vec::new();
+    let mut i = 0;
+    use_tree(
+        b"a::{b::{C, d}, e::*, self}",
+        &mut i,
+        vec!["r".into()],
+        &mut paths,
+    );
+    let joined: Vec<String> = paths.iter().map(|p| p.join("::")).collect();
+    assert_eq!(
+        joined,
+        ["r::a::b::C", "r::a::b::d", "r::a::e", "r::a::self"]
+    );
+    assert_eq!(
+        named_paths(
+            "use super::super::X; x::crate::y; $crate::z",
+            &["p".into(), "q".into()]
+        ),
+        [vec!["X".to_string()]]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// e. Sizes: at most 800 lines of code per file before its tests, 120 lines per function.
+// ---------------------------------------------------------------------------------------------
+
+/// Lines of code a file may hold before its tests (non-blank lines that are not only a `//`
+/// comment, from the top to the first line starting with `#[cfg(test)]`).
+const MAX_FILE_CODE: usize = 800;
+/// Lines a function may span, from the line holding `fn name` to its closing brace.
+const MAX_FN_LINES: usize = 120;
+/// Where sizes are checked, from the repository's root.
+const SIZED: &[&str] = &["origin/src", "src", "bench/ingest/src", "bench/sink/src"];
+
+/// Today's offenders, as `(file, function)` (`""`: the file's lines of code), each to be cut
+/// down and removed from here. The list may only shrink: an entry that no longer offends fails
+/// the test until it is removed.
+const SIZE_ALLOWLIST: &[(&str, &str)] = &[
+    // The API (the surface branch of issue 23 splits it by resource).
+    ("origin/src/api/mod.rs", ""),
+    ("origin/src/api/mod.rs", "subscriber_input_table"),
+    // The CLI and the configuration (the surface branch).
+    ("origin/src/cli.rs", ""),
+    ("origin/src/config.rs", "from_settings"),
+    ("origin/src/config.rs", "validation_table"),
+    // The dispatcher (the dispatch branch).
+    ("origin/src/dispatch/plan.rs", "transition_table"),
+    ("origin/src/dispatch/simulation.rs", "run"),
+    ("origin/src/dispatch/state.rs", ""),
+    (
+        "origin/src/dispatch/state.rs",
+        "edge_refusals_split_then_count_attempts",
+    ),
+    // The ledger (the ledger branch).
+    ("origin/src/ledger/pg/copy.rs", "copy_sqlite_to_pg"),
+    ("origin/src/ledger/pg/dispatch.rs", "record_turn_pg"),
+    ("origin/src/ledger/pg/ops.rs", ""),
+    ("origin/src/ledger/queries.rs", ""),
+    (
+        "origin/src/ledger/retention.rs",
+        "purge_removes_only_finished_deliveries_past_their_window",
+    ),
+    // Start-up, which the ledger branch changes (the LISTEN loop leaves it).
+    ("origin/src/lib.rs", "serve"),
+];
+
+/// `file` for a file over `MAX_FILE_CODE` lines of code, `file: fn name` for a function over
+/// `MAX_FN_LINES` lines, each with its size.
+fn oversized(files: &[(String, String)]) -> Vec<(String, String, usize)> {
+    let mut found = Vec::new();
+    for (path, text) in files {
+        let lines: Vec<&str> = text.lines().collect();
+        let code_lines = lines
+            .iter()
+            .take_while(|l| !l.starts_with("#[cfg(test)]"))
+            .filter(|l| {
+                let t = l.trim();
+                !t.is_empty() && !t.starts_with("//")
+            })
+            .count();
+        if code_lines > MAX_FILE_CODE {
+            found.push((path.clone(), String::new(), code_lines));
+        }
+        for (i, line) in lines.iter().enumerate() {
+            let Some(name) = fn_name(line) else { continue };
+            let end = item_end(&lines, i);
+            if !lines[end].trim_end().ends_with('}') {
+                continue; // a declaration without a body
+            }
+            if end + 1 - i > MAX_FN_LINES {
+                found.push((path.clone(), name, end + 1 - i));
+            }
+        }
+    }
+    found
+}
+
+/// The name of the function a line starts (`pub(crate) async fn name…`), if it does.
+fn fn_name(line: &str) -> Option<String> {
+    let mut rest = line.trim_start();
+    loop {
+        let before = rest;
+        for q in [
+            "pub(crate) ",
+            "pub(super) ",
+            "pub ",
+            "async ",
+            "const ",
+            "unsafe ",
+            "extern \"C\" ",
+        ] {
+            rest = rest.strip_prefix(q).unwrap_or(rest);
+        }
+        if rest == before {
+            break;
+        }
+    }
+    let name: String = rest
+        .strip_prefix("fn ")?
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    (!name.is_empty()).then_some(name)
+}
+
+/// The offenders not on `allow`, and the entries of `allow` that no longer offend.
+fn size_verdict(
+    found: &[(String, String, usize)],
+    allow: &[(&str, &str)],
+) -> (Vec<String>, Vec<String>) {
+    let new = found
+        .iter()
+        .filter(|(p, f, _)| !allow.iter().any(|(ap, af)| ap == p && af == f))
+        .map(|(p, f, n)| format!("{p}:{f} {n} lines"))
+        .collect();
+    let gone = allow
+        .iter()
+        .filter(|(ap, af)| !found.iter().any(|(p, f, _)| ap == p && af == f))
+        .map(|(p, f)| format!("{p}:{f}"))
+        .collect();
+    (new, gone)
+}
+
+#[test]
+fn files_and_functions_stay_small() {
+    let mut files = Vec::new();
+    for dir in SIZED {
+        files.extend(rust_tree(dir));
+    }
+    let (new, gone) = size_verdict(&oversized(&files), SIZE_ALLOWLIST);
+    assert!(
+        new.is_empty(),
+        "over {MAX_FILE_CODE} lines of code in a file (before its tests) or {MAX_FN_LINES} lines in a function: {new:?}"
+    );
+    assert!(
+        gone.is_empty(),
+        "SIZE_ALLOWLIST entries that no longer offend (remove them from origin/tests/tidy.rs): {gone:?}"
+    );
+}
+
+#[test]
+fn the_size_check_catches_a_long_function_and_a_stale_allowance() {
+    let long_fn = format!(
+        "pub(crate) async fn long() {{\n{}}}\n\nfn short() {{}}\n\ntrait T {{\n    fn decl(\n        &self,\n    ) -> u8;\n    fn two(&self) {{\n        x();\n    }}\n}}\n",
+        "    x();\n".repeat(MAX_FN_LINES - 1)
+    );
+    let big_file = format!(
+        "{}// a comment\n\n#[cfg(test)]\nmod tests {{\n{}}}\n",
+        "let x = 1;\n".repeat(MAX_FILE_CODE + 1),
+        "    fn t() {}\n".repeat(10)
+    );
+    let files = vec![
+        ("src/a.rs".to_string(), long_fn),
+        ("src/b.rs".to_string(), big_file),
+        ("src/c.rs".to_string(), "fn ok() {\n}\n".to_string()),
+    ];
+    let found = oversized(&files);
+    assert_eq!(
+        found,
+        [
+            ("src/a.rs".to_string(), "long".to_string(), MAX_FN_LINES + 1),
+            ("src/b.rs".to_string(), String::new(), MAX_FILE_CODE + 1),
+        ]
+    );
+    let (new, gone) = size_verdict(&found, &[("src/a.rs", "long"), ("src/c.rs", "ok")]);
+    assert_eq!(new, [format!("src/b.rs: {} lines", MAX_FILE_CODE + 1)]);
+    assert_eq!(gone, ["src/c.rs:ok"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// f. Every path ARCHITECTURE.md names exists.
+// ---------------------------------------------------------------------------------------------
+
+/// The backticked tokens of a document that look like paths: no space, only path characters,
+/// and ending in a known extension or `/`, or starting with a folder of `top` (the repository's
+/// top-level folders and origin/src's). Routes (`/metrics`), URLs and `../` are not paths here.
+fn named_paths_in(doc: &str, top: &[String]) -> Vec<String> {
+    doc.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|t| {
+            !t.is_empty()
+                && t.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
+                && !t.starts_with('/')
+                && !t.starts_with("../")
+        })
+        .filter(|t| {
+            [".rs", ".mjs", ".js", ".md", ".toml", ".sh", "/"]
+                .iter()
+                .any(|e| t.ends_with(e))
+                || t.split_once('/')
+                    .is_some_and(|(first, _)| top.iter().any(|d| d == first))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// The tokens naming no tracked file or folder, whole from the root or origin/src, or as the
+/// tail of one (a map lists `bucket.rs` in a table under its folder).
+fn missing_paths(tokens: &[String], tracked: &[String]) -> Vec<String> {
+    let exists = |t: &str| {
+        let t = t.trim_end_matches('/');
+        tracked.iter().any(|p| {
+            p == t
+                || p.starts_with(&format!("{t}/"))
+                || p.ends_with(&format!("/{t}"))
+                || p.contains(&format!("/{t}/"))
+        })
+    };
+    let mut out: Vec<String> = tokens.iter().filter(|t| !exists(t)).cloned().collect();
+    out.dedup();
+    out
+}
+
+fn tracked_paths() -> Vec<String> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(root())
+        .args(["ls-files", "-z"])
+        .output()
+        .expect("git ls-files");
+    assert!(out.status.success(), "git ls-files failed");
+    String::from_utf8_lossy(&out.stdout)
+        .split('\0')
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The first segments of tracked paths (from the root and from origin/src).
+fn top_folders(tracked: &[String]) -> Vec<String> {
+    let mut top: Vec<String> = tracked
+        .iter()
+        .flat_map(|p| [Some(p.as_str()), p.strip_prefix("origin/src/")])
+        .flatten()
+        .filter_map(|p| Some(p.split_once('/')?.0.to_string()))
+        .collect();
+    top.sort();
+    top.dedup();
+    top
+}
+
+#[test]
+fn every_path_the_architecture_names_exists() {
+    let doc = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let tracked = tracked_paths();
+    let missing = missing_paths(&named_paths_in(&doc, &top_folders(&tracked)), &tracked);
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names paths that do not exist: {missing:?}"
+    );
+}
+
+#[test]
+fn the_map_check_catches_a_stale_path() {
+    let tracked: Vec<String> = [
+        "origin/src/ledger/mod.rs",
+        "src/bucket.rs",
+        "tests/lib/harness.mjs",
+    ]
+    .map(String::from)
+    .to_vec();
+    let doc =
+        "`origin/src/ledger/` `ledger/mod.rs` `bucket.rs` `lib/harness.mjs` `ledger/pg/ops.rs` \
+               `gone.rs` `/metrics` `GET /v1/x` `LISTEN/NOTIFY` `scheme://host` `../x.md` `src/`";
+    let top = top_folders(&tracked);
+    assert_eq!(
+        missing_paths(&named_paths_in(doc, &top), &tracked),
+        ["ledger/pg/ops.rs", "gone.rs"]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// g. No lane compared as a string.
+// ---------------------------------------------------------------------------------------------
+
+/// Files under origin/src that may turn a lane's name into a `Lane`, with the reason.
+const LANE_STRINGS_ALLOWED: &[(&str, &str)] = &[(
+    "model.rs",
+    "`Lane::parse`: the one conversion from the API's and the ledger's text",
+)];
+
+/// `path:line` for each comparison with `"edge"` or `"origin"` (`==`, `!=`, a match arm).
+fn lane_strings(files: &[(String, String)], allowed: &[(&str, &str)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, text) in files {
+        if allowed.iter().any(|(f, _)| f == path) {
+            continue;
+        }
+        for (i, line) in strip_comments(text).lines().enumerate() {
+            let hit = ["\"edge\"", "\"origin\""].iter().any(|lit| {
+                [
+                    format!("== {lit}"),
+                    format!("!= {lit}"),
+                    format!("{lit} =="),
+                    format!("{lit} !="),
+                    format!("{lit} =>"),
+                    format!("{lit} |"),
+                    format!("| {lit}"),
+                ]
+                .iter()
+                .any(|p| line.contains(p.as_str()))
+            });
+            if hit {
+                found.push(format!("{path}:{}", i + 1));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_lane_is_compared_as_a_string() {
+    let found = lane_strings(&sources(), LANE_STRINGS_ALLOWED);
+    assert!(
+        found.is_empty(),
+        "a lane compared as a string (use `model::Lane`): {found:?}"
+    );
+}
+
+#[test]
+fn the_lane_check_catches_a_string_lane() {
+    let files = vec![
+        (
+            "model.rs".to_string(),
+            "match s { \"edge\" => Some(Lane::Edge), _ => None }".to_string(),
+        ),
+        (
+            "metrics.rs".to_string(),
+            "let s = \"edge\";\nif lane == \"edge\" {}".to_string(),
+        ),
+        (
+            "dispatch/x.rs".to_string(),
+            "match l { \"origin\" | \"auto\" => 1, _ => 2 } // == \"edge\"".to_string(),
+        ),
+    ];
+    assert_eq!(
+        lane_strings(&files, LANE_STRINGS_ALLOWED),
+        ["metrics.rs:2", "dispatch/x.rs:1"]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// h. No test passes without running.
+// ---------------------------------------------------------------------------------------------
+
+/// `path:line` for each test that returns early when not run as root (it would pass having
+/// checked nothing): a `!…is_root()` condition followed by a `return` within a few lines.
+fn skipped_unless_root(files: &[(String, String)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, text) in files {
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let unless_root = line.contains("is_root()")
+                && (line.contains("if !")
+                    || line.contains("!is_root")
+                    || line.contains("!common::pg::is_root"));
+            let returns = lines
+                .iter()
+                .skip(i)
+                .take(4)
+                .any(|l| l.trim_start().starts_with("return"));
+            if unless_root && returns {
+                found.push(format!("{path}:{}", i + 1));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_test_returns_early_when_not_root() {
+    let found = skipped_unless_root(&rust_tree("origin/tests"));
+    assert!(
+        found.is_empty(),
+        "tests that pass without running when not root (fail loudly instead): {found:?}"
+    );
+}
+
+#[test]
+fn the_root_check_catches_a_silent_skip() {
+    let files = vec![(
+        "origin/tests/x.rs".to_string(),
+        "fn a() {\n    if !common::pg::is_root() {\n        eprintln!(\"skipped\");\n        return;\n    }\n}\nfn b() {\n    assert!(is_root(), \"needs root\");\n    if is_root() {\n        chown();\n    }\n}\n"
+            .to_string(),
+    )];
+    assert_eq!(skipped_unless_root(&files), ["origin/tests/x.rs:2"]);
+}
+
+/// Sleeps a test may assert after, by file and a piece of the sleep's line, with the reason: each
+/// waits for a time the system under test stated, which is what the test checks.
+const SLEEPS_ALLOWED: &[(&str, &str, &str)] = &[
+    (
+        "tests/edge_limits.test.mjs",
+        "sleep(results[20].retry_after_ms)",
+        "obeys the wait the edge advertised, then checks it was enough",
+    ),
+    (
+        "tests/edge_failures.test.mjs",
+        "sleep(lastWait)",
+        "obeys the last wait the edge advertised during a pause, then checks it was enough",
+    ),
+    (
+        "tests/portal.test.mjs",
+        "short.expires_at_ms",
+        "waits for the expiry the portal link states, then checks it is refused",
+    ),
+];
+
+/// `path:line` for each sleep followed within three lines by an assertion: a test that waits a
+/// guessed time and then asserts what it sees (often that nothing more happened) passes when
+/// nothing happened at all. A sleep closing a polling loop (the next line ends the block) is a
+/// poll, not a guess.
+fn sleeps_then_asserts(files: &[(String, String)], allowed: &[(&str, &str, &str)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, text) in files {
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let t = line.trim();
+            if !t.contains("sleep(")
+                || t.starts_with("//")
+                || t.contains("fn sleep")
+                || t.contains("const sleep")
+                || allowed.iter().any(|(f, s, _)| f == path && t.contains(s))
+            {
+                continue;
+            }
+            let next: Vec<&str> = lines[i + 1..]
+                .iter()
+                .map(|l| l.trim())
+                .filter(|l| !l.is_empty())
+                .take(3)
+                .collect();
+            let polls = next.first().is_some_and(|l| *l == "}" || *l == "};");
+            if !polls && next.iter().any(|l| l.starts_with("assert")) {
+                found.push(format!("{path}:{}", i + 1));
+            }
+        }
+    }
+    found
+}
+
+/// Every file under `dir` (from the root) whose name ends with `ext`, as (path, text).
+fn text_tree(dir: &str, ext: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut todo = vec![root().join(dir)];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).expect("a readable directory") {
+            let p = entry.expect("a directory entry").path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.to_string_lossy().ends_with(ext) {
+                let rel = p
+                    .strip_prefix(root())
+                    .expect("under the root")
+                    .to_string_lossy()
+                    .replace('\\', "/");
+                out.push((rel, std::fs::read_to_string(&p).expect("a readable file")));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn no_test_sleeps_and_then_asserts() {
+    let mut files = text_tree("origin/tests", ".rs");
+    files.extend(text_tree("tests", ".mjs"));
+    let found = sleeps_then_asserts(&files, SLEEPS_ALLOWED);
+    assert!(
+        found.is_empty(),
+        "tests that sleep and then assert (wait for an event: a count, a status, a later marker): {found:?}"
+    );
+}
+
+#[test]
+fn the_sleep_check_catches_a_guessed_wait() {
+    let files = vec![
+        (
+            "origin/tests/x.rs".to_string(),
+            "    run.api.events(e).await;\n    tokio::time::sleep(Duration::from_secs(3)).await;\n    let sent = sub.count();\n    assert!(sent <= 4);\n    loop {\n        if done() {\n            break;\n        }\n        tokio::time::sleep(Duration::from_millis(50)).await;\n    }\n    assert!(done());\n".to_string(),
+        ),
+        (
+            "tests/y.test.mjs".to_string(),
+            "import { sleep } from './lib/harness.mjs';\n  await sleep(300);\n\n  assert.equal(sub.requests.length, 1);\n  await sleep(results[20].retry_after_ms);\n  assert.equal(n, 2);\n".to_string(),
+        ),
+    ];
+    let allowed = [(
+        "tests/y.test.mjs",
+        "retry_after_ms",
+        "obeys the stated wait",
+    )];
+    assert_eq!(
+        sleeps_then_asserts(&files, &allowed),
+        ["origin/tests/x.rs:2", "tests/y.test.mjs:2"]
     );
 }

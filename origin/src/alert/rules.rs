@@ -245,10 +245,35 @@ mod tests {
         Expect,
     );
 
+    /// Each row's attempt after its previous health, compared with what it expects.
+    fn check(cases: Vec<Row>) {
+        for (name, prev, attempt, at_ms, before, after, rules, expected) in cases {
+            let seen = Seen {
+                at_ms,
+                attempt: &attempt,
+                breaker_before: &before,
+                breaker_after: &after,
+                error: Some("status 500"),
+            };
+            let out = after_attempt(&prev, &seen, &rules);
+            let kinds: Vec<&str> = out.alerts.iter().map(Alert::kind).collect();
+            assert_eq!(
+                (
+                    out.health.failing_since_ms,
+                    out.health.disabled.is_some(),
+                    kinds.as_slice()
+                ),
+                expected,
+                "{name}"
+            );
+        }
+    }
+
+    /// Runs of failures and the breaker's alert.
     #[test]
-    fn attempt_table() {
+    fn attempt_table_runs_and_breaker() {
         let timeout = || Attempt::Transport(TransportError::Timeout);
-        let cases: Vec<Row> = vec![
+        check(vec![
             (
                 "first failure starts the run",
                 Health::default(),
@@ -299,6 +324,14 @@ mod tests {
                 RULES,
                 (Some(10), false, &[]),
             ),
+        ]);
+    }
+
+    /// Disabling: at once on a 410, after failing for the whole limit, once.
+    #[test]
+    fn attempt_table_disabling() {
+        let timeout = || Attempt::Transport(TransportError::Timeout);
+        check(vec![
             (
                 "a 410 disables at once",
                 Health::default(),
@@ -402,27 +435,7 @@ mod tests {
                 RULES,
                 (None, true, &[]),
             ),
-        ];
-        for (name, prev, attempt, at_ms, before, after, rules, expected) in cases {
-            let seen = Seen {
-                at_ms,
-                attempt: &attempt,
-                breaker_before: &before,
-                breaker_after: &after,
-                error: Some("status 500"),
-            };
-            let out = after_attempt(&prev, &seen, &rules);
-            let kinds: Vec<&str> = out.alerts.iter().map(Alert::kind).collect();
-            assert_eq!(
-                (
-                    out.health.failing_since_ms,
-                    out.health.disabled.is_some(),
-                    kinds.as_slice()
-                ),
-                expected,
-                "{name}"
-            );
-        }
+        ]);
     }
 
     #[test]

@@ -281,7 +281,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 } => {
                     for (meta, sent) in items {
                         self.metrics
-                            .record(sub, lane.as_str(), &sent.result, meta.latency_ms);
+                            .record(sub, *lane, &sent.result, meta.latency_ms);
                         log_outcome(sub, meta, &sent.result);
                     }
                 }

@@ -461,7 +461,7 @@ async fn ledger_copy(a: LedgerCopyArgs) -> Result<(), ClientError> {
         }
         Err(e) => return Err(ClientError::Input(e.0)),
     };
-    crate::ledger::pg::copy::copy_sqlite_to_pg(&from, &to, crate::time::now_ms(), |line| {
+    crate::ledger::copy::copy_sqlite_to_pg(&from, &to, crate::time::now_ms(), |line| {
         eprintln!("fanout ledger copy: {line}")
     })
     .await?;

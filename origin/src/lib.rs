@@ -3,7 +3,7 @@
 //! with its edge and origin lanes, and the HTTP API. [`run`] starts all of it on a listener the
 //! caller binds (tests bind port 0) and stops when `shutdown` resolves.
 //!
-//! Layout: [`model`] (domain types, pure), [`ledger`] (SQLite; PostgreSQL in `ledger::pg`), [`dispatch`] (scheduling:
+//! Layout: [`model`] (domain types, pure), [`ledger`] (SQLite; PostgreSQL in `ledger::postgres`), [`dispatch`] (scheduling:
 //! `plan` is pure, the lanes do the I/O), [`api`] (axum), [`config`], [`cli`].
 
 pub mod alert;
@@ -35,7 +35,7 @@ use crate::config::{Config, LedgerLocation};
 use crate::dispatch::edge_lane::EdgeClient;
 use crate::dispatch::plan::RetryRules;
 use crate::dispatch::{DispatchConfig, Dispatcher};
-use crate::ledger::pg::{Announcement, Listener, PgLedger};
+use crate::ledger::postgres::{Announcement, Listener, PgLedger};
 use crate::ledger::store::Store;
 use crate::ledger::{DispatchLedger, Ledger, LedgerError};
 

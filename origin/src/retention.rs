@@ -1,6 +1,6 @@
 //! The retention task: every so often, remove finished deliveries past their window, in small
 //! steps through the ledger's writer (`ledger::retention` does the removing; on PostgreSQL
-//! `ledger::pg::retention`, one daemon at a time), yielding between steps so that ingest and
+//! `ledger::postgres::retention`, one daemon at a time), yielding between steps so that ingest and
 //! the dispatcher never wait behind a long purge.
 //!
 //! What to purge and when is decided by [`plan`] (pure, takes `now`); [`pass`] carries it out.

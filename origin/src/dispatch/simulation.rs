@@ -23,8 +23,8 @@ use fanout_core::wire::{DeliveryResult, TransportError};
 use super::plan::RetryRules;
 use super::state::{Effect, Event, Meta, Settings, State};
 use crate::alert::AlertRules;
-use crate::ledger::ops::{Recorded, Turn, TurnError};
-use crate::ledger::pg::{grant_shared, merge_limiter, shared_wait};
+use crate::ledger::postgres::{grant_shared, merge_limiter, shared_wait};
+use crate::ledger::{Recorded, Turn, TurnError};
 use crate::model::{Claim, Claimed, Subscriber, Transition};
 
 /// A small deterministic generator (xorshift64*): each seed is one history, replayable.

@@ -29,7 +29,7 @@ use super::fair;
 use super::plan::{attempt_of, attempt_record, edge_retry_ms, transition_for, RetryRules};
 use crate::alert::rules::{after_attempt, AfterAttempt, Alert, Seen};
 use crate::alert::{AlertRules, Notice};
-use crate::ledger::ops::{Recorded, Turn, TurnError};
+use crate::ledger::{Recorded, Turn, TurnError};
 use crate::model::{
     delivery_public_id, AttemptRecord, Claimed, Health, HealthWrite, InFlight, Lane, Limits,
     Outcome, Share, StoredSecret, Subscriber, Transition,

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use std::time::{Duration, Instant};
 
-use super::pg::PgLedger;
+use super::postgres::PgLedger;
 use super::retention::{self as purge, Finished, Removed, RetentionReport};
 use super::status::SubscriberCounts;
 use super::{DeliveryFilter, DeliveryView, Ingested, Ledger, LedgerError, NewEvent};
@@ -117,7 +117,7 @@ impl Store {
         match self {
             Store::Sqlite(l) => {
                 l.tx(move |c| {
-                    super::customers::check_customer_exists(c, s.customer.as_deref())?;
+                    super::check_customer_exists(c, s.customer.as_deref())?;
                     super::create_subscriber(c, &s, &secret)?;
                     super::get_subscriber(c, &s.id)
                 })
@@ -200,7 +200,7 @@ impl Store {
                         Ok(n) => n,
                         Err(e) => return Ok(Err(e)),
                     };
-                    super::customers::check_customer_exists(c, next.customer.as_deref())?;
+                    super::check_customer_exists(c, next.customer.as_deref())?;
                     super::update_subscriber(c, &next)?;
                     if toggled {
                         super::set_disabled(c, &next.id, next.health.disabled.as_ref())?;

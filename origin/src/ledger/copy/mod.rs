@@ -11,9 +11,11 @@ use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags};
 
-use super::super::owner::{OwnerLock, Taker};
-use super::super::LedgerError;
-use super::PgLedger;
+use super::postgres::PgLedger;
+use super::sqlite::owner::{OwnerLock, Taker};
+use super::LedgerError;
+
+mod customers;
 
 /// Rows read from SQLite and written to PostgreSQL at a time.
 const CHUNK: i64 = 5_000;
@@ -54,7 +56,7 @@ pub async fn copy_sqlite_to_pg(
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     let version: i64 = src.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    let newest = super::super::SCHEMA_VERSION;
+    let newest = super::sqlite::SCHEMA_VERSION;
     if !(2..=newest).contains(&version) {
         return Err(LedgerError::Schema(format!(
             "{} has SQLite schema version {version}; this fanout copies versions 2 to {newest}",
@@ -174,7 +176,7 @@ pub async fn copy_sqlite_to_pg(
             "subscribers: {} ({} secrets)",
             done.subscribers, done.secrets
         ));
-        done.customers = super::customers::copy_customers(&src, &tx).await?;
+        done.customers = customers::copy_customers(&src, &tx).await?;
         // A ledger from before schema 7 may still have removed subscribers naming a customer
         // that is gone or was created again since: their history is the operator's (as that
         // migration does).

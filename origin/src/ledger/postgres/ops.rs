@@ -13,16 +13,16 @@ use fanout_core::retry::Attempt;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use super::super::status::SubscriberCounts;
-use super::super::{
-    Claimed, DeliveryFilter, DeliveryView, Ingested, LedgerError, NewEvent, Outcome,
-    SubscriberStats, Transition,
-};
 use super::dispatch::{grant_shared, shared_wait};
 use super::{PgLedger, CHANGED_CHANNEL, DUE_CHANNEL};
 use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
+use crate::ledger::sqlite::status::SubscriberCounts;
 use crate::ledger::{AttemptRecordView, HealthWrite};
+use crate::ledger::{
+    Claimed, DeliveryFilter, DeliveryView, Ingested, LedgerError, NewEvent, Outcome,
+    SubscriberStats, Transition,
+};
 use crate::model::{
     any_type_matches, delivery_public_id, AttemptOutcome, Disabled, Health, Lane, Limits, Status,
     StoredSecret, Subscriber,

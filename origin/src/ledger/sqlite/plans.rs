@@ -14,6 +14,7 @@ use rusqlite::Connection;
 
 use super::*;
 use crate::model::Status;
+use crate::model::{AttemptRecord, Outcome, Transition};
 
 /// Run the ledger's operations on `c`, each kind of call once or more.
 fn exercise(c: &Connection) {

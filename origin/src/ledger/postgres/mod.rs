@@ -31,7 +31,6 @@
 //! rows first, in id order; delivery rows are skipped when locked), so claims never deadlock.
 
 mod clock;
-pub mod copy;
 mod customers;
 mod dispatch;
 mod ops;

@@ -18,9 +18,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::super::retention::{Finished, Removed, RetentionReport};
-use super::super::LedgerError;
 use super::PgLedger;
+use crate::ledger::sqlite::retention::{Finished, Removed, RetentionReport};
+use crate::ledger::LedgerError;
 
 /// The advisory lock one retention step holds, shared by every daemon ("fanout" + 1).
 pub const RETENTION_LOCK: i64 = 0x6661_6e6f_7574 + 1;

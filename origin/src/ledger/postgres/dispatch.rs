@@ -17,8 +17,8 @@
 use fanout_core::limiter::{LimiterState, Reservation};
 use tokio_postgres::types::ToSql;
 
-use super::super::ops::{DispatchLedger, Recorded, Turn, TurnError};
-use super::super::LedgerError;
+use crate::ledger::LedgerError;
+use crate::ledger::{DispatchLedger, Recorded, Turn, TurnError};
 use std::collections::HashMap;
 
 use super::ops::{

@@ -321,7 +321,7 @@ pub enum ClientError {
     #[error(transparent)]
     Ledger(#[from] crate::ledger::LedgerError),
     #[error("backup: {0}")]
-    Backup(#[from] crate::ledger::backup::BackupError),
+    Backup(#[from] crate::ledger::sqlite::backup::BackupError),
 }
 
 struct Client {
@@ -509,7 +509,7 @@ fn backup(a: BackupArgs) -> Result<(), ClientError> {
         Ok(LedgerLocation::Postgres(_)) => return Err(ClientError::Input(PG_BACKUP.into())),
         Err(e) => return Err(ClientError::Input(e.0)),
     };
-    let r = crate::ledger::backup::backup(&db, &a.to, crate::time::now_ms())?;
+    let r = crate::ledger::sqlite::backup::backup(&db, &a.to, crate::time::now_ms())?;
     if a.json {
         print(&r);
     } else {

@@ -16,6 +16,7 @@ use fanout_core::breaker::BreakerConfig;
 use fanout_core::limiter::LimiterState;
 use fanout_core::retry::Attempt;
 use fanout_origin::ledger::postgres::{Announcement, Feedback, LeasedOutcome, PgLedger};
+use fanout_origin::ledger::Retention as _;
 use fanout_origin::ledger::{
     AttemptRecord, DeliveryFilter, DispatchLedger, HealthWrite, LedgerError, NewEvent, Outcome,
     Transition, Turn, Unavailable,
@@ -844,7 +845,7 @@ async fn apply_records_every_transition_and_its_attempt() {
 /// non-empty database is refused.
 #[tokio::test]
 async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
-    use fanout_origin::ledger::{self as sq, Ledger};
+    use fanout_origin::ledger::sqlite::{self as sq, Ledger};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fanout.db");
     let n = 12_000; // more than one copy chunk

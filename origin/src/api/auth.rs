@@ -15,7 +15,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, AppState};
-use crate::ledger;
+use crate::ledger::{self, Customers as _};
 use crate::portal::token;
 use crate::time::now_ms;
 

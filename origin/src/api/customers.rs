@@ -18,7 +18,7 @@ use crate::customer::{
     DEFAULT_WEIGHT,
 };
 use crate::dispatch::Control;
-use crate::ledger::LedgerError;
+use crate::ledger::{Customers as _, LedgerError};
 use crate::model::validate_id;
 use crate::portal::token;
 use crate::time::{now_ms, random_bytes};

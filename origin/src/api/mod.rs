@@ -34,6 +34,7 @@ use crate::dispatch::Control;
 use crate::health::Health;
 use crate::ledger::store::Store;
 use crate::ledger::{self, DeliveryFilter, NewEvent};
+use crate::ledger::{Deliveries as _, Observe as _, Retention as _, Subscribers as _};
 use crate::metrics::Metrics;
 use crate::model::{
     parse_delivery_id, validate_event_id, validate_id, validate_pattern, validate_visible,
@@ -1016,7 +1017,7 @@ mod tests {
     #[tokio::test]
     async fn healthz_never_waits_behind_the_writer_and_tells_why() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = ledger::Ledger::open(&dir.path().join("l.db")).unwrap();
+        let ledger = ledger::sqlite::Ledger::open(&dir.path().join("l.db")).unwrap();
         let health = Health::new(ledger.write_state(), crate::dispatch::Heartbeat::default());
         let state = AppState::new(
             Store::Sqlite(ledger.clone()),

@@ -15,7 +15,7 @@ use std::future::Future;
 
 use fanout_core::limiter::LimiterState;
 
-use super::LedgerError;
+use super::error::LedgerError;
 use crate::alert::Notice;
 use crate::model::{Claim, HealthWrite, InFlight, Outcome, Share, Subscriber};
 

@@ -1,18 +1,42 @@
 //! The ledger: the contract every backend implements, and the one place that picks a backend.
+//!
+//! This folder's own files are the contract: the traits the dispatcher (`dispatch.rs`), the API
+//! (`subscribers.rs`, `deliveries.rs`, `customers.rs`, `stats.rs`) and retention
+//! (`retention.rs`) call, the rows they speak, the one error (`error.rs`, naming no driver), the
+//! one customer-scope rule (`scope.rs`), the one delivery-filter builder (`filter.rs`) and
+//! whether writes fail (`write_state.rs`). None of them names a driver, runs SQL or holds a
+//! connection.
+//!
 //! `sqlite/` (the embedded ledger, one daemon) and `postgres/` (shared by several daemons) are
-//! siblings implementing it; `store.rs` chooses one from the configuration.
+//! siblings implementing the contract, each split by subject; neither imports the other.
+//! `store.rs` is the one place that chooses a backend (from the configuration) and forwards the
+//! contract to it; `copy/` (`fanout ledger copy`) is the one place that names both drivers.
 
 pub mod copy;
+pub mod customers;
+pub mod deliveries;
 pub mod dispatch;
+pub mod error;
+pub mod filter;
 pub mod postgres;
+pub mod retention;
+pub mod scope;
 pub mod sqlite;
+pub mod stats;
 pub mod store;
+pub mod subscribers;
 mod write_state;
 
+pub use customers::Customers;
+pub use deliveries::{
+    AttemptRecordView, Deliveries, DeliveryFilter, DeliveryView, Ingested, NewEvent, ReplayStep,
+};
 pub use dispatch::{DispatchLedger, Recorded, Turn, TurnError};
+pub use error::{DriverError, LedgerError, Unavailable};
+pub use retention::{Finished, Removed, Retention, RetentionReport};
+pub use stats::{MetricsSnapshot, Observe, SubscriberStats};
+pub use subscribers::{SubscriberCounts, Subscribers};
 pub use write_state::WriteState;
-// Kept importable from `crate::ledger` while the backends are reshaped.
-pub use sqlite::*;
 // The dispatcher's domain types live in the model; these names are kept for existing callers.
 pub use crate::model::{AttemptRecord, Claim, Claimed, HealthWrite, Outcome, Transition};
 
@@ -49,77 +73,5 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         updated_ms: 0,
         health: Default::default(),
         customer: None,
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum LedgerError {
-    #[error("database error: {0}")]
-    Sqlite(rusqlite::Error),
-    /// The ledger cannot write now (its size cap or the disk is full, or the disk fails);
-    /// nothing of the failed operation was kept. It may succeed again later.
-    #[error("the ledger cannot write: {0}")]
-    Unavailable(Unavailable),
-    #[error("schema: {0}")]
-    Schema(String),
-    #[error("not found: {0}")]
-    NotFound(String),
-    #[error("conflict: {0}")]
-    Conflict(String),
-    #[error("invalid: {0}")]
-    Invalid(String),
-    /// Refused for now, by a rate limit: it may succeed after `retry_after_ms`.
-    #[error("too soon: {message}")]
-    TooSoon {
-        message: String,
-        retry_after_ms: i64,
-    },
-    #[error("the ledger is closed")]
-    Closed,
-    #[error(transparent)]
-    Postgres(#[from] postgres::PgError),
-    /// Another process (a daemon, or a `fanout ledger copy`) owns this SQLite ledger.
-    #[error("the ledger {db} is owned by another daemon: {owner}")]
-    Owned { db: String, owner: String },
-    /// A file of the ledger (its lock, its record) could not be opened, locked or written.
-    #[error("{0}")]
-    File(String),
-}
-
-/// Why the ledger cannot write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unavailable {
-    /// `SQLITE_FULL`: the disk, or the ledger's size cap (`--max-db-size`), is full.
-    Full,
-    /// `SQLITE_IOERR`: the operating system failed a read or write.
-    Io,
-}
-
-impl std::fmt::Display for Unavailable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Unavailable::Full => "the disk or the ledger's size cap is full",
-            Unavailable::Io => "the disk reported an I/O error",
-        })
-    }
-}
-
-impl Unavailable {
-    /// The kind of a SQLite failure that means "cannot write now", by its result code.
-    pub fn classify(e: &rusqlite::Error) -> Option<Unavailable> {
-        match e.sqlite_error_code() {
-            Some(rusqlite::ErrorCode::DiskFull) => Some(Unavailable::Full),
-            Some(rusqlite::ErrorCode::SystemIoFailure) => Some(Unavailable::Io),
-            _ => None,
-        }
-    }
-}
-
-impl From<rusqlite::Error> for LedgerError {
-    fn from(e: rusqlite::Error) -> LedgerError {
-        match Unavailable::classify(&e) {
-            Some(u) => LedgerError::Unavailable(u),
-            None => LedgerError::Sqlite(e),
-        }
     }
 }

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use super::{LedgerError, Unavailable};
+use super::error::{LedgerError, Unavailable};
 
 /// Whether the ledger can write, as its last failed write and its probes saw it. Read with
 /// atomics only: asking never waits behind the writer.

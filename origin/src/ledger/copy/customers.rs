@@ -4,7 +4,7 @@
 use deadpool_postgres::Transaction;
 use rusqlite::OptionalExtension;
 
-use crate::ledger::LedgerError;
+use crate::ledger::error::LedgerError;
 
 fn int(n: u32) -> i32 {
     n.min(i32::MAX as u32) as i32

@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
-use super::{every, PgLedger};
-use crate::ledger::LedgerError;
+use super::ledger::{every, PgLedger};
+use crate::ledger::error::LedgerError;
 use crate::time::{adopt_offset, host_ms, ClockSample, CLOCK_WARN_MS};
 
 /// The server's clock, in unix ms (`clock_timestamp()`: the moment the statement reads it,

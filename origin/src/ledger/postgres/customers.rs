@@ -17,9 +17,13 @@
 use deadpool_postgres::{GenericClient, Transaction};
 use tokio_postgres::Row;
 
-use super::{notify_payload, PgLedger, CUSTOMERS_CHANNEL, DUE_CHANNEL};
-use crate::customer::{sees, Customer};
-use crate::ledger::{LedgerError, NewEvent};
+use super::ledger::PgLedger;
+use super::listen::{notify_payload, CUSTOMERS_CHANNEL, DUE_CHANNEL};
+use crate::customer::Customer;
+use crate::ledger::customers::Customers;
+use crate::ledger::deliveries::NewEvent;
+use crate::ledger::error::LedgerError;
+use crate::ledger::scope;
 use crate::model::{delivery_public_id, Subscriber};
 
 const CUSTOMER_COLUMNS: &str = "id, weight, max_in_flight, portal_nonce, created_ms, updated_ms";
@@ -97,8 +101,8 @@ async fn hold_visible_subscriber(
     scope: Option<&str>,
 ) -> Result<(), LedgerError> {
     match hold_subscriber(tx, id, true).await? {
-        Some(owner) if sees(scope, owner.as_deref()) => Ok(()),
-        _ => Err(LedgerError::NotFound(format!("subscriber {id}"))),
+        Some(owner) => scope::subscriber(scope, id, owner.as_deref()),
+        None => Err(scope::unseen_subscriber(id)),
     }
 }
 
@@ -109,7 +113,7 @@ async fn hold_visible_delivery(
     rowid: i64,
     scope: Option<&str>,
 ) -> Result<(), LedgerError> {
-    let not_found = || LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid)));
+    let not_found = || scope::unseen_delivery(rowid);
     let sub: String = tx
         .query_opt(
             "SELECT subscriber_id FROM deliveries WHERE id = $1",
@@ -119,11 +123,7 @@ async fn hold_visible_delivery(
         .ok_or_else(not_found)?
         .try_get(0)?;
     let owner = hold_subscriber(tx, &sub, false).await?.flatten();
-    if sees(scope, owner.as_deref()) {
-        Ok(())
-    } else {
-        Err(not_found())
-    }
+    scope::delivery(scope, rowid, owner.as_deref())
 }
 
 impl PgLedger {
@@ -431,7 +431,7 @@ impl PgLedger {
             .map(|r| Ok::<_, LedgerError>((r.try_get::<_, bool>(0)?, r.try_get::<_, i64>(1)?)))
             .transpose()?;
         if let Some(wait) = crate::model::test_event_wait_ms(previous, now_ms) {
-            return Err(crate::ledger::test_too_soon(subscriber, wait));
+            return Err(crate::ledger::error::test_too_soon(subscriber, wait));
         }
         tx.execute(
             "UPDATE subscribers SET last_test_event = $2 WHERE id = $1",
@@ -459,5 +459,52 @@ impl PgLedger {
         .await?;
         tx.commit().await?;
         Ok(rowid)
+    }
+}
+
+impl Customers for PgLedger {
+    async fn create_customer(&self, cu: Customer) -> Result<(), LedgerError> {
+        self.create_customer(&cu).await
+    }
+
+    async fn customer(&self, id: String) -> Result<Customer, LedgerError> {
+        self.get_customer(&id).await
+    }
+
+    async fn customers(&self, only: Option<String>) -> Result<Vec<(Customer, u32)>, LedgerError> {
+        let found = self.customers_with_counts(only.as_deref()).await?;
+        match only {
+            Some(id) if found.is_empty() => Err(no_customer(&id)),
+            _ => Ok(found),
+        }
+    }
+
+    async fn update_customer<E, F>(
+        &self,
+        id: String,
+        change: F,
+    ) -> Result<Result<Customer, E>, LedgerError>
+    where
+        E: Send + 'static,
+        F: FnOnce(Customer) -> Result<Customer, E> + Send + 'static,
+    {
+        self.update_customer(&id, change).await
+    }
+
+    async fn delete_customer(&self, id: String) -> Result<(), LedgerError> {
+        self.delete_customer(&id).await
+    }
+
+    async fn revoke_portal_links(
+        &self,
+        id: String,
+        nonce: String,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        self.revoke_portal_links(&id, &nonce, now_ms).await
+    }
+
+    async fn portal_key(&self, fresh: Vec<u8>, now_ms: i64) -> Result<Vec<u8>, LedgerError> {
+        self.portal_key(&fresh, now_ms).await
     }
 }

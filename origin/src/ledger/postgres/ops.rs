@@ -13,11 +13,13 @@ use fanout_core::retry::Attempt;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use super::dispatch::{grant_shared, shared_wait};
-use super::{PgLedger, CHANGED_CHANNEL, DUE_CHANNEL};
+use super::ledger::PgLedger;
+use super::listen::{notify_payload, CHANGED_CHANNEL, DUE_CHANNEL};
+use super::shared::{grant_shared, shared_wait};
 use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
-use crate::ledger::sqlite::status::SubscriberCounts;
+use crate::ledger::filter::{self, Arg, Dialect};
+use crate::ledger::subscribers::SubscriberCounts;
 use crate::ledger::{AttemptRecordView, HealthWrite};
 use crate::ledger::{
     Claimed, DeliveryFilter, DeliveryView, Ingested, LedgerError, NewEvent, Outcome,
@@ -218,7 +220,7 @@ impl PgLedger {
                     .await?
                     .try_get(0)?;
                 if kept > 0 {
-                    return Err(crate::ledger::id_still_holds_history(&s.id));
+                    return Err(crate::ledger::error::id_still_holds_history(&s.id));
                 }
                 tx.execute(
                     "DELETE FROM subscriber_secrets WHERE subscriber_id = $1",
@@ -396,7 +398,7 @@ impl PgLedger {
         if let Some(wait) =
             current_ms.and_then(|t| crate::model::rotation_wait_ms(t, rotated_before, now_ms))
         {
-            return Err(crate::ledger::rotation_too_soon(id, wait));
+            return Err(crate::ledger::error::rotation_too_soon(id, wait));
         }
         // The secrets rotated out before are older than the current one: they stop now.
         tx.execute(
@@ -625,17 +627,6 @@ const INGEST_DELIVERIES: &str = "INSERT INTO deliveries (subscriber_id, event_id
      ON CONFLICT (event_id, subscriber_id) DO NOTHING
      RETURNING subscriber_id, event_id";
 const NOTIFY: &str = "SELECT pg_notify($1, $2)";
-
-/// A NOTIFY payload must stay under 8000 bytes: the subscriber ids one per line, or nothing
-/// at all (meaning "look at every subscriber") when they do not fit.
-pub fn notify_payload(subs: &[String]) -> String {
-    let joined = subs.join("\n");
-    if joined.len() < 7_000 {
-        joined
-    } else {
-        String::new()
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Claims and results
@@ -1736,22 +1727,22 @@ fn delivery_from_row(r: &Row) -> Result<DeliveryView, LedgerError> {
     })
 }
 
-/// `WHERE …` for what a bulk replay with this filter replays: its status (dead unless said),
-/// never in flight, only live subscribers'.
+/// `WHERE …` for what a bulk replay with this filter replays (`filter.rs`).
 fn replayable_sql(f: &DeliveryFilter) -> Result<(String, Vec<Param>), LedgerError> {
-    let mut f = f.clone();
-    if f.status.is_none() {
-        f.status = Some(Status::Dead);
-    }
-    if f.status == Some(Status::InFlight) {
-        return Err(LedgerError::Invalid(
-            "in-flight deliveries cannot be replayed".into(),
-        ));
-    }
-    let (filter, params) = filter_sql(&f, Vec::new());
-    let live = "d.subscriber_id IN (SELECT id FROM subscribers WHERE deleted_ms IS NULL)";
-    let filter = format!("{filter} AND {live}");
-    Ok((filter, params))
+    let (clause, args) = filter::replayable(f, Dialect::Postgres)?;
+    Ok((clause, params(args)))
+}
+
+/// A filter's arguments as PostgreSQL parameters.
+fn params(args: Vec<Arg>) -> Vec<Param> {
+    args.into_iter()
+        .map(|a| -> Param {
+            match a {
+                Arg::Text(t) => Box::new(t),
+                Arg::Int(n) => Box::new(n),
+            }
+        })
+        .collect()
 }
 
 /// A filter scoped to a customer without a subscriber or an event, as one filter per
@@ -1796,7 +1787,7 @@ async fn list_range(
             f.status,
             Some(Status::Pending) | Some(Status::Sent) | Some(Status::Dead)
         );
-    let (filter, params) = filter_sql(f, Vec::new());
+    let (filter, params) = filter_sql(f);
     let sql = if per_subscriber {
         let status = f.status.map_or("", |s| s.as_str());
         format!(
@@ -1822,71 +1813,8 @@ async fn list_range(
         .collect()
 }
 
-/// `WHERE …` for a delivery filter, numbering parameters after those in `params`. Every list
-/// and bulk replay is an id range (`after`, and a time range as ids) within one index; the
-/// status is written out (a fixed word) so that the partial index of that status serves even a
-/// generic plan. A time is turned into the first delivery id created at or after it through
-/// the events (written once, indexed by receive time: a delivery is created with its event's
-/// receive time): the smallest delivery id of the events received first at or after it among
-/// those that have deliveries (none: no delivery was created since).
-/// Creation times follow ids within one daemon; across daemons (one clock, the server's, within
-/// a few milliseconds: `clock.rs`) a delivery created at nearly the same instant may fall on the other side of a time bound (the times
-/// themselves are checked too, so a list never shows one outside its range).
-fn filter_sql(f: &DeliveryFilter, mut params: Vec<Param>) -> (String, Vec<Param>) {
-    let mut clauses = Vec::new();
-    if let Some(s) = f.status {
-        clauses.push(format!("d.status = '{}'", s.as_str()));
-    }
-    if let Some(s) = &f.subscriber {
-        params.push(Box::new(s.clone()));
-        clauses.push(format!("d.subscriber_id = ${}", params.len()));
-    }
-    if let Some(e) = &f.event {
-        params.push(Box::new(e.clone()));
-        clauses.push(format!("d.event_id = ${}", params.len()));
-    }
-    // Residual filters (type, customer): the rows are still read in id order from one index
-    // range.
-    if let Some(t) = &f.event_type {
-        params.push(Box::new(t.clone()));
-        clauses.push(format!(
-            "(SELECT type FROM events WHERE id = d.event_id) = ${}",
-            params.len()
-        ));
-    }
-    if let Some(cu) = &f.customer {
-        params.push(Box::new(cu.clone()));
-        clauses.push(format!(
-            "d.subscriber_id IN (SELECT id FROM subscribers WHERE customer = ${})",
-            params.len()
-        ));
-    }
-    let first_at = |n: usize| {
-        format!(
-            "(SELECT MIN(f.id) FROM deliveries f WHERE f.event_id IN (
-                 SELECT id FROM events WHERE received_ms = (
-                     SELECT e.received_ms FROM events e WHERE e.received_ms >= ${n}
-                         AND EXISTS (SELECT 1 FROM deliveries x WHERE x.event_id = e.id)
-                     ORDER BY e.received_ms LIMIT 1)))"
-        )
-    };
-    if let Some(t) = f.since_ms {
-        params.push(Box::new(t));
-        let n = params.len();
-        clauses.push(format!(
-            "d.id >= COALESCE({}, 9223372036854775807) AND d.created_ms >= ${n}",
-            first_at(n)
-        ));
-    }
-    if let Some(t) = f.until_ms {
-        params.push(Box::new(t));
-        let n = params.len();
-        clauses.push(format!(
-            "d.id < COALESCE({}, 9223372036854775807) AND d.created_ms < ${n}",
-            first_at(n)
-        ));
-    }
-    params.push(Box::new(f.after.unwrap_or(0)));
-    clauses.push(format!("d.id > ${}", params.len()));
-    (format!("WHERE {}", clauses.join(" AND ")), params)
+/// `WHERE …` for a delivery filter and its parameters (`filter.rs`).
+fn filter_sql(f: &DeliveryFilter) -> (String, Vec<Param>) {
+    let (clause, args) = filter::where_clause(f, Dialect::Postgres);
+    (clause, params(args))
 }

@@ -18,9 +18,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::PgLedger;
-use crate::ledger::sqlite::retention::{Finished, Removed, RetentionReport};
-use crate::ledger::LedgerError;
+use super::ledger::{every, PgLedger};
+use crate::ledger::error::LedgerError;
+use crate::ledger::retention::{Finished, Removed, Retention, RetentionReport};
 
 /// The advisory lock one retention step holds, shared by every daemon ("fanout" + 1).
 pub const RETENTION_LOCK: i64 = 0x6661_6e6f_7574 + 1;
@@ -236,7 +236,7 @@ impl PgLedger {
     /// advisory lock lets one fold at a time).
     pub fn keep_counts_folded(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();
-        super::every(
+        every(
             FOLD_EVERY,
             None,
             stop,
@@ -270,4 +270,31 @@ async fn bump(
         .await?;
     }
     Ok(())
+}
+
+impl Retention for PgLedger {
+    async fn retention_report(&self) -> Result<RetentionReport, LedgerError> {
+        self.retention_report().await
+    }
+
+    async fn purge_finished(
+        &self,
+        kind: Finished,
+        cutoff_ms: i64,
+        batch: usize,
+    ) -> Result<Option<(Removed, Duration)>, LedgerError> {
+        self.purge_finished(kind, cutoff_ms, batch).await
+    }
+
+    async fn sweep_events(
+        &self,
+        cutoff_ms: i64,
+        batch: usize,
+    ) -> Result<Option<(u64, bool, Duration)>, LedgerError> {
+        self.sweep_events(cutoff_ms, batch).await
+    }
+
+    async fn mark_retention_run(&self, now_ms: i64) -> Result<(), LedgerError> {
+        self.mark_retention_run(now_ms).await
+    }
 }

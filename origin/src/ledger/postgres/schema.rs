@@ -3,7 +3,7 @@
 //! advisory lock, so daemons starting together migrate once and a crash mid-migration leaves the
 //! previous version intact. A database newer than this binary is refused.
 
-use crate::ledger::LedgerError;
+use crate::ledger::error::LedgerError;
 
 /// Migration `i` takes the schema from version `i` to `i + 1`. Append only; never edit one
 /// that has shipped.

@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OpenFlags};
 use serde::Serialize;
 
-use super::{files, release_all_leases, schema, LedgerError, Unavailable};
+use super::leases::release_all_leases;
+use super::{files, schema};
+use crate::ledger::error::{LedgerError, Unavailable};
 
 /// What a backup holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -200,7 +202,8 @@ fn release_copied_leases(copy: &Path, now_ms: i64) -> Result<(i64, i64, usize), 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{claim, create_subscriber, ingest, test_events, test_subscriber, Ledger};
+    use crate::ledger::sqlite::{claim, create_subscriber, ingest, Ledger};
+    use crate::ledger::{test_events, test_subscriber};
 
     /// A backup taken while a writer holds the ledger open has every committed row, its leases
     /// pending; it refuses to overwrite.

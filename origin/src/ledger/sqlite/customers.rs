@@ -3,8 +3,12 @@
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::LedgerError;
+use super::subscribers::get_subscriber;
+use super::Ledger;
 use crate::customer::Customer;
+use crate::ledger::customers::Customers;
+use crate::ledger::deliveries::NewEvent;
+use crate::ledger::error::{test_too_soon, LedgerError};
 
 const CUSTOMER_COLUMNS: &str = "id, weight, max_in_flight, portal_nonce, created_ms, updated_ms";
 
@@ -190,10 +194,10 @@ pub fn portal_key(c: &Connection, fresh: &[u8], now_ms: i64) -> Result<Vec<u8>, 
 pub fn ingest_test(
     c: &Connection,
     subscriber: &str,
-    event: &super::NewEvent,
+    event: &NewEvent,
     now_ms: i64,
 ) -> Result<i64, LedgerError> {
-    super::get_subscriber(c, subscriber)?;
+    get_subscriber(c, subscriber)?;
     let previous: Option<(String, i64)> = c
         .prepare_cached(
             "SELECT d.status, e.received_ms
@@ -229,23 +233,78 @@ fn unfinished(status: &str) -> bool {
     )
 }
 
-/// A test event to `subscriber` refused for `wait_ms` more.
-pub fn test_too_soon(subscriber: &str, wait_ms: i64) -> LedgerError {
-    LedgerError::TooSoon {
-        message: format!(
-            "{subscriber} has a test event on its way or was sent one less than {} s ago: one \
-             test event at a time, one every {} s",
-            crate::model::MIN_TEST_INTERVAL_MS / 1000,
-            crate::model::MIN_TEST_INTERVAL_MS / 1000
-        ),
-        retry_after_ms: wait_ms,
+impl Customers for Ledger {
+    async fn create_customer(&self, cu: Customer) -> Result<(), LedgerError> {
+        self.tx(move |c| create_customer(c, &cu)).await
+    }
+
+    async fn customer(&self, id: String) -> Result<Customer, LedgerError> {
+        self.read(move |c| get_customer(c, &id)).await
+    }
+
+    async fn customers(&self, only: Option<String>) -> Result<Vec<(Customer, u32)>, LedgerError> {
+        self.read(move |c| {
+            let counts = customer_subscriber_counts(c)?;
+            let customers = match &only {
+                Some(id) => vec![get_customer(c, id)?],
+                None => list_customers(c)?,
+            };
+            Ok(customers
+                .into_iter()
+                .map(|cu| {
+                    let n = counts.get(&cu.id).copied().unwrap_or(0);
+                    (cu, n)
+                })
+                .collect::<Vec<_>>())
+        })
+        .await
+    }
+
+    async fn update_customer<E, F>(
+        &self,
+        id: String,
+        change: F,
+    ) -> Result<Result<Customer, E>, LedgerError>
+    where
+        E: Send + 'static,
+        F: FnOnce(Customer) -> Result<Customer, E> + Send + 'static,
+    {
+        self.tx(move |c| {
+            let current = get_customer(c, &id)?;
+            let next = match change(current) {
+                Ok(next) => next,
+                Err(e) => return Ok(Err(e)),
+            };
+            update_customer(c, &next)?;
+            Ok(Ok(next))
+        })
+        .await
+    }
+
+    async fn delete_customer(&self, id: String) -> Result<(), LedgerError> {
+        self.tx(move |c| delete_customer(c, &id)).await
+    }
+
+    async fn revoke_portal_links(
+        &self,
+        id: String,
+        nonce: String,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        self.tx(move |c| revoke_portal_links(c, &id, &nonce, now_ms))
+            .await
+    }
+
+    async fn portal_key(&self, fresh: Vec<u8>, now_ms: i64) -> Result<Vec<u8>, LedgerError> {
+        self.tx(move |c| portal_key(c, &fresh, now_ms)).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{create_subscriber, delete_subscriber, test_db, test_subscriber};
+    use crate::ledger::sqlite::{create_subscriber, delete_subscriber, test_db};
+    use crate::ledger::test_subscriber;
 
     fn customer(id: &str) -> Customer {
         Customer {
@@ -275,7 +334,7 @@ mod tests {
             delete_customer(&c, "acme"),
             Err(LedgerError::Conflict(_))
         ));
-        crate::ledger::ingest(&c, &crate::ledger::test_events(1), 2).unwrap();
+        crate::ledger::sqlite::ingest(&c, &crate::ledger::test_events(1), 2).unwrap();
         delete_subscriber(&c, "hook", 2).unwrap();
         // The removed endpoint keeps its owner and its deliveries: another customer cannot
         // take its id over.

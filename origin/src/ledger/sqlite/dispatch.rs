@@ -3,8 +3,13 @@
 
 use fanout_core::limiter::LimiterState;
 
+use super::customers::list_customers;
+use super::health::{apply_health, check_dead_counts, rearm_dead_alerts};
+use super::leases::{apply, claim, due_summary, release_all_leases, release_expired_leases};
+use super::subscribers::{get_subscriber, list_subscribers, load_limiter};
 use super::Ledger;
-use crate::ledger::{DispatchLedger, LedgerError, Recorded, Turn, TurnError};
+use crate::ledger::dispatch::{DispatchLedger, Recorded, Turn, TurnError};
+use crate::ledger::error::LedgerError;
 use crate::model::{InFlight, Share, Subscriber};
 
 impl DispatchLedger for Ledger {
@@ -13,8 +18,8 @@ impl DispatchLedger for Ledger {
         let now = crate::time::now_ms();
         self.read(move |c| {
             let mut out = Vec::new();
-            for s in super::list_subscribers(c)? {
-                let limiter = super::load_limiter(c, &s.id, now)?;
+            for s in list_subscribers(c)? {
+                let limiter = load_limiter(c, &s.id, now)?;
                 out.push((s, limiter));
             }
             Ok(out)
@@ -29,9 +34,9 @@ impl DispatchLedger for Ledger {
         let id = id.to_string();
         let now = crate::time::now_ms();
         // On the writer: the change that prompted this read has just committed there.
-        self.call(move |c| match super::get_subscriber(c, &id) {
+        self.call(move |c| match get_subscriber(c, &id) {
             Ok(s) => {
-                let limiter = super::load_limiter(c, &id, now)?;
+                let limiter = load_limiter(c, &id, now)?;
                 Ok(Some((s, limiter)))
             }
             Err(LedgerError::NotFound(_)) => Ok(None),
@@ -43,7 +48,7 @@ impl DispatchLedger for Ledger {
     async fn dispatch_customers(&self) -> Result<Vec<(String, u32, Option<u32>)>, LedgerError> {
         // On the writer: the change that prompted this read has just committed there.
         self.call(|c| {
-            Ok(super::list_customers(c)?
+            Ok(list_customers(c)?
                 .into_iter()
                 .map(|c| (c.id, c.weight, c.max_in_flight))
                 .collect())
@@ -81,19 +86,18 @@ impl DispatchLedger for Ledger {
 
     async fn due_work(&self, dead_threshold: u64) -> Result<Vec<(String, i64)>, LedgerError> {
         self.tx(move |c| {
-            super::rearm_dead_alerts(c, dead_threshold)?;
-            super::due_summary(c)
+            rearm_dead_alerts(c, dead_threshold)?;
+            due_summary(c)
         })
         .await
     }
 
     async fn release_expired_leases(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
-        self.tx(move |c| super::release_expired_leases(c, now_ms))
-            .await
+        self.tx(move |c| release_expired_leases(c, now_ms)).await
     }
 
     async fn release_all_leases(&self, now_ms: i64) -> Result<usize, LedgerError> {
-        self.tx(move |c| super::release_all_leases(c, now_ms)).await
+        self.tx(move |c| release_all_leases(c, now_ms)).await
     }
 
     /// A SQLite ledger has one daemon (the owner lock): it owns every subscriber.
@@ -113,29 +117,25 @@ impl DispatchLedger for Ledger {
 fn record_turn_sql(c: &rusqlite::Connection, turn: &Turn) -> Result<Recorded, LedgerError> {
     let now = turn.now_ms;
     if !turn.outcomes.is_empty() {
-        super::apply(c, &turn.outcomes, &[], now)?;
+        apply(c, &turn.outcomes, &[], now)?;
     }
     if !turn.health.is_empty() {
-        super::apply_health(c, &turn.health)?;
+        apply_health(c, &turn.health)?;
     }
     let mut notices = turn.notices.clone();
     if !turn.dead.is_empty() {
-        notices.extend(super::check_dead_counts(
-            c,
-            &turn.dead,
-            turn.dead_threshold,
-            now,
-        )?);
+        notices.extend(check_dead_counts(c, &turn.dead, turn.dead_threshold, now)?);
     }
     let asks = turn.asks();
-    let claims = super::claim(c, &asks, &turn.limiters, now, turn.lease_until_ms)?;
+    let claims = claim(c, &asks, &turn.limiters, now, turn.lease_until_ms)?;
     Ok(Recorded { claims, notices })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{create_subscriber, get_delivery, ingest, test_events, test_subscriber};
+    use crate::ledger::sqlite::{create_subscriber, get_delivery, ingest};
+    use crate::ledger::{test_events, test_subscriber};
     use crate::model::{AttemptRecord, Outcome, Transition};
 
     fn attempt(n: u32, body: &str) -> Option<AttemptRecord> {

@@ -4,9 +4,10 @@
 use fanout_core::breaker::Breaker;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{read_limiter, store_limiters, LedgerError, StoredLimiter};
+use super::subscribers::{read_limiter, store_limiters, StoredLimiter};
 use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
+use crate::ledger::error::LedgerError;
 use crate::model::{Disabled, HealthWrite};
 
 pub fn apply_health(c: &Connection, writes: &[HealthWrite]) -> Result<(), LedgerError> {
@@ -144,13 +145,13 @@ pub fn set_disabled(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{
+    use crate::ledger::sqlite::{
         apply, claim, create_subscriber, get_subscriber, ingest, load_limiter, replay_step,
-        DeliveryFilter, Outcome, Transition,
     };
+    use crate::ledger::{DeliveryFilter, Outcome, Transition};
 
     fn db_with(sub: &str, events: usize) -> Connection {
-        let c = crate::ledger::test_db();
+        let c = crate::ledger::sqlite::test_db();
         let s = crate::ledger::test_subscriber(sub, &["*"]);
         create_subscriber(&c, &s, "s").unwrap();
         ingest(&c, &crate::ledger::test_events(events), 0).unwrap();

@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{files, LedgerError};
+use super::files;
+use crate::ledger::error::LedgerError;
 
 /// Who owns a ledger, as its lock record says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,6 +13,7 @@ use rusqlite::trace::{TraceEvent, TraceEventCodes};
 use rusqlite::Connection;
 
 use super::*;
+use crate::ledger::{test_events, test_subscriber, DeliveryFilter, Finished};
 use crate::model::Status;
 use crate::model::{AttemptRecord, Outcome, Transition};
 
@@ -131,8 +132,8 @@ fn exercise(c: &Connection) {
     status::subscriber_counts(c, &["a".into(), "b".into()], 600).unwrap();
     dead_count_capped(c, "a", 100).unwrap();
     retention::report(c).unwrap();
-    retention::purge_finished(c, retention::Finished::Sent, 10_000, 100).unwrap();
-    retention::purge_finished(c, retention::Finished::Dead, 10_000, 100).unwrap();
+    retention::purge_finished(c, Finished::Sent, 10_000, 100).unwrap();
+    retention::purge_finished(c, Finished::Dead, 10_000, 100).unwrap();
     retention::sweep_events(c, 10_000, 100).unwrap();
     delete_subscriber(c, "b", 700).unwrap();
 }

@@ -13,40 +13,18 @@
 //! to SQLite's free list and are reused by the next inserts (see ARCHITECTURE.md).
 
 use rusqlite::{params, Connection, OptionalExtension};
-use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
 
-use super::LedgerError;
+use super::Ledger;
+use crate::ledger::error::LedgerError;
+use crate::ledger::retention::{Finished, Removed, Retention, RetentionReport};
 
-/// Which finished deliveries a step removes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finished {
-    Sent,
-    Dead,
-}
-
-impl Finished {
-    fn status(self) -> &'static str {
-        match self {
-            Finished::Sent => "sent",
-            Finished::Dead => "dead",
-        }
+/// The partial index of `kind`'s deliveries by `updated_ms` (migration 4).
+fn age_index(kind: Finished) -> &'static str {
+    match kind {
+        Finished::Sent => "deliveries_sent_age",
+        Finished::Dead => "deliveries_dead_age",
     }
-
-    /// The partial index of this status's deliveries by `updated_ms` (migration 4).
-    fn age_index(self) -> &'static str {
-        match self {
-            Finished::Sent => "deliveries_sent_age",
-            Finished::Dead => "deliveries_dead_age",
-        }
-    }
-}
-
-/// What one step removed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Removed {
-    pub deliveries: u64,
-    pub attempts: u64,
-    pub events: u64,
 }
 
 /// Remove up to `batch` deliveries of status `kind` last changed before `cutoff_ms`, their
@@ -64,7 +42,7 @@ pub fn purge_finished(
         .prepare_cached(&format!(
             "SELECT id, event_id FROM deliveries INDEXED BY {}
              WHERE status = '{status}' AND updated_ms < ?1 ORDER BY updated_ms LIMIT ?2",
-            kind.age_index()
+            age_index(kind)
         ))?
         .query_map(params![cutoff_ms, batch as i64], |r| {
             Ok((r.get(0)?, r.get(1)?))
@@ -143,27 +121,12 @@ pub fn mark_run(c: &Connection, now_ms: i64) -> Result<(), LedgerError> {
     set_counter(c, "last_run_ms", now_ms)
 }
 
-/// What retention has done, in total, and the oldest finished deliveries it kept.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RetentionReport {
-    pub removed_sent: i64,
-    pub removed_dead: i64,
-    pub removed_attempts: i64,
-    pub removed_events: i64,
-    /// When the oldest sent delivery still kept was sent.
-    pub oldest_sent_at_ms: Option<i64>,
-    /// When the oldest dead delivery still kept went dead.
-    pub oldest_dead_at_ms: Option<i64>,
-    /// The time (the `now` its cut-offs were taken from) of the last pass that completed.
-    pub last_run_at_ms: Option<i64>,
-}
-
 /// The report, from a handful of keyed lookups (the oldest by the age indexes' first entry).
 pub fn report(c: &Connection) -> Result<RetentionReport, LedgerError> {
     let oldest = |kind: Finished| -> Result<Option<i64>, LedgerError> {
         Ok(c.prepare_cached(&format!(
             "SELECT MIN(updated_ms) FROM deliveries INDEXED BY {} WHERE status = '{}'",
-            kind.age_index(),
+            age_index(kind),
             kind.status()
         ))?
         .query_row([], |r| r.get(0))?)
@@ -217,10 +180,48 @@ fn json_array(items: impl Iterator<Item = serde_json::Value>) -> String {
     serde_json::Value::Array(items.collect()).to_string()
 }
 
+impl Retention for Ledger {
+    async fn retention_report(&self) -> Result<RetentionReport, LedgerError> {
+        self.read(|c| report(c)).await
+    }
+
+    async fn purge_finished(
+        &self,
+        kind: Finished,
+        cutoff_ms: i64,
+        batch: usize,
+    ) -> Result<Option<(Removed, Duration)>, LedgerError> {
+        self.tx(move |c| {
+            let start = Instant::now();
+            let r = purge_finished(c, kind, cutoff_ms, batch)?;
+            Ok(Some((r, start.elapsed())))
+        })
+        .await
+    }
+
+    async fn sweep_events(
+        &self,
+        cutoff_ms: i64,
+        batch: usize,
+    ) -> Result<Option<(u64, bool, Duration)>, LedgerError> {
+        self.tx(move |c| {
+            let start = Instant::now();
+            let (n, done) = sweep_events(c, cutoff_ms, batch)?;
+            Ok(Some((n, done, start.elapsed())))
+        })
+        .await
+    }
+
+    async fn mark_retention_run(&self, now_ms: i64) -> Result<(), LedgerError> {
+        self.tx(move |c| mark_run(c, now_ms)).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{apply, claim, create_subscriber, ingest, AttemptRecord, Outcome};
+    use crate::ledger::sqlite::{apply, claim, create_subscriber, ingest};
+    use crate::ledger::{AttemptRecord, Outcome};
     use crate::ledger::{NewEvent, Transition};
 
     fn attempt(at_ms: i64, outcome: &'static str) -> Option<AttemptRecord> {
@@ -255,7 +256,7 @@ mod tests {
     /// refers to any more) and touches nothing pending, in flight or dead within its window.
     #[test]
     fn purge_removes_only_finished_deliveries_past_their_window() {
-        let c = crate::ledger::test_db();
+        let c = crate::ledger::sqlite::test_db();
         create_subscriber(&c, &crate::ledger::test_subscriber("a", &["*"]), "s").unwrap();
         ingest(&c, &crate::ledger::test_events(8), 0).unwrap();
         // e0..e5 leased at t=0; e6 and e7 stay pending (old, never attempted).
@@ -402,7 +403,7 @@ mod tests {
     /// event sweep stops at the first event not old enough and resumes where it stopped.
     #[test]
     fn steps_are_bounded_and_resume() {
-        let c = crate::ledger::test_db();
+        let c = crate::ledger::sqlite::test_db();
         let evs: Vec<NewEvent> = (0..5)
             .map(|i| NewEvent {
                 id: format!("x{i}"),

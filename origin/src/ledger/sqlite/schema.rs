@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
-use super::LedgerError;
+use crate::ledger::error::LedgerError;
 
 /// One step of the schema: SQL, or code where the step has to report its progress.
 enum Migration {

@@ -6,68 +6,14 @@
 use std::collections::HashMap;
 
 use fanout_core::breaker::BreakerConfig;
-use fanout_core::limiter::LimiterState;
 use rusqlite::Connection;
-use serde::Serialize;
 
-use super::{list_subscribers, load_limiter, LedgerError};
-use crate::model::{Lane, Subscriber};
-
-/// One live subscriber's gauges.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SubscriberStats {
-    pub id: String,
-    /// The configured lane (`auto` follows whether an edge is configured).
-    pub lane: Lane,
-    pub rate_per_sec: f64,
-    pub burst: u32,
-    pub max_in_flight: u32,
-    pub pending: i64,
-    pub in_flight: i64,
-    pub sent: i64,
-    pub dead: i64,
-    /// When the oldest delivery not yet sent or dead (pending or in flight) was created.
-    pub oldest_pending_at_ms: Option<i64>,
-    /// The origin's limiter: paused (by a 429 or 503 with `Retry-After`) until then.
-    pub paused_until_ms: Option<i64>,
-    /// `closed`, `open` or `half_open`.
-    pub breaker: String,
-    pub consecutive_failures: u32,
-    /// Disabled (a 410, `--disable-after` of failures, or by hand): nothing is claimed for it.
-    pub disabled: bool,
-}
-
-impl SubscriberStats {
-    /// The gauges of `s` from its kept counts by status, the creation time of its oldest open
-    /// delivery and its stored limiter (either ledger).
-    pub fn of(
-        s: Subscriber,
-        by_status: &HashMap<String, i64>,
-        oldest_pending_at_ms: Option<i64>,
-        limiter: &LimiterState,
-        breaker: BreakerConfig,
-        now_ms: i64,
-    ) -> SubscriberStats {
-        let n = |status: &str| by_status.get(status).copied().unwrap_or(0);
-        let view = limiter.breaker.view(breaker, now_ms);
-        SubscriberStats {
-            lane: s.lane,
-            rate_per_sec: s.limits.rate_per_sec,
-            burst: s.limits.burst,
-            max_in_flight: s.limits.max_in_flight,
-            pending: n("pending"),
-            in_flight: n("in_flight"),
-            sent: n("sent"),
-            dead: n("dead"),
-            oldest_pending_at_ms,
-            paused_until_ms: limiter.paused_until_ms.filter(|&p| p > now_ms),
-            breaker: view.state.as_str().to_string(),
-            consecutive_failures: view.consecutive_failures,
-            disabled: s.health.disabled.is_some(),
-            id: s.id,
-        }
-    }
-}
+use super::deliveries::status_counts;
+use super::retention::report;
+use super::subscribers::{list_subscribers, load_limiter};
+use super::Ledger;
+use crate::ledger::error::LedgerError;
+use crate::ledger::stats::{MetricsSnapshot, Observe, SubscriberStats};
 
 /// Every live subscriber's gauges, ordered by id: the counts the triggers keep
 /// (`delivery_counts`) and two keyed lookups per subscriber for its oldest open delivery, so
@@ -116,10 +62,35 @@ pub fn oldest_open(c: &Connection, subscriber: &str) -> Result<Option<i64>, Ledg
     .query_row([subscriber], |r| r.get(0))?)
 }
 
+impl Observe for Ledger {
+    async fn ping(&self) -> Result<(), LedgerError> {
+        self.call(|c| Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))?))
+            .await?;
+        Ok(())
+    }
+
+    async fn metrics_snapshot(
+        &self,
+        now_ms: i64,
+        breaker: BreakerConfig,
+    ) -> Result<MetricsSnapshot, LedgerError> {
+        self.read(move |c| {
+            let snapshot = c.transaction()?;
+            Ok((
+                status_counts(&snapshot)?,
+                subscriber_stats(&snapshot, breaker, now_ms)?,
+                report(&snapshot)?,
+            ))
+        })
+        .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{apply, claim, create_subscriber, ingest, Outcome, Transition};
+    use crate::ledger::sqlite::{apply, claim, create_subscriber, ingest};
+    use crate::ledger::{Outcome, Transition};
     use crate::model::{Disabled, Subscriber};
 
     fn sub(id: &str) -> Subscriber {
@@ -128,7 +99,7 @@ mod tests {
 
     #[test]
     fn counts_and_oldest_open_per_subscriber() {
-        let c = crate::ledger::test_db();
+        let c = crate::ledger::sqlite::test_db();
         create_subscriber(&c, &sub("a"), "s").unwrap();
         create_subscriber(&c, &sub("b"), "s").unwrap();
         let events = crate::ledger::test_events(4);
@@ -166,7 +137,7 @@ mod tests {
             reason: "by hand".into(),
             by_operator: true,
         };
-        crate::ledger::set_disabled(&c, "b", Some(&off)).unwrap();
+        crate::ledger::sqlite::set_disabled(&c, "b", Some(&off)).unwrap();
         let stats = subscriber_stats(&c, BreakerConfig::default(), 4_000).unwrap();
         let got: Vec<_> = stats
             .iter()

@@ -8,23 +8,9 @@ use std::collections::BTreeMap;
 use fanout_core::limiter::LimiterState;
 use rusqlite::{Connection, OptionalExtension};
 
-use super::{read_limiter, LedgerError, StoredLimiter};
-
-/// One subscriber's figures as the ledger holds them.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SubscriberCounts {
-    pub pending: i64,
-    pub in_flight: i64,
-    pub sent: i64,
-    pub dead: i64,
-    /// The most recent failed or rejected attempt: when, and what went wrong.
-    pub last_error: Option<(i64, String)>,
-    /// The limiter state as last stored by the dispatcher.
-    pub limiter: LimiterState,
-    /// Why the stored limiter state does not decode, if it does not (the dispatcher starts
-    /// the subscriber from an empty bucket; `limiter` shows that bucket).
-    pub limiter_error: Option<String>,
-}
+use super::subscribers::{read_limiter, StoredLimiter};
+use crate::ledger::error::LedgerError;
+use crate::ledger::subscribers::SubscriberCounts;
 
 /// Figures for each of `ids` (zeros for an id without deliveries), keyed by subscriber id.
 pub fn subscriber_counts(
@@ -86,12 +72,13 @@ fn describe(status: Option<u16>, error: Option<String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{apply, claim, create_subscriber, ingest, AttemptRecord};
+    use crate::ledger::sqlite::{apply, claim, create_subscriber, ingest};
+    use crate::ledger::AttemptRecord;
     use crate::ledger::{Outcome, Transition};
 
     #[test]
     fn counts_and_last_error() {
-        let c = crate::ledger::test_db();
+        let c = crate::ledger::sqlite::test_db();
         let sub = crate::ledger::test_subscriber("a", &["*"]);
         create_subscriber(&c, &sub, "s").unwrap();
         ingest(&c, &crate::ledger::test_events(3), 0).unwrap();

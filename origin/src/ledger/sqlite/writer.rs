@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
-use super::{LedgerError, Unavailable};
+use crate::ledger::error::{LedgerError, Unavailable};
 
 /// Makes everything the writer has committed so far durable (in the daemon: [`wal_sync`]).
 pub(super) type SyncFn = Box<dyn Fn() -> Result<(), LedgerError> + Send + Sync>;
@@ -187,34 +187,7 @@ impl<T: Send> Answer for Pending<T> {
 
 /// The same error for another caller (a failed commit fails every operation in it).
 fn again(e: &LedgerError) -> LedgerError {
-    match e {
-        LedgerError::Sqlite(rusqlite::Error::SqliteFailure(code, msg)) => {
-            LedgerError::Sqlite(rusqlite::Error::SqliteFailure(*code, msg.clone()))
-        }
-        LedgerError::Sqlite(other) => LedgerError::Sqlite(rusqlite::Error::SqliteFailure(
-            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
-            Some(other.to_string()),
-        )),
-        LedgerError::Unavailable(u) => LedgerError::Unavailable(*u),
-        LedgerError::Schema(m) => LedgerError::Schema(m.clone()),
-        LedgerError::NotFound(m) => LedgerError::NotFound(m.clone()),
-        LedgerError::Conflict(m) => LedgerError::Conflict(m.clone()),
-        LedgerError::Invalid(m) => LedgerError::Invalid(m.clone()),
-        LedgerError::TooSoon {
-            message,
-            retry_after_ms,
-        } => LedgerError::TooSoon {
-            message: message.clone(),
-            retry_after_ms: *retry_after_ms,
-        },
-        LedgerError::Closed => LedgerError::Closed,
-        LedgerError::Postgres(e) => LedgerError::Postgres(e.clone()),
-        LedgerError::Owned { db, owner } => LedgerError::Owned {
-            db: db.clone(),
-            owner: owner.clone(),
-        },
-        LedgerError::File(m) => LedgerError::File(m.clone()),
-    }
+    e.again()
 }
 
 /// Serve jobs until every sender is gone. With `sync` (the writer), answers wait for the sync
@@ -479,8 +452,9 @@ fn savepoint(conn: &Connection, sql: &str) -> Result<(), LedgerError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{open_connection, Ledger, LedgerError, Unavailable};
+    use super::super::ledger::{open_connection, Ledger};
     use super::{serve, Guard, Job, Op, SyncFn};
+    use crate::ledger::error::{LedgerError, Unavailable};
     use std::sync::{mpsc, Mutex};
     use std::time::Duration;
 

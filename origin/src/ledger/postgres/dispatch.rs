@@ -19,11 +19,11 @@ use tokio_postgres::types::ToSql;
 
 use std::collections::HashMap;
 
-use super::ledger::{every, PgLedger};
-use super::ops::{
-    core_limits, decode_limiter, encode_limiter, wanted_of, CLAIM_COUNT, CLAIM_EXPIRE,
-    RECORD_OUTCOMES, STORE_LIMITERS,
+use super::leases::{
+    core_limits, wanted_of, CLAIM_COUNT, CLAIM_EXPIRE, RECORD_OUTCOMES, STORE_LIMITERS,
 };
+use super::ledger::{every, PgLedger};
+use super::rows::{decode_limiter, encode_limiter};
 use super::shared::merge_limiter;
 use crate::ledger::dispatch::{DispatchLedger, Recorded, Turn, TurnError};
 use crate::ledger::error::LedgerError;

@@ -31,8 +31,9 @@
 //! rows first, in id order; delivery rows are skipped when locked), so claims never deadlock.
 //!
 //! Files by subject: `subscribers.rs`, `deliveries.rs`, `customers.rs`, `retention.rs`,
-//! `stats.rs` (the contract's traits), `dispatch.rs` (`DispatchLedger`: turns, leases, the
-//! share), `ops.rs` (the statements the operations run), `shared.rs` (the shared limiter's
+//! `stats.rs` (the contract's traits), `ingest.rs`, `leases.rs` (claims and results),
+//! `health.rs`, `dispatch.rs` (`DispatchLedger`: turns, lease renewal, the share), `rows.rs`
+//! (rows read into the contract's types), `shared.rs` (the shared limiter's
 //! arithmetic, pure), `schema.rs`; the server's own machinery: `ledger.rs` (the handle and its
 //! pool), `error.rs` (the driver's errors into the contract's), `listen.rs` (`LISTEN`/`NOTIFY`
 //! between daemons), `clock.rs` (one clock for every daemon), `statistics.rs`, `tls.rs`.
@@ -44,10 +45,13 @@ mod customers;
 mod deliveries;
 mod dispatch;
 mod error;
+mod health;
+mod ingest;
+mod leases;
 mod ledger;
 pub mod listen;
-mod ops;
 mod retention;
+mod rows;
 mod schema;
 mod shared;
 mod statistics;
@@ -57,9 +61,9 @@ pub mod tls;
 
 pub use dispatch::{LEASE_MS, RENEW_EVERY_MS};
 pub use error::PgError;
+pub use leases::{Applied, Feedback, LeasedOutcome, PgClaim};
 pub use ledger::{parse_url, PgLedger, Rounds};
 pub use listen::{Announcement, Listener, CHANGED_CHANNEL, CUSTOMERS_CHANNEL, DUE_CHANNEL};
-pub use ops::*;
 pub use retention::{FOLD_EVERY, RETENTION_LOCK};
 pub use schema::VERSION as SCHEMA_VERSION;
 pub use shared::{grant_shared, merge_limiter, shared_wait};

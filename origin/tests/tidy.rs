@@ -24,24 +24,24 @@ const DELETES_ALLOWED: &[(&str, &str, &str)] = &[
         "a daemon leaving the share when it stops, and rows of daemons gone a week",
     ),
     (
-        "ledger/sqlite/queries.rs",
+        "ledger/sqlite/subscribers.rs",
         "subscriber_secrets",
         "a rotated secret past its grace period, and a removed subscriber's secrets when it is created again",
     ),
     (
-        "ledger/sqlite/queries.rs",
+        "ledger/sqlite/subscribers.rs",
         "subscribers",
         "a removed subscriber's row when a subscriber is created again under its id",
     ),
     (
-        "ledger/postgres/ops.rs",
+        "ledger/postgres/subscribers.rs",
         "subscriber_secrets",
-        "the PostgreSQL ledger: as ledger/queries.rs (rotated-out secrets past their grace, a removed subscriber's secrets when it is created again)",
+        "the PostgreSQL ledger: as ledger/sqlite/subscribers.rs (rotated-out secrets past their grace, a removed subscriber's secrets when it is created again)",
     ),
     (
-        "ledger/postgres/ops.rs",
+        "ledger/postgres/subscribers.rs",
         "subscribers",
-        "the PostgreSQL ledger: as ledger/queries.rs (a removed subscriber's row when it is created again)",
+        "the PostgreSQL ledger: as ledger/sqlite/subscribers.rs (a removed subscriber's row when it is created again)",
     ),
     (
         "ledger/sqlite/customers.rs",
@@ -66,7 +66,7 @@ const DELETES_ALLOWED: &[(&str, &str, &str)] = &[
     (
         "ledger/postgres/retention.rs",
         "deliveries",
-        "retention on PostgreSQL: as ledger/retention.rs (a sent delivery past --retain-sent, a dead one past --retain-dead)",
+        "retention on PostgreSQL: as ledger/sqlite/retention.rs (a sent delivery past --retain-sent, a dead one past --retain-dead)",
     ),
     (
         "ledger/postgres/retention.rs",
@@ -91,7 +91,7 @@ const DELETES_ALLOWED: &[(&str, &str, &str)] = &[
     (
         "ledger/postgres/customers.rs",
         "customers",
-        "the PostgreSQL ledger: as ledger/customers.rs (a customer that owns no live subscriber)",
+        "the PostgreSQL ledger: as ledger/sqlite/customers.rs (a customer that owns no live subscriber)",
     ),
 ];
 
@@ -201,7 +201,7 @@ fn the_checks_catch_violations() {
             "fn f(c: &rusqlite::Connection) {}".to_string(),
         ),
         (
-            "ledger/sqlite/queries.rs".to_string(),
+            "ledger/sqlite/subscribers.rs".to_string(),
             "use rusqlite::Connection;\nc.execute(\"DELETE FROM subscribers WHERE id = ?1\")"
                 .to_string(),
         ),

@@ -17,10 +17,10 @@
 use fanout_core::limiter::LimiterState;
 use tokio_postgres::types::ToSql;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::leases::{
-    core_limits, wanted_of, CLAIM_COUNT, CLAIM_EXPIRE, RECORD_OUTCOMES, STORE_LIMITERS,
+    core_limits, wanted_of, PgClaim, CLAIM_COUNT, CLAIM_EXPIRE, RECORD_OUTCOMES, STORE_LIMITERS,
 };
 use super::ledger::{every, PgLedger};
 use super::rows::{decode_limiter, encode_limiter};
@@ -70,64 +70,23 @@ impl PgLedger {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let rowids: Vec<i64> = turn.outcomes.iter().map(|o| o.rowid).collect();
-        // Every subscriber row this turn will lock, locked at once in id order: whatever it
-        // locks later (health, dead counts, the claim) it already holds, so two daemons' turns
-        // never lock the same rows in different orders.
-        let mut ids: Vec<&str> = turn.limiters.iter().map(|(id, _)| id.as_str()).collect();
-        ids.extend(turn.claims.iter().map(|(id, _)| id.as_str()));
-        ids.extend(turn.dead.iter().map(String::as_str));
-        ids.extend(turn.health.iter().map(|h| match h {
-            HealthWrite::FailingSince { subscriber, .. }
-            | HealthWrite::Disable { subscriber, .. } => subscriber.as_str(),
-        }));
-        ids.sort_unstable();
-        ids.dedup();
+        let ids = turn_subscribers(turn);
         let asks = turn.asks();
         let wanted = wanted_of(&asks);
         // The claim reads its subscribers' rows from this turn's locks (as this turn leaves
         // them) unless a health change (which may disable one) comes in between.
         let direct = turn.health.is_empty() && !wanted.is_empty();
-        let mut claim_rows = Vec::new();
-        let mut store_ids: Vec<String> = Vec::new();
-        let mut store_states: Vec<String> = Vec::new();
-        if !ids.is_empty() || !rowids.is_empty() {
-            let (lock, open) =
-                tokio::try_join!(tx.prepare_cached(TURN_LOCK), tx.prepare_cached(TURN_OPEN))?;
-            let lock_args: &[&(dyn ToSql + Sync)] = &[&ids, &rowids, &owner];
-            let open_args: &[&(dyn ToSql + Sync)] = &[&rowids, &owner];
-            let (rows, open_rows) =
-                tokio::try_join!(tx.query(&lock, lock_args), tx.query(&open, open_args))?;
-            // The subscribers whose sends this turn ends (those this daemon still holds),
-            // with the sends open just before, these included.
-            let mut ended: HashMap<String, u32> = HashMap::new();
-            for r in open_rows {
-                ended.insert(r.try_get(0)?, r.try_get::<_, i64>(1)?.max(0) as u32);
-            }
-            for r in rows {
-                let id: String = r.try_get("id")?;
-                let limits = core_limits(&r, self.breaker)?;
-                let raw: Option<String> = r.try_get("limiter")?;
-                let mut shared = decode_limiter(&id, raw.as_deref(), now);
-                let mine = turn.limiters.iter().rev().find(|(s, _)| *s == id);
-                let open = ended.get(&id).copied();
-                if let Some(open) = open {
-                    // The bucket catches up to now under the room that held while they were
-                    // open (the core's pacing on arrival times), before they stop counting.
-                    shared.settle(limits, open, now);
-                }
-                // The latest of this turn's states for the subscriber.
-                if let Some((_, mine)) = mine {
-                    shared = merge_limiter(shared, *mine);
-                }
-                if mine.is_some() || open.is_some() {
-                    store_states.push(encode_limiter(&shared));
-                    store_ids.push(id.clone());
-                }
-                if direct && r.try_get::<_, bool>("live")? && wanted.contains_key(id.as_str()) {
-                    claim_rows.push((id, limits, shared));
-                }
-            }
-        }
+        let locked = if !ids.is_empty() || !rowids.is_empty() {
+            self.lock_turn(&tx, turn, &ids, &rowids, &wanted, direct)
+                .await?
+        } else {
+            Locked::default()
+        };
+        let Locked {
+            claim_rows,
+            store_ids,
+            store_states,
+        } = locked;
         // Pipelined, in this order: the limiters, the results, then (for the claim) the
         // expired leases back to the queue and what is in flight.
         let outcomes: Vec<(&Outcome, Option<i64>)> =
@@ -186,7 +145,7 @@ impl PgLedger {
             );
         }
         let lease_until = turn.lease_until_ms.min(now.saturating_add(LEASE_MS));
-        let mut claims = if asks.is_empty() {
+        let claims = if asks.is_empty() {
             Vec::new()
         } else if direct {
             Self::lease_in(&tx, owner, &wanted, claim_rows, &counted, now, lease_until).await?
@@ -194,24 +153,72 @@ impl PgLedger {
             Self::claim_in(&tx, owner, &asks, self.breaker, now, lease_until).await?
         };
         tx.commit().await?;
-        // In the order asked.
-        let mut ordered = Vec::with_capacity(claims.len());
-        for (id, _) in &asks {
-            if let Some(k) = claims.iter().position(|c| &c.subscriber_id == id) {
-                let c = claims.swap_remove(k);
-                ordered.push(Claim {
-                    subscriber_id: c.subscriber_id,
-                    claimed: c.claimed,
-                    next_due_ms: c.next_due_ms,
-                    not_before_ms: c
-                        .wait_ms
-                        .map(|w| now.saturating_add(i64::try_from(w).unwrap_or(i64::MAX))),
-                });
+        Ok(Recorded {
+            claims: in_order(&asks, claims, now),
+            notices,
+        })
+    }
+
+    /// The first statements of a turn: every subscriber row it names (`ids`) or whose sends it
+    /// ends (`rowids`, still leased to this daemon) locked in id order, with the sends open
+    /// just before; each row's shared limiter settled and folded with this daemon's, to be
+    /// stored, and (`direct`) the rows the claim will lease from.
+    async fn lock_turn(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        turn: &Turn,
+        ids: &[&str],
+        rowids: &[i64],
+        wanted: &BTreeMap<&str, usize>,
+        direct: bool,
+    ) -> Result<Locked, LedgerError> {
+        let now = turn.now_ms;
+        let owner: &str = &self.owner;
+        let Locked {
+            mut claim_rows,
+            mut store_ids,
+            mut store_states,
+        } = Locked::default();
+        let (lock, open) =
+            tokio::try_join!(tx.prepare_cached(TURN_LOCK), tx.prepare_cached(TURN_OPEN))?;
+        let lock_args: &[&(dyn ToSql + Sync)] = &[&ids, &rowids, &owner];
+        let open_args: &[&(dyn ToSql + Sync)] = &[&rowids, &owner];
+        let (rows, open_rows) =
+            tokio::try_join!(tx.query(&lock, lock_args), tx.query(&open, open_args))?;
+        // The subscribers whose sends this turn ends (those this daemon still holds),
+        // with the sends open just before, these included.
+        let mut ended: HashMap<String, u32> = HashMap::new();
+        for r in open_rows {
+            ended.insert(r.try_get(0)?, r.try_get::<_, i64>(1)?.max(0) as u32);
+        }
+        for r in rows {
+            let id: String = r.try_get("id")?;
+            let limits = core_limits(&r, self.breaker)?;
+            let raw: Option<String> = r.try_get("limiter")?;
+            let mut shared = decode_limiter(&id, raw.as_deref(), now);
+            let mine = turn.limiters.iter().rev().find(|(s, _)| *s == id);
+            let open = ended.get(&id).copied();
+            if let Some(open) = open {
+                // The bucket catches up to now under the room that held while they were
+                // open (the core's pacing on arrival times), before they stop counting.
+                shared.settle(limits, open, now);
+            }
+            // The latest of this turn's states for the subscriber.
+            if let Some((_, mine)) = mine {
+                shared = merge_limiter(shared, *mine);
+            }
+            if mine.is_some() || open.is_some() {
+                store_states.push(encode_limiter(&shared));
+                store_ids.push(id.clone());
+            }
+            if direct && r.try_get::<_, bool>("live")? && wanted.contains_key(id.as_str()) {
+                claim_rows.push((id, limits, shared));
             }
         }
-        Ok(Recorded {
-            claims: ordered,
-            notices,
+        Ok(Locked {
+            claim_rows,
+            store_ids,
+            store_states,
         })
     }
 
@@ -265,6 +272,50 @@ impl PgLedger {
         subs.dedup();
         Ok(subs)
     }
+}
+
+/// What a turn's locks found: the rows its claim leases from, and the limiters to store.
+#[derive(Default)]
+struct Locked {
+    claim_rows: Vec<(String, fanout_core::limiter::Limits, LimiterState)>,
+    store_ids: Vec<String>,
+    store_states: Vec<String>,
+}
+
+/// Every subscriber row a turn will lock, in id order, each once: locked at once, whatever the
+/// turn locks later (health, dead counts, the claim) it already holds, so two daemons' turns
+/// never lock the same rows in different orders.
+fn turn_subscribers(turn: &Turn) -> Vec<&str> {
+    let mut ids: Vec<&str> = turn.limiters.iter().map(|(id, _)| id.as_str()).collect();
+    ids.extend(turn.claims.iter().map(|(id, _)| id.as_str()));
+    ids.extend(turn.dead.iter().map(String::as_str));
+    ids.extend(turn.health.iter().map(|h| match h {
+        HealthWrite::FailingSince { subscriber, .. } | HealthWrite::Disable { subscriber, .. } => {
+            subscriber.as_str()
+        }
+    }));
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The claims in the order asked, each with when its limiter lets the next one go.
+fn in_order(asks: &[(String, usize)], mut claims: Vec<PgClaim>, now: i64) -> Vec<Claim> {
+    let mut ordered = Vec::with_capacity(claims.len());
+    for (id, _) in asks {
+        if let Some(k) = claims.iter().position(|c| &c.subscriber_id == id) {
+            let c = claims.swap_remove(k);
+            ordered.push(Claim {
+                subscriber_id: c.subscriber_id,
+                claimed: c.claimed,
+                next_due_ms: c.next_due_ms,
+                not_before_ms: c
+                    .wait_ms
+                    .map(|w| now.saturating_add(i64::try_from(w).unwrap_or(i64::MAX))),
+            });
+        }
+    }
+    ordered
 }
 
 impl DispatchLedger for PgLedger {

@@ -32,12 +32,12 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use crate::config::Config;
+use crate::config::{Config, LedgerLocation};
 use crate::dispatch::edge_lane::EdgeClient;
 use crate::dispatch::plan::RetryRules;
 use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::ledger::postgres::Announcement;
-use crate::ledger::store::{OpenOptions, Store};
+use crate::ledger::store::{Location, OpenOptions, Store};
 use crate::ledger::{Customers, DispatchLedger, LedgerError};
 
 #[derive(Debug, thiserror::Error)]
@@ -65,8 +65,12 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
+    let at = match &cfg.db {
+        LedgerLocation::Sqlite(path) => Location::Sqlite(path),
+        LedgerLocation::Postgres(url) => Location::Postgres(url),
+    };
     let (store, held) = Store::open(
-        &cfg.db,
+        at,
         OpenOptions {
             max_bytes: cfg.max_db_bytes,
             breaker: cfg.breaker,
@@ -139,6 +143,48 @@ fn heard(announced: Announcement) -> dispatch::Control {
     }
 }
 
+/// The dispatcher's settings from the configuration, with its HTTP client and alerter.
+fn dispatch_config(
+    cfg: &Config,
+    heartbeat: dispatch::Heartbeat,
+) -> Result<DispatchConfig, RunError> {
+    let outbound = outbound::Outbound::new(cfg.allow_loopback)?;
+    let edge = cfg
+        .edge
+        .as_ref()
+        .map(|(url, key)| EdgeClient::new(url, key.clone(), outbound.clone()));
+    Ok(DispatchConfig {
+        rules: RetryRules {
+            max_attempts: cfg.max_attempts,
+            backoff_scale: cfg.backoff_scale,
+        },
+        allow_loopback: cfg.allow_loopback,
+        edge,
+        breaker: cfg.breaker,
+        edge_batch: cfg.edge_batch,
+        max_total_in_flight: cfg.max_total_in_flight,
+        alert_rules: cfg.alert_rules,
+        alerter: alert::Alerter::start(cfg.alert.clone(), outbound.clone()),
+        outbound,
+        heartbeat,
+    })
+}
+
+/// The API's settings from the configuration.
+fn api_config(cfg: &Config, portal_key: Vec<u8>) -> api::ApiConfig {
+    api::ApiConfig {
+        api_token: cfg.api_token.clone(),
+        allow_loopback: cfg.allow_loopback,
+        max_event_bytes: cfg.max_event_bytes,
+        rotation_grace_ms: (cfg.rotation_grace_secs.min(i64::MAX as u64 / 1000) * 1000) as i64,
+        retention: cfg.retention,
+        body_timeout: cfg.body_timeout,
+        portal_key,
+        portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
+        breaker: cfg.breaker,
+    }
+}
+
 async fn serve(
     cfg: Config,
     listener: TcpListener,
@@ -156,31 +202,12 @@ async fn serve(
         );
     }
     let metrics = Arc::new(metrics::Metrics::new(cfg.edge.is_some()));
-    let outbound = outbound::Outbound::new(cfg.allow_loopback)?;
-    let edge = cfg
-        .edge
-        .as_ref()
-        .map(|(url, key)| EdgeClient::new(url, key.clone(), outbound.clone()));
     // The dispatcher's liveness (unix ms of its loop's last turn), for `/healthz`.
     let heartbeat = dispatch::Heartbeat::default();
     let health = health::Health::new(store.write_state(), heartbeat.clone());
     let dispatcher = Dispatcher::new(
         store.clone(),
-        DispatchConfig {
-            rules: RetryRules {
-                max_attempts: cfg.max_attempts,
-                backoff_scale: cfg.backoff_scale,
-            },
-            allow_loopback: cfg.allow_loopback,
-            edge,
-            breaker: cfg.breaker,
-            edge_batch: cfg.edge_batch,
-            max_total_in_flight: cfg.max_total_in_flight,
-            alert_rules: cfg.alert_rules,
-            alerter: alert::Alerter::start(cfg.alert.clone(), outbound.clone()),
-            outbound,
-            heartbeat: heartbeat.clone(),
-        },
+        dispatch_config(&cfg, heartbeat)?,
         metrics.clone(),
     );
     let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -200,17 +227,7 @@ async fn serve(
     let state = api::AppState::new(
         store,
         control_tx,
-        api::ApiConfig {
-            api_token: cfg.api_token.clone(),
-            allow_loopback: cfg.allow_loopback,
-            max_event_bytes: cfg.max_event_bytes,
-            rotation_grace_ms: (cfg.rotation_grace_secs.min(i64::MAX as u64 / 1000) * 1000) as i64,
-            retention: cfg.retention,
-            body_timeout: cfg.body_timeout,
-            portal_key,
-            portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
-            breaker: cfg.breaker,
-        },
+        api_config(&cfg, portal_key),
         metrics,
         health.clone(),
     );

@@ -1,5 +1,5 @@
-//! Retention's contract: the [`Retention`] steps `crate::retention` runs on either backend and
-//! what they report. Deleting is each backend's own (`sqlite/retention.rs`,
+//! Retention's contract: the [`Retention`] steps the daemon's retention task runs on either
+//! backend, and what they report. Deleting is each backend's own (`sqlite/retention.rs`,
 //! `postgres/retention.rs`); this file deletes nothing.
 
 use std::future::Future;

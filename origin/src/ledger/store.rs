@@ -25,7 +25,6 @@ use super::sqlite::{Ledger, LedgerOptions};
 use super::stats::{MetricsSnapshot, Observe};
 use super::subscribers::{SubscriberCounts, Subscribers};
 use super::write_state::WriteState;
-use crate::config::LedgerLocation;
 use crate::customer::Customer;
 use crate::model::{InFlight, Share, Subscriber};
 
@@ -34,6 +33,15 @@ use crate::model::{InFlight, Share, Subscriber};
 pub enum Store {
     Sqlite(Ledger),
     Postgres(PgLedger),
+}
+
+/// Where the ledger is, as `--db` names it.
+#[derive(Debug, Clone, Copy)]
+pub enum Location<'a> {
+    /// The embedded SQLite ledger in this file (one owning daemon).
+    Sqlite(&'a std::path::Path),
+    /// A PostgreSQL database several daemons may share: its connection URL.
+    Postgres(&'a str),
 }
 
 /// How to open a [`Store`] besides where.
@@ -66,12 +74,9 @@ impl Store {
     /// Open the ledger `--db` names, as a daemon that serves it: SQLite under its owner lock
     /// (refused while another daemon holds it), PostgreSQL with its background rounds (clock,
     /// lease renewal, count folds, statistics, probes for room) started.
-    pub async fn open(
-        at: &LedgerLocation,
-        opts: OpenOptions,
-    ) -> Result<(Store, Held), LedgerError> {
+    pub async fn open(at: Location<'_>, opts: OpenOptions) -> Result<(Store, Held), LedgerError> {
         match at {
-            LedgerLocation::Sqlite(path) => {
+            Location::Sqlite(path) => {
                 let owner = OwnerLock::acquire(path, crate::time::now_ms(), Taker::Serve)?;
                 let ledger = Ledger::open_with(
                     path,
@@ -85,7 +90,7 @@ impl Store {
                 };
                 Ok((Store::Sqlite(ledger), held))
             }
-            LedgerLocation::Postgres(url) => {
+            Location::Postgres(url) => {
                 let pg = PgLedger::open(url, &opts.daemon)
                     .await?
                     .with_breaker(opts.breaker);

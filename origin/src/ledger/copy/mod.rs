@@ -1,11 +1,12 @@
 //! `fanout ledger copy`: move a SQLite ledger (its daemon stopped: the copy takes its owner
 //! lock, and refuses while a daemon holds it) into an empty PostgreSQL one, in one PostgreSQL
-//! transaction (a failed copy leaves the target empty). Subscribers (removed ones too, for their history), secrets, events, deliveries with their status and
-//! attempt counts, attempts, limiter and health state come over as they are; deliveries that
-//! were in flight come over pending, due at once (their lease died with the daemon). Public
-//! delivery ids (`dlv_<id>`) stay the same. Customers, which subscriber each owns and the
-//! portal signing key come over too (`customers::copy_customers`): links issued before the
-//! move keep working.
+//! transaction (a failed copy leaves the target empty). Subscribers (removed ones too, for
+//! their history), secrets, events, deliveries with their status and attempt counts, attempts,
+//! limiter and health state come over as they are; deliveries that were in flight come over
+//! pending, due at once (their lease died with the daemon). Public delivery ids (`dlv_<id>`)
+//! stay the same. Customers, which subscriber each owns and the portal signing key come over
+//! too (`customers.rs`): links issued before the move keep working. The one place in the
+//! daemon that names both drivers; it decides nothing either backend does at run time.
 
 use std::path::Path;
 

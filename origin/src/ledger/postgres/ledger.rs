@@ -9,7 +9,7 @@ use std::sync::Arc;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
 use super::error::PgError;
-use super::statistics::Growth;
+use super::growth::Growth;
 use super::{schema, tls};
 use crate::ledger::error::LedgerError;
 use crate::ledger::write_state::WriteState;

@@ -45,6 +45,7 @@ mod customers;
 mod deliveries;
 mod dispatch;
 mod error;
+mod growth;
 mod health;
 mod ingest;
 mod leases;

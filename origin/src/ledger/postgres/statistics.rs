@@ -2,6 +2,7 @@
 //! once the table has outgrown them, so the dispatcher's and the API's plans stay right as
 //! it grows; [`Growth`] counts what this daemon inserted since.
 
+use super::growth::outgrown;
 use super::ledger::{every, PgLedger};
 use crate::ledger::error::LedgerError;
 
@@ -10,40 +11,6 @@ const STATISTICS_LOCK: i64 = 0x6661_6e6f_7574 + 3;
 /// How often a daemon looks whether `deliveries` has outgrown its planner statistics (and
 /// at once when its own ingest has, [`Growth`]).
 pub const STATISTICS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-/// Changes to `deliveries` below this many never call for a refresh (autovacuum's analyze
-/// follows in its own time; a misplanned turn over fewer pending rows costs little).
-const STATISTICS_MIN_CHANGES: i64 = 10_000;
-
-/// Whether `changed` rows since the statistics counted `counted` call for a refresh: the
-/// table may have tripled (each refresh of a growing table samples it again, so not at every
-/// doubling while a backlog is ingested).
-fn outgrown(changed: i64, counted: i64) -> bool {
-    changed >= STATISTICS_MIN_CHANGES.max(counted.saturating_mul(2))
-}
-
-/// The deliveries this daemon inserted since the statistics were last refreshed, against the
-/// row count they were taken with: the server's own count of changes is published about once
-/// a second, and a queue that grew tenfold within it would be read with the old plans until
-/// then.
-#[derive(Debug, Default)]
-pub struct Growth {
-    inserted: std::sync::atomic::AtomicI64,
-    counted: std::sync::atomic::AtomicI64,
-    wake: std::sync::Arc<tokio::sync::Notify>,
-}
-
-impl Growth {
-    /// `n` deliveries inserted: wakes the refresh when they outnumber what the statistics
-    /// counted.
-    pub fn inserted(&self, n: i64) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let total = self.inserted.fetch_add(n, Relaxed) + n;
-        if outgrown(total, self.counted.load(Relaxed)) {
-            self.wake.notify_one();
-        }
-    }
-}
-
 impl PgLedger {
     /// `ANALYZE deliveries` when at least twice as many rows have changed since its
     /// statistics were taken as they counted (and 10,000): returns whether it did.

@@ -4,15 +4,15 @@
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::customers::{delivery_owner, ingest_test};
+use super::customers::delivery_owner;
 use super::ingest::ingest;
 use super::leases::id_list;
+use super::ledger::Ledger;
 use super::subscribers::{get_subscriber, visible_subscriber};
-use super::Ledger;
 use crate::ledger::deliveries::{
     AttemptRecordView, Deliveries, DeliveryFilter, DeliveryView, Ingested, NewEvent, ReplayStep,
 };
-use crate::ledger::error::LedgerError;
+use crate::ledger::error::{test_too_soon, LedgerError};
 use crate::ledger::filter::{self, Arg, Dialect};
 use crate::ledger::scope;
 use crate::model::{delivery_public_id, AttemptOutcome, Lane, Status};
@@ -282,6 +282,51 @@ pub fn status_counts(c: &Connection) -> Result<Vec<(String, i64)>, LedgerError> 
     let mut st = c.prepare_cached("SELECT status, SUM(n) FROM delivery_counts GROUP BY status")?;
     let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
     Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Store a test event and a delivery of it to `subscriber` alone (no other subscriber's
+/// patterns are consulted). Returns the delivery's row id. `TooSoon` while its previous test
+/// event is unfinished or younger than `MIN_TEST_INTERVAL_MS`.
+pub fn ingest_test(
+    c: &Connection,
+    subscriber: &str,
+    event: &NewEvent,
+    now_ms: i64,
+) -> Result<i64, LedgerError> {
+    get_subscriber(c, subscriber)?;
+    let previous: Option<(String, i64)> = c
+        .prepare_cached(
+            "SELECT d.status, e.received_ms
+             FROM subscribers s
+             JOIN deliveries d ON d.event_id = s.last_test_event AND d.subscriber_id = s.id
+             JOIN events e ON e.id = d.event_id
+             WHERE s.id = ?1",
+        )?
+        .query_row([subscriber], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let previous = previous.map(|(status, made)| (unfinished(&status), made));
+    if let Some(wait) = crate::model::test_event_wait_ms(previous, now_ms) {
+        return Err(test_too_soon(subscriber, wait));
+    }
+    c.prepare_cached("UPDATE subscribers SET last_test_event = ?2 WHERE id = ?1")?
+        .execute(params![subscriber, event.id])?;
+    c.prepare_cached("INSERT INTO events (id, type, body, received_ms) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![event.id, event.event_type, event.body, now_ms])?;
+    c.prepare_cached(
+        "INSERT INTO deliveries (subscriber_id, event_id, status, next_attempt_ms, created_ms,
+             updated_ms)
+         VALUES (?1, ?2, 'pending', ?3, ?3, ?3)",
+    )?
+    .execute(params![subscriber, event.id, now_ms])?;
+    Ok(c.last_insert_rowid())
+}
+
+/// Whether a delivery in this stored status is still to be sent.
+fn unfinished(status: &str) -> bool {
+    matches!(
+        crate::model::Status::parse(status),
+        Some(crate::model::Status::Pending | crate::model::Status::InFlight)
+    )
 }
 
 impl Deliveries for Ledger {

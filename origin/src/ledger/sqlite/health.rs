@@ -4,7 +4,7 @@
 use fanout_core::breaker::Breaker;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::subscribers::{read_limiter, store_limiters, StoredLimiter};
+use super::limiters::{read_limiter, store_limiters, StoredLimiter};
 use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
 use crate::ledger::error::LedgerError;

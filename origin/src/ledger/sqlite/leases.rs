@@ -6,7 +6,7 @@ use fanout_core::limiter::LimiterState;
 use rusqlite::{params, Connection};
 
 use super::ingest::{multi_row_sql, ROWS_PER_INSERT};
-use super::subscribers::store_limiters;
+use super::limiters::store_limiters;
 use crate::ledger::error::LedgerError;
 use crate::model::{AttemptRecord, Claim, Claimed, Outcome, Transition};
 

@@ -6,7 +6,8 @@
 //! A third connection checkpoints the WAL into the database file on its own thread.
 //!
 //! Files by subject: `subscribers.rs`, `ingest.rs`, `leases.rs` (the dispatcher's writes),
-//! `deliveries.rs` (lists and replays), `customers.rs`, `health.rs`, `stats.rs`, `status.rs`,
+//! `deliveries.rs` (lists, replays, test events), `customers.rs`, `limiters.rs`, `health.rs`,
+//! `stats.rs`, `status.rs`,
 //! `retention.rs`, `dispatch.rs` (the contract's `DispatchLedger`), `schema.rs`; the file's own
 //! machinery: `ledger.rs` (the handle), `writer.rs`, `backup.rs`, `owner.rs` (the one daemon's
 //! lock), `files.rs`, `error.rs` (rusqlite's errors into the contract's). Nothing here is
@@ -27,6 +28,7 @@ mod health;
 mod ingest;
 mod leases;
 mod ledger;
+mod limiters;
 pub mod owner;
 #[cfg(test)]
 mod plans;
@@ -45,6 +47,7 @@ pub use health::*;
 pub use ingest::ingest;
 pub use leases::*;
 pub use ledger::{open_connection, Ledger, LedgerOptions};
+pub use limiters::*;
 pub use retention::{mark_run, purge_finished, report, sweep_events};
 pub use schema::VERSION as SCHEMA_VERSION;
 pub use stats::subscriber_stats;

@@ -15,7 +15,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use std::time::{Duration, Instant};
 
-use super::Ledger;
+use super::ledger::Ledger;
 use crate::ledger::error::LedgerError;
 use crate::ledger::retention::{Finished, Removed, Retention, RetentionReport};
 
@@ -254,8 +254,10 @@ mod tests {
     /// A ledger with every kind of delivery, old and new: the purge removes exactly the sent
     /// ones and the dead ones past their windows (with their attempts and the events nothing
     /// refers to any more) and touches nothing pending, in flight or dead within its window.
-    #[test]
-    fn purge_removes_only_finished_deliveries_past_their_window() {
+    /// One subscriber's eight deliveries: e0 sent and e1 dead long ago (t=100), e2 sent and e3
+    /// dead recently (t=5000), e4 retried (pending with an old attempt), e5 in flight, e6 and
+    /// e7 pending; and an old event that matched no subscriber.
+    fn every_kind_of_delivery() -> Connection {
         let c = crate::ledger::sqlite::test_db();
         create_subscriber(&c, &crate::ledger::test_subscriber("a", &["*"]), "s").unwrap();
         ingest(&c, &crate::ledger::test_events(8), 0).unwrap();
@@ -316,6 +318,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(count(&c, "attempts"), 5);
+        c
+    }
+
+    #[test]
+    fn purge_removes_only_finished_deliveries_past_their_window() {
+        let c = every_kind_of_delivery();
 
         // now = 10_000: sent kept 1s (cut-off 9_000), dead kept 8s (cut-off 2_000).
         let sent = purge_finished(&c, Finished::Sent, 9_000, 100).unwrap();

@@ -9,9 +9,10 @@ use fanout_core::breaker::BreakerConfig;
 use rusqlite::Connection;
 
 use super::deliveries::status_counts;
+use super::ledger::Ledger;
+use super::limiters::load_limiter;
 use super::retention::report;
-use super::subscribers::{list_subscribers, load_limiter};
-use super::Ledger;
+use super::subscribers::list_subscribers;
 use crate::ledger::error::LedgerError;
 use crate::ledger::stats::{MetricsSnapshot, Observe, SubscriberStats};
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use fanout_core::limiter::LimiterState;
 use rusqlite::{Connection, OptionalExtension};
 
-use super::subscribers::{read_limiter, StoredLimiter};
+use super::limiters::{read_limiter, StoredLimiter};
 use crate::ledger::error::LedgerError;
 use crate::ledger::subscribers::SubscriberCounts;
 

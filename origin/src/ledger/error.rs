@@ -94,11 +94,6 @@ impl DriverError {
     pub fn is_unreachable(&self) -> bool {
         self.unreachable
     }
-
-    /// The driver's error, for a backend that looks into its own kind.
-    pub fn source_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-        self.source.as_ref()
-    }
 }
 
 impl std::fmt::Display for DriverError {

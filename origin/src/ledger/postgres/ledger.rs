@@ -195,7 +195,7 @@ impl PgLedger {
 
     /// Whether the ledger has room for a little more: 64 KiB that do not compress, inserted
     /// into `events` in a transaction that is rolled back (the table ingest grows first).
-    /// Fails with [`Unavailable::Full`] while the server cannot extend it; when it succeeds
+    /// Fails with [`Unavailable::Full`](crate::ledger::Unavailable::Full) while the server cannot extend it; when it succeeds
     /// the ledger counts as writable again.
     pub async fn probe_room(&self) -> Result<(), LedgerError> {
         let mut c = self.client().await?;

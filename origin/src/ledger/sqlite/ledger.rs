@@ -9,8 +9,6 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::{files, schema, writer};
 use crate::ledger::error::LedgerError;
-#[cfg(test)]
-use crate::ledger::error::Unavailable;
 use crate::ledger::write_state::WriteState;
 
 use writer::Job;
@@ -30,7 +28,7 @@ pub struct Ledger {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LedgerOptions {
     /// Most bytes the database file may hold (`PRAGMA max_page_count`); past it every write
-    /// that needs a new page fails as [`Unavailable::Full`], like a full disk. `None`: no cap.
+    /// that needs a new page fails as [`Unavailable::Full`](crate::ledger::Unavailable::Full), like a full disk. `None`: no cap.
     pub max_bytes: Option<u64>,
 }
 
@@ -96,7 +94,7 @@ fn spawn_checkpointer(
 }
 
 /// Whether the writer has room for a little more: allocate 64 KiB in a transaction that is
-/// rolled back. It fails with [`Unavailable::Full`] against the size cap; a disk that fails to
+/// rolled back. It fails with [`Unavailable::Full`](crate::ledger::Unavailable::Full) against the size cap; a disk that fails to
 /// take a commit is seen by the next real write.
 fn probe_room(c: &mut Connection) -> Result<(), LedgerError> {
     let tried = c
@@ -272,6 +270,7 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::error::Unavailable;
     use crate::ledger::sqlite::ingest;
     use crate::ledger::NewEvent;
     use std::time::{Duration, Instant};

@@ -36,9 +36,8 @@ use crate::config::{Config, LedgerLocation};
 use crate::dispatch::edge_lane::EdgeClient;
 use crate::dispatch::plan::RetryRules;
 use crate::dispatch::{DispatchConfig, Dispatcher};
-use crate::ledger::postgres::Announcement;
 use crate::ledger::store::{Location, OpenOptions, Store};
-use crate::ledger::{Customers, DispatchLedger, LedgerError};
+use crate::ledger::{Announcement, Customers, DispatchLedger, LedgerError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {

@@ -143,3 +143,20 @@ pub trait DispatchLedger: Clone + Send + Sync + 'static {
     /// waiting for it to age out of the share.
     fn leave(&self) -> impl Future<Output = Result<(), LedgerError>> + Send;
 }
+
+/// What another daemon sharing the ledger (or this one) announced, for the dispatcher: only a
+/// shared ledger announces anything (`postgres/listen.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Announcement {
+    /// These subscribers have new work due now.
+    Due(Vec<String>),
+    /// Every subscriber may have new work (too many to name).
+    DueAll,
+    /// This subscriber changed: read it again.
+    Changed(String),
+    /// A customer changed: read the customers again.
+    Customers,
+    /// Listening began again after a lost connection: whatever was announced meanwhile went
+    /// unheard, so read everything again.
+    Reload,
+}

@@ -31,7 +31,7 @@ pub use customers::Customers;
 pub use deliveries::{
     AttemptRecordView, Deliveries, DeliveryFilter, DeliveryView, Ingested, NewEvent, ReplayStep,
 };
-pub use dispatch::{DispatchLedger, Recorded, Turn, TurnError};
+pub use dispatch::{Announcement, DispatchLedger, Recorded, Turn, TurnError};
 pub use error::{DriverError, LedgerError, Unavailable};
 pub use retention::{Finished, Removed, Retention, RetentionReport};
 pub use stats::{MetricsSnapshot, Observe, SubscriberStats};

@@ -15,9 +15,10 @@ use fanout_core::limiter::LimiterState;
 
 use super::customers::Customers;
 use super::deliveries::{Deliveries, DeliveryFilter, DeliveryView, Ingested, NewEvent, ReplayStep};
+use super::dispatch::Announcement;
 use super::dispatch::{DispatchLedger, Recorded, Turn, TurnError};
 use super::error::LedgerError;
-use super::postgres::listen::{self, Announcement};
+use super::postgres::listen;
 use super::postgres::{PgLedger, Rounds};
 use super::retention::{Finished, Removed, Retention, RetentionReport};
 use super::sqlite::owner::{OwnerLock, Taker};

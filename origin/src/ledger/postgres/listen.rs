@@ -6,6 +6,7 @@
 
 use super::error::describe;
 use super::ledger::PgLedger;
+use crate::ledger::dispatch::Announcement;
 use crate::ledger::error::LedgerError;
 
 /// The channel on which ingest and replays announce new work: the payload is the subscriber
@@ -17,22 +18,6 @@ pub const CHANGED_CHANNEL: &str = "fanout_changed";
 /// The channel on which a customer's change (created, edited, removed) is announced: every
 /// daemon reads the customers' weights and caps again.
 pub const CUSTOMERS_CHANNEL: &str = "fanout_customers";
-
-/// What another daemon (or this one) announced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Announcement {
-    /// These subscribers have new work due now.
-    Due(Vec<String>),
-    /// Every subscriber may have new work (too many to name).
-    DueAll,
-    /// This subscriber changed: read it again.
-    Changed(String),
-    /// A customer changed: read the customers again.
-    Customers,
-    /// Listening began again after a lost connection: whatever was announced meanwhile went
-    /// unheard, so read everything again.
-    Reload,
-}
 
 /// A NOTIFY payload must stay under 8000 bytes: the subscriber ids one per line, or nothing
 /// at all (meaning "look at every subscriber") when they do not fit.

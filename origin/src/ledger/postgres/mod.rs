@@ -60,11 +60,12 @@ mod stats;
 mod subscribers;
 pub mod tls;
 
+pub use crate::ledger::dispatch::Announcement;
 pub use dispatch::{LEASE_MS, RENEW_EVERY_MS};
 pub use error::PgError;
 pub use leases::{Applied, Feedback, LeasedOutcome, PgClaim};
 pub use ledger::{parse_url, PgLedger, Rounds};
-pub use listen::{Announcement, Listener, CHANGED_CHANNEL, CUSTOMERS_CHANNEL, DUE_CHANNEL};
+pub use listen::{Listener, CHANGED_CHANNEL, CUSTOMERS_CHANNEL, DUE_CHANNEL};
 pub use retention::{FOLD_EVERY, RETENTION_LOCK};
 pub use schema::VERSION as SCHEMA_VERSION;
 pub use shared::{grant_shared, merge_limiter, shared_wait};

@@ -3,7 +3,8 @@
 //! with its edge and origin lanes, and the HTTP API. [`run`] starts all of it on a listener the
 //! caller binds (tests bind port 0) and stops when `shutdown` resolves.
 //!
-//! Layout: [`model`] (domain types, pure), [`ledger`] (SQLite; PostgreSQL in `ledger::pg`), [`dispatch`] (scheduling:
+//! Layout: [`model`] (domain types, pure), [`ledger`] (its contract; SQLite and PostgreSQL as
+//! siblings in `ledger::sqlite` and `ledger::postgres`), [`dispatch`] (scheduling:
 //! `plan` is pure, the lanes do the I/O), [`api`] (axum), [`config`], [`cli`].
 
 pub mod alert;
@@ -37,9 +38,8 @@ use crate::config::{Config, LedgerLocation};
 use crate::dispatch::edge_lane::EdgeClient;
 use crate::dispatch::plan::RetryRules;
 use crate::dispatch::{DispatchConfig, Dispatcher};
-use crate::ledger::pg::{Announcement, Listener, PgLedger};
-use crate::ledger::store::Store;
-use crate::ledger::{DispatchLedger, Ledger, LedgerError};
+use crate::ledger::store::{Location, OpenOptions, Store};
+use crate::ledger::{Announcement, Customers, DispatchLedger, LedgerError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -66,71 +66,42 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
-    match cfg.db.clone() {
-        LedgerLocation::Sqlite(path) => {
-            let owner = ledger::owner::OwnerLock::acquire(
-                &path,
-                time::now_ms(),
-                ledger::owner::Taker::Serve,
-            )?;
-            let ledger = Ledger::open_with(
-                &path,
-                ledger::LedgerOptions {
-                    max_bytes: cfg.max_db_bytes,
-                },
-            )?;
-            let fresh_key = portal_key_bytes()?;
-            let now = time::now_ms();
-            let portal_key = ledger
-                .tx(move |c| ledger::portal_key(c, &fresh_key, now))
-                .await?;
-            let store = Store::Sqlite(ledger.clone());
-            let lock = owner.path().display().to_string();
-            let served = Served {
-                portal_key,
-                writes: ledger.write_state(),
-                lock: Some(lock),
-            };
-            let failed =
-                serve(cfg, listener, shutdown, ledger.clone(), store, None, served).await?;
-            // Wait for the ledger to finish everything queued before this point.
-            ledger.call(|_| Ok(())).await?;
-            // The lock is a descriptor of the database file: closing it also drops the POSIX
-            // locks SQLite's connections in this process hold on that file (the ledger's
-            // threads close theirs when its last handle goes, which tasks may outlive). It is
-            // released only now, once everything queued is committed: the binary exits next,
-            // and an in-process restart (the tests) needs it back.
-            drop(owner);
-            stopped(failed)
-        }
-        LedgerLocation::Postgres(url) => {
-            let name = daemon_name(listener.local_addr()?);
-            let pg = PgLedger::open(&url, &name).await?.with_breaker(cfg.breaker);
-            tracing::info!(daemon = %name, "sharing a PostgreSQL ledger");
-            let store = Store::Postgres(pg.clone());
-            let (_clocking, stop_clocking) = tokio::sync::oneshot::channel();
-            pg.keep_clock(stop_clocking);
-            let (_renewing, stop_renewing) = tokio::sync::oneshot::channel();
-            pg.keep_leases(stop_renewing);
-            let (_folding, stop_folding) = tokio::sync::oneshot::channel();
-            pg.keep_counts_folded(stop_folding);
-            let (_analyzing, stop_analyzing) = tokio::sync::oneshot::channel();
-            pg.keep_statistics(stop_analyzing);
-            let (_probing, stop_probing) = tokio::sync::oneshot::channel();
-            pg.keep_probing_room(stop_probing);
-            // One portal key in the ledger, made by the first daemon: a link issued by one
-            // daemon works on every other, and after a restart.
-            let portal_key = pg.portal_key(&portal_key_bytes()?, time::now_ms()).await?;
-            let served = Served {
-                portal_key,
-                writes: pg.write_state(),
-                lock: None,
-            };
-            let failed =
-                serve(cfg, listener, shutdown, pg.clone(), store, Some(pg), served).await?;
-            stopped(failed)
-        }
-    }
+    let at = match &cfg.db {
+        LedgerLocation::Sqlite(path) => Location::Sqlite(path),
+        LedgerLocation::Postgres(url) => Location::Postgres(url),
+    };
+    let (store, held) = Store::open(
+        at,
+        OpenOptions {
+            max_bytes: cfg.max_db_bytes,
+            breaker: cfg.breaker,
+            daemon: daemon_name(listener.local_addr()?),
+        },
+    )
+    .await?;
+    // One portal key in the ledger, made on its first start (on a shared ledger, by the first
+    // daemon): a link issued by one daemon works on every other, and after a restart.
+    let portal_key = store
+        .portal_key(portal_key_bytes()?.to_vec(), time::now_ms())
+        .await?;
+    let failed = serve(
+        cfg,
+        listener,
+        shutdown,
+        store.clone(),
+        portal_key,
+        held.lock(),
+    )
+    .await?;
+    // Wait for the ledger to finish everything queued before this point.
+    store.close().await?;
+    // On SQLite the owner lock is a descriptor of the database file: closing it also drops the
+    // POSIX locks SQLite's connections in this process hold on that file (the ledger's threads
+    // close theirs when its last handle goes, which tasks may outlive). It is released only
+    // now, once everything queued is committed: the binary exits next, and an in-process
+    // restart (the tests) needs it back.
+    drop(held);
+    stopped(failed)
 }
 
 /// Fresh randomness for a portal key.
@@ -140,14 +111,6 @@ fn portal_key_bytes() -> Result<[u8; 32], RunError> {
             "no randomness for the portal key: {e}"
         )))
     })
-}
-
-/// What the ledger's kind gives `serve`: the portal key, whether the ledger can write, the
-/// owner lock's path (SQLite).
-struct Served {
-    portal_key: Vec<u8>,
-    writes: Arc<ledger::WriteState>,
-    lock: Option<String>,
 }
 
 /// `run`'s answer once `serve` returned: an error when the dispatcher stopped on its own.
@@ -170,125 +133,91 @@ fn daemon_name(listen: std::net::SocketAddr) -> String {
     format!("{host}:{}", listen.port())
 }
 
-/// A listening connection quiet this long is asked whether it still answers, and given up
-/// when it does not within [`LISTEN_PING_TIMEOUT`].
-const LISTEN_PING_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-const LISTEN_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Hand the dispatcher what other daemons announce (new events, replays, changed subscribers
-/// and customers), listening again after a lost connection, or one that stopped answering
-/// (dropped silently on the way: it would otherwise look alive and hear nothing). `heard` is
-/// the first listener, opened before the dispatcher read the subscribers; whenever listening
-/// begins later the dispatcher reads everything again, since whatever was announced meanwhile
-/// went unheard.
-fn forward_announcements(
-    pg: PgLedger,
-    mut heard: Option<Listener>,
-    control: tokio::sync::mpsc::UnboundedSender<dispatch::Control>,
-) {
-    tokio::spawn(async move {
-        loop {
-            if let Some(mut listener) = heard.take() {
-                loop {
-                    let announced = tokio::select! {
-                        a = listener.recv() => a,
-                        () = tokio::time::sleep(LISTEN_PING_EVERY) => {
-                            if listener.answers(LISTEN_PING_TIMEOUT).await {
-                                continue;
-                            }
-                            tracing::warn!("the PostgreSQL LISTEN connection stopped answering: listening again");
-                            break;
-                        }
-                    };
-                    let Some(announced) = announced else {
-                        tracing::warn!("lost the PostgreSQL LISTEN connection: listening again");
-                        break;
-                    };
-                    let msg = match announced {
-                        Announcement::Due(subs) => dispatch::Control::Due(subs),
-                        Announcement::DueAll => dispatch::Control::Rescan,
-                        Announcement::Changed(id) => dispatch::Control::Changed(id),
-                        Announcement::Customers => dispatch::Control::Customers,
-                    };
-                    if control.send(msg).is_err() {
-                        return;
-                    }
-                }
-            }
-            if control.is_closed() {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            match pg.listen().await {
-                Ok(listener) => {
-                    if control.send(dispatch::Control::Reload).is_err() {
-                        return;
-                    }
-                    heard = Some(listener);
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot LISTEN for new work"),
-            }
-        }
-    });
+/// What another daemon announced, as a message to the dispatcher.
+fn heard(announced: Announcement) -> dispatch::Control {
+    match announced {
+        Announcement::Due(subs) => dispatch::Control::Due(subs),
+        Announcement::DueAll => dispatch::Control::Rescan,
+        Announcement::Changed(id) => dispatch::Control::Changed(id),
+        Announcement::Customers => dispatch::Control::Customers,
+        Announcement::Reload => dispatch::Control::Reload,
+    }
 }
 
-async fn serve<L: DispatchLedger>(
+/// The dispatcher's settings from the configuration, with its HTTP client and alerter.
+fn dispatch_config(
+    cfg: &Config,
+    heartbeat: dispatch::Heartbeat,
+) -> Result<DispatchConfig, RunError> {
+    let outbound = outbound::Outbound::new(cfg.allow_loopback)?;
+    let edge = cfg
+        .edge
+        .as_ref()
+        .map(|(url, key)| EdgeClient::new(url, key.clone(), outbound.clone()));
+    Ok(DispatchConfig {
+        rules: RetryRules {
+            max_attempts: cfg.max_attempts,
+            backoff_scale: cfg.backoff_scale,
+        },
+        allow_loopback: cfg.allow_loopback,
+        edge,
+        breaker: cfg.breaker,
+        edge_batch: cfg.edge_batch,
+        max_total_in_flight: cfg.max_total_in_flight,
+        alert_rules: cfg.alert_rules,
+        alerter: alert::Alerter::start(cfg.alert.clone(), outbound.clone()),
+        outbound,
+        heartbeat,
+    })
+}
+
+/// The API's settings from the configuration.
+/// What the API is told of the configuration; `ledger_is_shared`: no owner lock, so `/healthz`
+/// asks the ledger whether it answers.
+fn api_config(cfg: &Config, portal_key: Vec<u8>, ledger_is_shared: bool) -> api::ApiConfig {
+    api::ApiConfig {
+        api_token: cfg.api_token.clone(),
+        allow_loopback: cfg.allow_loopback,
+        max_event_bytes: cfg.max_event_bytes,
+        rotation_grace_ms: (cfg.rotation_grace_secs.min(i64::MAX as u64 / 1000) * 1000) as i64,
+        retention: cfg.retention,
+        body_timeout: cfg.body_timeout,
+        portal_key,
+        portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
+        breaker: cfg.breaker,
+        ledger_is_shared,
+    }
+}
+
+async fn serve(
     cfg: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    ledger: L,
     store: Store,
-    announcements: Option<PgLedger>,
-    served: Served,
+    portal_key: Vec<u8>,
+    lock: Option<String>,
 ) -> Result<Option<String>, RunError> {
     let now = time::now_ms();
-    let released = ledger.release_all_leases(now).await?;
+    let released = store.release_all_leases(now).await?;
     if released > 0 {
         tracing::warn!(
             released,
             "deliveries leased by a previous run returned to the queue"
         );
     }
-    let portal_key = served.portal_key;
     let metrics = Arc::new(metrics::Metrics::new(cfg.edge.is_some()));
-    let outbound = outbound::Outbound::new(cfg.allow_loopback)?;
-    let edge = cfg
-        .edge
-        .as_ref()
-        .map(|(url, key)| EdgeClient::new(url, key.clone(), outbound.clone()));
     // The dispatcher's liveness (unix ms of its loop's last turn), for `/healthz`.
     let heartbeat = dispatch::Heartbeat::default();
-    let health = health::Health::new(served.writes, heartbeat.clone());
+    let health = health::Health::new(store.write_state(), heartbeat.clone());
     let dispatcher = Dispatcher::new(
-        ledger.clone(),
-        DispatchConfig {
-            rules: RetryRules {
-                max_attempts: cfg.max_attempts,
-                backoff_scale: cfg.backoff_scale,
-            },
-            allow_loopback: cfg.allow_loopback,
-            edge,
-            breaker: cfg.breaker,
-            edge_batch: cfg.edge_batch,
-            max_total_in_flight: cfg.max_total_in_flight,
-            alert_rules: cfg.alert_rules,
-            alerter: alert::Alerter::start(cfg.alert.clone(), outbound.clone()),
-            outbound,
-            heartbeat: heartbeat.clone(),
-        },
+        store.clone(),
+        dispatch_config(&cfg, heartbeat)?,
         metrics.clone(),
     );
     let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
-    if let Some(pg) = announcements {
-        // Listening before the dispatcher reads the subscribers: nothing announced in between
-        // goes unheard.
-        let heard = pg
-            .listen()
-            .await
-            .inspect_err(|e| tracing::warn!(error = %e, "cannot LISTEN for new work"))
-            .ok();
-        forward_announcements(pg, heard, control_tx.clone());
-    }
+    // Listening (on a shared ledger) before the dispatcher reads the subscribers: nothing
+    // announced in between goes unheard.
+    store.announce_to(control_tx.clone(), heard).await;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let retention_task = tokio::spawn(retention::run(
         store.clone(),
@@ -302,25 +231,14 @@ async fn serve<L: DispatchLedger>(
     let state = api::AppState::new(
         store,
         control_tx,
-        api::ApiConfig {
-            api_token: cfg.api_token.clone(),
-            allow_loopback: cfg.allow_loopback,
-            max_event_bytes: cfg.max_event_bytes,
-            rotation_grace_ms: (cfg.rotation_grace_secs.min(i64::MAX as u64 / 1000) * 1000) as i64,
-            retention: cfg.retention,
-            body_timeout: cfg.body_timeout,
-            portal_key,
-            portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
-            breaker: cfg.breaker,
-            ledger_is_shared: served.lock.is_none(),
-        },
+        api_config(&cfg, portal_key, lock.is_none()),
         metrics,
         health.clone(),
     );
     tracing::info!(
         listen = %listener.local_addr()?,
         db = %cfg.db.redacted(),
-        lock = served.lock.as_deref().unwrap_or("(none: a shared PostgreSQL ledger)"),
+        lock = lock.as_deref().unwrap_or("(none: a shared PostgreSQL ledger)"),
         edge = cfg.edge.as_ref().map(|(u, _)| redact::url(u)).unwrap_or_else(|| "(none: origin lane only)".into()),
         "fanout serving"
     );

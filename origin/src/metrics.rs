@@ -4,7 +4,7 @@
 //! recorded (one call per result from the dispatcher, [`Metrics::record`]); they restart at zero
 //! with the process, as Prometheus counters may. Gauges (backlog per subscriber, oldest pending,
 //! paused, breaker, disabled, retention) are read from the ledger at scrape time
-//! ([`crate::ledger::subscriber_stats`], [`crate::ledger::retention::report`]) from counts the
+//! ([`crate::ledger::Observe::metrics_snapshot`]) from counts the
 //! ledger's triggers keep and keyed lookups: a scrape costs the same whatever the ledger holds,
 //! so the unauthenticated route cannot be used to load the daemon.
 
@@ -17,7 +17,7 @@ use std::time::Duration;
 use fanout_core::wire::{DeferReason, DeliveryResult};
 
 use crate::ledger::store::Store;
-use crate::ledger::{self, LedgerError, SubscriberStats};
+use crate::ledger::{self, LedgerError, Observe as _, SubscriberStats};
 use crate::model::{Lane, StallView};
 
 /// The lanes results are counted by, in the order of `Metrics::latency`.

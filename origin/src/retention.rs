@@ -1,6 +1,6 @@
 //! The retention task: every so often, remove finished deliveries past their window, in small
 //! steps through the ledger's writer (`ledger::retention` does the removing; on PostgreSQL
-//! `ledger::pg::retention`, one daemon at a time), yielding between steps so that ingest and
+//! `ledger::postgres::retention`, one daemon at a time), yielding between steps so that ingest and
 //! the dispatcher never wait behind a long purge.
 //!
 //! What to purge and when is decided by [`plan`] (pure, takes `now`); [`pass`] carries it out.
@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::duration::format_duration;
-use crate::ledger::retention::{self as purge, Finished, Removed};
+use crate::ledger::retention::{self as purge, Finished, Removed, Retention as _};
 use crate::ledger::store::Store;
 use crate::ledger::LedgerError;
 /// Kept with the daemon's other counters; named here too, where the task fills it.
@@ -282,15 +282,15 @@ mod tests {
     #[tokio::test]
     async fn a_pass_takes_several_bounded_steps() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = crate::ledger::Ledger::open(&dir.path().join("l.db")).unwrap();
+        let ledger = crate::ledger::sqlite::Ledger::open(&dir.path().join("l.db")).unwrap();
         ledger
             .tx(|c| {
-                crate::ledger::create_subscriber(
+                crate::ledger::sqlite::create_subscriber(
                     c,
                     &crate::ledger::test_subscriber("a", &["*"]),
                     "s",
                 )?;
-                crate::ledger::ingest(c, &crate::ledger::test_events(25), 0)?;
+                crate::ledger::sqlite::ingest(c, &crate::ledger::test_events(25), 0)?;
                 c.execute("UPDATE deliveries SET status = 'sent', updated_ms = 10", [])?;
                 Ok(())
             })
@@ -308,7 +308,10 @@ mod tests {
         // one sweep step.
         assert_eq!(stats.steps.load(Relaxed), 3);
         assert!(stats.longest_step_us.load(Relaxed) > 0);
-        let report = ledger.read(|c| purge::report(c)).await.unwrap();
+        let report = ledger
+            .read(|c| crate::ledger::sqlite::report(c))
+            .await
+            .unwrap();
         assert_eq!(
             (report.removed_sent, report.last_run_at_ms),
             (25, Some(2_000))

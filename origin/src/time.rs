@@ -3,7 +3,7 @@
 //!
 //! The clock is the host's plus an offset: 0 on SQLite; on a shared PostgreSQL ledger the
 //! offset of the database server's clock from this host's, measured at start-up and every
-//! second (`ledger::pg::clock`), so that every daemon sharing the ledger writes and compares
+//! second (`ledger::postgres::clock`), so that every daemon sharing the ledger writes and compares
 //! leases, due times, limiter stamps and tokens on one clock, the server's, whatever its own
 //! host's says.
 

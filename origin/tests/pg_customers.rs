@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::pg::PgServer;
 use common::*;
 use fanout_origin::customer::Customer;
-use fanout_origin::ledger::pg::PgLedger;
+use fanout_origin::ledger::postgres::PgLedger;
 use fanout_origin::ledger::LedgerError;
 use fanout_origin::model::{Lane, Limits, Subscriber as Definition};
 use serde_json::json;

@@ -15,7 +15,8 @@ use common::pg::PgServer;
 use fanout_core::breaker::BreakerConfig;
 use fanout_core::limiter::LimiterState;
 use fanout_core::retry::Attempt;
-use fanout_origin::ledger::pg::{Announcement, Feedback, LeasedOutcome, PgLedger};
+use fanout_origin::ledger::postgres::{Announcement, Feedback, LeasedOutcome, PgLedger};
+use fanout_origin::ledger::Retention as _;
 use fanout_origin::ledger::{
     AttemptRecord, DeliveryFilter, DispatchLedger, HealthWrite, LedgerError, NewEvent, Outcome,
     Transition, Turn, Unavailable,
@@ -113,7 +114,7 @@ async fn migrations_run_once_even_when_daemons_start_together_and_a_newer_schema
         .await
         .unwrap()
         .get(0);
-    assert_eq!(v, fanout_origin::ledger::pg::SCHEMA_VERSION);
+    assert_eq!(v, fanout_origin::ledger::postgres::SCHEMA_VERSION);
     // Opening again changes nothing.
     PgLedger::open(&url, "again").await.unwrap();
     // A database written by a newer fanout is refused, naming both versions.
@@ -844,7 +845,7 @@ async fn apply_records_every_transition_and_its_attempt() {
 /// non-empty database is refused.
 #[tokio::test]
 async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
-    use fanout_origin::ledger::{self as sq, Ledger};
+    use fanout_origin::ledger::sqlite::{self as sq, Ledger};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fanout.db");
     let n = 12_000; // more than one copy chunk
@@ -953,7 +954,7 @@ async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
 /// A live daemon's leases are renewed; a dead one's lapse after `LEASE_MS` and are taken over.
 #[tokio::test]
 async fn renewed_leases_hold_and_lapsed_ones_are_taken_over() {
-    use fanout_origin::ledger::pg::LEASE_MS;
+    use fanout_origin::ledger::postgres::LEASE_MS;
     let server = PgServer::start();
     let l = ledgers(&server, "renew", 2).await;
     l[0].create_subscriber(&sub("a", &["*"], 1e6, 1_000_000, 100), "s")
@@ -1372,7 +1373,7 @@ async fn retention_removes_only_finished_deliveries_past_their_window_one_daemon
     holder
         .execute(
             "SELECT pg_advisory_lock($1)",
-            &[&fanout_origin::ledger::pg::RETENTION_LOCK],
+            &[&fanout_origin::ledger::postgres::RETENTION_LOCK],
         )
         .await
         .unwrap();
@@ -1385,7 +1386,7 @@ async fn retention_removes_only_finished_deliveries_past_their_window_one_daemon
     holder
         .execute(
             "SELECT pg_advisory_unlock($1)",
-            &[&fanout_origin::ledger::pg::RETENTION_LOCK],
+            &[&fanout_origin::ledger::postgres::RETENTION_LOCK],
         )
         .await
         .unwrap();

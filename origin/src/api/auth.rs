@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
 use super::state::AppState;
-use crate::ledger;
+use crate::ledger::{self, Customers as _};
 use crate::portal::token;
 use crate::time::now_ms;
 

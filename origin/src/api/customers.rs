@@ -18,7 +18,7 @@ use crate::customer::{
     validate_max_in_flight, validate_weight, Customer, CustomerList, CustomerView, DEFAULT_WEIGHT,
 };
 use crate::dispatch::Control;
-use crate::ledger::LedgerError;
+use crate::ledger::{Customers as _, LedgerError};
 use crate::model::validate_id;
 use crate::time::{now_ms, random_bytes};
 

@@ -20,6 +20,7 @@ use super::extract::PathId;
 use super::state::AppState;
 use super::views;
 use crate::dispatch::Control;
+use crate::ledger::Deliveries as _;
 use crate::ledger::{DeliveryFilter, LedgerError};
 use crate::model::{parse_delivery_id, Status};
 use crate::time::{now_ms, parse_time};

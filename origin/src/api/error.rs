@@ -91,7 +91,7 @@ impl ApiError {
             ApiError::Ledger(LedgerError::Unavailable(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
             }
-            ApiError::Ledger(LedgerError::Postgres(e)) if e.is_unreachable() => {
+            ApiError::Ledger(LedgerError::Driver(e)) if e.is_unreachable() => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
             }
             ApiError::Ledger(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
@@ -122,7 +122,7 @@ impl IntoResponse for ApiError {
             ApiError::Ledger(LedgerError::Unavailable(why)) => {
                 format!("the ledger cannot write ({why}); nothing of this request was kept, retry later")
             }
-            ApiError::Ledger(LedgerError::Postgres(e)) if e.is_unreachable() => {
+            ApiError::Ledger(LedgerError::Driver(e)) if e.is_unreachable() => {
                 format!("the ledger cannot be reached ({e}); nothing of this request was kept, retry later")
             }
             ApiError::Ledger(e) => {

@@ -15,6 +15,7 @@ use super::error::ApiError;
 use super::state::AppState;
 use super::views;
 use crate::dispatch::Control;
+use crate::ledger::Deliveries as _;
 use crate::ledger::NewEvent;
 use crate::model::{validate_event_id, validate_visible};
 use crate::time::now_ms;

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::state::AppState;
+use crate::ledger::{Observe as _, Retention as _};
 use crate::time::now_ms;
 
 /// 200 when the dispatcher turns and the ledger can write; 503 with the reasons otherwise.
@@ -65,7 +66,7 @@ mod tests {
     #[tokio::test]
     async fn healthz_never_waits_behind_the_writer_and_tells_why() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = ledger::Ledger::open(&dir.path().join("l.db")).unwrap();
+        let ledger = ledger::sqlite::Ledger::open(&dir.path().join("l.db")).unwrap();
         let health = Health::new(ledger.write_state(), crate::dispatch::Heartbeat::default());
         let state = AppState::new(
             Store::Sqlite(ledger.clone()),

@@ -17,6 +17,7 @@ use super::error::ApiError;
 use super::extract::PathId;
 use super::state::AppState;
 use crate::customer::PortalLink;
+use crate::ledger::Customers as _;
 use crate::portal::token;
 use crate::time::now_ms;
 

@@ -7,7 +7,7 @@ use fanout_core::breaker::{BreakerConfig, BreakerView};
 use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
-use crate::ledger::status::SubscriberCounts;
+use crate::ledger::SubscriberCounts;
 use crate::model::{StallView, Subscriber, SubscriberView};
 
 /// One subscriber's figures. `tokens`, `paused_until_ms` and `breaker` are the limiter as last

@@ -21,6 +21,7 @@ use super::stats;
 use super::subscriber_input::{patched, subscriber_from, SubscriberInput, SubscriberPatch};
 use super::views;
 use crate::dispatch::Control;
+use crate::ledger::{Deliveries as _, Subscribers as _};
 use crate::ledger::{LedgerError, NewEvent};
 use crate::model::{SecretsView, SubscriberView};
 use crate::time::{now_ms, random_bytes};

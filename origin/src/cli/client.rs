@@ -32,7 +32,7 @@ pub enum ClientError {
     #[error(transparent)]
     Ledger(#[from] crate::ledger::LedgerError),
     #[error("backup: {0}")]
-    Backup(#[from] crate::ledger::backup::BackupError),
+    Backup(#[from] crate::ledger::sqlite::backup::BackupError),
 }
 
 pub(super) struct Client {

@@ -59,7 +59,7 @@ pub(super) async fn ledger_copy(a: LedgerCopyArgs) -> Result<(), ClientError> {
         }
         Err(e) => return Err(ClientError::Input(e.0)),
     };
-    crate::ledger::pg::copy::copy_sqlite_to_pg(&from, &to, crate::time::now_ms(), |line| {
+    crate::ledger::copy::copy_sqlite_to_pg(&from, &to, crate::time::now_ms(), |line| {
         eprintln!("fanout ledger copy: {line}")
     })
     .await?;
@@ -82,7 +82,7 @@ pub(super) fn backup(a: BackupArgs) -> Result<(), ClientError> {
         Ok(LedgerLocation::Postgres(_)) => return Err(ClientError::Input(PG_BACKUP.into())),
         Err(e) => return Err(ClientError::Input(e.0)),
     };
-    let r = crate::ledger::backup::backup(&db, &a.to, crate::time::now_ms())?;
+    let r = crate::ledger::sqlite::backup::backup(&db, &a.to, crate::time::now_ms())?;
     if a.json {
         print(&r);
     } else {

@@ -396,7 +396,8 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
-    use crate::ledger::{create_subscriber, ingest, subscriber_stats, Ledger, NewEvent};
+    use crate::ledger::sqlite::{create_subscriber, ingest, subscriber_stats, Ledger};
+    use crate::ledger::NewEvent;
 
     /// A clock that follows tokio's (paused) time from `start_ms`.
     fn paused_clock(start_ms: i64) -> Clock {

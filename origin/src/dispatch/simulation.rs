@@ -24,7 +24,7 @@ use super::plan::RetryRules;
 use super::state::{Settings, State};
 use super::vocab::{Attempted, Effect, Event, Lane, Meta};
 use crate::alert::AlertRules;
-use crate::ledger::pg::{grant_shared, merge_limiter, shared_wait};
+use crate::ledger::postgres::{grant_shared, merge_limiter, shared_wait};
 use crate::ledger::{Recorded, Turn, TurnError};
 use crate::model::{Claim, Claimed, Subscriber, Transition};
 

@@ -1,0 +1,301 @@
+//! `fanout ledger copy`'s tables, each read from the SQLite snapshot and written into the
+//! PostgreSQL copy's transaction: subscribers and their secrets at once (few), events,
+//! deliveries and attempts by pages of ids.
+
+use deadpool_postgres::Transaction;
+use rusqlite::Connection;
+
+use crate::ledger::error::LedgerError;
+
+/// Rows read from SQLite and written to PostgreSQL at a time.
+const CHUNK: i64 = 5_000;
+
+/// What was copied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Copied {
+    pub customers: u64,
+    pub subscribers: u64,
+    pub secrets: u64,
+    pub events: u64,
+    pub deliveries: u64,
+    /// Deliveries that were in flight and come over pending.
+    pub requeued: u64,
+    pub attempts: u64,
+}
+
+/// The subscribers, removed ones too (for their history).
+pub(super) async fn copy_subscribers(
+    src: &Connection,
+    tx: &Transaction<'_>,
+    version: i64,
+    done: &mut Copied,
+) -> Result<(), LedgerError> {
+    // Before schema 6 who disabled a subscriber is told by the reason the API wrote, as
+    // that migration does.
+    let by_operator = if version >= 6 {
+        "disabled_by_operator"
+    } else {
+        "COALESCE(disabled_ms IS NOT NULL AND disabled_reason = 'disabled by an operator', 0)"
+    };
+    let mut st = src.prepare(&format!(
+        "SELECT id, url, event_types, rate_per_sec, burst, max_in_flight, timeout_ms, lane,
+             legacy_signature, limiter, created_ms, updated_ms, deleted_ms, disabled_ms,
+             disabled_reason, failing_since_ms, dead_alerted_ms, {by_operator}
+         FROM subscribers ORDER BY rowid"
+    ))?;
+    let rows = st.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, f64>(3)?,
+            r.get::<_, i32>(4)?,
+            r.get::<_, i32>(5)?,
+            r.get::<_, i64>(6)?,
+            r.get::<_, String>(7)?,
+            r.get::<_, bool>(8)?,
+            r.get::<_, Option<String>>(9)?,
+            (
+                r.get::<_, i64>(10)?,
+                r.get::<_, i64>(11)?,
+                r.get::<_, Option<i64>>(12)?,
+                r.get::<_, Option<i64>>(13)?,
+                r.get::<_, Option<String>>(14)?,
+                r.get::<_, Option<i64>>(15)?,
+                r.get::<_, Option<i64>>(16)?,
+                r.get::<_, bool>(17)?,
+            ),
+        ))
+    })?;
+    let insert = tx
+        .prepare(
+            "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
+                 timeout_ms, lane, legacy_signature, limiter, created_ms, updated_ms,
+                 deleted_ms, disabled_ms, disabled_reason, failing_since_ms, dead_alerted_ms,
+                 disabled_by_operator)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                 $18)",
+        )
+        .await?;
+    for row in rows {
+        let (id, url, types, rate, burst, mif, timeout, lane, legacy, limiter, t) = row?;
+        tx.execute(
+            &insert,
+            &[
+                &id, &url, &types, &rate, &burst, &mif, &timeout, &lane, &legacy, &limiter, &t.0,
+                &t.1, &t.2, &t.3, &t.4, &t.5, &t.6, &t.7,
+            ],
+        )
+        .await?;
+        done.subscribers += 1;
+    }
+    Ok(())
+}
+
+/// The subscribers' secrets.
+pub(super) async fn copy_secrets(
+    src: &Connection,
+    tx: &Transaction<'_>,
+    done: &mut Copied,
+) -> Result<(), LedgerError> {
+    let mut st = src.prepare(
+        "SELECT subscriber_id, secret, created_ms, expires_ms FROM subscriber_secrets
+         ORDER BY rowid",
+    )?;
+    let rows = st.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, i64>(2)?,
+            r.get::<_, Option<i64>>(3)?,
+        ))
+    })?;
+    for row in rows {
+        let (sub, secret, created, expires) = row?;
+        tx.execute(
+            "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms, expires_ms)
+             VALUES ($1, $2, $3, $4)",
+            &[&sub, &secret, &created, &expires],
+        )
+        .await?;
+        done.secrets += 1;
+    }
+    Ok(())
+}
+
+/// The events, by rowid pages.
+pub(super) async fn copy_events(
+    src: &Connection,
+    tx: &Transaction<'_>,
+    done: &mut Copied,
+    progress: &mut impl FnMut(&str),
+) -> Result<(), LedgerError> {
+    let total: i64 = src.query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))?;
+    let mut after = 0i64;
+    loop {
+        let mut st = src.prepare_cached(
+            "SELECT rowid, id, type, body, received_ms FROM events WHERE rowid > ?1
+             ORDER BY rowid LIMIT ?2",
+        )?;
+        let page: Vec<(i64, String, String, String, i64)> = st
+            .query_map([after, CHUNK], |r| r.try_into())?
+            .collect::<Result<_, _>>()?;
+        let Some(last) = page.last() else { break };
+        after = last.0;
+        let ids: Vec<&str> = page.iter().map(|e| e.1.as_str()).collect();
+        let types: Vec<&str> = page.iter().map(|e| e.2.as_str()).collect();
+        let bodies: Vec<&str> = page.iter().map(|e| e.3.as_str()).collect();
+        let at: Vec<i64> = page.iter().map(|e| e.4).collect();
+        tx.execute(
+            "INSERT INTO events (id, type, body, received_ms)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])",
+            &[&ids, &types, &bodies, &at],
+        )
+        .await?;
+        done.events += page.len() as u64;
+        progress(&format!("events: {}/{total}", done.events));
+    }
+
+    Ok(())
+}
+
+/// The deliveries, by id pages; those in flight come over pending, due now.
+pub(super) async fn copy_deliveries(
+    src: &Connection,
+    tx: &Transaction<'_>,
+    now_ms: i64,
+    done: &mut Copied,
+    progress: &mut impl FnMut(&str),
+) -> Result<(), LedgerError> {
+    let total: i64 = src.query_row("SELECT COUNT(*) FROM deliveries", [], |r| r.get(0))?;
+    let mut after = 0i64;
+    loop {
+        let mut st = src.prepare_cached(
+            "SELECT id, subscriber_id, event_id, status, attempts, next_attempt_ms, last_error,
+                 created_ms, updated_ms
+             FROM deliveries WHERE id > ?1 ORDER BY id LIMIT ?2",
+        )?;
+        #[allow(clippy::type_complexity)]
+        let page: Vec<(
+            i64,
+            String,
+            String,
+            String,
+            i32,
+            i64,
+            Option<String>,
+            i64,
+            i64,
+        )> = st
+            .query_map([after, CHUNK], |r| r.try_into())?
+            .collect::<Result<_, _>>()?;
+        let Some(last) = page.last() else { break };
+        after = last.0;
+        let mut requeued = 0u64;
+        let ids: Vec<i64> = page.iter().map(|d| d.0).collect();
+        let subs: Vec<&str> = page.iter().map(|d| d.1.as_str()).collect();
+        let events: Vec<&str> = page.iter().map(|d| d.2.as_str()).collect();
+        let statuses: Vec<&str> = page
+            .iter()
+            .map(|d| {
+                if d.3 == "in_flight" {
+                    requeued += 1;
+                    "pending"
+                } else {
+                    d.3.as_str()
+                }
+            })
+            .collect();
+        let attempts: Vec<i32> = page.iter().map(|d| d.4).collect();
+        let next: Vec<i64> = page
+            .iter()
+            .map(|d| if d.3 == "in_flight" { now_ms } else { d.5 })
+            .collect();
+        let errors: Vec<Option<&str>> = page.iter().map(|d| d.6.as_deref()).collect();
+        let created: Vec<i64> = page.iter().map(|d| d.7).collect();
+        let updated: Vec<i64> = page.iter().map(|d| d.8).collect();
+        tx.execute(
+            "INSERT INTO deliveries (id, subscriber_id, event_id, status, attempts,
+                 next_attempt_ms, last_error, created_ms, updated_ms)
+             SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::int[],
+                                  $6::bigint[], $7::text[], $8::bigint[], $9::bigint[])",
+            &[
+                &ids, &subs, &events, &statuses, &attempts, &next, &errors, &created, &updated,
+            ],
+        )
+        .await?;
+        done.deliveries += page.len() as u64;
+        done.requeued += requeued;
+        progress(&format!("deliveries: {}/{total}", done.deliveries));
+    }
+
+    Ok(())
+}
+
+/// The attempts, by id pages.
+pub(super) async fn copy_attempts(
+    src: &Connection,
+    tx: &Transaction<'_>,
+    done: &mut Copied,
+    progress: &mut impl FnMut(&str),
+) -> Result<(), LedgerError> {
+    let total: i64 = src.query_row("SELECT COUNT(*) FROM attempts", [], |r| r.get(0))?;
+    let mut after = 0i64;
+    loop {
+        let mut st = src.prepare_cached(
+            "SELECT id, delivery_id, attempt, at_ms, lane, outcome, status, latency_ms,
+                 response_body, error
+             FROM attempts WHERE id > ?1 ORDER BY id LIMIT ?2",
+        )?;
+        #[allow(clippy::type_complexity)]
+        let page: Vec<(
+            i64,
+            i64,
+            i32,
+            i64,
+            String,
+            String,
+            Option<i32>,
+            Option<i64>,
+            Option<String>,
+            Option<String>,
+        )> = st
+            .query_map([after, CHUNK], |r| r.try_into())?
+            .collect::<Result<_, _>>()?;
+        let Some(last) = page.last() else { break };
+        after = last.0;
+        let ids: Vec<i64> = page.iter().map(|a| a.0).collect();
+        let deliveries: Vec<i64> = page.iter().map(|a| a.1).collect();
+        let n: Vec<i32> = page.iter().map(|a| a.2).collect();
+        let at: Vec<i64> = page.iter().map(|a| a.3).collect();
+        let lanes: Vec<&str> = page.iter().map(|a| a.4.as_str()).collect();
+        let outcomes: Vec<&str> = page.iter().map(|a| a.5.as_str()).collect();
+        let statuses: Vec<Option<i32>> = page.iter().map(|a| a.6).collect();
+        let latencies: Vec<Option<i64>> = page.iter().map(|a| a.7).collect();
+        let bodies: Vec<Option<&str>> = page.iter().map(|a| a.8.as_deref()).collect();
+        let errors: Vec<Option<&str>> = page.iter().map(|a| a.9.as_deref()).collect();
+        tx.execute(
+            "INSERT INTO attempts (id, delivery_id, attempt, at_ms, lane, outcome, status,
+                 latency_ms, response_body, error)
+             SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::int[], $4::bigint[], $5::text[],
+                                  $6::text[], $7::int[], $8::bigint[], $9::text[], $10::text[])",
+            &[
+                &ids,
+                &deliveries,
+                &n,
+                &at,
+                &lanes,
+                &outcomes,
+                &statuses,
+                &latencies,
+                &bodies,
+                &errors,
+            ],
+        )
+        .await?;
+        done.attempts += page.len() as u64;
+        progress(&format!("attempts: {}/{total}", done.attempts));
+    }
+
+    Ok(())
+}

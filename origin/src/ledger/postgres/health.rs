@@ -1,0 +1,167 @@
+//! Subscriber health on PostgreSQL (as `sqlite/health.rs`): runs of failures and disabling
+//! stored, dead counts checked against the alert threshold once per crossing, and re-armed.
+
+use std::collections::HashSet;
+
+use deadpool_postgres::Transaction;
+
+use super::ledger::PgLedger;
+use crate::alert::rules::after_dead_count;
+use crate::alert::Notice;
+use crate::ledger::HealthWrite;
+use crate::ledger::LedgerError;
+
+use super::subscribers::announce_change;
+
+impl PgLedger {
+    pub async fn apply_health(&self, writes: &[HealthWrite]) -> Result<(), LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        Self::apply_health_in(&tx, writes).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn apply_health_in(
+        tx: &Transaction<'_>,
+        writes: &[HealthWrite],
+    ) -> Result<(), LedgerError> {
+        let mut latest = HashSet::new();
+        for w in writes.iter().rev() {
+            match w {
+                HealthWrite::FailingSince {
+                    subscriber,
+                    since_ms,
+                } => {
+                    if !latest.insert(subscriber.as_str()) {
+                        continue;
+                    }
+                    tx.execute(
+                        "UPDATE subscribers SET failing_since_ms = $2 WHERE id = $1",
+                        &[subscriber, since_ms],
+                    )
+                    .await?
+                }
+                HealthWrite::Disable {
+                    subscriber,
+                    disabled,
+                } => {
+                    announce_change(tx, subscriber).await?;
+                    tx.execute(
+                        "UPDATE subscribers SET disabled_ms = $2, disabled_reason = $3
+                         WHERE id = $1 AND disabled_ms IS NULL",
+                        &[subscriber, &disabled.at_ms, &disabled.reason],
+                    )
+                    .await?
+                }
+            };
+        }
+        Ok(())
+    }
+
+    /// A subscriber's dead deliveries, counted up to `cap`.
+    pub async fn dead_count_capped(&self, subscriber: &str, cap: u64) -> Result<u64, LedgerError> {
+        let c = self.client().await?;
+        dead_count_on(&c, subscriber, cap).await
+    }
+
+    /// Alert once when a subscriber's dead count reaches `threshold` (the mark is shared by
+    /// every daemon: the row is locked while it is checked).
+    pub async fn check_dead_counts(
+        &self,
+        subs: &[String],
+        threshold: u64,
+        now_ms: i64,
+    ) -> Result<Vec<Notice>, LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let out = Self::check_dead_counts_in(&tx, subs, threshold, now_ms).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    pub(super) async fn check_dead_counts_in(
+        tx: &Transaction<'_>,
+        subs: &[String],
+        threshold: u64,
+        now_ms: i64,
+    ) -> Result<Vec<Notice>, LedgerError> {
+        let mut sorted: Vec<&String> = subs.iter().collect();
+        sorted.sort();
+        sorted.dedup();
+        let mut out = Vec::new();
+        for sub in sorted {
+            let Some(row) = tx
+                .query_opt(
+                    "SELECT dead_alerted_ms FROM subscribers
+                     WHERE id = $1 AND deleted_ms IS NULL FOR UPDATE",
+                    &[sub],
+                )
+                .await?
+            else {
+                continue;
+            };
+            let alerted_ms: Option<i64> = row.try_get(0)?;
+            let dead = dead_count_on(tx, sub, threshold).await?;
+            let (alerted, alert) = after_dead_count(alerted_ms.is_some(), dead, threshold);
+            if alerted != alerted_ms.is_some() {
+                tx.execute(
+                    "UPDATE subscribers SET dead_alerted_ms = $2 WHERE id = $1",
+                    &[sub, &alerted.then_some(now_ms)],
+                )
+                .await?;
+            }
+            if let Some(alert) = alert {
+                out.push(Notice {
+                    subscriber: sub.clone(),
+                    at_ms: now_ms,
+                    alert,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Re-arm the dead-count alert of subscribers back under the threshold.
+    pub async fn rearm_dead_alerts(&self, threshold: u64) -> Result<u64, LedgerError> {
+        let c = self.client().await?;
+        let alerted: Vec<String> = c
+            .query(
+                "SELECT id FROM subscribers WHERE dead_alerted_ms IS NOT NULL",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        let mut n = 0;
+        for sub in alerted {
+            if dead_count_on(&c, &sub, threshold).await? < threshold.max(1) {
+                n += c
+                    .execute(
+                        "UPDATE subscribers SET dead_alerted_ms = NULL WHERE id = $1",
+                        &[&sub],
+                    )
+                    .await?;
+            }
+        }
+        Ok(n)
+    }
+}
+
+pub(super) async fn dead_count_on(
+    c: &impl deadpool_postgres::GenericClient,
+    subscriber: &str,
+    cap: u64,
+) -> Result<u64, LedgerError> {
+    let cap = cap.min(i64::MAX as u64) as i64;
+    let n: i64 = c
+        .query_one(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM deliveries
+             WHERE subscriber_id = $1 AND status = 'dead' LIMIT $2) t",
+            &[&subscriber, &cap],
+        )
+        .await?
+        .try_get(0)?;
+    Ok(n.max(0) as u64)
+}

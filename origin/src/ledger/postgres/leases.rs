@@ -1,0 +1,527 @@
+//! The dispatcher's claims and results on PostgreSQL: the shared limiter asked under each
+//! subscriber row's lock, due deliveries leased to this daemon, results recorded only under the
+//! lease they were sent under, own leases released, work due. `dispatch.rs` strings them into
+//! a turn; the statements here are prepared once per connection.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use deadpool_postgres::Transaction;
+use fanout_core::breaker::BreakerConfig;
+use fanout_core::limiter::{LimiterState, Limits as CoreLimits};
+use fanout_core::retry::Attempt;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+use super::ledger::PgLedger;
+use super::shared::{grant_shared, shared_wait};
+use crate::ledger::{Claimed, LedgerError, Outcome, Transition};
+use crate::model::Limits;
+
+use super::rows::*;
+
+// ---------------------------------------------------------------------------------------------
+// Claims and results
+
+/// What one claim took for one subscriber.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PgClaim {
+    pub subscriber_id: String,
+    /// Leased to this daemon until `lease_expires_ms`, oldest due first.
+    pub claimed: Vec<Claimed>,
+    /// The lease's expiry: a result is recorded only under this same lease.
+    pub lease_expires_ms: i64,
+    /// Deliveries in flight for this subscriber across every daemon, these included.
+    pub in_flight: u32,
+    /// Due work was left because the shared limiter said wait (its rate, a pause, the
+    /// breaker; never the in-flight cap): how long, at least.
+    pub wait_ms: Option<u64>,
+    /// When its earliest remaining pending delivery is due, if it has one.
+    pub next_due_ms: Option<i64>,
+}
+
+/// A result to record, with the lease it was sent under when the caller knows it (without it,
+/// only the owner is checked: a result of this daemon's is recorded while this daemon holds
+/// the delivery).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeasedOutcome {
+    pub outcome: Outcome,
+    pub lease_expires_ms: Option<i64>,
+}
+
+/// An attempt's answer as the shared limiter takes it (breaker, Retry-After pause).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Feedback {
+    pub subscriber_id: String,
+    pub attempt: Attempt,
+    pub at_ms: i64,
+}
+
+/// What `apply` recorded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Applied {
+    /// Outcomes recorded.
+    pub recorded: usize,
+    /// Deliveries whose result was ignored: their lease had expired and been taken over (or
+    /// the delivery was removed with its subscriber) — another daemon owns them now.
+    pub stale: Vec<i64>,
+}
+
+// The hot path's statements, prepared once per connection (`prepare_cached`): a turn sends
+// each as one Bind/Execute, several at once where the next does not need the previous answer.
+
+/// The rows of subscribers to claim for, locked in id order.
+pub(super) const CLAIM_LOCK: &str =
+    "SELECT id, rate_per_sec, burst, max_in_flight, limiter FROM subscribers
+     WHERE id = ANY($1) AND deleted_ms IS NULL AND disabled_ms IS NULL
+     ORDER BY id FOR UPDATE";
+
+/// Their expired leases, of any daemon, back to the queue due now (locked ones skipped).
+pub(super) const CLAIM_EXPIRE: &str =
+    "UPDATE deliveries SET status = 'pending', lease_owner = NULL,
+         lease_expires_ms = NULL, next_attempt_ms = $2, updated_ms = $2
+     WHERE id IN (SELECT id FROM deliveries
+                  WHERE subscriber_id = ANY($1) AND status = 'in_flight'
+                    AND lease_expires_ms <= $2
+                  FOR UPDATE SKIP LOCKED)";
+
+/// Their deliveries in flight, every daemon's.
+pub(super) const CLAIM_COUNT: &str = "SELECT subscriber_id, COUNT(*) FROM deliveries
+     WHERE subscriber_id = ANY($1) AND status = 'in_flight' GROUP BY subscriber_id";
+
+/// Up to `$2[k]` due deliveries of subscriber `$1[k]`, oldest due first, rows another
+/// transaction holds skipped, leased to `$3` until `$4` — picked, locked, leased and read
+/// (with their event) by one statement.
+pub(super) const CLAIM_LEASE: &str =
+    "UPDATE deliveries d SET status = 'in_flight', lease_owner = $3,
+         lease_expires_ms = $4, updated_ms = $5
+     FROM events e
+     WHERE d.id = ANY(ARRAY(
+               SELECT c.id FROM unnest($1::text[], $2::bigint[]) AS w(sub, n)
+               CROSS JOIN LATERAL (
+                   SELECT id FROM deliveries
+                   WHERE subscriber_id = w.sub AND status = 'pending' AND next_attempt_ms <= $5
+                   ORDER BY next_attempt_ms, id LIMIT w.n
+                   FOR UPDATE SKIP LOCKED) c))
+       AND e.id = d.event_id
+     RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts, d.next_attempt_ms";
+
+/// Shared limiter states back in their (locked) rows.
+pub(super) const STORE_LIMITERS: &str = "UPDATE subscribers s SET limiter = u.l
+     FROM unnest($1::text[], $2::text[]) AS u(id, l) WHERE s.id = u.id";
+
+/// When each subscriber's earliest pending delivery is due: one index probe each.
+pub(super) const CLAIM_NEXT_DUE: &str = "SELECT w.sub, n.due FROM unnest($1::text[]) AS w(sub)
+     CROSS JOIN LATERAL (
+         SELECT next_attempt_ms AS due FROM deliveries
+         WHERE subscriber_id = w.sub AND status = 'pending'
+         ORDER BY next_attempt_ms LIMIT 1) n";
+
+/// Results of deliveries still leased to `$9` (under lease `$2[k]` when not null), and the
+/// attempts (`$10..$18`, in order) of those recorded; returns the ids recorded.
+pub(super) const RECORD_OUTCOMES: &str = "WITH done AS (
+         UPDATE deliveries d SET status = u.status, attempts = d.attempts + u.spent,
+             next_attempt_ms = COALESCE(u.next, d.next_attempt_ms),
+             last_error = CASE WHEN u.keep THEN d.last_error ELSE u.err END,
+             lease_owner = NULL, lease_expires_ms = NULL, updated_ms = $8
+         FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::int[], $5::bigint[],
+                     $6::text[], $7::bool[]) AS u(id, lease, status, spent, next, err, keep)
+         WHERE d.id = u.id AND d.status = 'in_flight' AND d.lease_owner = $9
+           AND (u.lease IS NULL OR d.lease_expires_ms = u.lease)
+         RETURNING d.id),
+     tried AS (
+         INSERT INTO attempts (delivery_id, attempt, at_ms, lane, outcome, status, latency_ms,
+             response_body, error)
+         SELECT x.delivery, x.number, x.at, x.lane, x.outcome, x.status, x.latency, x.body,
+             x.error
+         FROM unnest($10::bigint[], $11::int[], $12::bigint[], $13::text[], $14::text[],
+                     $15::int[], $16::bigint[], $17::text[], $18::text[])
+             WITH ORDINALITY AS x(delivery, number, at, lane, outcome, status, latency, body,
+                                  error, ord)
+         WHERE x.delivery IN (SELECT id FROM done)
+         ORDER BY x.ord)
+     SELECT id FROM done";
+
+/// The most asked of each subscriber (once each, in id order).
+pub(super) fn wanted_of(wants: &[(String, usize)]) -> BTreeMap<&str, usize> {
+    let mut wanted: BTreeMap<&str, usize> = BTreeMap::new();
+    for (id, most) in wants {
+        let w = wanted.entry(id.as_str()).or_default();
+        *w = (*w).max(*most);
+    }
+    wanted
+}
+
+pub(super) fn core_limits(row: &Row, breaker: BreakerConfig) -> Result<CoreLimits, LedgerError> {
+    Ok(Limits {
+        rate_per_sec: row.try_get("rate_per_sec")?,
+        burst: row.try_get::<_, i32>("burst")?.max(1) as u32,
+        max_in_flight: row.try_get::<_, i32>("max_in_flight")?.max(1) as u32,
+        timeout_ms: 0,
+    }
+    .core(breaker))
+}
+
+impl PgLedger {
+    /// Lease due deliveries for each `(subscriber, most)` — at most `most`, and only what the
+    /// subscriber's shared limiter grants across every daemon — to this daemon until
+    /// `now + lease_ms`. Leases of any daemon that expired return to the queue first.
+    /// Disabled and removed subscribers get nothing (and are left out of the answer).
+    pub async fn claim(
+        &self,
+        wants: &[(String, usize)],
+        breaker: BreakerConfig,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<PgClaim>, LedgerError> {
+        let lease_until = now_ms.saturating_add(lease_ms);
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let out = Self::claim_in(&tx, &self.owner, wants, breaker, now_ms, lease_until).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// [`PgLedger::claim`] inside the caller's transaction, leasing to `owner` until
+    /// `lease_until`. Three round trips, whatever the number of subscribers and deliveries:
+    /// the locks and counts, the lease, the limiters and what remains due.
+    pub(super) async fn claim_in(
+        tx: &Transaction<'_>,
+        owner: &str,
+        wants: &[(String, usize)],
+        breaker: BreakerConfig,
+        now_ms: i64,
+        lease_until: i64,
+    ) -> Result<Vec<PgClaim>, LedgerError> {
+        let wanted = wanted_of(wants);
+        let ids: Vec<&str> = wanted.keys().copied().collect();
+        // 1-3, pipelined (the server runs them in this order): the subscribers' rows, locked
+        // in id order (one claimer per subscriber at a time); their expired leases (of any
+        // daemon) back to the queue, due now — one being recorded right now (locked) is left
+        // to that transaction; then what is in flight, from the live leases.
+        let (lock, expire, count) = tokio::try_join!(
+            tx.prepare_cached(CLAIM_LOCK),
+            tx.prepare_cached(CLAIM_EXPIRE),
+            tx.prepare_cached(CLAIM_COUNT),
+        )?;
+        let by_id: &[&(dyn ToSql + Sync)] = &[&ids];
+        let expire_args: &[&(dyn ToSql + Sync)] = &[&ids, &now_ms];
+        let (subs, _, counted) = tokio::try_join!(
+            tx.query(&lock, by_id),
+            tx.execute(&expire, expire_args),
+            tx.query(&count, by_id),
+        )?;
+        let mut live = Vec::with_capacity(subs.len());
+        for r in &subs {
+            let id: String = r.try_get(0)?;
+            let raw: Option<String> = r.try_get("limiter")?;
+            let limiter = decode_limiter(&id, raw.as_deref(), now_ms);
+            live.push((id, core_limits(r, breaker)?, limiter));
+        }
+        Self::lease_in(tx, owner, &wanted, live, &counted, now_ms, lease_until).await
+    }
+
+    /// The rest of a claim once the subscribers' rows are locked — `live`: the live ones in id
+    /// order, with their limits and shared limiter as of now — and their sends in flight
+    /// counted (`counted`: the rows of `CLAIM_COUNT`, run after their expired leases went back
+    /// to the queue). Two round trips.
+    pub(super) async fn lease_in(
+        tx: &Transaction<'_>,
+        owner: &str,
+        wanted: &BTreeMap<&str, usize>,
+        live: Vec<(String, CoreLimits, LimiterState)>,
+        counted: &[Row],
+        now_ms: i64,
+        lease_until: i64,
+    ) -> Result<Vec<PgClaim>, LedgerError> {
+        let mut in_flight: HashMap<String, u32> = HashMap::new();
+        for r in counted {
+            in_flight.insert(r.try_get(0)?, r.try_get::<_, i64>(1)?.max(0) as u32);
+        }
+        // 4. The shared limiter of each decides how many may go now, of what was asked and
+        // what the in-flight cap leaves: reserved here, committed below to what was found.
+        let mut held = Vec::with_capacity(live.len());
+        let mut grant_ids: Vec<&str> = Vec::with_capacity(live.len());
+        let mut grants: Vec<i64> = Vec::with_capacity(live.len());
+        for (id, l, mut limiter) in live {
+            let busy = in_flight.get(&id).copied().unwrap_or(0);
+            let most = wanted.get(id.as_str()).copied().unwrap_or(0);
+            let reservation = grant_shared(&mut limiter, l, busy, most, now_ms);
+            held.push((id, l, limiter, reservation));
+        }
+        for (id, _, _, reservation) in &held {
+            if reservation.granted() > 0 {
+                grant_ids.push(id.as_str());
+                grants.push(reservation.granted() as i64);
+            }
+        }
+        // 5. Lease that many due deliveries of each to this daemon, oldest due first, rows
+        // another transaction holds skipped: one statement picks, locks, leases and reads
+        // them.
+        let mut claimed: HashMap<String, Vec<(i64, i64, Claimed)>> = HashMap::new();
+        if !grant_ids.is_empty() {
+            let lease = tx.prepare_cached(CLAIM_LEASE).await?;
+            for r in tx
+                .query(
+                    &lease,
+                    &[&grant_ids, &grants, &owner, &lease_until, &now_ms],
+                )
+                .await?
+            {
+                let rowid: i64 = r.try_get(0)?;
+                let due: i64 = r.try_get(6)?;
+                claimed.entry(r.try_get(1)?).or_default().push((
+                    due,
+                    rowid,
+                    Claimed {
+                        rowid,
+                        event_id: r.try_get(2)?,
+                        event_type: r.try_get(3)?,
+                        body: r.try_get(4)?,
+                        attempt: (r.try_get::<_, i32>(5)?.max(0) as u32).saturating_add(1),
+                    },
+                ));
+            }
+        }
+        // 6. Keep what was leased of each reservation, give back the rest exactly.
+        let mut store_ids: Vec<&str> = Vec::with_capacity(held.len());
+        let mut store_states: Vec<String> = Vec::with_capacity(held.len());
+        for (id, l, limiter, reservation) in &mut held {
+            let n = claimed.get(id.as_str()).map_or(0, Vec::len);
+            limiter.commit(*l, *reservation, n);
+            *in_flight.entry(id.clone()).or_default() += n as u32;
+            store_ids.push(id.as_str());
+            store_states.push(encode_limiter(limiter));
+        }
+        // 7, 8, pipelined: the limiters back in their rows; what remains due, for the
+        // dispatcher's next wake-up (one index probe per subscriber).
+        let (store, next) = tokio::try_join!(
+            tx.prepare_cached(STORE_LIMITERS),
+            tx.prepare_cached(CLAIM_NEXT_DUE),
+        )?;
+        let store_args: &[&(dyn ToSql + Sync)] = &[&store_ids, &store_states];
+        let next_args: &[&(dyn ToSql + Sync)] = &[&store_ids];
+        let (_, next_rows) =
+            tokio::try_join!(tx.execute(&store, store_args), tx.query(&next, next_args))?;
+        let mut next_due: HashMap<String, i64> = HashMap::new();
+        for r in next_rows {
+            next_due.insert(r.try_get(0)?, r.try_get(1)?);
+        }
+        let mut out = Vec::with_capacity(held.len());
+        for (id, l, limiter, _) in held {
+            let next_due_ms = next_due.get(&id).copied();
+            let busy = in_flight.get(&id).copied().unwrap_or(0);
+            let wait_ms = shared_wait(&limiter, l, busy, next_due_ms, now_ms);
+            let mut leased = claimed.remove(&id).unwrap_or_default();
+            leased.sort_by_key(|(due, rowid, _)| (*due, *rowid));
+            out.push(PgClaim {
+                claimed: leased.into_iter().map(|(_, _, d)| d).collect(),
+                lease_expires_ms: lease_until,
+                in_flight: busy,
+                wait_ms,
+                next_due_ms,
+                subscriber_id: id,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Record results and fold their answers into the shared limiters, in one transaction.
+    /// A result counts only while its delivery is still leased to this daemon (under the same
+    /// lease, when given); otherwise it is stale (reported, not recorded). Feedback is folded in either
+    /// way: the subscriber did answer so.
+    pub async fn apply(
+        &self,
+        outcomes: &[LeasedOutcome],
+        feedback: &[Feedback],
+        breaker: BreakerConfig,
+        now_ms: i64,
+    ) -> Result<Applied, LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let out = Self::apply_in(&tx, &self.owner, outcomes, feedback, breaker, now_ms).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// [`PgLedger::apply`] inside the caller's transaction, for `owner`'s leases.
+    pub(super) async fn apply_in(
+        tx: &Transaction<'_>,
+        owner: &str,
+        outcomes: &[LeasedOutcome],
+        feedback: &[Feedback],
+        breaker: BreakerConfig,
+        now_ms: i64,
+    ) -> Result<Applied, LedgerError> {
+        // Subscriber rows first, in id order (the claim's order): no deadlock with a claim.
+        if !feedback.is_empty() {
+            let mut ids: Vec<&str> = feedback.iter().map(|f| f.subscriber_id.as_str()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            let rows = tx
+                .query(
+                    "SELECT id, rate_per_sec, burst, max_in_flight, limiter FROM subscribers
+                     WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+                    &[&ids],
+                )
+                .await?;
+            let mut store_ids: Vec<String> = Vec::new();
+            let mut store_states: Vec<String> = Vec::new();
+            for r in &rows {
+                let id: String = r.try_get(0)?;
+                let l = core_limits(r, breaker)?;
+                let raw: Option<String> = r.try_get("limiter")?;
+                let mut limiter = decode_limiter(&id, raw.as_deref(), now_ms);
+                for f in feedback.iter().filter(|f| f.subscriber_id == id) {
+                    limiter.record(l, &f.attempt, f.at_ms);
+                }
+                store_states.push(encode_limiter(&limiter));
+                store_ids.push(id);
+            }
+            let store = tx.prepare_cached(STORE_LIMITERS).await?;
+            tx.execute(&store, &[&store_ids, &store_states]).await?;
+        }
+        let outcomes: Vec<(&Outcome, Option<i64>)> = outcomes
+            .iter()
+            .map(|lo| (&lo.outcome, lo.lease_expires_ms))
+            .collect();
+        Self::record_outcomes(tx, owner, &outcomes, now_ms).await
+    }
+
+    /// Record results of deliveries leased to `owner` (under the given lease, when there is
+    /// one) and the attempts of those recorded, in order: one statement whatever their number.
+    pub(super) async fn record_outcomes(
+        tx: &Transaction<'_>,
+        owner: &str,
+        outcomes: &[(&Outcome, Option<i64>)],
+        now_ms: i64,
+    ) -> Result<Applied, LedgerError> {
+        if outcomes.is_empty() {
+            return Ok(Applied::default());
+        }
+        let n = outcomes.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut leases = Vec::with_capacity(n);
+        let mut statuses: Vec<&str> = Vec::with_capacity(n);
+        let mut spent: Vec<i32> = Vec::with_capacity(n);
+        let mut next: Vec<Option<i64>> = Vec::with_capacity(n);
+        let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
+        let mut keep_error: Vec<bool> = Vec::with_capacity(n);
+        // The attempts, of every outcome that made one (only those recorded are stored).
+        let mut a_ids: Vec<i64> = Vec::with_capacity(n);
+        let mut a_n: Vec<i32> = Vec::with_capacity(n);
+        let mut a_at: Vec<i64> = Vec::with_capacity(n);
+        let mut a_lane: Vec<&str> = Vec::with_capacity(n);
+        let mut a_outcome: Vec<&str> = Vec::with_capacity(n);
+        let mut a_status: Vec<Option<i32>> = Vec::with_capacity(n);
+        let mut a_latency: Vec<Option<i64>> = Vec::with_capacity(n);
+        let mut a_body: Vec<Option<&str>> = Vec::with_capacity(n);
+        let mut a_error: Vec<Option<&str>> = Vec::with_capacity(n);
+        for (o, lease) in outcomes {
+            ids.push(o.rowid);
+            leases.push(*lease);
+            let (status, s, at, err, keep) = match &o.transition {
+                Transition::Sent => ("sent", 1, None, None, false),
+                Transition::Retry { at_ms, error } => {
+                    ("pending", 1, Some(*at_ms), Some(error.as_str()), false)
+                }
+                Transition::Dead { reason } => (
+                    "dead",
+                    i32::from(o.attempt.is_some()),
+                    None,
+                    Some(reason.as_str()),
+                    false,
+                ),
+                Transition::Defer { at_ms } => ("pending", 0, Some(*at_ms), None, true),
+            };
+            statuses.push(status);
+            spent.push(s);
+            next.push(at);
+            errors.push(err);
+            keep_error.push(keep);
+            if let Some(a) = &o.attempt {
+                a_ids.push(o.rowid);
+                a_n.push(a.attempt.min(i32::MAX as u32) as i32);
+                a_at.push(a.at_ms);
+                a_lane.push(a.lane);
+                a_outcome.push(a.outcome);
+                a_status.push(a.status.map(i32::from));
+                a_latency.push(a.latency_ms.map(|l| l.min(i64::MAX as u64) as i64));
+                a_body.push(a.response_body.as_deref());
+                a_error.push(a.error.as_deref());
+            }
+        }
+        let st = tx.prepare_cached(RECORD_OUTCOMES).await?;
+        let recorded: HashSet<i64> = tx
+            .query(
+                &st,
+                &[
+                    &ids,
+                    &leases,
+                    &statuses,
+                    &spent,
+                    &next,
+                    &errors,
+                    &keep_error,
+                    &now_ms,
+                    &owner,
+                    &a_ids,
+                    &a_n,
+                    &a_at,
+                    &a_lane,
+                    &a_outcome,
+                    &a_status,
+                    &a_latency,
+                    &a_body,
+                    &a_error,
+                ],
+            )
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        Ok(Applied {
+            recorded: recorded.len(),
+            stale: ids
+                .into_iter()
+                .filter(|id| !recorded.contains(id))
+                .collect(),
+        })
+    }
+
+    /// Return this daemon's own leases to the queue, due now (a daemon restarting under the
+    /// same name: whatever it held died with its previous run). Returns how many.
+    pub async fn release_own_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
+        let c = self.client().await?;
+        Ok(c.execute(
+            "UPDATE deliveries SET status = 'pending', lease_owner = NULL, lease_expires_ms = NULL,
+                 next_attempt_ms = $2, updated_ms = $2
+             WHERE status = 'in_flight' AND lease_owner = $1",
+            &[&&*self.owner, &now_ms],
+        )
+        .await?)
+    }
+
+    /// Every live subscriber with pending work and when its earliest delivery is due; expired
+    /// leases count as due at their expiry.
+    pub async fn due_summary(&self) -> Result<Vec<(String, i64)>, LedgerError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT s.id, LEAST(
+                     (SELECT MIN(d.next_attempt_ms) FROM deliveries d
+                      WHERE d.subscriber_id = s.id AND d.status = 'pending'),
+                     (SELECT MIN(d.lease_expires_ms) FROM deliveries d
+                      WHERE d.subscriber_id = s.id AND d.status = 'in_flight'))
+                 FROM subscribers s WHERE s.deleted_ms IS NULL ORDER BY s.id",
+                &[],
+            )
+            .await?;
+        let mut out = Vec::new();
+        for r in rows {
+            if let Some(due) = r.try_get::<_, Option<i64>>(1)? {
+                out.push((r.try_get(0)?, due));
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,475 @@
+//! Subscribers on PostgreSQL: their rows and secrets, created, changed, removed and rotated,
+//! their limiter state, and [`Subscribers`] for the API, each a transaction of its own under the
+//! subscriber row's lock where it changes one. A change is announced to every daemon.
+
+use std::collections::{BTreeMap, HashMap};
+
+use deadpool_postgres::Transaction;
+use fanout_core::breaker::Breaker;
+use fanout_core::limiter::LimiterState;
+
+use super::ledger::PgLedger;
+use super::listen::CHANGED_CHANNEL;
+use crate::ledger::subscribers::SubscriberCounts;
+use crate::ledger::LedgerError;
+use crate::model::{Disabled, StoredSecret, Subscriber};
+
+use super::rows::*;
+use crate::ledger::scope;
+use crate::ledger::subscribers::Subscribers;
+
+impl PgLedger {
+    pub(super) async fn secrets_of(
+        c: &impl deadpool_postgres::GenericClient,
+        ids: &[String],
+    ) -> Result<HashMap<String, Vec<StoredSecret>>, LedgerError> {
+        let rows = c
+            .query(
+                "SELECT subscriber_id, secret, created_ms, expires_ms FROM subscriber_secrets
+                 WHERE subscriber_id = ANY($1) ORDER BY created_ms DESC, id DESC",
+                &[&ids],
+            )
+            .await?;
+        let mut out: HashMap<String, Vec<StoredSecret>> = HashMap::new();
+        for r in rows {
+            out.entry(r.try_get(0)?).or_default().push(StoredSecret {
+                secret: r.try_get(1)?,
+                created_ms: r.try_get(2)?,
+                expires_ms: r.try_get(3)?,
+            });
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn get_subscriber_on(
+        c: &impl deadpool_postgres::GenericClient,
+        id: &str,
+    ) -> Result<Subscriber, LedgerError> {
+        let row = c
+            .query_opt(
+                &format!(
+                    "SELECT {SUBSCRIBER_COLUMNS} FROM subscribers
+                     WHERE id = $1 AND deleted_ms IS NULL"
+                ),
+                &[&id],
+            )
+            .await?
+            .ok_or_else(|| LedgerError::NotFound(format!("subscriber {id}")))?;
+        let mut s = subscriber_from_row(&row)?;
+        s.secrets = Self::secrets_of(c, &[s.id.clone()])
+            .await?
+            .remove(&s.id)
+            .unwrap_or_default();
+        Ok(s)
+    }
+
+    pub async fn get_subscriber(&self, id: &str) -> Result<Subscriber, LedgerError> {
+        Self::get_subscriber_on(&self.client().await?, id).await
+    }
+
+    pub async fn list_subscribers(&self) -> Result<Vec<Subscriber>, LedgerError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {SUBSCRIBER_COLUMNS} FROM subscribers WHERE deleted_ms IS NULL
+                     ORDER BY id"
+                ),
+                &[],
+            )
+            .await?;
+        let mut subs = rows
+            .iter()
+            .map(subscriber_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
+        let mut secrets = Self::secrets_of(&c, &ids).await?;
+        for s in &mut subs {
+            s.secrets = secrets.remove(&s.id).unwrap_or_default();
+        }
+        Ok(subs)
+    }
+
+    /// Insert a new subscriber (or bring back a removed one under the same id) with its first
+    /// secret.
+    pub async fn create_subscriber(&self, s: &Subscriber, secret: &str) -> Result<(), LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let existing = tx
+            .query_opt(
+                "SELECT deleted_ms, customer FROM subscribers WHERE id = $1 FOR UPDATE",
+                &[&s.id],
+            )
+            .await?;
+        let conflict = || LedgerError::Conflict(format!("subscriber {} already exists", s.id));
+        let existing: Option<(Option<i64>, Option<String>)> = existing
+            .map(|r| Ok::<_, LedgerError>((r.try_get(0)?, r.try_get(1)?)))
+            .transpose()?;
+        match existing {
+            Some((None, _)) => return Err(conflict()),
+            // A removed endpoint's deliveries stay under its id: another owner taking the id
+            // over would see and replay them. Refused until retention has removed them.
+            Some((Some(_), owner)) if owner != s.customer => {
+                let kept: i64 = tx
+                    .query_one(
+                        "SELECT COALESCE(SUM(n), 0)::BIGINT FROM delivery_counts
+                         WHERE subscriber_id = $1",
+                        &[&s.id],
+                    )
+                    .await?
+                    .try_get(0)?;
+                if kept > 0 {
+                    return Err(crate::ledger::error::id_still_holds_history(&s.id));
+                }
+                tx.execute(
+                    "DELETE FROM subscriber_secrets WHERE subscriber_id = $1",
+                    &[&s.id],
+                )
+                .await?;
+                tx.execute("DELETE FROM subscribers WHERE id = $1", &[&s.id])
+                    .await?;
+            }
+            Some((Some(_), _)) => {
+                tx.execute(
+                    "DELETE FROM subscriber_secrets WHERE subscriber_id = $1",
+                    &[&s.id],
+                )
+                .await?;
+                tx.execute("DELETE FROM subscribers WHERE id = $1", &[&s.id])
+                    .await?;
+            }
+            None => {}
+        }
+        super::customers::hold_customer(&tx, s.customer.as_deref()).await?;
+        let inserted = tx
+            .execute(
+                "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
+                     timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11)",
+                &[
+                    &s.id,
+                    &s.url,
+                    &event_types_json(s),
+                    &s.limits.rate_per_sec,
+                    &(s.limits.burst.min(i32::MAX as u32) as i32),
+                    &(s.limits.max_in_flight.min(i32::MAX as u32) as i32),
+                    &(s.limits.timeout_ms.min(i64::MAX as u64) as i64),
+                    &s.lane.as_str(),
+                    &s.legacy_signature,
+                    &s.created_ms,
+                    &s.customer,
+                ],
+            )
+            .await;
+        match inserted {
+            Err(e) if unique_violation(&e) => return Err(conflict()),
+            other => other?,
+        };
+        tx.execute(
+            "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES ($1, $2, $3)",
+            &[&s.id, &secret, &s.created_ms],
+        )
+        .await?;
+        announce_change(&tx, &s.id).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Store a changed definition (not its secrets; its customer must exist): the limiter is
+    /// kept, so a change never grants a fresh burst.
+    pub async fn update_subscriber(&self, s: &Subscriber) -> Result<(), LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        Self::update_subscriber_in(&tx, s).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// [`PgLedger::update_subscriber`] inside the caller's transaction.
+    pub(super) async fn update_subscriber_in(
+        tx: &Transaction<'_>,
+        s: &Subscriber,
+    ) -> Result<(), LedgerError> {
+        let n = tx
+            .execute(
+                "UPDATE subscribers SET url = $2, event_types = $3, rate_per_sec = $4, burst = $5,
+                     max_in_flight = $6, timeout_ms = $7, lane = $8, legacy_signature = $9,
+                     updated_ms = $10, customer = $11
+                 WHERE id = $1 AND deleted_ms IS NULL",
+                &[
+                    &s.id,
+                    &s.url,
+                    &event_types_json(s),
+                    &s.limits.rate_per_sec,
+                    &(s.limits.burst.min(i32::MAX as u32) as i32),
+                    &(s.limits.max_in_flight.min(i32::MAX as u32) as i32),
+                    &(s.limits.timeout_ms.min(i64::MAX as u64) as i64),
+                    &s.lane.as_str(),
+                    &s.legacy_signature,
+                    &s.updated_ms,
+                    &s.customer,
+                ],
+            )
+            .await?;
+        if n == 0 {
+            return Err(LedgerError::NotFound(format!("subscriber {}", s.id)));
+        }
+        // After the subscriber's row (locked by the update): subscriber rows first.
+        super::customers::hold_customer(tx, s.customer.as_deref()).await?;
+        announce_change(tx, &s.id).await?;
+        Ok(())
+    }
+
+    /// Remove a subscriber: it matches no new event, and its unfinished deliveries go dead
+    /// (replayable if it comes back). Returns how many went dead.
+    pub async fn delete_subscriber(&self, id: &str, now_ms: i64) -> Result<u64, LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let n = tx
+            .execute(
+                "UPDATE subscribers SET deleted_ms = $2, updated_ms = $2
+                 WHERE id = $1 AND deleted_ms IS NULL",
+                &[&id, &now_ms],
+            )
+            .await?;
+        if n == 0 {
+            return Err(LedgerError::NotFound(format!("subscriber {id}")));
+        }
+        let dead = tx
+            .execute(
+                "UPDATE deliveries SET status = 'dead', last_error = 'subscriber removed',
+                     updated_ms = $2, lease_owner = NULL, lease_expires_ms = NULL
+                 WHERE subscriber_id = $1 AND status IN ('pending', 'in_flight')",
+                &[&id, &now_ms],
+            )
+            .await?;
+        announce_change(&tx, id).await?;
+        tx.commit().await?;
+        Ok(dead)
+    }
+
+    /// Add `secret` as the current secret; every other active one keeps signing until
+    /// `now + grace_ms`.
+    pub async fn rotate_secret(
+        &self,
+        id: &str,
+        secret: &str,
+        now_ms: i64,
+        grace_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        Self::rotate_secret_in(&tx, id, secret, now_ms, grace_ms).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// [`PgLedger::rotate_secret`] inside the caller's transaction.
+    pub(super) async fn rotate_secret_in(
+        tx: &Transaction<'_>,
+        id: &str,
+        secret: &str,
+        now_ms: i64,
+        grace_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let live = tx
+            .execute(
+                "UPDATE subscribers SET updated_ms = $2 WHERE id = $1 AND deleted_ms IS NULL",
+                &[&id, &now_ms],
+            )
+            .await?;
+        if live == 0 {
+            return Err(LedgerError::NotFound(format!("subscriber {id}")));
+        }
+        // Under the subscriber row's lock (the UPDATE above): rotations of one subscriber
+        // take turns, each sees the one before.
+        let row = tx
+            .query_one(
+                "SELECT (SELECT MAX(created_ms) FROM subscriber_secrets
+                         WHERE subscriber_id = $1 AND expires_ms IS NULL),
+                        EXISTS (SELECT 1 FROM subscriber_secrets
+                                WHERE subscriber_id = $1 AND expires_ms IS NOT NULL)",
+                &[&id],
+            )
+            .await?;
+        let current_ms: Option<i64> = row.try_get(0)?;
+        let rotated_before: bool = row.try_get(1)?;
+        if let Some(wait) =
+            current_ms.and_then(|t| crate::model::rotation_wait_ms(t, rotated_before, now_ms))
+        {
+            return Err(crate::ledger::error::rotation_too_soon(id, wait));
+        }
+        // The secrets rotated out before are older than the current one: they stop now.
+        tx.execute(
+            "DELETE FROM subscriber_secrets WHERE subscriber_id = $1 AND expires_ms IS NOT NULL",
+            &[&id],
+        )
+        .await?;
+        let until = now_ms.saturating_add(grace_ms);
+        tx.execute(
+            "UPDATE subscriber_secrets SET expires_ms = $2
+             WHERE subscriber_id = $1 AND expires_ms IS NULL",
+            &[&id, &until],
+        )
+        .await?;
+        tx.execute(
+            "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES ($1, $2, $3)",
+            &[&id, &secret, &now_ms],
+        )
+        .await?;
+        announce_change(tx, id).await?;
+        Ok(())
+    }
+
+    /// Disable (`Some`) or re-enable (`None`) a subscriber; re-enabling clears its failure run
+    /// and resets its breaker in the shared limiter. Returns whether anything changed.
+    pub async fn set_disabled(
+        &self,
+        id: &str,
+        disabled: Option<&Disabled>,
+        now_ms: i64,
+    ) -> Result<bool, LedgerError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let changed = Self::set_disabled_in(&tx, id, disabled, now_ms).await?;
+        tx.commit().await?;
+        Ok(changed)
+    }
+
+    /// [`PgLedger::set_disabled`] inside the caller's transaction.
+    pub(super) async fn set_disabled_in(
+        tx: &Transaction<'_>,
+        id: &str,
+        disabled: Option<&Disabled>,
+        now_ms: i64,
+    ) -> Result<bool, LedgerError> {
+        let changed = match disabled {
+            Some(d) => tx
+                .query_opt(
+                    "UPDATE subscribers SET disabled_ms = $2, disabled_reason = $3,
+                         disabled_by_operator = $4
+                     WHERE id = $1 AND deleted_ms IS NULL AND disabled_ms IS NULL RETURNING limiter",
+                    &[&id, &d.at_ms, &d.reason, &d.by_operator],
+                )
+                .await?
+                .map(|_| None),
+            None => tx
+                .query_opt(
+                    "UPDATE subscribers SET disabled_ms = NULL, disabled_reason = NULL,
+                         disabled_by_operator = FALSE, failing_since_ms = NULL
+                     WHERE id = $1 AND deleted_ms IS NULL AND disabled_ms IS NOT NULL
+                     RETURNING limiter",
+                    &[&id],
+                )
+                .await?
+                .map(|r| r.try_get::<_, Option<String>>(0))
+                .transpose()?
+                .map(Some),
+        };
+        let Some(reenabled) = changed else {
+            return Ok(false);
+        };
+        if let Some(raw) = reenabled {
+            let mut limiter = decode_limiter(id, raw.as_deref(), now_ms);
+            limiter.breaker = Breaker::default();
+            tx.execute(
+                "UPDATE subscribers SET limiter = $2 WHERE id = $1",
+                &[&id, &encode_limiter(&limiter)],
+            )
+            .await?;
+        }
+        announce_change(tx, id).await?;
+        Ok(true)
+    }
+
+    /// The shared limiter state as last stored (an undecodable one reads as an empty bucket).
+    pub async fn load_limiter(&self, id: &str, now_ms: i64) -> Result<LimiterState, LedgerError> {
+        let c = self.client().await?;
+        let raw: Option<String> = c
+            .query_opt("SELECT limiter FROM subscribers WHERE id = $1", &[&id])
+            .await?
+            .map(|r| r.try_get(0))
+            .transpose()?
+            .flatten();
+        Ok(decode_limiter(id, raw.as_deref(), now_ms))
+    }
+}
+
+/// Tell every daemon (on commit) that a subscriber's definition or state changed.
+pub(super) async fn announce_change(
+    c: &impl deadpool_postgres::GenericClient,
+    id: &str,
+) -> Result<(), LedgerError> {
+    c.execute("SELECT pg_notify($1, $2)", &[&CHANGED_CHANNEL, &id])
+        .await?;
+    Ok(())
+}
+
+impl Subscribers for PgLedger {
+    async fn subscriber(
+        &self,
+        id: String,
+        scope: Option<String>,
+    ) -> Result<Subscriber, LedgerError> {
+        let s = self.get_subscriber(&id).await?;
+        scope::visible(scope.as_deref(), s)
+    }
+
+    async fn create_subscriber(
+        &self,
+        s: Subscriber,
+        secret: String,
+    ) -> Result<Subscriber, LedgerError> {
+        self.create_subscriber(&s, &secret).await?;
+        self.get_subscriber(&s.id).await
+    }
+
+    async fn subscribers(
+        &self,
+        only: Option<String>,
+        with_stats: bool,
+        scope: Option<String>,
+    ) -> Result<(Vec<Subscriber>, Option<BTreeMap<String, SubscriberCounts>>), LedgerError> {
+        let mut subs = match &only {
+            Some(id) => vec![self.get_subscriber(id).await?],
+            None => self.list_subscribers().await?,
+        };
+        scope::retain(scope.as_deref(), &mut subs);
+        let counts = if with_stats {
+            let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
+            Some(self.subscriber_counts(&ids, crate::time::now_ms()).await?)
+        } else {
+            None
+        };
+        Ok((subs, counts))
+    }
+
+    async fn update_subscriber<E, F>(
+        &self,
+        id: String,
+        scope: Option<String>,
+        change: F,
+    ) -> Result<Result<Subscriber, E>, LedgerError>
+    where
+        E: Send + 'static,
+        F: FnOnce(Subscriber) -> Result<(Subscriber, bool), E> + Send + 'static,
+    {
+        self.change_subscriber(&id, scope.as_deref(), change).await
+    }
+
+    async fn delete_subscriber(&self, id: String, now_ms: i64) -> Result<u64, LedgerError> {
+        self.delete_subscriber(&id, now_ms).await
+    }
+
+    async fn rotate_secret(
+        &self,
+        id: String,
+        secret: String,
+        now_ms: i64,
+        grace_ms: i64,
+        scope: Option<String>,
+    ) -> Result<(), LedgerError> {
+        self.rotate_secret_scoped(&id, &secret, now_ms, grace_ms, scope.as_deref())
+            .await
+    }
+}

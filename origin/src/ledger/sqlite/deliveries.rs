@@ -1,0 +1,418 @@
+//! Deliveries on SQLite, as the API reads and replays them: lists by filter (`filter.rs`
+//! writes the `WHERE`), one delivery with its attempts, replays one at a time or in steps;
+//! [`Deliveries`] for the API. Ingest itself is `ingest.rs`.
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use super::customers::delivery_owner;
+use super::ingest::ingest;
+use super::leases::id_list;
+use super::ledger::Ledger;
+use super::subscribers::{get_subscriber, visible_subscriber};
+use crate::ledger::deliveries::{
+    AttemptRecordView, Deliveries, DeliveryFilter, DeliveryView, Ingested, NewEvent, ReplayStep,
+};
+use crate::ledger::error::{test_too_soon, LedgerError};
+use crate::ledger::filter::{self, Arg, Dialect};
+use crate::ledger::scope;
+use crate::model::{delivery_public_id, AttemptOutcome, Lane, Status};
+
+/// A filter's arguments as SQLite values.
+fn values(args: Vec<Arg>) -> Vec<rusqlite::types::Value> {
+    use rusqlite::types::Value;
+    args.into_iter()
+        .map(|a| match a {
+            Arg::Text(t) => Value::Text(t),
+            Arg::Int(n) => Value::Integer(n),
+        })
+        .collect()
+}
+
+const DELIVERY_COLUMNS: &str =
+    "d.id, d.subscriber_id, d.event_id, COALESCE(e.type, ''), d.status, \
+     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms";
+
+/// A text column that must hold one of an enum's names.
+fn enum_column<T>(r: &Row<'_>, i: usize, parse: fn(&str) -> Option<T>) -> rusqlite::Result<T> {
+    let text: String = r.get(i)?;
+    parse(&text).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            i,
+            rusqlite::types::Type::Text,
+            format!("unknown value {text:?}").into(),
+        )
+    })
+}
+
+fn delivery_from_row(r: &Row<'_>) -> rusqlite::Result<DeliveryView> {
+    let status = enum_column(r, 4, Status::parse)?;
+    let next: i64 = r.get(6)?;
+    Ok(DeliveryView {
+        id: delivery_public_id(r.get(0)?),
+        subscriber_id: r.get(1)?,
+        event_id: r.get(2)?,
+        event_type: r.get(3)?,
+        next_attempt_at_ms: (status == Status::Pending).then_some(next),
+        status,
+        attempt_count: r.get(5)?,
+        last_error: r.get(7)?,
+        created_at_ms: r.get(8)?,
+        updated_at_ms: r.get(9)?,
+        attempts: None,
+    })
+}
+
+/// The `WHERE` clause of a delivery filter and its arguments (`filter.rs`).
+fn filter_sql(f: &DeliveryFilter) -> (String, Vec<rusqlite::types::Value>) {
+    let (clause, args) = filter::where_clause(f, Dialect::Sqlite);
+    (clause, values(args))
+}
+
+/// Deliveries matching `f`, in id order, at most `f.limit`. A subscriber without a status is
+/// read as one id-ordered range per status, merged: each range is an index's, so no list
+/// reads more than `4 × limit` rows whatever the ledger holds. A customer's (a portal token's
+/// scope) is read per subscriber it owns, so it reads no other customer's rows.
+pub fn list_deliveries(
+    c: &Connection,
+    f: &DeliveryFilter,
+) -> Result<Vec<DeliveryView>, LedgerError> {
+    Ok(list_rows(c, f)?.into_iter().map(|(_, d)| d).collect())
+}
+
+/// [`list_deliveries`] with each delivery's rowid.
+fn list_rows(c: &Connection, f: &DeliveryFilter) -> Result<Vec<(i64, DeliveryView)>, LedgerError> {
+    // A customer's list is its subscribers' lists merged: its cost follows the customer's own
+    // deliveries, not the ledger's. A subscriber's without a status, its statuses' merged.
+    let parts = match customer_ranges(c, f)? {
+        Some(per_subscriber) => per_subscriber,
+        None if f.subscriber.is_some() && f.status.is_none() && f.event.is_none() => Status::ALL
+            .into_iter()
+            .map(|status| DeliveryFilter {
+                status: Some(status),
+                ..f.clone()
+            })
+            .collect(),
+        None => return list_range(c, f),
+    };
+    let mut all = Vec::new();
+    for one in &parts {
+        all.extend(list_rows(c, one)?);
+    }
+    all.sort_by_key(|(rowid, _)| *rowid);
+    all.truncate(f.limit);
+    Ok(all)
+}
+
+/// A filter scoped to a customer without a subscriber or an event, as one filter per
+/// subscriber the customer owns or owned (removed ones' deliveries stay its own), found by
+/// `subscribers_by_customer`; `None` for any other filter.
+fn customer_ranges(
+    c: &Connection,
+    f: &DeliveryFilter,
+) -> Result<Option<Vec<DeliveryFilter>>, LedgerError> {
+    let (Some(customer), None, None) = (&f.customer, &f.subscriber, &f.event) else {
+        return Ok(None);
+    };
+    let subs: Vec<String> = c
+        .prepare_cached("SELECT id FROM subscribers WHERE customer = ?1 ORDER BY id")?
+        .query_map([customer], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok(Some(
+        subs.into_iter()
+            .map(|s| DeliveryFilter {
+                subscriber: Some(s),
+                ..f.clone()
+            })
+            .collect(),
+    ))
+}
+
+fn list_range(c: &Connection, f: &DeliveryFilter) -> Result<Vec<(i64, DeliveryView)>, LedgerError> {
+    let (filter, args) = filter_sql(f);
+    let sql = format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
+         {filter} ORDER BY d.id LIMIT {}",
+        f.limit
+    );
+    let mut st = c.prepare_cached(&sql)?;
+    let rows = st.query_map(rusqlite::params_from_iter(args), |r| {
+        Ok((r.get::<_, i64>(0)?, delivery_from_row(r)?))
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn get_delivery(c: &Connection, rowid: i64) -> Result<DeliveryView, LedgerError> {
+    let sql = format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
+         WHERE d.id = ?1"
+    );
+    let mut d = c
+        .prepare_cached(&sql)?
+        .query_row([rowid], delivery_from_row)
+        .optional()?
+        .ok_or_else(|| LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid))))?;
+    let mut st = c.prepare_cached(
+        "SELECT attempt, at_ms, lane, outcome, status, latency_ms, response_body, error
+         FROM attempts WHERE delivery_id = ?1 ORDER BY id",
+    )?;
+    let attempts = st
+        .query_map([rowid], |r| {
+            Ok(AttemptRecordView {
+                attempt: r.get(0)?,
+                at_ms: r.get(1)?,
+                lane: enum_column(r, 2, Lane::parse)?,
+                outcome: enum_column(r, 3, AttemptOutcome::parse)?,
+                status: r.get(4)?,
+                latency_ms: r.get(5)?,
+                response_body: r.get(6)?,
+                error: r.get(7)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    d.attempts = Some(attempts);
+    Ok(d)
+}
+
+/// Put one delivery back in the queue, due now, with a fresh attempt budget. A delivery in
+/// flight cannot be replayed (it is being sent). Returns its subscriber.
+pub fn replay_one(c: &Connection, rowid: i64, now_ms: i64) -> Result<String, LedgerError> {
+    let row: Option<(String, String)> = c
+        .prepare_cached("SELECT subscriber_id, status FROM deliveries WHERE id = ?1")?
+        .query_row([rowid], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let (sub, status) = row
+        .ok_or_else(|| LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid))))?;
+    if status == "in_flight" {
+        return Err(LedgerError::Conflict(format!(
+            "delivery {} is in flight",
+            delivery_public_id(rowid)
+        )));
+    }
+    get_subscriber(c, &sub)
+        .map_err(|_| LedgerError::Conflict(format!("subscriber {sub} has been removed")))?;
+    c.execute(
+        "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?2,
+             last_error = NULL, updated_ms = ?2
+         WHERE id = ?1",
+        params![rowid, now_ms],
+    )?;
+    Ok(sub)
+}
+
+/// The `WHERE` clause (and its arguments) of the deliveries a bulk replay takes (`filter.rs`).
+fn replayable_sql(
+    f: &DeliveryFilter,
+) -> Result<(String, Vec<rusqlite::types::Value>), LedgerError> {
+    let (clause, args) = filter::replayable(f, Dialect::Sqlite)?;
+    Ok((clause, values(args)))
+}
+
+/// How many deliveries a bulk replay ([`replay_step`]s) would replay now (a dry run).
+pub fn count_replayable(c: &Connection, f: &DeliveryFilter) -> Result<u64, LedgerError> {
+    if let Some(per_subscriber) = customer_ranges(c, f)? {
+        let mut n = 0;
+        for one in per_subscriber {
+            n += count_replayable(c, &one)?;
+        }
+        return Ok(n);
+    }
+    let (filter, args) = replayable_sql(f)?;
+    let n: i64 = c
+        .prepare(&format!("SELECT COUNT(*) FROM deliveries d {filter}"))?
+        .query_row(rusqlite::params_from_iter(args), |r| r.get(0))?;
+    Ok(n.max(0) as u64)
+}
+
+/// One step of a bulk replay: the first `f.limit` deliveries matching the filter after
+/// `f.after`, in id order (its status defaults to dead; in-flight ones and removed
+/// subscribers' are skipped; pending ones are left as they are), put back in the queue.
+pub fn replay_step(
+    c: &Connection,
+    f: &DeliveryFilter,
+    now_ms: i64,
+) -> Result<ReplayStep, LedgerError> {
+    let ids = match customer_ranges(c, f)? {
+        // A customer's: its subscribers' first ids, merged.
+        Some(per_subscriber) => {
+            let mut all = Vec::new();
+            for one in per_subscriber {
+                all.extend(replayable_ids(c, &one)?);
+            }
+            all.sort_unstable();
+            all.truncate(f.limit);
+            all
+        }
+        None => replayable_ids(c, f)?,
+    };
+    let mut subs: Vec<String> = c
+        .prepare_cached(
+            "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?1,
+                 last_error = NULL, updated_ms = ?1
+             WHERE id IN (SELECT value FROM json_each(?2)) AND status IN ('sent', 'dead')
+             RETURNING subscriber_id",
+        )?
+        .query_map(params![now_ms, id_list(ids.iter().copied())], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let replayed = subs.len() as u64;
+    subs.sort();
+    subs.dedup();
+    Ok(ReplayStep {
+        replayed,
+        subscribers: subs,
+        last: ids.last().copied(),
+        done: ids.len() < f.limit,
+    })
+}
+
+/// The first `f.limit` ids a bulk replay with this filter takes after `f.after`.
+fn replayable_ids(c: &Connection, f: &DeliveryFilter) -> Result<Vec<i64>, LedgerError> {
+    let (filter, args) = replayable_sql(f)?;
+    let ids = c
+        .prepare_cached(&format!(
+            "SELECT d.id FROM deliveries d {filter} ORDER BY d.id LIMIT {}",
+            f.limit
+        ))?
+        .query_map(rusqlite::params_from_iter(args), |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok(ids)
+}
+
+/// Deliveries per status, for `/metrics`: from the counts the triggers keep, not a scan.
+pub fn status_counts(c: &Connection) -> Result<Vec<(String, i64)>, LedgerError> {
+    let mut st = c.prepare_cached("SELECT status, SUM(n) FROM delivery_counts GROUP BY status")?;
+    let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Store a test event and a delivery of it to `subscriber` alone (no other subscriber's
+/// patterns are consulted). Returns the delivery's row id. `TooSoon` while its previous test
+/// event is unfinished or younger than `MIN_TEST_INTERVAL_MS`.
+pub fn ingest_test(
+    c: &Connection,
+    subscriber: &str,
+    event: &NewEvent,
+    now_ms: i64,
+) -> Result<i64, LedgerError> {
+    get_subscriber(c, subscriber)?;
+    let previous: Option<(String, i64)> = c
+        .prepare_cached(
+            "SELECT d.status, e.received_ms
+             FROM subscribers s
+             JOIN deliveries d ON d.event_id = s.last_test_event AND d.subscriber_id = s.id
+             JOIN events e ON e.id = d.event_id
+             WHERE s.id = ?1",
+        )?
+        .query_row([subscriber], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let previous = previous.map(|(status, made)| (unfinished(&status), made));
+    if let Some(wait) = crate::model::test_event_wait_ms(previous, now_ms) {
+        return Err(test_too_soon(subscriber, wait));
+    }
+    c.prepare_cached("UPDATE subscribers SET last_test_event = ?2 WHERE id = ?1")?
+        .execute(params![subscriber, event.id])?;
+    c.prepare_cached("INSERT INTO events (id, type, body, received_ms) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![event.id, event.event_type, event.body, now_ms])?;
+    c.prepare_cached(
+        "INSERT INTO deliveries (subscriber_id, event_id, status, next_attempt_ms, created_ms,
+             updated_ms)
+         VALUES (?1, ?2, 'pending', ?3, ?3, ?3)",
+    )?
+    .execute(params![subscriber, event.id, now_ms])?;
+    Ok(c.last_insert_rowid())
+}
+
+/// Whether a delivery in this stored status is still to be sent.
+fn unfinished(status: &str) -> bool {
+    matches!(
+        crate::model::Status::parse(status),
+        Some(crate::model::Status::Pending | crate::model::Status::InFlight)
+    )
+}
+
+impl Deliveries for Ledger {
+    async fn ingest(
+        &self,
+        events: Vec<NewEvent>,
+        now_ms: i64,
+    ) -> Result<(Vec<Ingested>, Vec<String>), LedgerError> {
+        self.tx_shared(move |c| ingest(c, &events, now_ms)).await
+    }
+
+    async fn list_deliveries(
+        &self,
+        filter: DeliveryFilter,
+    ) -> Result<Vec<DeliveryView>, LedgerError> {
+        self.read(move |c| list_deliveries(c, &filter)).await
+    }
+
+    async fn get_delivery(
+        &self,
+        rowid: i64,
+        scope: Option<String>,
+    ) -> Result<DeliveryView, LedgerError> {
+        self.read(move |c| {
+            scope::delivery(
+                scope.as_deref(),
+                rowid,
+                delivery_owner(c, rowid)?.as_deref(),
+            )?;
+            get_delivery(c, rowid)
+        })
+        .await
+    }
+
+    async fn replay_one(
+        &self,
+        rowid: i64,
+        now_ms: i64,
+        scope: Option<String>,
+    ) -> Result<String, LedgerError> {
+        self.tx(move |c| {
+            scope::delivery(
+                scope.as_deref(),
+                rowid,
+                delivery_owner(c, rowid)?.as_deref(),
+            )?;
+            replay_one(c, rowid, now_ms)
+        })
+        .await
+    }
+
+    async fn replay_step(
+        &self,
+        filter: DeliveryFilter,
+        now_ms: i64,
+    ) -> Result<ReplayStep, LedgerError> {
+        self.tx(move |c| {
+            if let Some(s) = &filter.subscriber {
+                visible_subscriber(c, s, filter.customer.as_deref())?;
+            }
+            replay_step(c, &filter, now_ms)
+        })
+        .await
+    }
+
+    async fn count_replayable(&self, filter: DeliveryFilter) -> Result<u64, LedgerError> {
+        self.read(move |c| {
+            if let Some(s) = &filter.subscriber {
+                visible_subscriber(c, s, filter.customer.as_deref())?;
+            }
+            count_replayable(c, &filter)
+        })
+        .await
+    }
+
+    async fn ingest_test(
+        &self,
+        subscriber: String,
+        event: NewEvent,
+        now_ms: i64,
+        scope: Option<String>,
+    ) -> Result<i64, LedgerError> {
+        self.tx(move |c| {
+            visible_subscriber(c, &subscriber, scope.as_deref())?;
+            ingest_test(c, &subscriber, &event, now_ms)
+        })
+        .await
+    }
+}

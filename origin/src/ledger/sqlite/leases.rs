@@ -1,0 +1,241 @@
+//! The dispatcher's writes on SQLite: claims (leases), results applied, leases released, and
+//! which subscribers have work due. Functions over a connection inside the caller's
+//! transaction; `dispatch.rs` strings them into a turn.
+
+use fanout_core::limiter::LimiterState;
+use rusqlite::{params, Connection};
+
+use super::ingest::{multi_row_sql, ROWS_PER_INSERT};
+use super::limiters::store_limiters;
+use crate::ledger::error::LedgerError;
+use crate::model::{AttemptRecord, Claim, Claimed, Outcome, Transition};
+
+/// Lease up to `limit` due deliveries of each subscriber until `lease_until_ms`, oldest due
+/// first, and store the limiter states that granted them.
+pub fn claim(
+    c: &Connection,
+    wants: &[(String, usize)],
+    limiters: &[(String, LimiterState)],
+    now_ms: i64,
+    lease_until_ms: i64,
+) -> Result<Vec<Claim>, LedgerError> {
+    let mut select = c.prepare_cached(
+        "SELECT d.id, d.event_id, e.type, e.body, d.attempts
+         FROM deliveries d JOIN events e ON e.id = d.event_id
+         WHERE d.subscriber_id = ?1 AND d.status = 'pending' AND d.next_attempt_ms <= ?2
+         ORDER BY d.next_attempt_ms, d.id LIMIT ?3",
+    )?;
+    // One statement per subscriber for the whole claim: the ids as a JSON array.
+    let mut lease = c.prepare_cached(
+        "UPDATE deliveries SET status = 'in_flight', lease_expires_ms = ?2, updated_ms = ?3
+         WHERE id IN (SELECT value FROM json_each(?1))",
+    )?;
+    let mut next = c.prepare_cached(
+        "SELECT MIN(next_attempt_ms) FROM deliveries WHERE subscriber_id = ?1 AND status = 'pending'",
+    )?;
+    let mut out = Vec::with_capacity(wants.len());
+    for (sub, limit) in wants {
+        let claimed: Vec<Claimed> = if *limit == 0 {
+            Vec::new()
+        } else {
+            select
+                .query_map(params![sub, now_ms, *limit as i64], |r| {
+                    Ok(Claimed {
+                        rowid: r.get(0)?,
+                        event_id: r.get(1)?,
+                        event_type: r.get(2)?,
+                        body: r.get(3)?,
+                        attempt: r.get::<_, u32>(4)?.saturating_add(1),
+                    })
+                })?
+                .collect::<Result<_, _>>()?
+        };
+        if !claimed.is_empty() {
+            let ids = id_list(claimed.iter().map(|d| d.rowid));
+            lease.execute(params![ids, lease_until_ms, now_ms])?;
+        }
+        let next_due_ms: Option<i64> = next.query_row([sub], |r| r.get(0))?;
+        out.push(Claim {
+            subscriber_id: sub.clone(),
+            claimed,
+            next_due_ms,
+            // The dispatcher's own limiter granted these: it knows its waits.
+            not_before_ms: None,
+        });
+    }
+    store_limiters(c, limiters)?;
+    Ok(out)
+}
+
+/// Row ids as a JSON array, for `id IN (SELECT value FROM json_each(?))`.
+pub(super) fn id_list(ids: impl Iterator<Item = i64>) -> String {
+    let mut s = String::from("[");
+    for (k, id) in ids.enumerate() {
+        if k > 0 {
+            s.push(',');
+        }
+        s.push_str(&id.to_string());
+    }
+    s.push(']');
+    s
+}
+
+/// Record a batch of outcomes (and the limiter states they produced) in one go. An outcome
+/// applies only to a delivery still `in_flight` (its lease), and its attempt is recorded only
+/// then: recording the same outcomes twice counts them once.
+pub fn apply(
+    c: &Connection,
+    outcomes: &[Outcome],
+    limiters: &[(String, LimiterState)],
+    now_ms: i64,
+) -> Result<(), LedgerError> {
+    // Sent is by far the commonest outcome: a run of them is one statement.
+    let mut sent = c.prepare_cached(
+        "UPDATE deliveries SET status = 'sent', attempts = attempts + 1, lease_expires_ms = NULL,
+             last_error = NULL, updated_ms = ?2
+         WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'in_flight'
+         RETURNING id",
+    )?;
+    let mut retry = c.prepare_cached(
+        "UPDATE deliveries SET status = 'pending', attempts = attempts + 1, next_attempt_ms = ?2,
+             lease_expires_ms = NULL, last_error = ?3, updated_ms = ?4
+         WHERE id = ?1 AND status = 'in_flight'",
+    )?;
+    let mut dead = c.prepare_cached(
+        "UPDATE deliveries SET status = 'dead', attempts = attempts + ?4, lease_expires_ms = NULL,
+             last_error = ?2, updated_ms = ?3
+         WHERE id = ?1 AND status = 'in_flight'",
+    )?;
+    let mut defer = c.prepare_cached(
+        "UPDATE deliveries SET status = 'pending', next_attempt_ms = ?2, lease_expires_ms = NULL,
+             updated_ms = ?3
+         WHERE id = ?1 AND status = 'in_flight'",
+    )?;
+    // The outcomes that found their delivery in flight (the others were already recorded, or
+    // the delivery was taken away: removed subscriber, expired lease).
+    let mut applied = vec![false; outcomes.len()];
+    // In order: consecutive Sent outcomes are updated together.
+    let mut i = 0;
+    while i < outcomes.len() {
+        let o = &outcomes[i];
+        match &o.transition {
+            Transition::Sent => {
+                let run = outcomes[i..]
+                    .iter()
+                    .take_while(|o| o.transition == Transition::Sent)
+                    .count();
+                let ids = id_list(outcomes[i..i + run].iter().map(|o| o.rowid));
+                let hit: std::collections::HashSet<i64> = sent
+                    .query_map(params![ids, now_ms], |r| r.get(0))?
+                    .collect::<Result<_, _>>()?;
+                for k in i..i + run {
+                    applied[k] = hit.contains(&outcomes[k].rowid);
+                }
+                i += run;
+                continue;
+            }
+            Transition::Retry { at_ms, error } => {
+                applied[i] = retry.execute(params![o.rowid, at_ms, error, now_ms])? > 0
+            }
+            Transition::Dead { reason } => {
+                applied[i] = dead.execute(params![
+                    o.rowid,
+                    reason,
+                    now_ms,
+                    i64::from(o.attempt.is_some())
+                ])? > 0
+            }
+            Transition::Defer { at_ms } => {
+                applied[i] = defer.execute(params![o.rowid, at_ms, now_ms])? > 0
+            }
+        };
+        i += 1;
+    }
+    // The attempts, in order, by chunks of rows.
+    let recorded: Vec<(i64, &AttemptRecord)> = outcomes
+        .iter()
+        .zip(&applied)
+        .filter(|(_, applied)| **applied)
+        .filter_map(|(o, _)| o.attempt.as_ref().map(|a| (o.rowid, a)))
+        .collect();
+    for chunk in recorded.chunks(ROWS_PER_INSERT) {
+        let sql = multi_row_sql(
+            "INSERT INTO attempts (delivery_id, attempt, at_ms, lane, outcome, status, latency_ms,
+                 response_body, error)",
+            chunk.len(),
+            9,
+            "",
+            "",
+        );
+        let mut st = c.prepare_cached(&sql)?;
+        let latencies: Vec<Option<i64>> = chunk
+            .iter()
+            .map(|(_, a)| a.latency_ms.map(|l| l as i64))
+            .collect();
+        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * 9);
+        for ((rowid, a), latency) in chunk.iter().zip(&latencies) {
+            args.push(rowid);
+            args.push(&a.attempt);
+            args.push(&a.at_ms);
+            args.push(&a.lane);
+            args.push(&a.outcome);
+            args.push(&a.status);
+            args.push(latency);
+            args.push(&a.response_body);
+            args.push(&a.error);
+        }
+        st.execute(args.as_slice())?;
+    }
+    store_limiters(c, limiters)?;
+    Ok(())
+}
+
+/// At start-up every lease belongs to a previous process (one daemon owns a ledger): all of
+/// them return to the queue, due now. Returns how many.
+pub fn release_all_leases(c: &Connection, now_ms: i64) -> Result<usize, LedgerError> {
+    Ok(c.execute(
+        "UPDATE deliveries SET status = 'pending', lease_expires_ms = NULL, next_attempt_ms = ?1,
+             updated_ms = ?1
+         WHERE status = 'in_flight'",
+        [now_ms],
+    )?)
+}
+
+/// Leases that outlived their expiry go back to pending. Returns the subscribers concerned.
+pub fn release_expired_leases(c: &Connection, now_ms: i64) -> Result<Vec<String>, LedgerError> {
+    let subs: Vec<String> = c
+        .prepare_cached(
+            "SELECT DISTINCT subscriber_id FROM deliveries
+             WHERE status = 'in_flight' AND lease_expires_ms < ?1",
+        )?
+        .query_map([now_ms], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    if !subs.is_empty() {
+        c.execute(
+            "UPDATE deliveries SET status = 'pending', lease_expires_ms = NULL, next_attempt_ms = ?1,
+                 updated_ms = ?1
+             WHERE status = 'in_flight' AND lease_expires_ms < ?1",
+            [now_ms],
+        )?;
+    }
+    Ok(subs)
+}
+
+/// Every live subscriber with pending work and when its earliest delivery is due.
+pub fn due_summary(c: &Connection) -> Result<Vec<(String, i64)>, LedgerError> {
+    let mut st = c.prepare_cached(
+        "SELECT s.id, (SELECT MIN(d.next_attempt_ms) FROM deliveries d
+                       WHERE d.subscriber_id = s.id AND d.status = 'pending')
+         FROM subscribers s WHERE s.deleted_ms IS NULL",
+    )?;
+    let rows = st.query_map([], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        if let (id, Some(due)) = row? {
+            out.push((id, due));
+        }
+    }
+    Ok(out)
+}

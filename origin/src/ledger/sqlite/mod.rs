@@ -1,0 +1,63 @@
+//! The SQLite ledger: the source of truth of a single daemon. One connection, owned by one
+//! writer thread; every operation is a closure sent to that thread and runs in a transaction,
+//! so batches (an ingest of 100 events, a dispatcher tick's claims, a burst of results) commit
+//! at once. Operations queued together share one transaction, each under its own savepoint
+//! (group commit, see `writer.rs`); each is answered only once that transaction has committed.
+//! A third connection checkpoints the WAL into the database file on its own thread.
+//!
+//! Files by subject: `subscribers.rs`, `ingest.rs`, `leases.rs` (the dispatcher's writes),
+//! `deliveries.rs` (lists, replays, test events), `customers.rs`, `limiters.rs`, `health.rs`,
+//! `stats.rs`, `status.rs`,
+//! `retention.rs`, `dispatch.rs` (the contract's `DispatchLedger`), `schema.rs`; the file's own
+//! machinery: `ledger.rs` (the handle), `writer.rs`, `backup.rs`, `owner.rs` (the one daemon's
+//! lock), `files.rs`, `error.rs` (rusqlite's errors into the contract's). Nothing here is
+//! PostgreSQL's, and nothing outside this folder (but the copy command) names rusqlite.
+//!
+//! Invariants: a delivery exists at most once per `(subscriber_id, event_id)`; a delivery is
+//! `in_flight` only while leased by the dispatcher; deliveries, attempts and events are deleted
+//! only by `retention.rs` (finished deliveries past their window), never anything pending or in
+//! flight.
+
+pub mod backup;
+mod customers;
+mod deliveries;
+mod dispatch;
+mod error;
+pub mod files;
+mod health;
+mod ingest;
+mod leases;
+mod ledger;
+mod limiters;
+pub mod owner;
+#[cfg(test)]
+mod plans;
+mod retention;
+mod schema;
+mod stats;
+mod status;
+mod subscribers;
+#[cfg(test)]
+mod tests;
+mod writer;
+
+pub use customers::*;
+pub use deliveries::*;
+pub use health::*;
+pub use ingest::ingest;
+pub use leases::*;
+pub use ledger::{open_connection, Ledger, LedgerOptions};
+pub use limiters::*;
+pub use retention::{mark_run, purge_finished, report, sweep_events};
+pub use schema::VERSION as SCHEMA_VERSION;
+pub use stats::subscriber_stats;
+pub use status::subscriber_counts;
+pub use subscribers::*;
+
+/// An empty, migrated in-memory ledger for the ledger's unit tests.
+#[cfg(test)]
+pub(crate) fn test_db() -> rusqlite::Connection {
+    let mut c = rusqlite::Connection::open_in_memory().unwrap();
+    schema::migrate(&mut c).unwrap();
+    c
+}

@@ -1,0 +1,356 @@
+//! Subscribers on SQLite: their rows and secrets, created, changed, removed and rotated, and
+//! the limiter state the dispatcher stores on them; [`Subscribers`] for the API. Functions over
+//! a connection (the caller chooses the transaction), statements prepared once and cached.
+//! Deliveries are in `deliveries.rs`, ingest in `ingest.rs`.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use super::customers::check_customer_exists;
+use super::health::set_disabled;
+use super::ledger::Ledger;
+use super::status::subscriber_counts;
+use crate::ledger::error::{id_still_holds_history, rotation_too_soon, LedgerError};
+use crate::ledger::scope;
+use crate::ledger::subscribers::{SubscriberCounts, Subscribers};
+use crate::model::{rotation_wait_ms, Disabled, Health, Lane, Limits, StoredSecret, Subscriber};
+
+const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
+     timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
+     failing_since_ms, customer, disabled_by_operator";
+
+fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
+    let types: String = r.get(2)?;
+    let lane: String = r.get(7)?;
+    Ok(Subscriber {
+        id: r.get(0)?,
+        url: r.get(1)?,
+        event_types: serde_json::from_str(&types).unwrap_or_default(),
+        limits: Limits {
+            rate_per_sec: r.get(3)?,
+            burst: r.get(4)?,
+            max_in_flight: r.get(5)?,
+            timeout_ms: r.get::<_, i64>(6)?.max(0) as u64,
+        },
+        lane: Lane::parse(&lane).unwrap_or_default(),
+        legacy_signature: r.get(8)?,
+        secrets: Vec::new(),
+        created_ms: r.get(9)?,
+        updated_ms: r.get(10)?,
+        health: Health {
+            disabled: match (
+                r.get::<_, Option<i64>>(11)?,
+                r.get::<_, Option<String>>(12)?,
+            ) {
+                (Some(at_ms), reason) => Some(Disabled {
+                    at_ms,
+                    reason: reason.unwrap_or_default(),
+                    by_operator: r.get(15)?,
+                }),
+                (None, _) => None,
+            },
+            failing_since_ms: r.get(13)?,
+        },
+        customer: r.get(14)?,
+    })
+}
+
+fn load_secrets(c: &Connection, id: &str) -> Result<Vec<StoredSecret>, LedgerError> {
+    let mut st = c.prepare_cached(
+        "SELECT secret, created_ms, expires_ms FROM subscriber_secrets
+         WHERE subscriber_id = ?1 ORDER BY created_ms DESC, rowid DESC",
+    )?;
+    let rows = st.query_map([id], |r| {
+        Ok(StoredSecret {
+            secret: r.get(0)?,
+            created_ms: r.get(1)?,
+            expires_ms: r.get(2)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn get_subscriber(c: &Connection, id: &str) -> Result<Subscriber, LedgerError> {
+    let sql = format!(
+        "SELECT {SUBSCRIBER_COLUMNS} FROM subscribers WHERE id = ?1 AND deleted_ms IS NULL"
+    );
+    let mut st = c.prepare_cached(&sql)?;
+    let mut sub = st
+        .query_row([id], subscriber_from_row)
+        .optional()?
+        .ok_or_else(|| LedgerError::NotFound(format!("subscriber {id}")))?;
+    sub.secrets = load_secrets(c, id)?;
+    Ok(sub)
+}
+
+pub fn list_subscribers(c: &Connection) -> Result<Vec<Subscriber>, LedgerError> {
+    let sql = format!(
+        "SELECT {SUBSCRIBER_COLUMNS} FROM subscribers WHERE deleted_ms IS NULL ORDER BY id"
+    );
+    let mut st = c.prepare_cached(&sql)?;
+    let mut subs = st
+        .query_map([], subscriber_from_row)?
+        .collect::<Result<Vec<_>, _>>()?;
+    for s in &mut subs {
+        s.secrets = load_secrets(c, &s.id)?;
+    }
+    Ok(subs)
+}
+
+/// What `create_subscriber` and `update_subscriber` both bind, in one order: ?1 id, ?2 url,
+/// ?3 event_types (JSON), ?4 rate_per_sec, ?5 burst, ?6 max_in_flight, ?7 timeout_ms, ?8 lane,
+/// ?9 legacy_signature, ?10 the time of the change, ?11 customer.
+fn definition_params<'a>(
+    s: &'a Subscriber,
+    event_types_json: &'a str,
+    at_ms: i64,
+) -> impl rusqlite::Params + 'a {
+    (
+        s.id.as_str(),
+        s.url.as_str(),
+        event_types_json,
+        s.limits.rate_per_sec,
+        s.limits.burst,
+        s.limits.max_in_flight,
+        s.limits.timeout_ms as i64,
+        s.lane.as_str(),
+        s.legacy_signature,
+        at_ms,
+        s.customer.as_deref(),
+    )
+}
+
+fn event_types_json(s: &Subscriber) -> String {
+    serde_json::to_string(&s.event_types).unwrap_or_else(|_| "[]".into())
+}
+
+/// Insert a new subscriber (or bring back a removed one under the same id) with its first
+/// secret.
+pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result<(), LedgerError> {
+    let existing: Option<(Option<i64>, Option<String>)> = c
+        .prepare_cached("SELECT deleted_ms, customer FROM subscribers WHERE id = ?1")?
+        .query_row([&s.id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    match existing {
+        Some((None, _)) => {
+            return Err(LedgerError::Conflict(format!(
+                "subscriber {} already exists",
+                s.id
+            )))
+        }
+        // A removed endpoint's deliveries stay under its id: another owner taking the id over
+        // would see and replay them. Refused until retention has removed them.
+        Some((Some(_), owner)) if owner != s.customer && has_deliveries(c, &s.id)? => {
+            return Err(id_still_holds_history(&s.id))
+        }
+        Some((Some(_), _)) => {
+            c.execute(
+                "DELETE FROM subscriber_secrets WHERE subscriber_id = ?1",
+                [&s.id],
+            )?;
+            c.execute("DELETE FROM subscribers WHERE id = ?1", [&s.id])?;
+        }
+        None => {}
+    }
+    c.prepare_cached(
+        "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
+             timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
+    )?
+    .execute(definition_params(s, &event_types_json(s), s.created_ms))?;
+    c.prepare_cached(
+        "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES (?1, ?2, ?3)",
+    )?
+    .execute(params![s.id, secret, s.created_ms])?;
+    Ok(())
+}
+
+/// Whether any delivery is kept under subscriber id `id` (from the kept counts).
+fn has_deliveries(c: &Connection, id: &str) -> Result<bool, LedgerError> {
+    let n: i64 = c
+        .prepare_cached("SELECT COALESCE(SUM(n), 0) FROM delivery_counts WHERE subscriber_id = ?1")?
+        .query_row([id], |r| r.get(0))?;
+    Ok(n > 0)
+}
+
+/// Store a changed subscriber definition (not its secrets). The limiter state is kept: a
+/// change never grants a fresh burst, and a pause still holds.
+pub fn update_subscriber(c: &Connection, s: &Subscriber) -> Result<(), LedgerError> {
+    let n = c
+        .prepare_cached(
+            "UPDATE subscribers SET url = ?2, event_types = ?3, rate_per_sec = ?4, burst = ?5,
+                 max_in_flight = ?6, timeout_ms = ?7, lane = ?8, legacy_signature = ?9,
+                 updated_ms = ?10, customer = ?11
+             WHERE id = ?1 AND deleted_ms IS NULL",
+        )?
+        .execute(definition_params(s, &event_types_json(s), s.updated_ms))?;
+    if n == 0 {
+        return Err(LedgerError::NotFound(format!("subscriber {}", s.id)));
+    }
+    Ok(())
+}
+
+/// Remove a subscriber: it matches no new event, and its unfinished deliveries go dead
+/// (replayable if it comes back). Returns how many deliveries went dead.
+pub fn delete_subscriber(c: &Connection, id: &str, now_ms: i64) -> Result<u64, LedgerError> {
+    let n = c.execute(
+        "UPDATE subscribers SET deleted_ms = ?2, updated_ms = ?2 WHERE id = ?1 AND deleted_ms IS NULL",
+        params![id, now_ms],
+    )?;
+    if n == 0 {
+        return Err(LedgerError::NotFound(format!("subscriber {id}")));
+    }
+    let dead = c.execute(
+        "UPDATE deliveries SET status = 'dead', last_error = 'subscriber removed', updated_ms = ?2,
+             lease_expires_ms = NULL
+         WHERE subscriber_id = ?1 AND status IN ('pending', 'in_flight')",
+        params![id, now_ms],
+    )?;
+    Ok(dead as u64)
+}
+
+/// Add `secret` as the current secret; the one it replaces keeps signing until
+/// `now + grace_ms`, and any older one stops now (at most `MAX_ACTIVE_SECRETS` sign). A
+/// rotation within `MIN_ROTATION_INTERVAL_MS` of the previous one is `TooSoon`.
+pub fn rotate_secret(
+    c: &Connection,
+    id: &str,
+    secret: &str,
+    now_ms: i64,
+    grace_ms: i64,
+) -> Result<(), LedgerError> {
+    get_subscriber(c, id)?;
+    let (current_ms, rotated_before): (Option<i64>, bool) = c
+        .prepare_cached(
+            "SELECT (SELECT MAX(created_ms) FROM subscriber_secrets
+                     WHERE subscriber_id = ?1 AND expires_ms IS NULL),
+                    EXISTS (SELECT 1 FROM subscriber_secrets
+                            WHERE subscriber_id = ?1 AND expires_ms IS NOT NULL)",
+        )?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    if let Some(wait) = current_ms.and_then(|t| rotation_wait_ms(t, rotated_before, now_ms)) {
+        return Err(rotation_too_soon(id, wait));
+    }
+    // The secrets rotated out before are older than the current one: they stop now.
+    c.execute(
+        "DELETE FROM subscriber_secrets WHERE subscriber_id = ?1 AND expires_ms IS NOT NULL",
+        [id],
+    )?;
+    c.execute(
+        "UPDATE subscriber_secrets SET expires_ms = ?2
+         WHERE subscriber_id = ?1 AND expires_ms IS NULL",
+        params![id, now_ms + grace_ms],
+    )?;
+    c.execute(
+        "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES (?1, ?2, ?3)",
+        params![id, secret, now_ms],
+    )?;
+    c.execute(
+        "UPDATE subscribers SET updated_ms = ?2 WHERE id = ?1",
+        params![id, now_ms],
+    )?;
+    Ok(())
+}
+
+/// On SQLite, inside the caller's transaction: the live subscriber `id` if `scope` sees it.
+pub(super) fn visible_subscriber(
+    c: &Connection,
+    id: &str,
+    scope: Option<&str>,
+) -> Result<Subscriber, LedgerError> {
+    scope::visible(scope, get_subscriber(c, id)?)
+}
+
+impl Subscribers for Ledger {
+    async fn subscriber(
+        &self,
+        id: String,
+        scope: Option<String>,
+    ) -> Result<Subscriber, LedgerError> {
+        let s = self.read(move |c| get_subscriber(c, &id)).await?;
+        scope::visible(scope.as_deref(), s)
+    }
+
+    async fn create_subscriber(
+        &self,
+        s: Subscriber,
+        secret: String,
+    ) -> Result<Subscriber, LedgerError> {
+        self.tx(move |c| {
+            check_customer_exists(c, s.customer.as_deref())?;
+            create_subscriber(c, &s, &secret)?;
+            get_subscriber(c, &s.id)
+        })
+        .await
+    }
+
+    async fn subscribers(
+        &self,
+        only: Option<String>,
+        with_stats: bool,
+        scope: Option<String>,
+    ) -> Result<(Vec<Subscriber>, Option<BTreeMap<String, SubscriberCounts>>), LedgerError> {
+        self.read(move |c| {
+            let snapshot = c.transaction()?;
+            let mut subs = match &only {
+                Some(id) => vec![get_subscriber(&snapshot, id)?],
+                None => list_subscribers(&snapshot)?,
+            };
+            scope::retain(scope.as_deref(), &mut subs);
+            let counts = if with_stats {
+                let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
+                Some(subscriber_counts(&snapshot, &ids, crate::time::now_ms())?)
+            } else {
+                None
+            };
+            Ok((subs, counts))
+        })
+        .await
+    }
+
+    async fn update_subscriber<E, F>(
+        &self,
+        id: String,
+        scope: Option<String>,
+        change: F,
+    ) -> Result<Result<Subscriber, E>, LedgerError>
+    where
+        E: Send + 'static,
+        F: FnOnce(Subscriber) -> Result<(Subscriber, bool), E> + Send + 'static,
+    {
+        self.tx(move |c| {
+            let current = visible_subscriber(c, &id, scope.as_deref())?;
+            let (next, toggled) = match change(current) {
+                Ok(n) => n,
+                Err(e) => return Ok(Err(e)),
+            };
+            check_customer_exists(c, next.customer.as_deref())?;
+            update_subscriber(c, &next)?;
+            if toggled {
+                set_disabled(c, &next.id, next.health.disabled.as_ref())?;
+            }
+            Ok(Ok(next))
+        })
+        .await
+    }
+
+    async fn delete_subscriber(&self, id: String, now_ms: i64) -> Result<u64, LedgerError> {
+        self.tx(move |c| delete_subscriber(c, &id, now_ms)).await
+    }
+
+    async fn rotate_secret(
+        &self,
+        id: String,
+        secret: String,
+        now_ms: i64,
+        grace_ms: i64,
+        scope: Option<String>,
+    ) -> Result<(), LedgerError> {
+        self.tx(move |c| {
+            visible_subscriber(c, &id, scope.as_deref())?;
+            rotate_secret(c, &id, &secret, now_ms, grace_ms)
+        })
+        .await
+    }
+}

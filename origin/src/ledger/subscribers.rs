@@ -1,0 +1,90 @@
+//! The subscribers' contract: the [`Subscribers`] operations the API calls on either backend,
+//! and the figures it reads about them. No SQL and no connection here.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use fanout_core::limiter::LimiterState;
+
+use super::error::LedgerError;
+use crate::model::Subscriber;
+
+/// One subscriber's figures as the ledger holds them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SubscriberCounts {
+    pub pending: i64,
+    pub in_flight: i64,
+    pub sent: i64,
+    pub dead: i64,
+    /// The most recent failed or rejected attempt: when, and what went wrong.
+    pub last_error: Option<(i64, String)>,
+    /// The limiter state as last stored by the dispatcher.
+    pub limiter: LimiterState,
+    /// Why the stored limiter state does not decode, if it does not (the dispatcher starts
+    /// the subscriber from an empty bucket; `limiter` shows that bucket).
+    pub limiter_error: Option<String>,
+}
+
+/// The API's operations on subscribers. Operations that take a `scope` (a portal token's
+/// customer; `None`: the operator) act only on what it sees (`scope.rs`), checked in the
+/// transaction that acts.
+pub trait Subscribers {
+    /// One live subscriber as stored (with its secrets), if `scope` sees it.
+    fn subscriber(
+        &self,
+        id: String,
+        scope: Option<String>,
+    ) -> impl Future<Output = Result<Subscriber, LedgerError>> + Send;
+
+    /// Create a subscriber with its first secret; returns it as stored. A customer it names
+    /// must exist (`Invalid` otherwise).
+    fn create_subscriber(
+        &self,
+        s: Subscriber,
+        secret: String,
+    ) -> impl Future<Output = Result<Subscriber, LedgerError>> + Send;
+
+    /// One subscriber (`only`) or every live one, those `scope` sees, with their figures when
+    /// `with_stats`. `only` outside the scope: none.
+    #[allow(clippy::type_complexity)]
+    fn subscribers(
+        &self,
+        only: Option<String>,
+        with_stats: bool,
+        scope: Option<String>,
+    ) -> impl Future<
+        Output = Result<(Vec<Subscriber>, Option<BTreeMap<String, SubscriberCounts>>), LedgerError>,
+    > + Send;
+
+    /// Change a live subscriber `scope` sees, in one transaction: `change` gets it as stored
+    /// and returns the next definition and whether its disabled state was set (or refuses with
+    /// its own error, changing nothing). A customer the next definition names must exist
+    /// (`Invalid` otherwise).
+    fn update_subscriber<E, F>(
+        &self,
+        id: String,
+        scope: Option<String>,
+        change: F,
+    ) -> impl Future<Output = Result<Result<Subscriber, E>, LedgerError>> + Send
+    where
+        E: Send + 'static,
+        F: FnOnce(Subscriber) -> Result<(Subscriber, bool), E> + Send + 'static;
+
+    /// Remove a subscriber; returns how many of its deliveries went dead.
+    fn delete_subscriber(
+        &self,
+        id: String,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<u64, LedgerError>> + Send;
+
+    /// Add `secret` as the current secret of a live subscriber `scope` sees; the others keep
+    /// signing until `now + grace_ms`.
+    fn rotate_secret(
+        &self,
+        id: String,
+        secret: String,
+        now_ms: i64,
+        grace_ms: i64,
+        scope: Option<String>,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
+}

@@ -57,7 +57,6 @@ mod tests {
     use super::*;
     use crate::api::state::ApiConfig;
     use crate::health::Health;
-    use crate::ledger;
     use crate::ledger::store::Store;
     use crate::metrics::Metrics;
 
@@ -66,10 +65,10 @@ mod tests {
     #[tokio::test]
     async fn healthz_never_waits_behind_the_writer_and_tells_why() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = ledger::sqlite::Ledger::open(&dir.path().join("l.db")).unwrap();
+        let ledger = Store::scratch(dir.path());
         let health = Health::new(ledger.write_state(), crate::dispatch::Heartbeat::default());
         let state = AppState::new(
-            Store::Sqlite(ledger.clone()),
+            ledger.clone(),
             tokio::sync::mpsc::unbounded_channel().0,
             ApiConfig {
                 api_token: "t".repeat(16),
@@ -105,14 +104,7 @@ mod tests {
         health.heartbeat().beat(now_ms());
         let held = tokio::spawn({
             let ledger = ledger.clone();
-            async move {
-                ledger
-                    .call(|_| {
-                        std::thread::sleep(std::time::Duration::from_secs(2));
-                        Ok(())
-                    })
-                    .await
-            }
+            async move { ledger.hold_writer(std::time::Duration::from_secs(2)).await }
         });
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         let (status, body) = ask(state).await;

@@ -258,3 +258,28 @@ impl Observe for Store {
         fn metrics_snapshot(&self, now_ms: i64, breaker: BreakerConfig) -> Result<MetricsSnapshot, LedgerError>;
     }
 }
+
+/// Fixtures for the unit tests of the layers above the contract (the API, retention), which
+/// name no backend.
+#[cfg(test)]
+impl Store {
+    /// A fresh ledger in `dir` (an embedded one: the cheapest to make).
+    pub(crate) fn scratch(dir: &std::path::Path) -> Store {
+        Store::Sqlite(Ledger::open(&dir.join("scratch.db")).expect("a scratch ledger opens"))
+    }
+
+    /// Keep the ledger's writer busy for `d`, as a long transaction would: everything that
+    /// writes waits behind it. Only an embedded ledger has one writer to hold.
+    pub(crate) async fn hold_writer(&self, d: Duration) -> Result<(), LedgerError> {
+        match self {
+            Store::Sqlite(l) => {
+                l.call(move |_| {
+                    std::thread::sleep(d);
+                    Ok(())
+                })
+                .await
+            }
+            Store::Postgres(_) => Err(LedgerError::Invalid("no single writer to hold".into())),
+        }
+    }
+}

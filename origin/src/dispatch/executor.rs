@@ -16,16 +16,18 @@ use fanout_core::breaker::BreakerConfig;
 use tokio::sync::mpsc;
 
 use super::edge_lane::EdgeClient;
-use super::launch::log_outcome;
 use super::plan::RetryRules;
 use super::state::{Settings, State, SHUTDOWN_FLUSHES, SHUTDOWN_FLUSH_EVERY_MS};
-use super::vocab::{Control, Effect, Event, Read, StallReport};
+use super::vocab::{Control, Effect, Event, Meta, Read, StallReport};
 use crate::alert::{AlertRules, Alerter};
 use crate::ledger::{DispatchLedger, LedgerError};
 use crate::metrics::Metrics;
+use crate::model::delivery_public_id;
 use crate::model::{Share, StallView};
 use crate::outbound::Outbound;
 use crate::time::{jitter, now_ms};
+use fanout_core::logrec::LogRecord;
+use fanout_core::wire::{Delivery, DeliveryResult};
 
 /// The executor's liveness, for `/healthz`: the time (unix ms) its loop last began a turn, 0
 /// before the first. A running dispatcher beats at least every couple of seconds
@@ -386,6 +388,20 @@ impl<L: DispatchLedger> Dispatcher<L> {
             tokio::time::sleep(Duration::from_millis(SHUTDOWN_FLUSH_EVERY_MS as u64)).await;
         }
         tracing::error!("could not record every result at shutdown; their deliveries are sent again after the restart");
+    }
+}
+
+/// A result in the debug log, as the edge logs one (`LogRecord`: no payload, URL or secret).
+fn log_outcome(sub: &str, meta: &Meta, result: &DeliveryResult) {
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let d = Delivery {
+            id: delivery_public_id(meta.rowid),
+            event_id: meta.event_id.clone(),
+            event_type: meta.event_type.clone(),
+            attempt: meta.attempt,
+            body: String::new(),
+        };
+        tracing::debug!(target: "fanout::delivery", "{}", LogRecord::new(sub, &d, result).to_json());
     }
 }
 

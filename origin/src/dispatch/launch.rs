@@ -10,9 +10,8 @@
 use std::sync::Arc;
 
 use fanout_core::endpoint::check_url;
-use fanout_core::logrec::LogRecord;
 use fanout_core::sign::Secret;
-use fanout_core::wire::{Delivery, DeliveryResult, SubscriberSpec};
+use fanout_core::wire::{Delivery, SubscriberSpec};
 use tokio::sync::mpsc;
 
 use super::edge_lane::{self, edge_failure, pair_results, EdgeClient};
@@ -260,19 +259,6 @@ impl Drop for Unreported {
             error: "the daemon failed while sending this delivery (an internal error, in its log)"
                 .into(),
         });
-    }
-}
-
-pub(super) fn log_outcome(sub: &str, meta: &Meta, result: &DeliveryResult) {
-    if tracing::enabled!(tracing::Level::DEBUG) {
-        let d = Delivery {
-            id: delivery_public_id(meta.rowid),
-            event_id: meta.event_id.clone(),
-            event_type: meta.event_type.clone(),
-            attempt: meta.attempt,
-            body: String::new(),
-        };
-        tracing::debug!(target: "fanout::delivery", "{}", LogRecord::new(sub, &d, result).to_json());
     }
 }
 

@@ -15,8 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use fanout_core::wire::{DeferReason, DeliveryResult};
 
-use crate::ledger::store::Store;
-use crate::ledger::{self, LedgerError, Observe as _, SubscriberStats};
+use crate::ledger::{self, LedgerError, Observe, SubscriberStats};
 use crate::model::StallView;
 
 const LANES: [&str; 2] = ["origin", "edge"];
@@ -88,7 +87,7 @@ pub struct Snapshot {
 /// Read the gauges from one consistent snapshot of the ledger (its reader connection, so a
 /// scrape never holds up the dispatcher's writes) and render everything.
 pub async fn scrape(
-    ledger: &Store,
+    ledger: &(impl Observe + Sync),
     metrics: &Metrics,
     breaker: fanout_core::breaker::BreakerConfig,
 ) -> Result<String, LedgerError> {

@@ -16,8 +16,7 @@ use std::time::Duration;
 
 use fanout_core::wire::{DeferReason, DeliveryResult};
 
-use crate::ledger::store::Store;
-use crate::ledger::{self, LedgerError, Observe as _, SubscriberStats};
+use crate::ledger::{self, LedgerError, Observe, SubscriberStats};
 use crate::model::{Lane, StallView};
 
 /// The lanes results are counted by, in the order of `Metrics::latency`.
@@ -107,7 +106,7 @@ pub struct Snapshot {
 /// Read the gauges from one consistent snapshot of the ledger (its reader connection, so a
 /// scrape never holds up the dispatcher's writes) and render everything.
 pub async fn scrape(
-    ledger: &Store,
+    ledger: &(impl Observe + Sync),
     metrics: &Metrics,
     breaker: fanout_core::breaker::BreakerConfig,
 ) -> Result<String, LedgerError> {

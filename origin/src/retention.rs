@@ -11,8 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::duration::format_duration;
-use crate::ledger::retention::{self as purge, Finished, Removed, Retention as _};
-use crate::ledger::store::Store;
+use crate::ledger::retention::{self as purge, Finished, Removed, Retention as Purge};
 use crate::ledger::LedgerError;
 /// Kept with the daemon's other counters; named here too, where the task fills it.
 pub use crate::metrics::RetentionStats;
@@ -106,7 +105,7 @@ pub fn plan(r: &Retention, now_ms: i64) -> Plan {
 /// what was removed. On a ledger shared by several daemons a pass ends early when another
 /// daemon holds the purge (its pass does the work).
 pub async fn pass(
-    ledger: &Store,
+    ledger: &impl Purge,
     retention: &Retention,
     now_ms: i64,
     stats: &RetentionStats,
@@ -153,7 +152,7 @@ pub async fn pass(
 
 /// Run passes until `stop` turns true.
 pub async fn run(
-    ledger: Store,
+    ledger: impl Purge + Send + Sync,
     retention: Retention,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     mut stop: tokio::sync::watch::Receiver<bool>,
@@ -301,7 +300,7 @@ mod tests {
             sent_ms: Some(1_000),
             dead_ms: None,
         };
-        let store = Store::Sqlite(ledger.clone());
+        let store = crate::ledger::store::Store::Sqlite(ledger.clone());
         let removed = pass(&store, &r, 2_000, &stats, 10).await.unwrap();
         assert_eq!((removed.deliveries, removed.events), (25, 25));
         // Two delivery steps (the first of 10, the next at least MIN_BATCH: the other 15) and

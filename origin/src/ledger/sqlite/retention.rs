@@ -10,7 +10,20 @@
 //! Each step removes at most `batch` rows by an index (`deliveries_sent_age`,
 //! `deliveries_dead_age`, the events' rowid) inside one short writer transaction; the caller
 //! (`crate::retention`) yields between steps so that ingest never waits long. Freed pages go
-//! to SQLite's free list and are reused by the next inserts (see ARCHITECTURE.md).
+//! to SQLite's free list and are reused by the next inserts (below).
+//!
+//! # Retention and file size: free-list reuse, not `auto_vacuum`
+//!
+//! Deleting rows frees pages inside the database file; SQLite keeps them on a free list and the
+//! next inserts take pages from it before growing the file. Under steady traffic retention frees
+//! about what a day of ingest needs, so the file levels off at one window's worth of ledger (plus
+//! the WAL) and stays there (BENCHMARKS.md, soak). We do not turn on `auto_vacuum=INCREMENTAL`:
+//! it would only give pages back to the filesystem for the next inserts to take again (file churn
+//! and extra writes for no steady-state gain), it adds pointer-map pages that every insert must
+//! update, and switching an existing ledger to it needs a full `VACUUM` — a rewrite of the whole
+//! file with the writer stopped, minutes at tens of millions of rows. To shrink a ledger after a
+//! one-off spike, `fanout backup` writes a compacted copy (`VACUUM INTO`), which can replace the
+//! file while the daemon is stopped.
 
 use rusqlite::{params, Connection, OptionalExtension};
 use std::time::{Duration, Instant};

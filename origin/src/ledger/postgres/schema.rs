@@ -211,7 +211,7 @@ const MIGRATIONS: &[&str] = &[
     // of every portal token and is checked on each call, so a removed (or re-created) customer's
     // links stop working. A subscriber names its customer (NULL: the operator's own); a removed
     // subscriber keeps it, so no other customer takes its id (and its history) over. No foreign
-    // key: a customer goes only once no live subscriber names it (`ledger/pg/customers.rs`
+    // key: a customer goes only once no live subscriber names it (`postgres/customers.rs`
     // checks that under the customer row's lock), and removed subscribers keep its id.
     // `portal_key` holds the one HMAC key that signs portal tokens, made by the first daemon
     // that starts and shared by every daemon on this ledger, so a link works on any of them.

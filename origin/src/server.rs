@@ -63,7 +63,7 @@ pub struct ServerLimits {
 const DRAIN_FOR: Duration = Duration::from_secs(10);
 
 /// Serve `router` on `listener` until `shutdown` resolves, then stop accepting and let open
-/// connections finish their current request (for up to [`DRAIN_FOR`]).
+/// connections finish their current request (for up to `DRAIN_FOR`).
 pub async fn serve(
     listener: TcpListener,
     router: Router,

@@ -58,7 +58,7 @@ impl PgLedger {
         Ok(())
     }
 
-    /// Measure the server's clock again every [`MEASURE_EVERY`] until `stop` fires or is
+    /// Measure the server's clock again every `MEASURE_EVERY` until `stop` fires or is
     /// dropped, adopting a new offset when it moved beyond the measurement's error.
     pub fn keep_clock(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();

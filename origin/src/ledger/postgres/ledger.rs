@@ -88,8 +88,8 @@ const KEEPALIVE_RETRIES: u32 = 3;
 /// system's two minutes.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// `url` parsed, or why not (without repeating a password), with [`KEEPALIVE_IDLE`], the rest
-/// and [`CONNECT_TIMEOUT`] where the URL leaves them to the defaults, and the TLS its
+/// `url` parsed, or why not (without repeating a password), with `KEEPALIVE_IDLE`, the rest
+/// and `CONNECT_TIMEOUT` where the URL leaves them to the defaults, and the TLS its
 /// `sslmode` (and `sslrootcert`) ask for (`tls.rs`).
 pub fn parse_url(url: &str) -> Result<(tokio_postgres::Config, tls::Mode), LedgerError> {
     let params = tls::TlsParams::split(url).map_err(|e| LedgerError::from(PgError::Tls(e)))?;

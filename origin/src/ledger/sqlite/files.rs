@@ -14,7 +14,7 @@ pub const PRIVATE: u32 = 0o600;
 
 /// Open `path` read-write, creating it 0600 if it does not exist (the umask cannot widen
 /// that; the explicit `fchmod` also undoes a umask that would narrow it). An existing file with
-/// group or other bits is made 0600 ([`tighten`]).
+/// group or other bits is made 0600 (`tighten`).
 pub fn open_private(path: &Path) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)

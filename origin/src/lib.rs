@@ -172,9 +172,7 @@ fn dispatch_config(
 }
 
 /// The API's settings from the configuration.
-/// What the API is told of the configuration; `ledger_is_shared`: no owner lock, so `/healthz`
-/// asks the ledger whether it answers.
-fn api_config(cfg: &Config, portal_key: Vec<u8>, ledger_is_shared: bool) -> api::ApiConfig {
+fn api_config(cfg: &Config, portal_key: Vec<u8>) -> api::ApiConfig {
     api::ApiConfig {
         api_token: cfg.api_token.clone(),
         allow_loopback: cfg.allow_loopback,
@@ -185,7 +183,6 @@ fn api_config(cfg: &Config, portal_key: Vec<u8>, ledger_is_shared: bool) -> api:
         portal_key,
         portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
         breaker: cfg.breaker,
-        ledger_is_shared,
     }
 }
 
@@ -231,7 +228,7 @@ async fn serve(
     let state = api::AppState::new(
         store,
         control_tx,
-        api_config(&cfg, portal_key, lock.is_none()),
+        api_config(&cfg, portal_key),
         metrics,
         health.clone(),
     );

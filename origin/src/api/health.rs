@@ -17,7 +17,7 @@ use crate::time::now_ms;
 /// shared ledger is also asked to answer).
 pub(super) async fn healthz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let mut problems = crate::health::verdict(state.health.snapshot(), now_ms());
-    if state.cfg.ledger_is_shared {
+    if state.ledger.is_shared() {
         // A shared ledger: healthy only while it answers.
         if let Err(e) = state.ledger.ping().await {
             problems.push(crate::health::Problem {
@@ -80,7 +80,6 @@ mod tests {
                 portal_key: vec![7; 32],
                 breaker: Default::default(),
                 portal_frame_ancestors: "'none'".into(),
-                ledger_is_shared: false,
             },
             Arc::new(Metrics::new(false)),
             health.clone(),

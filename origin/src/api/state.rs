@@ -27,9 +27,6 @@ pub struct ApiConfig {
     pub portal_frame_ancestors: String,
     /// The breakers' settings, for the views of their state.
     pub breaker: fanout_core::breaker::BreakerConfig,
-    /// The ledger is shared with other daemons (a server, not a file this daemon locks):
-    /// `/healthz` asks it to answer. A local ledger is seen through the writer's atomics only.
-    pub ledger_is_shared: bool,
 }
 
 #[derive(Debug, Clone)]

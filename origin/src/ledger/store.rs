@@ -105,6 +105,12 @@ impl Store {
         }
     }
 
+    /// Whether other daemons may share this ledger (PostgreSQL): then it can be out of reach
+    /// while this daemon runs, and `/healthz` asks whether it answers.
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Store::Postgres(_))
+    }
+
     /// Whether the ledger can write, as its last writes found it (atomics only).
     pub fn write_state(&self) -> Arc<WriteState> {
         match self {

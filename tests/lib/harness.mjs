@@ -250,12 +250,38 @@ export function wranglerEnv(persistDir) {
 }
 
 /**
+ * The project's wrangler.toml for tests, written into `dir`: the same Worker, bindings and vars,
+ * `main` as an absolute path to the built Worker, and no `[build]` table. The tests run the Worker
+ * scripts/test.sh built once; with `[build]`, wrangler also watches `src/` and restarts the Worker
+ * it has just started on a change it believes it saw, and that restart could not bind the port the
+ * first start still held (seen once in a clean-clone run: wrangler exited before /healthz answered).
+ */
+export async function builtWorkerConfig(dir) {
+  const lines = (await fsp.readFile(path.join(ROOT, 'wrangler.toml'), 'utf8')).split('\n');
+  const out = [];
+  let inBuild = false;
+  for (const line of lines) {
+    const table = line.match(/^\s*\[+([^\]]+)\]+\s*$/);
+    if (table) inBuild = table[1].trim() === 'build';
+    if (inBuild) continue;
+    if (/^main\s*=/.test(line)) {
+      out.push(`main = ${JSON.stringify(path.join(ROOT, 'build', 'index.js'))}`);
+    } else {
+      out.push(line);
+    }
+  }
+  const file = path.join(dir, 'wrangler.toml');
+  await fsp.writeFile(file, out.join('\n'));
+  return file;
+}
+
+/**
  * Starts the Worker under `wrangler dev` on free ports with fresh Durable Object state.
  * Options: vars ({NAME: value}, passed as --var, overriding the defaults), key (the
  * EDGE_SIGNING_KEY, default a new secret), port (default a free one), timeoutMs (startup deadline),
  * persistDir (an existing --persist-to directory to reuse, e.g. to restart with the same Durable
  * Object state; the caller owns it and stop() leaves it in place), config (another wrangler.toml,
- * default the project's).
+ * default the project's, without its `[build]`: see builtWorkerConfig).
  * Returns {url, port, key, logs, persistDir, stop()}. `logs` fills with wrangler's output lines
  * (the Worker's console output included) for the whole life of the process.
  */
@@ -271,7 +297,8 @@ export async function startEdge({ vars = {}, key, port: fixedPort, timeoutMs = 9
   const port = fixedPort ?? (await freePort());
   const inspectorPort = await freePort();
   const persistDir = reuseDir ?? (await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-edge-')));
-  const args = wranglerDevArgs({ config, port, inspectorPort, persistDir, vars: allVars });
+  const edgeConfig = config ?? (await builtWorkerConfig(persistDir));
+  const args = wranglerDevArgs({ config: edgeConfig, port, inspectorPort, persistDir, vars: allVars });
   const env = wranglerEnv(persistDir);
   const svc = spawnService('edge', process.execPath, args, { env });
   const url = `http://127.0.0.1:${port}`;

@@ -1,0 +1,278 @@
+//! `fanout listen` as a developer runs it: the real binary against a real daemon, receiving
+//! webhooks, verifying them, forwarding to a real server, failing on purpose, and cleaning up
+//! after Ctrl-C and after `kill -9`.
+// Test support: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::BufRead as _;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{wait_for, Api, Daemon, Subscriber, TOKEN};
+use fanout_origin::config::Settings;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+/// A running `fanout listen` with its output read line by line.
+struct Listener {
+    child: Child,
+    /// Its temporary subscriber's id, from the banner.
+    id: String,
+    /// Its receiver, from the banner.
+    url: String,
+    stdout: mpsc::UnboundedReceiver<String>,
+    stderr: mpsc::UnboundedReceiver<String>,
+}
+
+fn lines_of(r: impl std::io::Read + Send + 'static) -> mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(r).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+async fn next_with(rx: &mut mpsc::UnboundedReceiver<String>, needle: &str) -> String {
+    let found = tokio::time::timeout(Duration::from_secs(15), async {
+        while let Some(line) = rx.recv().await {
+            if line.contains(needle) {
+                return Some(line);
+            }
+        }
+        None
+    })
+    .await;
+    match found {
+        Ok(Some(line)) => line,
+        Ok(None) => panic!("the listener's output ended without a line holding {needle:?}"),
+        Err(_) => panic!("no line holding {needle:?} within 15 s"),
+    }
+}
+
+fn spawn(api: &Api, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["listen", "--port", "0", "--server", &api.base])
+        .args(extra)
+        .env("FANOUT_API_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+impl Listener {
+    /// Start one and wait until it says it is ready (its subscriber registered).
+    async fn start(api: &Api, extra: &[&str]) -> Listener {
+        let mut child = spawn(api, extra);
+        let stdout = lines_of(child.stdout.take().unwrap());
+        let mut stderr = lines_of(child.stderr.take().unwrap());
+        let first = next_with(&mut stderr, "receiving on").await;
+        // "fanout listen: receiving on http://127.0.0.1:PORT/ as subscriber ID (events …"
+        let words: Vec<&str> = first.split_whitespace().collect();
+        let url = words[4].to_string();
+        let id = words[7].to_string();
+        next_with(&mut stderr, "Ready.").await;
+        Listener {
+            child,
+            id,
+            url,
+            stdout,
+            stderr,
+        }
+    }
+
+    fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args([name, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {name}");
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn subscriber_status(api: &Api, id: &str) -> u16 {
+    api.get(&format!("/v1/subscribers/{id}")).await.0
+}
+
+/// An event arrives, verified and with its id on the line; `--forward-to` hands the same body
+/// and signature headers on; a forged webhook is answered 401 and printed NOT VERIFIED; Ctrl-C
+/// removes the subscriber and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receives_verifies_forwards_and_removes_its_subscriber_on_ctrl_c() {
+    let d = Daemon::start().await;
+    let app = Subscriber::ok().await;
+    let to = format!("{}/hooks", app.url);
+    let mut l = Listener::start(&d.api, &["--events", "try.*", "--forward-to", &to]).await;
+    assert!(l.id.starts_with("listen_"), "{}", l.id);
+    let (status, sub) = d.api.get(&format!("/v1/subscribers/{}", l.id)).await;
+    assert_eq!(
+        (status, sub["lane"].clone()),
+        (200, json!("origin")),
+        "{sub}"
+    );
+
+    let event = json!({"id": "evt_try_1", "type": "try.it", "video": "v_42"});
+    d.api.events(event.clone()).await;
+    let line = next_with(&mut l.stdout, "evt_try_1").await;
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        cols[1..],
+        [
+            "evt_try_1",
+            "try.it",
+            "seq",
+            cols[4],
+            "200",
+            "verified",
+            "forwarded:",
+            "200"
+        ],
+        "{line}"
+    );
+    let got = app.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].path, "/hooks");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&got[0].body).unwrap(),
+        event
+    );
+    assert_eq!(got[0].header("webhook-id"), Some("evt_try_1"));
+    assert!(got[0]
+        .header("webhook-signature")
+        .unwrap()
+        .starts_with("v1,"));
+
+    // A webhook signed with another secret: answered 401, shown as not verified, not forwarded.
+    let forged = fanout_core::sign::Secret::from_bytes(&[7u8; 32]).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let body = r#"{"id":"evt_forged","type":"try.it"}"#;
+    let resp = reqwest::Client::new()
+        .post(&l.url)
+        .header("webhook-id", "evt_forged")
+        .header("webhook-timestamp", now.to_string())
+        .header(
+            "webhook-signature",
+            forged.sign("evt_forged", now, body.as_bytes()),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let line = next_with(&mut l.stdout, "evt_forged").await;
+    assert!(
+        line.contains(" 401  NOT VERIFIED (no signature matches)"),
+        "{line}"
+    );
+    assert_eq!(app.received().len(), 1, "a forged webhook is not forwarded");
+
+    l.signal("-INT");
+    next_with(&mut l.stderr, "removed subscriber").await;
+    assert!(l.child.wait().unwrap().success());
+    assert_eq!(subscriber_status(&d.api, &l.id).await, 404);
+    d.stop().await;
+}
+
+/// `--status 500` makes the daemon retry (attempts on the delivery); after `kill -9` the
+/// listener's reaper removes the subscriber, so nothing keeps failing and new events make
+/// no deliveries for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_on_purpose_is_retried_and_kill_9_leaves_nothing_behind() {
+    let d = Daemon::start_with(|s| Settings {
+        max_attempts: Some(8),
+        ..s
+    })
+    .await;
+    let mut l = Listener::start(&d.api, &["--events", "fail.*", "--status", "500"]).await;
+    let ingested = d
+        .api
+        .events(json!({"id": "evt_fail_1", "type": "fail.it"}))
+        .await;
+    assert_eq!(ingested["deliveries"], 1, "{ingested}");
+    next_with(&mut l.stdout, "evt_fail_1").await;
+    let list = d.api.deliveries(&format!("subscriber={}", l.id)).await;
+    let delivery = list[0]["id"].as_str().unwrap().to_string();
+    let api = d.api.clone();
+    wait_for(
+        "a second attempt, both answered 500",
+        Duration::from_secs(15),
+        || {
+            let api = api.clone();
+            let path = format!("/v1/deliveries/{delivery}");
+            async move {
+                let (_, v) = api.get(&path).await;
+                let statuses: Vec<Value> = v["attempts"]
+                    .as_array()
+                    .map(|a| a.iter().map(|t| t["status"].clone()).collect())
+                    .unwrap_or_default();
+                statuses.len() >= 2 && statuses.iter().all(|s| *s == json!(500))
+            }
+        },
+    )
+    .await;
+
+    l.child.kill().unwrap();
+    l.child.wait().unwrap();
+    let id = l.id.clone();
+    wait_for(
+        "the reaper removed the subscriber",
+        Duration::from_secs(10),
+        || {
+            let api = api.clone();
+            let id = id.clone();
+            async move { subscriber_status(&api, &id).await == 404 }
+        },
+    )
+    .await;
+    let (_, v) = d.api.get(&format!("/v1/deliveries/{delivery}")).await;
+    assert_eq!(
+        v["status"], "dead",
+        "its unfinished delivery is dead, not retried: {v}"
+    );
+    let ingested = d
+        .api
+        .events(json!({"id": "evt_fail_2", "type": "fail.it"}))
+        .await;
+    assert_eq!(ingested["deliveries"], 0, "{ingested}");
+    d.stop().await;
+}
+
+/// A daemon that refuses http://127.0.0.1 subscribers: the listener says which flag admits
+/// them, exits 1 and leaves nothing registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_refusing_loopback_is_explained() {
+    let d = Daemon::start_with(|s| Settings {
+        allow_loopback: Some(false),
+        ..s
+    })
+    .await;
+    let api = d.api.clone();
+    let out = tokio::task::spawn_blocking(move || spawn(&api, &[]).wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--allow-loopback"), "{stderr}");
+    let (_, list) = d.api.get("/v1/subscribers").await;
+    assert_eq!(list["subscribers"], json!([]), "{list}");
+    d.stop().await;
+}

@@ -22,6 +22,8 @@ struct Listener {
     id: String,
     /// Its receiver, from the banner.
     url: String,
+    /// The signing secret, from the banner.
+    secret: String,
     stdout: mpsc::UnboundedReceiver<String>,
     stderr: mpsc::UnboundedReceiver<String>,
 }
@@ -79,14 +81,24 @@ impl Listener {
         let words: Vec<&str> = first.split_whitespace().collect();
         let url = words[4].to_string();
         let id = words[7].to_string();
+        let secret = next_with(&mut stderr, "signing secret").await;
+        let secret = secret.split_whitespace().last().unwrap().to_string();
         next_with(&mut stderr, "Ready.").await;
         Listener {
             child,
             id,
             url,
+            secret,
             stdout,
             stderr,
         }
+    }
+
+    /// Ctrl-C, and wait for it to exit 0 after saying it removed its subscriber.
+    async fn interrupt(mut self) {
+        self.signal("-INT");
+        next_with(&mut self.stderr, "removed subscriber").await;
+        assert!(self.child.wait().unwrap().success());
     }
 
     fn signal(&self, name: &str) {
@@ -104,6 +116,29 @@ impl Drop for Listener {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// POST a webhook straight to a listener, signed with `secret`.
+async fn post_signed(url: &str, secret: &str, id: &str, body: &str) -> reqwest::Response {
+    let secret = fanout_core::sign::Secret::parse(secret).unwrap();
+    let now = unix_now();
+    reqwest::Client::new()
+        .post(url)
+        .header("webhook-id", id)
+        .header("webhook-timestamp", now.to_string())
+        .header("webhook-signature", secret.sign(id, now, body.as_bytes()))
+        .header("webhook-sequence", "41")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
 }
 
 async fn subscriber_status(api: &Api, id: &str) -> u16 {
@@ -160,23 +195,8 @@ async fn receives_verifies_forwards_and_removes_its_subscriber_on_ctrl_c() {
 
     // A webhook signed with another secret: answered 401, shown as not verified, not forwarded.
     let forged = fanout_core::sign::Secret::from_bytes(&[7u8; 32]).unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
     let body = r#"{"id":"evt_forged","type":"try.it"}"#;
-    let resp = reqwest::Client::new()
-        .post(&l.url)
-        .header("webhook-id", "evt_forged")
-        .header("webhook-timestamp", now.to_string())
-        .header(
-            "webhook-signature",
-            forged.sign("evt_forged", now, body.as_bytes()),
-        )
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_signed(&l.url, &forged.encode(), "evt_forged", body).await;
     assert_eq!(resp.status().as_u16(), 401);
     let line = next_with(&mut l.stdout, "evt_forged").await;
     assert!(
@@ -185,10 +205,9 @@ async fn receives_verifies_forwards_and_removes_its_subscriber_on_ctrl_c() {
     );
     assert_eq!(app.received().len(), 1, "a forged webhook is not forwarded");
 
-    l.signal("-INT");
-    next_with(&mut l.stderr, "removed subscriber").await;
-    assert!(l.child.wait().unwrap().success());
-    assert_eq!(subscriber_status(&d.api, &l.id).await, 404);
+    let id = l.id.clone();
+    l.interrupt().await;
+    assert_eq!(subscriber_status(&d.api, &id).await, 404);
     d.stop().await;
 }
 
@@ -274,5 +293,49 @@ async fn a_daemon_refusing_loopback_is_explained() {
     assert!(stderr.contains("--allow-loopback"), "{stderr}");
     let (_, list) = d.api.get("/v1/subscribers").await;
     assert_eq!(list["subscribers"], json!([]), "{list}");
+    d.stop().await;
+}
+
+/// The rehearsal flags shape the answer: `--fail-rate 1 --retry-after 7 --delay 300ms` answers
+/// a verified webhook 503 with `Retry-After: 7` no sooner than 300 ms, and `-v` prints the body
+/// under the line (which shows the `webhook-sequence` it was given); `--retry-after` alone
+/// answers 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rehearsal_flags_shape_the_answer() {
+    let d = Daemon::start().await;
+    let mut failing = Listener::start(
+        &d.api,
+        &[
+            "--events",
+            "r.*",
+            "--fail-rate",
+            "1",
+            "--retry-after",
+            "7",
+            "--delay",
+            "300ms",
+            "-v",
+        ],
+    )
+    .await;
+    let body = r#"{"id":"evt_r1","type":"r.one"}"#;
+    let started = std::time::Instant::now();
+    let resp = post_signed(&failing.url, &failing.secret, "evt_r1", body).await;
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(resp.status().as_u16(), 503);
+    assert_eq!(resp.headers()["retry-after"], "7");
+    let line = next_with(&mut failing.stdout, "evt_r1").await;
+    assert!(
+        line.ends_with("evt_r1  r.one  seq 41  503  verified"),
+        "{line}"
+    );
+    assert_eq!(next_with(&mut failing.stdout, "").await, body);
+
+    let paused = Listener::start(&d.api, &["--events", "p.*", "--retry-after", "2"]).await;
+    let resp = post_signed(&paused.url, &paused.secret, "evt_p1", body).await;
+    assert_eq!(resp.status().as_u16(), 429);
+    assert_eq!(resp.headers()["retry-after"], "2");
+    failing.interrupt().await;
+    paused.interrupt().await;
     d.stop().await;
 }

@@ -38,6 +38,9 @@ pub const REAPER_PATIENCE: Duration = Duration::from_secs(600);
 /// and, later, it removed the subscriber itself.
 const SAY_REGISTERED: &str = "registered";
 const SAY_REMOVED: &str = "removed";
+/// The largest webhook body the receiver reads: well past any event or batch the daemon
+/// sends, so none is refused for its size.
+const MAX_WEBHOOK_BYTES: usize = 16 << 20;
 /// How long a forward may take before the webhook is answered 502.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -175,7 +178,10 @@ pub(super) async fn listen(a: ListenArgs) -> Result<(), ClientError> {
             .build()
             .map_err(|e| ClientError::Input(e.to_string()))?,
     });
-    let app = axum::Router::new().fallback(receive).with_state(receiver);
+    let app = axum::Router::new()
+        .fallback(receive)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_WEBHOOK_BYTES))
+        .with_state(receiver);
     let served = axum::serve(socket, app)
         .with_graceful_shutdown(stop_signal())
         .await;

@@ -334,7 +334,7 @@ mod tests {
             id: Some("evt_1"),
             body: br#"{"id":"evt_1","type":"video.trending"}"#,
             sequence: seq,
-            status: 200,
+            status: if verified.is_ok() { 200 } else { 401 },
             verified,
             forward,
         };
@@ -352,7 +352,7 @@ mod tests {
             (
                 seen(Err("no signature matches".into()), None, None),
                 false,
-                "04:45:53.250  evt_1  video.trending  seq -  200  NOT VERIFIED (no signature matches)\n",
+                "04:45:53.250  evt_1  video.trending  seq -  401  NOT VERIFIED (no signature matches)\n",
             ),
             (
                 seen(Ok(()), Some(Ok(201)), Some("1")),

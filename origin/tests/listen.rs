@@ -24,6 +24,8 @@ struct Listener {
     url: String,
     /// The signing secret, from the banner.
     secret: String,
+    /// What it said on stderr up to its banner.
+    said: Vec<String>,
     stdout: mpsc::UnboundedReceiver<String>,
     stderr: mpsc::UnboundedReceiver<String>,
 }
@@ -58,9 +60,16 @@ async fn next_with(rx: &mut mpsc::UnboundedReceiver<String>, needle: &str) -> St
     }
 }
 
+/// `fanout listen` on any free port unless `extra` names one.
 fn spawn(api: &Api, extra: &[&str]) -> Child {
+    let port: &[&str] = if extra.contains(&"--port") {
+        &[]
+    } else {
+        &["--port", "0"]
+    };
     Command::new(env!("CARGO_BIN_EXE_fanout"))
-        .args(["listen", "--port", "0", "--server", &api.base])
+        .args(["listen", "--server", &api.base])
+        .args(port)
         .args(extra)
         .env("FANOUT_API_TOKEN", TOKEN)
         .stdin(Stdio::null())
@@ -76,7 +85,14 @@ impl Listener {
         let mut child = spawn(api, extra);
         let stdout = lines_of(child.stdout.take().unwrap());
         let mut stderr = lines_of(child.stderr.take().unwrap());
-        let first = next_with(&mut stderr, "receiving on").await;
+        let mut said = Vec::new();
+        let first = loop {
+            let line = next_with(&mut stderr, "").await;
+            said.push(line.clone());
+            if line.contains("receiving on") {
+                break line;
+            }
+        };
         // "fanout listen: receiving on http://127.0.0.1:PORT/ as subscriber ID (events …"
         let words: Vec<&str> = first.split_whitespace().collect();
         let url = words[4].to_string();
@@ -89,6 +105,7 @@ impl Listener {
             id,
             url,
             secret,
+            said,
             stdout,
             stderr,
         }
@@ -337,5 +354,50 @@ async fn rehearsal_flags_shape_the_answer() {
     assert_eq!(resp.headers()["retry-after"], "2");
     failing.interrupt().await;
     paused.interrupt().await;
+    d.stop().await;
+}
+
+/// The second line of defence after `kill -9`: a subscriber left on this port by an earlier
+/// listener (same id, same URL) is replaced by the next listener there; one of the same name
+/// pointing elsewhere is someone else's and is left alone, with a message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leftover_on_the_same_port_is_replaced_and_a_stranger_is_not() {
+    let d = Daemon::start().await;
+    let port = common::free_port().to_string();
+    let first = Listener::start(&d.api, &["--port", &port]).await;
+    let (id, url) = (first.id.clone(), first.url.clone());
+    first.interrupt().await;
+    // What a listener killed with its reaper leaves: its subscriber, as it registered it.
+    d.api
+        .subscriber(json!({"id": id, "url": url, "event_types": ["*"], "lane": "origin"}))
+        .await;
+    let mut second = Listener::start(&d.api, &["--port", &port]).await;
+    assert_eq!(second.id, id);
+    assert!(second.said[0].contains("replaced"), "{:?}", second.said);
+    d.api
+        .events(json!({"id": "evt_after", "type": "x.y"}))
+        .await;
+    next_with(&mut second.stdout, "evt_after  x.y").await;
+    second.interrupt().await;
+
+    d.api
+        .subscriber(json!({"id": id, "url": "http://127.0.0.1:1/theirs", "event_types": ["*"]}))
+        .await;
+    let api = d.api.clone();
+    let args = ["--port", port.as_str()].map(String::from);
+    let out = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        spawn(&api, &args).wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is not a listener's"), "{stderr}");
+    let (status, theirs) = d.api.get(&format!("/v1/subscribers/{id}")).await;
+    assert_eq!(
+        (status, theirs["url"].clone()),
+        (200, json!("http://127.0.0.1:1/theirs"))
+    );
     d.stop().await;
 }

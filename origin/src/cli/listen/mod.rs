@@ -41,6 +41,8 @@ const SAY_REMOVED: &str = "removed";
 /// The largest webhook body the receiver reads: well past any event or batch the daemon
 /// sends, so none is refused for its size.
 const MAX_WEBHOOK_BYTES: usize = 16 << 20;
+/// How long answers under way may take to finish once the listener is told to stop.
+const DRAIN: Duration = Duration::from_secs(2);
 /// How long a forward may take before the webhook is answered 502.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -182,9 +184,19 @@ pub(super) async fn listen(a: ListenArgs) -> Result<(), ClientError> {
         .fallback(receive)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_WEBHOOK_BYTES))
         .with_state(receiver);
-    let served = axum::serve(socket, app)
-        .with_graceful_shutdown(stop_signal())
-        .await;
+    // On Ctrl-C, answers under way (a `--delay`) get `DRAIN` to finish, not their whole delay.
+    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serve = axum::serve(socket, app).with_graceful_shutdown(async move {
+        stop_signal().await;
+        let _ = stopping.send(());
+    });
+    let served = tokio::select! {
+        served = std::future::IntoFuture::into_future(serve) => served,
+        _ = async {
+            let _ = stopped.await;
+            tokio::time::sleep(DRAIN).await;
+        } => Ok(()),
+    };
     let path = format!("/v1/subscribers/{}", encode(&id));
     let removed = client
         .call::<crate::api::views::Deleted>(reqwest::Method::DELETE, &path, None)
@@ -195,7 +207,13 @@ pub(super) async fn listen(a: ListenArgs) -> Result<(), ClientError> {
             eprintln!("fanout listen: stopped; removed subscriber {id}");
         }
         // The reaper sees the pipe close without `removed` and keeps trying.
-        Err(e) => eprintln!("fanout listen: stopped; could not remove subscriber {id} yet ({e}): retrying in the background"),
+        Err(e) => {
+            return Err(ClientError::Input(format!(
+                "stopped, but could not remove subscriber {id} ({e}); its reaper keeps trying \
+                 for {} minutes",
+                REAPER_PATIENCE.as_secs() / 60
+            )))
+        }
     }
     drop(reaper.stdin.take());
     served.map_err(|e| ClientError::Input(format!("the receiver failed: {e}")))

@@ -426,14 +426,15 @@ fn hostname() -> String {
 // The reaper
 
 /// Start this listener's reaper: the same binary as `fanout listen-reaper ID`, in its own
-/// process group, reading a pipe from this process.
+/// process group, reading a pipe from this process, silent.
 fn spawn_reaper(id: &str, client: &ClientArgs) -> Result<tokio::process::Child, ClientError> {
     let exe = std::env::current_exe().map_err(|e| ClientError::Input(e.to_string()))?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.args(["listen-reaper", id])
         .stdin(std::process::Stdio::piped())
+        // It holds none of the listener's output, so nothing reading that output waits on it.
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
+        .stderr(std::process::Stdio::null())
         .kill_on_drop(false);
     for (name, value) in [
         ("FANOUT_SERVER", &client.server),
@@ -484,23 +485,16 @@ pub(super) async fn reap(a: ReaperArgs) -> Result<(), ClientError> {
             let now: SubscriberView = client.call(reqwest::Method::GET, &path, None).await?;
             if now.created_at_ms != created_at_ms {
                 // A later listener's: not ours to remove.
-                return Ok(false);
+                return Ok(());
             }
             client
                 .call::<crate::api::views::Deleted>(reqwest::Method::DELETE, &path, None)
                 .await
-                .map(|_| true)
+                .map(|_| ())
         }
         .await;
         match result {
-            Ok(true) => {
-                eprintln!(
-                    "fanout listen: the listener stopped without removing {}; removed it",
-                    a.id
-                );
-                return Ok(());
-            }
-            Ok(false) | Err(ClientError::Api { status: 404, .. }) => return Ok(()),
+            Ok(()) | Err(ClientError::Api { status: 404, .. }) => return Ok(()),
             // Refused (the token, say): asking again will not help.
             Err(e @ ClientError::Api { status: ..=499, .. }) => return Err(e),
             Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),

@@ -116,6 +116,8 @@ cat <<EOF
     ledger                      ./fanout.db
 
   e.g.  curl -H "Authorization: Bearer $FANOUT_API_TOKEN" http://127.0.0.1:$ORIGIN_PORT/v1/deliveries
+  Receive webhooks in another terminal (README, "Trying it"):
+        FANOUT_SERVER=http://127.0.0.1:$ORIGIN_PORT FANOUT_API_TOKEN=$FANOUT_API_TOKEN target/release/fanout listen
   Ctrl-C stops both.
 
 EOF

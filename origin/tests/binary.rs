@@ -133,6 +133,7 @@ async fn cli_commands_drive_the_daemon() {
             "50",
             "--lane",
             "origin",
+            "--json",
         ],
         &api,
         None,

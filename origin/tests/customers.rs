@@ -650,6 +650,7 @@ async fn customer_commands() {
         "4",
         "--max-in-flight",
         "20",
+        "--json",
     ]))
     .await;
     assert!(ok, "{err}");

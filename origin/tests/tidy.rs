@@ -484,6 +484,7 @@ const PURE: &[&str] = &[
     "origin/src/model",
     "origin/src/customer",
     "origin/src/alert/rules",
+    "origin/src/cli/listen/reply",
     "src/breaker",
     "src/bucket",
     "src/edge_limits",

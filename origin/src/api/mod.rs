@@ -16,7 +16,7 @@ mod openapi;
 mod portal_links;
 mod state;
 mod stats;
-mod subscriber_input;
+pub(crate) mod subscriber_input;
 mod subscribers;
 pub mod views;
 

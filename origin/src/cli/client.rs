@@ -25,8 +25,14 @@ pub struct ClientArgs {
 pub enum ClientError {
     #[error("cannot reach the daemon at {0}: {1}")]
     Unreachable(String, String),
+    /// The daemon refused the call: its status, its error `code` (`invalid_url`, …; empty
+    /// when the answer was not the API's error shape) and message.
     #[error("{status}: {message}")]
-    Api { status: u16, message: String },
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+    },
     #[error("{0}")]
     Input(String),
     #[error(transparent)]
@@ -97,10 +103,14 @@ impl Client {
             .await
             .map_err(|e| ClientError::Unreachable(self.base.clone(), e.to_string()))?;
         if status >= 400 {
-            let message = serde_json::from_slice::<fanout_core::wire::ErrorBody>(&bytes)
-                .map(|e| e.error.message)
-                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-            return Err(ClientError::Api { status, message });
+            let (code, message) = serde_json::from_slice::<fanout_core::wire::ErrorBody>(&bytes)
+                .map(|e| (e.error.code, e.error.message))
+                .unwrap_or_else(|_| (String::new(), String::from_utf8_lossy(&bytes).into_owned()));
+            return Err(ClientError::Api {
+                status,
+                code,
+                message,
+            });
         }
         serde_json::from_slice(&bytes).map_err(|e| {
             ClientError::Unreachable(

@@ -10,7 +10,7 @@ use super::client::{encode, print, view, Client, ClientArgs, ClientError};
 
 #[derive(Debug, Subcommand)]
 pub enum CustomerCommand {
-    /// Add a customer
+    /// Add a customer; prints a line about it, or the daemon's JSON with --json
     Add {
         id: String,
         /// Its share of the dispatcher under contention, relative to other customers [default: 1]
@@ -19,6 +19,9 @@ pub enum CustomerCommand {
         /// Most deliveries in flight across all its endpoints
         #[arg(long)]
         max_in_flight: Option<u32>,
+        /// Print the daemon's JSON instead of a line for a person
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -70,6 +73,7 @@ pub(super) async fn run_customer(command: CustomerCommand) -> Result<(), ClientE
             id,
             weight,
             max_in_flight,
+            json,
             client,
         } => {
             let mut body = json!({ "id": id });
@@ -86,7 +90,11 @@ pub(super) async fn run_customer(command: CustomerCommand) -> Result<(), ClientE
                     Some(body.to_string().into_bytes()),
                 )
                 .await?;
-            print(&v);
+            if json {
+                print(&v);
+            } else {
+                print!("{}", added_line(&view::<CustomerView>(v)?));
+            }
         }
         CustomerCommand::List { json, client } => {
             let v = Client::new(&client)?
@@ -153,6 +161,16 @@ pub(super) async fn run_customer(command: CustomerCommand) -> Result<(), ClientE
     Ok(())
 }
 
+/// What `fanout customer add` tells a person (pure).
+pub fn added_line(c: &crate::customer::CustomerView) -> String {
+    let cap = c
+        .max_in_flight
+        .map_or("no in-flight cap of its own".to_string(), |m| {
+            format!("at most {m} in flight")
+        });
+    format!("added customer {} (weight {}, {cap})\n", c.id, c.weight)
+}
+
 /// Customers as a table: id, weight, in-flight cap, subscribers.
 pub fn customers_table(customers: &[crate::customer::CustomerView]) -> String {
     let mut out = format!(
@@ -172,6 +190,31 @@ pub fn customers_table(customers: &[crate::customer::CustomerView]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn added_line_table() {
+        let c = |weight, max_in_flight| crate::customer::CustomerView {
+            id: "acme".into(),
+            weight,
+            max_in_flight,
+            subscribers: 0,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        };
+        let cases = [
+            (
+                c(4, Some(20)),
+                "added customer acme (weight 4, at most 20 in flight)\n",
+            ),
+            (
+                c(1, None),
+                "added customer acme (weight 1, no in-flight cap of its own)\n",
+            ),
+        ];
+        for (customer, expected) in cases {
+            assert_eq!(added_line(&customer), expected);
+        }
+    }
 
     #[test]
     fn customers_table_lists_weight_cap_and_subscribers() {

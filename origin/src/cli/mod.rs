@@ -1,6 +1,6 @@
 //! The `fanout` command line: `serve`, client commands that talk to a running daemon's API
 //! (`status`, `subscriber add|list|remove|secret`, `customer …`, `send`, `deliveries`,
-//! `replay`), `load`, and the commands that work on a ledger directly (`backup`,
+//! `replay`, `listen`), `load`, and the commands that work on a ledger directly (`backup`,
 //! `ledger copy`). This file holds the grammar's top ([`Cli`], [`Command`]) and sends each
 //! command to its file; listings print a table for people and JSON with `--json`; progress
 //! bars go to stderr only when it is a terminal. It does not run the daemon (`crate::run`).
@@ -9,6 +9,7 @@ mod client;
 mod customers;
 mod deliveries;
 mod ledger;
+mod listen;
 mod load;
 mod send;
 mod status;
@@ -22,6 +23,7 @@ pub use client::{ClientArgs, ClientError};
 pub use customers::CustomerCommand;
 pub use deliveries::{DeliveriesArgs, ReplayArgs};
 pub use ledger::{BackupArgs, LedgerCommand, LedgerCopyArgs, PG_BACKUP};
+pub use listen::{ListenArgs, ReaperArgs};
 pub use load::LoadArgs;
 pub use send::SendArgs;
 pub use status::StatusArgs;
@@ -74,6 +76,13 @@ pub enum Command {
     /// Per-subscriber status: lane, rate, backlog, sent, dead, disabled, pause and breaker,
     /// last error
     Status(StatusArgs),
+    /// Receive webhooks here: a temporary subscriber pointing at a receiver on 127.0.0.1 that
+    /// verifies, prints, forwards (--forward-to) or fails on purpose (--status, --fail-rate,
+    /// --retry-after, --delay); Ctrl-C removes it
+    Listen(ListenArgs),
+    /// Started by `fanout listen`: removes its subscriber if it dies without doing so
+    #[command(hide = true)]
+    ListenReaper(ReaperArgs),
     /// Flood a URL, or the edge for one subscriber, for a bounded time; report accepted,
     /// throttled and the achieved rate
     Load(LoadArgs),
@@ -118,6 +127,8 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
         Command::Replay(a) => deliveries::replay(a).await,
         Command::Status(a) => status::status(a).await,
         Command::Load(a) => load::load(a).await,
+        Command::Listen(a) => listen::listen(a).await,
+        Command::ListenReaper(a) => listen::reap(a).await,
         Command::Ledger {
             command: LedgerCommand::Copy(a),
         } => ledger::ledger_copy(a).await,

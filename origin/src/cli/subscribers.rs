@@ -9,7 +9,8 @@ use crate::term::human_number;
 
 #[derive(Debug, Subcommand)]
 pub enum SubscriberCommand {
-    /// Add a subscriber; prints it with its generated secret
+    /// Add a subscriber; prints a line about it and its generated secret (once), or the
+    /// daemon's JSON with --json
     Add(SubscriberAdd),
     /// List subscribers
     List {
@@ -65,6 +66,9 @@ pub struct SubscriberAdd {
     /// The customer that owns this endpoint (see `fanout customer add`)
     #[arg(long)]
     pub customer: Option<String>,
+    /// Print the daemon's JSON (the subscriber with its secret) instead of a line for a person
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -81,7 +85,7 @@ pub(super) async fn run(command: SubscriberCommand) -> Result<(), ClientError> {
     }
 }
 
-/// `fanout subscriber add`: prints the new subscriber with its secret.
+/// `fanout subscriber add`: prints the new subscriber with its secret, for a person or as JSON.
 async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
     let client = Client::new(&a.client)?;
     let input = SubscriberInput {
@@ -105,8 +109,37 @@ async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
     let created: SubscriberView = client
         .call(reqwest::Method::POST, "/v1/subscribers", Some(body))
         .await?;
-    print(&created);
+    if a.json {
+        print(&created);
+    } else {
+        print!("{}", added_lines(&created));
+    }
     Ok(())
+}
+
+/// What `fanout subscriber add` tells a person (pure): one line about the subscriber, then
+/// its secret alone on the last line (shown here once), so `| tail -n 1` takes it.
+pub fn added_lines(v: &SubscriberView) -> String {
+    let mut out = format!(
+        "added subscriber {}: {} -> {} (lane {}, {}/s, burst {}, {} in flight{})\n",
+        v.id,
+        v.event_types.join(","),
+        v.url,
+        v.lane.as_str(),
+        human_number(v.rate_per_sec),
+        v.burst,
+        v.max_in_flight,
+        v.customer
+            .as_ref()
+            .map_or(String::new(), |c| format!(", customer {c}")),
+    );
+    if let Some(secret) = &v.secret {
+        out.push_str(&format!(
+            "its signing secret (`fanout subscriber secret {}` prints it again):\n{secret}\n",
+            v.id
+        ));
+    }
+    out
 }
 
 /// `fanout subscriber list`.
@@ -196,6 +229,49 @@ pub fn subscribers_table(list: &SubscriberList) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn added_lines_table() {
+        // Built the way the daemon builds it, so a field added to the view needs no edit here.
+        let (sub, _) = crate::api::subscriber_input::subscriber_from(
+            SubscriberInput {
+                id: Some("partner".into()),
+                url: Some("https://partner.example/hooks".into()),
+                event_types: Some(vec!["video.*".into(), "order.paid".into()]),
+                rate_per_sec: Some(2.5),
+                burst: Some(5),
+                max_in_flight: Some(8),
+                lane: Some(Lane::Edge),
+                ..SubscriberInput::default()
+            },
+            false,
+            1,
+        )
+        .unwrap();
+        let created = SubscriberView::of(&sub, 1, Some("whsec_abc".into()));
+        let owned = SubscriberView {
+            customer: Some("acme".into()),
+            secret: None,
+            ..created.clone()
+        };
+        let cases: &[(&SubscriberView, &str)] = &[
+            (
+                &created,
+                "added subscriber partner: video.*,order.paid -> https://partner.example/hooks \
+                 (lane edge, 2.5/s, burst 5, 8 in flight)\n\
+                 its signing secret (`fanout subscriber secret partner` prints it again):\n\
+                 whsec_abc\n",
+            ),
+            (
+                &owned,
+                "added subscriber partner: video.*,order.paid -> https://partner.example/hooks \
+                 (lane edge, 2.5/s, burst 5, 8 in flight, customer acme)\n",
+            ),
+        ];
+        for (view, expected) in cases {
+            assert_eq!(added_lines(view), *expected);
+        }
+    }
 
     #[test]
     fn secrets_as_lines() {

@@ -15,12 +15,14 @@ pub mod console;
 pub mod customer;
 pub mod dispatch;
 pub mod duration;
+pub mod event_input;
 pub mod health;
 pub mod ledger;
 pub mod load;
 pub mod metrics;
 pub mod model;
 pub mod outbound;
+pub mod outbox;
 pub mod pages;
 pub mod portal;
 pub mod redact;
@@ -222,6 +224,21 @@ async fn serve(
         metrics.clone(),
         stop_rx.clone(),
     ));
+    let outbox_task = cfg.outbox.clone().map(|outbox| {
+        metrics
+            .outbox
+            .configured(outbox.at.redacted(), outbox.table.clone());
+        tokio::spawn(outbox::run(
+            outbox,
+            outbox::Daemon {
+                store: store.clone(),
+                control: control_tx.clone(),
+                metrics: metrics.clone(),
+                max_event_bytes: cfg.max_event_bytes,
+            },
+            stop_rx.clone(),
+        ))
+    });
     let mut dispatcher_task = tokio::spawn(dispatcher.run(control_rx, async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
     }));
@@ -236,6 +253,7 @@ async fn serve(
         listen = %listener.local_addr()?,
         db = %cfg.db.redacted(),
         lock = lock.as_deref().unwrap_or("(none: a shared PostgreSQL ledger)"),
+        outbox = cfg.outbox.as_ref().map(|o| format!("{} ({})", o.at.redacted(), o.table)).unwrap_or_else(|| "(none)".into()),
         edge = cfg.edge.as_ref().map(|(u, _)| redact::url(u)).unwrap_or_else(|| "(none: origin lane only)".into()),
         "fanout serving"
     );
@@ -285,6 +303,13 @@ async fn serve(
     }
     if let Err(e) = retention_task.await {
         tracing::error!(error = %e, "the retention task failed");
+    }
+    if let Some(task) = outbox_task {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "the outbox task failed"),
+            Err(e) => tracing::error!(error = %e, "the outbox task failed"),
+        }
     }
     Ok(failed)
 }

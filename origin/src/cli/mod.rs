@@ -1,7 +1,7 @@
 //! The `fanout` command line: `serve`, client commands that talk to a running daemon's API
 //! (`status`, `subscriber add|list|remove|secret`, `customer …`, `send`, `deliveries`,
-//! `replay`), `load`, and the commands that work on a ledger directly (`backup`,
-//! `ledger copy`). This file holds the grammar's top ([`Cli`], [`Command`]) and sends each
+//! `replay`), `load`, the commands that work on a ledger directly (`backup`,
+//! `ledger copy`), and `outbox schema|init` on a producer's database. This file holds the grammar's top ([`Cli`], [`Command`]) and sends each
 //! command to its file; listings print a table for people and JSON with `--json`; progress
 //! bars go to stderr only when it is a terminal. It does not run the daemon (`crate::run`).
 
@@ -10,6 +10,7 @@ mod customers;
 mod deliveries;
 mod ledger;
 mod load;
+mod outbox;
 mod send;
 mod status;
 mod subscribers;
@@ -23,6 +24,7 @@ pub use customers::CustomerCommand;
 pub use deliveries::{DeliveriesArgs, ReplayArgs};
 pub use ledger::{BackupArgs, LedgerCommand, LedgerCopyArgs, PG_BACKUP};
 pub use load::LoadArgs;
+pub use outbox::{OutboxArgs, OutboxCommand};
 pub use send::SendArgs;
 pub use status::StatusArgs;
 pub use subscribers::{SubscriberAdd, SubscriberCommand};
@@ -85,6 +87,11 @@ pub enum Command {
         #[command(subcommand)]
         command: LedgerCommand,
     },
+    /// The producer's outbox in its own database: `schema` prints its DDL, `init` creates it
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -122,6 +129,7 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
             command: LedgerCommand::Copy(a),
         } => ledger::ledger_copy(a).await,
         Command::Backup(a) => ledger::backup(a),
+        Command::Outbox { command } => outbox::run(command).await,
     }
 }
 

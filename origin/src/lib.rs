@@ -188,6 +188,24 @@ fn api_config(cfg: &Config, portal_key: Vec<u8>) -> api::ApiConfig {
     }
 }
 
+/// The outbox task, when `--outbox` is set (a failure of its own is logged).
+fn start_outbox(
+    cfg: &Config,
+    daemon: outbox::Daemon,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let outbox = cfg.outbox.clone()?;
+    daemon
+        .metrics
+        .outbox
+        .configured(outbox.at.redacted(), outbox.table.clone());
+    Some(tokio::spawn(async move {
+        if let Err(e) = outbox::run(outbox, daemon, stop).await {
+            tracing::error!(error = %e, "the outbox task stopped");
+        }
+    }))
+}
+
 async fn serve(
     cfg: Config,
     listener: TcpListener,
@@ -224,21 +242,16 @@ async fn serve(
         metrics.clone(),
         stop_rx.clone(),
     ));
-    let outbox_task = cfg.outbox.clone().map(|outbox| {
-        metrics
-            .outbox
-            .configured(outbox.at.redacted(), outbox.table.clone());
-        tokio::spawn(outbox::run(
-            outbox,
-            outbox::Daemon {
-                store: store.clone(),
-                control: control_tx.clone(),
-                metrics: metrics.clone(),
-                max_event_bytes: cfg.max_event_bytes,
-            },
-            stop_rx.clone(),
-        ))
-    });
+    let outbox_task = start_outbox(
+        &cfg,
+        outbox::Daemon {
+            store: store.clone(),
+            control: control_tx.clone(),
+            metrics: metrics.clone(),
+            max_event_bytes: cfg.max_event_bytes,
+        },
+        stop_rx.clone(),
+    );
     let mut dispatcher_task = tokio::spawn(dispatcher.run(control_rx, async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
     }));
@@ -305,10 +318,8 @@ async fn serve(
         tracing::error!(error = %e, "the retention task failed");
     }
     if let Some(task) = outbox_task {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "the outbox task failed"),
-            Err(e) => tracing::error!(error = %e, "the outbox task failed"),
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "the outbox task failed");
         }
     }
     Ok(failed)

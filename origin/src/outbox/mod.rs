@@ -80,9 +80,15 @@ impl OutboxLocation {
     pub fn redacted(&self) -> String {
         match self {
             OutboxLocation::Sqlite(p) => p.display().to_string(),
-            OutboxLocation::Postgres(u) => {
-                crate::config::LedgerLocation::Postgres(u.clone()).redacted()
-            }
+            OutboxLocation::Postgres(u) => match url::Url::parse(u) {
+                Ok(mut parsed) => {
+                    if parsed.password().is_some() {
+                        let _ = parsed.set_password(Some("***"));
+                    }
+                    parsed.to_string()
+                }
+                Err(_) => "postgres://…".into(),
+            },
         }
     }
 
@@ -211,7 +217,7 @@ pub async fn run(
                 if let OutboxError::Source(why) = &e {
                     stats.cannot_read(why, crate::time::now_ms());
                 }
-                if failures == 1 || failures % 60 == 0 {
+                if failures == 1 || failures.is_multiple_of(60) {
                     tracing::warn!(error = %e, failures, "an outbox round failed; its rows stay in the outbox");
                 }
                 None

@@ -894,6 +894,46 @@ mod tests {
     }
 
     #[test]
+    fn outbox_table() {
+        let with = |at: &str, table: Option<&str>, poll: Option<&str>| Settings {
+            outbox: Some(at.into()),
+            outbox_table: table.map(str::to_string),
+            outbox_poll: poll.map(str::to_string),
+            ..base()
+        };
+        check(vec![
+            ("pg", with("postgres://u@h:5432/shop", None, None), Ok(())),
+            (
+                "sqlite",
+                with("sqlite:/data/shop.db", Some("out_2"), Some("50ms")),
+                Ok(()),
+            ),
+            (
+                "scheme",
+                with("mysql://h/shop", None, None),
+                Err("neither postgres"),
+            ),
+            (
+                "table",
+                with("shop.db", Some("Out"), None),
+                Err("must be 1 to 50"),
+            ),
+            ("poll", with("shop.db", None, Some("2h")), Err("at most 1h")),
+            (
+                "poll unit",
+                with("shop.db", None, Some("soon")),
+                Err("--outbox-poll"),
+            ),
+        ]);
+        let (cfg, _) = Config::from_settings(with("shop.db", None, None)).unwrap();
+        let outbox = cfg.outbox.unwrap();
+        assert_eq!(outbox.table, "fanout_outbox");
+        assert_eq!(outbox.poll, crate::outbox::DEFAULT_SQLITE_POLL);
+        let (cfg, _) = Config::from_settings(with("postgres://u@h/s", None, None)).unwrap();
+        assert_eq!(cfg.outbox.unwrap().poll, crate::outbox::DEFAULT_POLL);
+    }
+
+    #[test]
     fn validation_table() {
         let key = Secret::from_bytes(&[7u8; 32]).unwrap().encode();
         let cases: Vec<(&str, Settings, Result<(), &str>)> = vec![

@@ -164,10 +164,14 @@ impl Source {
         }
     }
 
-    async fn finish(&mut self, b: plan::Batch) -> Result<(), OutboxError> {
+    async fn finish(
+        &mut self,
+        rejected: Vec<(i64, String)>,
+        ids: Vec<i64>,
+    ) -> Result<(), OutboxError> {
         match self {
-            Source::Pg(s) => s.finish(&b.rejected, &b.ids).await,
-            Source::Sqlite(s) => s.finish(b.rejected, b.ids).await,
+            Source::Pg(s) => s.finish(&rejected, &ids).await,
+            Source::Sqlite(s) => s.finish(rejected, ids).await,
         }
     }
 
@@ -253,13 +257,13 @@ async fn round(source: &mut Source, cfg: &OutboxConfig, d: &Daemon) -> Result<us
         return Ok(0);
     }
     let taken = rows.len();
-    let batch = plan::plan(&rows, d.max_event_bytes);
-    if !batch.events.is_empty() {
-        match d
-            .store
-            .ingest(batch.events.clone(), crate::time::now_ms())
-            .await
-        {
+    let plan::Batch {
+        events,
+        rejected,
+        ids,
+    } = plan::plan(&rows, d.max_event_bytes);
+    if !events.is_empty() {
+        match d.store.ingest(events, crate::time::now_ms()).await {
             Ok((results, touched)) => {
                 let dups = results.iter().filter(|r| r.duplicate).count() as u64;
                 d.metrics
@@ -276,9 +280,17 @@ async fn round(source: &mut Source, cfg: &OutboxConfig, d: &Daemon) -> Result<us
             }
         }
     }
-    let rejected = batch.rejected.len() as u64;
-    source.finish(batch).await?;
+    let rejections = rejected.len() as u64;
+    if rejections > 0 {
+        // The ids only: a payload may hold anything.
+        let rows: Vec<i64> = rejected.iter().map(|(id, _)| *id).collect();
+        tracing::warn!(
+            ?rows,
+            "outbox rows that are not events moved to the rejected table"
+        );
+    }
+    source.finish(rejected, ids).await?;
     stats.rows_read.fetch_add(taken as u64, Relaxed);
-    stats.rows_rejected.fetch_add(rejected, Relaxed);
+    stats.rows_rejected.fetch_add(rejections, Relaxed);
     Ok(taken)
 }

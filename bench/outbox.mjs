@@ -7,9 +7,12 @@
 //
 // 1. Outbox to ledger (events/s), PostgreSQL and SQLite outbox: `--events` rows are committed
 //    by a producer in batched inserts (1,000 rows per transaction) while the daemon is stopped,
-//    then one daemon (a fresh SQLite ledger, no subscriber: the ingest path alone) starts with
-//    `--outbox`, and the clock runs from its first healthy answer until its
+//    then one daemon (a fresh SQLite ledger with five held subscribers, as bench/origin.mjs's
+//    ingest: each event fans out to five pending deliveries) starts with `--outbox`, and the
+//    clock runs from its first healthy answer until its
 //    fanout_outbox_rows_read_total reaches `--events` and the outbox is empty.
+//    Beside them, the same events by POST /v1/events (batches of 1,000 over 4 connections) into
+//    the same kind of ledger: the ledger's own ingest rate, which the outbox cannot exceed.
 // 2. Commit to first delivery (PostgreSQL outbox, origin lane, one subscriber): `--commits`
 //    single-row transactions, one every 20 ms, each payload holding the server's
 //    clock_timestamp() at insert; latency = the subscriber's arrival time minus that (one
@@ -86,6 +89,45 @@ async function metric(origin, name) {
   return line ? Number(line.split(' ').pop()) : 0;
 }
 
+/** Five subscribers held (0.001/s), as bench/origin.mjs's ingest: every event fans out to
+ * five deliveries that stay pending, so a drain measures ingest with its fan-out. */
+async function holdFive(origin) {
+  for (let i = 0; i < 5; i++) {
+    const r = await origin.api('/v1/subscribers', {
+      body: { id: `held_${i}`, url: 'http://127.0.0.1:9/', event_types: ['bench.*'], rate_per_sec: 0.001, burst: 1, max_in_flight: 1, lane: 'origin' },
+    });
+    if (r.status !== 201) throw new Error(`subscriber: ${r.status} ${await r.text()}`);
+  }
+}
+
+/** The same events by `POST /v1/events` (batches of 1,000 over 4 connections) into a fresh
+ * ledger with the same five held subscribers: the ledger's own ingest rate, for the ratio. */
+async function posted() {
+  const origin = await startOrigin();
+  try {
+    await holdFive(origin);
+    const batches = [];
+    for (let from = 0; from < EVENTS; from += 1000) {
+      const n = Math.min(1000, EVENTS - from);
+      batches.push(JSON.stringify(Array.from({ length: n }, (_, i) => ({ id: `evt_${from + i}`, type: 'bench.outbox', n: from + i }))));
+    }
+    const t0 = performance.now();
+    let next = 0;
+    await Promise.all(
+      Array.from({ length: 4 }, async () => {
+        while (next < batches.length) {
+          const r = await origin.api('/v1/events', { body: batches[next++] });
+          if (r.status !== 202) throw new Error(`POST /v1/events: ${r.status}`);
+          await r.arrayBuffer();
+        }
+      }),
+    );
+    return (EVENTS / (performance.now() - t0)) * 1000;
+  } finally {
+    await origin.stop();
+  }
+}
+
 /** Outbox → ledger: events/s of one daemon draining `EVENTS` committed rows. */
 async function drain(kind, pg) {
   const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-outbox-bench-'));
@@ -97,9 +139,13 @@ async function drain(kind, pg) {
       outbox = path.join(dir, 'shop.db');
     }
     fanout('outbox', 'init', '--db', outbox);
+    const ledger = path.join(dir, 'fanout.db');
+    const setup = await startOrigin({ db: ledger });
+    await holdFive(setup);
+    await setup.stop();
     if (kind === 'pg') psql(outbox, fillSql('pg'));
     else sqlite(outbox, `PRAGMA journal_mode=WAL;\n${fillSql('sqlite')}`);
-    const origin = await startOrigin({ db: path.join(dir, 'fanout.db'), args: ['--outbox', outbox] });
+    const origin = await startOrigin({ db: ledger, args: ['--outbox', outbox] });
     try {
       const t0 = performance.now();
       const done = await until(
@@ -160,6 +206,7 @@ const pg = await startPostgres();
 try {
   const pgRate = await drain('pg', pg);
   const sqliteRate = await drain('sqlite', pg);
+  const postRate = await posted();
   const lat = await latency(pg);
   const p50 = pct(lat, 50);
   const p99 = pct(lat, 99);
@@ -167,6 +214,7 @@ try {
     `${what.padEnd(38)} ${value.toFixed(1).padStart(10)} ${unit.padEnd(9)} target ${String(target).padStart(6)}  ratio ${(better === 'higher' ? value / target : target / value).toFixed(2)}`;
   console.log(row('outbox → ledger, PostgreSQL outbox', pgRate, 'events/s', TARGET_RATE, 'higher'));
   console.log(row('outbox → ledger, SQLite outbox', sqliteRate, 'events/s', TARGET_RATE, 'higher'));
+  console.log(`${'POST /v1/events, batches of 1,000'.padEnd(38)} ${postRate.toFixed(1).padStart(10)} events/s  (the ledger's own ingest: outbox ÷ it = ${(pgRate / postRate).toFixed(2)} PostgreSQL, ${(sqliteRate / postRate).toFixed(2)} SQLite)`);
   console.log(row('PG commit → first delivery p50', p50, 'ms', TARGET_P50_MS, 'lower'));
   console.log(row('PG commit → first delivery p99', p99, 'ms', TARGET_P99_MS, 'lower'));
   console.log('(ratio ≥ 1: the target is met)');

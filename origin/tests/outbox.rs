@@ -259,6 +259,17 @@ async fn sqlite_outbox_committed_rows_flow_rolled_back_ones_never_and_invalid_on
     assert_eq!(view["table"], "fanout_outbox", "{view}");
     assert_eq!(view["outbox"], shop.to_str().unwrap(), "{view}");
     assert_eq!(view["rows_rejected"], 3, "{view}");
+    let status = Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["status", "--server", &daemon.api.base])
+        .env("FANOUT_API_TOKEN", common::TOKEN)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    let line = format!(
+        "outbox fanout_outbox in {}: 6 rows read, 3 rejected, 0 rounds failed; oldest row 0.0s old",
+        shop.display()
+    );
+    assert!(text.contains(&line), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,6 +285,35 @@ async fn postgres_outbox_rows_flow_by_notify_and_two_daemons_take_each_row_once(
     let sub1 = subscribe(&one).await;
     let sub2 = subscribe(&two).await;
 
+    // A lower id committed after a higher one is not skipped: rows are never read by "id above
+    // the last seen".
+    let mut late = server.connect("shop").await;
+    let late_tx = late.transaction().await.unwrap();
+    late_tx
+        .execute(
+            "INSERT INTO fanout_outbox (payload) VALUES ($1::text::json)",
+            &[&event("late")],
+        )
+        .await
+        .unwrap();
+    pg_commit(&mut producer, &[event("early")], true).await;
+    wait_for(
+        "the higher id delivered",
+        Duration::from_secs(10),
+        || async {
+            sub1.distinct_ids().0.contains("early") || sub2.distinct_ids().0.contains("early")
+        },
+    )
+    .await;
+    late_tx.commit().await.unwrap();
+    wait_for(
+        "the lower id delivered",
+        Duration::from_secs(10),
+        || async {
+            sub1.distinct_ids().0.contains("late") || sub2.distinct_ids().0.contains("late")
+        },
+    )
+    .await;
     pg_commit(&mut producer, &[event("gone")], false).await;
     pg_commit(
         &mut producer,
@@ -281,7 +321,7 @@ async fn postgres_outbox_rows_flow_by_notify_and_two_daemons_take_each_row_once(
         true,
     )
     .await;
-    let mut expected = Vec::new();
+    let mut expected = vec!["early".to_string(), "late".to_string()];
     for round in 0..20 {
         let batch: Vec<String> = (0..10).map(|i| format!("e{round:02}_{i}")).collect();
         let payloads: Vec<String> = batch.iter().map(|id| event(id)).collect();

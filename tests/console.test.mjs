@@ -3,15 +3,18 @@
 // sign in, read the status table, open a dead delivery, replay it and watch it become `sent`;
 // add, edit and rotate a subscriber through the forms; bulk replay from the filtered list; a
 // subscriber disabled by a 410 is shown with its reason, re-enabled (what waited is sent),
-// disabled by hand and deleted; a customer's portal links revoked; a wrong token is refused. Screenshots go to $FANOUT_SCREENSHOT_DIR (default /tmp).
+// disabled by hand and deleted; a customer's portal links revoked; a wrong token is refused;
+// the line of the producer's outbox the daemon reads. Screenshots go to $FANOUT_SCREENSHOT_DIR (default /tmp).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 
 import { chromium } from 'playwright-core';
 
-import { startOrigin, startSubscriber, waitFor } from './lib/harness.mjs';
+import { originBinary, startOrigin, startSubscriber, waitFor } from './lib/harness.mjs';
 
 const CHROMIUM = process.env.FANOUT_CHROMIUM ?? '/usr/bin/chromium';
 const SHOTS = process.env.FANOUT_SCREENSHOT_DIR ?? '/tmp';
@@ -78,7 +81,11 @@ test('console: sign in, find the dead delivery, replay it, see it sent', async (
   const sub = await startSubscriber(() =>
     failing ? { status: 500, body: `upstream exploded ${HOSTILE}` } : { status: 200, body: 'thanks' },
   );
-  const origin = await startOrigin({ args: ['--max-attempts', '1'] });
+  // A producer's outbox (an empty SQLite one) the console shows a line for.
+  const outbox = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'fanout-console-outbox-')), 'shop.db');
+  const init = spawnSync(originBinary(), ['outbox', 'init', '--db', outbox], { encoding: 'utf8' });
+  assert.equal(init.status, 0, init.stderr);
+  const origin = await startOrigin({ args: ['--max-attempts', '1', '--outbox', outbox] });
   const browser = await launch();
   t.after(async () => {
     await browser.close();
@@ -113,6 +120,9 @@ test('console: sign in, find the dead delivery, replay it, see it sent', async (
   // What retention keeps (the defaults) and has removed (nothing yet), under the table.
   await page.locator('#retention:text-matches("^Retention: sent kept 7d")').waitFor();
   assert.match(await page.locator('#retention').textContent(), /dead kept 30d \(oldest .*\); removed 0 sent, 0 dead/);
+  // The outbox the daemon reads, under it.
+  await page.locator('#outbox:text-matches("^Outbox fanout_outbox in ")').waitFor();
+  assert.match(await page.locator('#outbox').textContent(), /0 rows read, 0 rejected, 0 rounds failed; oldest row 0\.0 s old\.$/);
   console.log(`screenshot: ${await shot(page, 'subscribers')}`);
 
   // The dead-letter list, then the delivery's detail with the failed attempt's response body.

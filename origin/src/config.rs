@@ -114,6 +114,17 @@ pub struct Settings {
     /// (https://app.example.com); without it nobody may frame it
     #[arg(long, env = "FANOUT_PORTAL_FRAME_ANCESTORS", value_delimiter = ',')]
     pub portal_frame_ancestors: Option<Vec<String>>,
+    /// A producer's outbox to move into the ledger: postgres://user@host:port/dbname or a
+    /// SQLite file (`fanout outbox init` creates its table)
+    #[arg(long, env = "FANOUT_OUTBOX")]
+    pub outbox: Option<String>,
+    /// The outbox's table [default: fanout_outbox]
+    #[arg(long, env = "FANOUT_OUTBOX_TABLE")]
+    pub outbox_table: Option<String>,
+    /// How often the outbox is read when nothing wakes the daemon sooner (PostgreSQL wakes it
+    /// by NOTIFY): 1s, 50ms [default: 1s on PostgreSQL, 20ms on SQLite]
+    #[arg(long, env = "FANOUT_OUTBOX_POLL")]
+    pub outbox_poll: Option<String>,
 }
 
 impl Settings {
@@ -145,6 +156,9 @@ impl Settings {
             body_timeout: self.body_timeout.or(lower.body_timeout),
             max_connections: self.max_connections.or(lower.max_connections),
             portal_frame_ancestors: self.portal_frame_ancestors.or(lower.portal_frame_ancestors),
+            outbox: self.outbox.or(lower.outbox),
+            outbox_table: self.outbox_table.or(lower.outbox_table),
+            outbox_poll: self.outbox_poll.or(lower.outbox_poll),
         }
     }
 
@@ -256,6 +270,32 @@ pub struct Config {
     pub body_timeout: Duration,
     /// The portal's CSP `frame-ancestors` source list (`'none'` unless configured).
     pub portal_frame_ancestors: String,
+    /// The producer's outbox this daemon reads (`--outbox`), if any.
+    pub outbox: Option<crate::outbox::OutboxConfig>,
+}
+
+/// `--outbox` with `--outbox-table` and `--outbox-poll` (10ms to 1h).
+fn outbox_settings(
+    at: Option<String>,
+    table: Option<String>,
+    poll: Option<&str>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<crate::outbox::OutboxConfig>, ConfigError> {
+    let Some(at) = at.filter(|a| !a.trim().is_empty()) else {
+        if table.is_some() || poll.is_some() {
+            warnings.push("--outbox-table or --outbox-poll is set without --outbox".into());
+        }
+        return Ok(None);
+    };
+    let poll = poll
+        .map(|p| duration_setting("outbox-poll", Some(p), Duration::ZERO, 10))
+        .transpose()?;
+    if poll.is_some_and(|d| d > Duration::from_secs(3600)) {
+        return Err(ConfigError("--outbox-poll must be at most 1h".into()));
+    }
+    crate::outbox::OutboxConfig::new(&at, table, poll)
+        .map(Some)
+        .map_err(|e| ConfigError(format!("--outbox: {e}")))
 }
 
 /// Bytes in a size like `500MiB`, `20GiB`, `64KiB` or `4096` (units are powers of 1024; `KB`,
@@ -636,6 +676,12 @@ impl Config {
             s.max_connections,
         )?;
         let portal_frame_ancestors = portal_ancestors(s.portal_frame_ancestors, &mut warnings)?;
+        let outbox = outbox_settings(
+            s.outbox,
+            s.outbox_table,
+            s.outbox_poll.as_deref(),
+            &mut warnings,
+        )?;
         let config = Config {
             db,
             max_db_bytes,
@@ -656,6 +702,7 @@ impl Config {
             alert_rules,
             retention,
             portal_frame_ancestors,
+            outbox,
         };
         Ok((config, warnings))
     }
@@ -844,6 +891,46 @@ mod tests {
                 (got, exp) => panic!("{name}: got {got:?}, expected {exp:?}"),
             }
         }
+    }
+
+    #[test]
+    fn outbox_table() {
+        let with = |at: &str, table: Option<&str>, poll: Option<&str>| Settings {
+            outbox: Some(at.into()),
+            outbox_table: table.map(str::to_string),
+            outbox_poll: poll.map(str::to_string),
+            ..base()
+        };
+        check(vec![
+            ("pg", with("postgres://u@h:5432/shop", None, None), Ok(())),
+            (
+                "sqlite",
+                with("sqlite:/data/shop.db", Some("out_2"), Some("50ms")),
+                Ok(()),
+            ),
+            (
+                "scheme",
+                with("mysql://h/shop", None, None),
+                Err("neither postgres"),
+            ),
+            (
+                "table",
+                with("shop.db", Some("Out"), None),
+                Err("must be 1 to 50"),
+            ),
+            ("poll", with("shop.db", None, Some("2h")), Err("at most 1h")),
+            (
+                "poll unit",
+                with("shop.db", None, Some("soon")),
+                Err("--outbox-poll"),
+            ),
+        ]);
+        let (cfg, _) = Config::from_settings(with("shop.db", None, None)).unwrap();
+        let outbox = cfg.outbox.unwrap();
+        assert_eq!(outbox.table, "fanout_outbox");
+        assert_eq!(outbox.poll, crate::outbox::DEFAULT_SQLITE_POLL);
+        let (cfg, _) = Config::from_settings(with("postgres://u@h/s", None, None)).unwrap();
+        assert_eq!(cfg.outbox.unwrap().poll, crate::outbox::DEFAULT_POLL);
     }
 
     #[test]

@@ -15,12 +15,14 @@ pub mod console;
 pub mod customer;
 pub mod dispatch;
 pub mod duration;
+pub mod event_input;
 pub mod health;
 pub mod ledger;
 pub mod load;
 pub mod metrics;
 pub mod model;
 pub mod outbound;
+pub mod outbox;
 pub mod pages;
 pub mod portal;
 pub mod redact;
@@ -186,6 +188,24 @@ fn api_config(cfg: &Config, portal_key: Vec<u8>) -> api::ApiConfig {
     }
 }
 
+/// The outbox task, when `--outbox` is set (a failure of its own is logged).
+fn start_outbox(
+    cfg: &Config,
+    daemon: outbox::Daemon,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let outbox = cfg.outbox.clone()?;
+    daemon
+        .metrics
+        .outbox
+        .configured(outbox.at.redacted(), outbox.table.clone());
+    Some(tokio::spawn(async move {
+        if let Err(e) = outbox::run(outbox, daemon, stop).await {
+            tracing::error!(error = %e, "the outbox task stopped");
+        }
+    }))
+}
+
 async fn serve(
     cfg: Config,
     listener: TcpListener,
@@ -222,6 +242,16 @@ async fn serve(
         metrics.clone(),
         stop_rx.clone(),
     ));
+    let outbox_task = start_outbox(
+        &cfg,
+        outbox::Daemon {
+            store: store.clone(),
+            control: control_tx.clone(),
+            metrics: metrics.clone(),
+            max_event_bytes: cfg.max_event_bytes,
+        },
+        stop_rx.clone(),
+    );
     let mut dispatcher_task = tokio::spawn(dispatcher.run(control_rx, async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
     }));
@@ -236,6 +266,7 @@ async fn serve(
         listen = %listener.local_addr()?,
         db = %cfg.db.redacted(),
         lock = lock.as_deref().unwrap_or("(none: a shared PostgreSQL ledger)"),
+        outbox = cfg.outbox.as_ref().map(|o| format!("{} ({})", o.at.redacted(), o.table)).unwrap_or_else(|| "(none)".into()),
         edge = cfg.edge.as_ref().map(|(u, _)| redact::url(u)).unwrap_or_else(|| "(none: origin lane only)".into()),
         "fanout serving"
     );
@@ -285,6 +316,11 @@ async fn serve(
     }
     if let Err(e) = retention_task.await {
         tracing::error!(error = %e, "the retention task failed");
+    }
+    if let Some(task) = outbox_task {
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "the outbox task failed");
+        }
     }
     Ok(failed)
 }

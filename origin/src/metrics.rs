@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -69,6 +69,8 @@ pub struct Metrics {
     pub daemons: AtomicU64,
     /// What the retention task measured (its steps' writer time).
     pub retention: RetentionStats,
+    /// What the outbox task (`crate::outbox`) did, when there is one.
+    pub outbox: OutboxStats,
     /// The subscribers the dispatcher's watchdog finds stalled now, by id.
     stalls: Mutex<BTreeMap<String, StallView>>,
     /// Stalls that began (each counted once).
@@ -89,6 +91,110 @@ impl RetentionStats {
         self.steps.fetch_add(1, Relaxed);
         self.longest_step_us
             .fetch_max(took.as_micros().min(u64::MAX as u128) as u64, Relaxed);
+    }
+}
+
+/// What the outbox task measured since the daemon started, read by `/metrics`, `/healthz` and
+/// `GET /v1/outbox` with atomics (the last error's text behind a lock held only to copy it).
+#[derive(Debug, Default)]
+pub struct OutboxStats {
+    /// The outbox's redacted location and table; unset when the daemon has no outbox.
+    name: std::sync::OnceLock<(String, String)>,
+    pub rows_read: AtomicU64,
+    pub rows_rejected: AtomicU64,
+    pub rounds_failed: AtomicU64,
+    /// The age of the oldest row the last round saw, in ms (0: the outbox was empty).
+    pub oldest_age_ms: AtomicI64,
+    /// Since when (unix ms) the outbox cannot be read; 0 while it can.
+    failing_since_ms: AtomicI64,
+    last_error: Mutex<String>,
+}
+
+/// `GET /v1/outbox`, and `fanout status`'s outbox line.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OutboxView {
+    /// The outbox's location (a path, or a URL without its password); absent without one.
+    pub outbox: Option<String>,
+    pub table: Option<String>,
+    pub rows_read: u64,
+    pub rows_rejected: u64,
+    pub rounds_failed: u64,
+    pub oldest_age_seconds: f64,
+    /// Why the outbox cannot be read now, if it cannot.
+    pub error: Option<String>,
+}
+
+impl OutboxStats {
+    /// The daemon reads this outbox (set once, at start-up).
+    pub fn configured(&self, location: String, table: String) {
+        let _ = self.name.set((location, table));
+    }
+
+    pub(crate) fn cannot_read(&self, why: &str, now_ms: i64) {
+        let _ = self
+            .failing_since_ms
+            .compare_exchange(0, now_ms.max(1), Relaxed, Relaxed);
+        if let Ok(mut e) = self.last_error.lock() {
+            *e = why.to_string();
+        }
+    }
+
+    pub(crate) fn reading_again(&self) {
+        self.failing_since_ms.store(0, Relaxed);
+    }
+
+    /// `/healthz`'s problem while the outbox cannot be read: it names the outbox.
+    pub fn problem(&self, now_ms: i64) -> Option<crate::health::Problem> {
+        let since = self.failing_since_ms.load(Relaxed);
+        let (at, table) = self.name.get()?;
+        (since > 0).then(|| crate::health::Problem {
+            code: "outbox_unavailable",
+            message: format!(
+                "the outbox {table} in {at} cannot be read since {} ms ago: {}",
+                (now_ms - since).max(0),
+                self.last_error
+                    .lock()
+                    .map(|e| e.clone())
+                    .unwrap_or_default()
+            ),
+        })
+    }
+
+    pub fn view(&self) -> OutboxView {
+        let name = self.name.get();
+        let failing = self.failing_since_ms.load(Relaxed) > 0;
+        OutboxView {
+            outbox: name.map(|n| n.0.clone()),
+            table: name.map(|n| n.1.clone()),
+            rows_read: self.rows_read.load(Relaxed),
+            rows_rejected: self.rows_rejected.load(Relaxed),
+            rounds_failed: self.rounds_failed.load(Relaxed),
+            oldest_age_seconds: self.oldest_age_ms.load(Relaxed) as f64 / 1000.0,
+            error: failing.then(|| {
+                self.last_error
+                    .lock()
+                    .map(|e| e.clone())
+                    .unwrap_or_default()
+            }),
+        }
+    }
+
+    fn render(&self, out: &mut Exposition) {
+        let Some((_, table)) = self.name.get() else {
+            return;
+        };
+        let v = self.view();
+        let families: [(&str, &str, &str, f64); 5] = [
+            ("fanout_outbox_rows_read_total", "counter", "Outbox rows taken into the ledger (events) or moved to <table>_rejected.", v.rows_read as f64),
+            ("fanout_outbox_rows_rejected_total", "counter", "Outbox rows that were not valid events, moved to <table>_rejected.", v.rows_rejected as f64),
+            ("fanout_outbox_rounds_failed_total", "counter", "Outbox rounds that failed (the outbox unreadable, or the ledger unable to write); their rows stayed.", v.rounds_failed as f64),
+            ("fanout_outbox_oldest_age_seconds", "gauge", "Age of the oldest row the last outbox round saw (0: empty).", v.oldest_age_seconds),
+            ("fanout_outbox_up", "gauge", "1 while the outbox can be read.", f64::from(u8::from(v.error.is_none()))),
+        ];
+        for (name, kind, help, value) in families {
+            out.family(name, kind, help);
+            out.sample(name, &[("table", table)], value);
+        }
     }
 }
 
@@ -190,6 +296,7 @@ impl Metrics {
         render_gauges(&mut out, snap);
         self.render_stalls(&mut out, snap);
         self.render_retention(&mut out, snap);
+        self.outbox.render(&mut out);
         out.text
     }
 

@@ -1,13 +1,13 @@
 //! `POST /v1/events`: a producer's event, or an array of them, parsed (pure, each event kept
-//! byte for byte), written to the ledger in one transaction, and the dispatcher told which
-//! subscribers have work. It does not deliver anything.
+//! byte for byte and checked by `event_input.rs`, as an outbox row is), written to the ledger
+//! in one transaction, and the dispatcher told which subscribers have work. It does not
+//! deliver anything.
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::body::{read_body, MAX_REQUEST_BYTES};
@@ -15,56 +15,23 @@ use super::error::ApiError;
 use super::state::AppState;
 use super::views;
 use crate::dispatch::Control;
+use crate::event_input::EventError;
 use crate::ledger::Deliveries as _;
 use crate::ledger::NewEvent;
-use crate::model::{validate_event_id, validate_visible};
 use crate::time::now_ms;
 
 /// Most events in one `POST /v1/events`.
 pub const MAX_EVENTS_PER_REQUEST: usize = 10_000;
 
-#[derive(Deserialize)]
-struct EventHead {
-    id: Option<serde_json::Value>,
-    #[serde(rename = "type")]
-    event_type: Option<serde_json::Value>,
-}
-
-/// Parse one event: an object with a string `id` and `type`, kept byte for byte.
+/// Parse one event of a request (`crate::event_input`, the check the outbox uses too).
 fn parse_event(
     raw: &RawValue,
     index: Option<usize>,
     max_bytes: usize,
 ) -> Result<NewEvent, ApiError> {
-    let at = index.map_or(String::new(), |i| format!("event {i}: "));
-    let text = raw.get();
-    if text.len() > max_bytes {
-        return Err(ApiError::TooLarge(format!(
-            "{at}the event is {} bytes; the limit is {max_bytes}",
-            text.len()
-        )));
-    }
-    let head: EventHead = serde_json::from_str(text)
-        .map_err(|_| ApiError::Invalid(format!("{at}an event must be a JSON object")))?;
-    let id = match head.id {
-        Some(serde_json::Value::String(s)) => s,
-        Some(_) => return Err(ApiError::Invalid(format!("{at}id must be a string"))),
-        None => return Err(ApiError::Invalid(format!("{at}id is missing"))),
-    };
-    validate_event_id("id", &id).map_err(|e| ApiError::Invalid(format!("{at}{e}")))?;
-    let event_type = match head.event_type {
-        Some(serde_json::Value::String(s)) => s,
-        Some(_) => return Err(ApiError::Invalid(format!("{at}type must be a string"))),
-        None => return Err(ApiError::Invalid(format!("{at}type is missing"))),
-    };
-    validate_visible("type", &event_type).map_err(|e| ApiError::Invalid(format!("{at}{e}")))?;
-    if event_type.contains('*') {
-        return Err(ApiError::Invalid(format!("{at}type must not contain '*'")));
-    }
-    Ok(NewEvent {
-        id,
-        event_type,
-        body: text.to_string(),
+    crate::event_input::parse_event(raw.get(), index, max_bytes).map_err(|e| match e {
+        EventError::Invalid(m) => ApiError::Invalid(m),
+        EventError::TooLarge(m) => ApiError::TooLarge(m),
     })
 }
 

@@ -1,5 +1,6 @@
-//! The daemon's own routes: `/healthz` (is it working), `/metrics` (Prometheus text) and
-//! `GET /v1/retention` (what retention removed and kept). They read; they change nothing.
+//! The daemon's own routes: `/healthz` (is it working), `/metrics` (Prometheus text),
+//! `GET /v1/retention` (what retention removed and kept) and `GET /v1/outbox` (what the
+//! producer's outbox task did). They read; they change nothing.
 
 use axum::extract::State;
 use axum::http::header;
@@ -16,7 +17,9 @@ use crate::time::now_ms;
 /// Reads atomics only on a local ledger: it answers at once even while the writer is busy (a
 /// shared ledger is also asked to answer).
 pub(super) async fn healthz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let mut problems = crate::health::verdict(state.health.snapshot(), now_ms());
+    let now = now_ms();
+    let mut problems = crate::health::verdict(state.health.snapshot(), now);
+    problems.extend(state.metrics.outbox.problem(now));
     if state.ledger.is_shared() {
         // A shared ledger: healthy only while it answers.
         if let Err(e) = state.ledger.ping().await {
@@ -43,6 +46,11 @@ pub(super) async fn retention(
         report,
         &state.metrics.retention,
     )))
+}
+
+/// `GET /v1/outbox`: what the outbox task did (counters the task keeps; nothing is read).
+pub(super) async fn outbox(State(state): State<AppState>) -> Json<crate::metrics::OutboxView> {
+    Json(state.metrics.outbox.view())
 }
 
 pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {

@@ -33,6 +33,7 @@ pub fn router(state: AppState) -> Router {
         .merge(subscriber_routes())
         .merge(delivery_routes())
         .route("/v1/retention", get(health::retention))
+        .route("/v1/outbox", get(health::outbox))
         .merge(customers::routes())
         .merge(portal_links::routes())
         .route_layer(axum::middleware::from_fn_with_state(

@@ -85,6 +85,7 @@ mod tests {
             "POST /v1/deliveries/{id}/replay",
             "POST /v1/replay",
             "GET /v1/retention",
+            "GET /v1/outbox",
             "POST /v1/subscribers/{id}/test",
             "GET /v1/customers",
             "POST /v1/customers",

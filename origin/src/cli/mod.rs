@@ -1,7 +1,8 @@
 //! The `fanout` command line: `serve`, client commands that talk to a running daemon's API
 //! (`status`, `subscriber add|list|remove|secret`, `customer …`, `send`, `deliveries`,
-//! `replay`, `listen`), `load`, and the commands that work on a ledger directly (`backup`,
-//! `ledger copy`). This file holds the grammar's top ([`Cli`], [`Command`]) and sends each
+//! `replay`, `listen`), `load`, the commands that work on a ledger directly (`backup`,
+//! `ledger copy`), and `outbox schema|init` on a producer's database. This file holds the
+//! grammar's top ([`Cli`], [`Command`]) and sends each
 //! command to its file; listings print a table for people and JSON with `--json`; progress
 //! bars go to stderr only when it is a terminal. It does not run the daemon (`crate::run`).
 
@@ -11,6 +12,7 @@ mod deliveries;
 mod ledger;
 mod listen;
 mod load;
+mod outbox;
 mod send;
 mod status;
 mod subscribers;
@@ -25,6 +27,7 @@ pub use deliveries::{DeliveriesArgs, ReplayArgs};
 pub use ledger::{BackupArgs, LedgerCommand, LedgerCopyArgs, PG_BACKUP};
 pub use listen::{ListenArgs, ReaperArgs};
 pub use load::LoadArgs;
+pub use outbox::{OutboxArgs, OutboxCommand};
 pub use send::SendArgs;
 pub use status::StatusArgs;
 pub use subscribers::{SubscriberAdd, SubscriberCommand};
@@ -94,6 +97,11 @@ pub enum Command {
         #[command(subcommand)]
         command: LedgerCommand,
     },
+    /// The producer's outbox in its own database: `schema` prints its DDL, `init` creates it
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -133,6 +141,7 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
             command: LedgerCommand::Copy(a),
         } => ledger::ledger_copy(a).await,
         Command::Backup(a) => ledger::backup(a),
+        Command::Outbox { command } => outbox::run(command).await,
     }
 }
 

@@ -6,6 +6,7 @@ use fanout_core::breaker::BreakerState;
 
 use super::client::{print, Client, ClientArgs, ClientError};
 use crate::api::views::SubscriberList;
+use crate::metrics::OutboxView;
 use crate::retention::RetentionView;
 use crate::term::{human_number, or_dash};
 
@@ -27,6 +28,9 @@ pub(super) async fn status(a: StatusArgs) -> Result<(), ClientError> {
     let retention: RetentionView = client
         .call(reqwest::Method::GET, "/v1/retention", None)
         .await?;
+    let outbox: OutboxView = client
+        .call(reqwest::Method::GET, "/v1/outbox", None)
+        .await?;
     // The daemon's clock against its PostgreSQL server's, from its `/metrics` (absent when
     // they cannot be read: the rest of the status stands without it).
     let clock = client
@@ -41,6 +45,12 @@ pub(super) async fn status(a: StatusArgs) -> Result<(), ClientError> {
                 "retention".into(),
                 serde_json::to_value(&retention).unwrap_or_default(),
             );
+            if outbox.outbox.is_some() {
+                o.insert(
+                    "outbox".into(),
+                    serde_json::to_value(&outbox).unwrap_or_default(),
+                );
+            }
             if let Some(offset) = clock {
                 o.insert("clock_offset_seconds".into(), offset.into());
             }
@@ -50,6 +60,9 @@ pub(super) async fn status(a: StatusArgs) -> Result<(), ClientError> {
         let now = crate::time::now_ms();
         print!("{}", status_table(&list, now));
         println!("{}", retention_line(&retention, now));
+        if let Some(line) = outbox_line(&outbox) {
+            println!("{line}");
+        }
         if let Some(line) = clock.and_then(clock_line) {
             println!("{line}");
         }
@@ -79,6 +92,20 @@ pub fn clock_line(offset_s: f64) -> Option<String> {
         "clock: this daemon's host is {:.1} s {how} the PostgreSQL server's (the daemon keeps \
          the server's time; set the host's clock right)",
         offset_s.abs()
+    ))
+}
+
+/// `fanout status`'s outbox line, when the daemon reads one (pure).
+pub fn outbox_line(v: &OutboxView) -> Option<String> {
+    let at = v.outbox.as_deref()?;
+    let table = v.table.as_deref().unwrap_or_default();
+    let state = match &v.error {
+        Some(e) => format!("CANNOT READ: {e}"),
+        None => format!("oldest row {:.1}s old", v.oldest_age_seconds),
+    };
+    Some(format!(
+        "outbox {table} in {at}: {} rows read, {} rejected, {} rounds failed; {state}",
+        v.rows_read, v.rows_rejected, v.rounds_failed
     ))
 }
 
@@ -258,6 +285,30 @@ mod tests {
         assert_eq!(clock_line(0.9), None);
         assert_eq!(clock_line(-1.0), None);
         assert_eq!(clock_line(0.0), None);
+    }
+
+    #[test]
+    fn outbox_line_table() {
+        let mut v = OutboxView {
+            outbox: None,
+            table: None,
+            rows_read: 12,
+            rows_rejected: 1,
+            rounds_failed: 0,
+            oldest_age_seconds: 0.25,
+            error: None,
+        };
+        assert_eq!(outbox_line(&v), None);
+        v.outbox = Some("/data/shop.db".into());
+        v.table = Some("fanout_outbox".into());
+        assert_eq!(
+            outbox_line(&v).as_deref(),
+            Some("outbox fanout_outbox in /data/shop.db: 12 rows read, 1 rejected, 0 rounds failed; oldest row 0.2s old")
+        );
+        v.error = Some("no such table".into());
+        assert!(outbox_line(&v)
+            .unwrap_or_default()
+            .ends_with("CANNOT READ: no such table"));
     }
 
     #[test]

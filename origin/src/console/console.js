@@ -128,13 +128,16 @@
   }
 
   async function loadSubscribers() {
-    const [data, retention, customers] = await Promise.all([
+    const [data, retention, customers, outbox] = await Promise.all([
       api('GET', '/v1/subscribers?stats=true'),
       api('GET', '/v1/retention'),
       api('GET', '/v1/customers'),
+      api('GET', '/v1/outbox'),
     ]);
     if ($('#subscribers-view').hidden) return;
     $('#retention').textContent = retentionText(retention);
+    $('#outbox').hidden = !outbox.outbox;
+    $('#outbox').textContent = outbox.outbox ? outboxText(outbox) : '';
     const cs = customers.customers ?? [];
     $('#cus-table tbody').replaceChildren(...cs.map(customerRow));
     $('#customers').hidden = cs.length === 0;
@@ -148,6 +151,13 @@
     pollTimer = null;
     const moving = subscribers.some((s) => !s.disabled && ((s.stats?.pending ?? 0) > 0 || (s.stats?.in_flight ?? 0) > 0));
     if (moving) pollTimer = setTimeout(() => loadSubscribers().catch(() => {}), 2000);
+  }
+
+  /** The producer's outbox the daemon reads, in one line under the table. */
+  function outboxText(o) {
+    const state = o.error ? `cannot be read: ${o.error}` : `oldest row ${o.oldest_age_seconds.toFixed(1)} s old`;
+    return `Outbox ${o.table} in ${o.outbox}: ${fmtNum(o.rows_read)} rows read, ` +
+      `${fmtNum(o.rows_rejected)} rejected, ${fmtNum(o.rounds_failed)} rounds failed; ${state}.`;
   }
 
   /** What retention keeps and has removed, in one line under the table. */

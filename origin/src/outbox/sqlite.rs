@@ -1,0 +1,169 @@
+//! A producer's outbox in a SQLite file: its DDL, and the reads and writes of one round, each
+//! a short transaction so the producer's own writers are not held up: the oldest rows read
+//! (no lock kept), then — only after the ledger has committed their events — one
+//! `BEGIN IMMEDIATE` that moves the rejections to `<table>_rejected` and deletes the rows.
+//! A crash in between leaves the rows, read again by the next round (ingest is idempotent by
+//! event id); a row already gone (another reader took it) is simply not there to delete.
+//! SQLite has no `NOTIFY`: the file is polled (`--outbox-poll`).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::types::Value;
+use rusqlite::{params, Connection, OpenFlags};
+
+use super::plan::Row;
+use super::OutboxError;
+
+/// How long a statement waits for the producer's write lock before failing the round.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The DDL for `table`: idempotent (`init` may run again). `AUTOINCREMENT`: ids never go back,
+/// also once the outbox was emptied.
+pub fn ddl(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    payload TEXT NOT NULL,
+    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+);
+CREATE TABLE IF NOT EXISTS {table}_rejected (
+    id INTEGER PRIMARY KEY,
+    payload TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    rejected_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+    error TEXT NOT NULL
+);
+"
+    )
+}
+
+/// The outbox in one SQLite file, read by this daemon. Cheap to clone.
+#[derive(Clone)]
+pub struct SqliteOutbox {
+    path: Arc<PathBuf>,
+    table: Arc<str>,
+    conn: Arc<Mutex<Option<Connection>>>,
+}
+
+impl std::fmt::Debug for SqliteOutbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteOutbox")
+            .field("path", &self.path)
+            .field("table", &self.table)
+            .finish()
+    }
+}
+
+impl SqliteOutbox {
+    pub fn new(path: PathBuf, table: &str) -> SqliteOutbox {
+        SqliteOutbox {
+            path: Arc::new(path),
+            table: Arc::from(table),
+            conn: Arc::default(),
+        }
+    }
+
+    /// Run `work` on the connection (opened when there is none) on a blocking thread; a failure
+    /// closes it, so the next round opens the file again.
+    async fn with<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Connection, &str) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, OutboxError> {
+        let me = self.clone();
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut slot = me
+                .conn
+                .lock()
+                .map_err(|_| OutboxError::Source("a previous round panicked".into()))?;
+            if slot.is_none() {
+                *slot = Some(open(&me.path, false).map_err(source)?);
+            }
+            let Some(conn) = slot.as_mut() else {
+                return Err(OutboxError::Source("no connection".into()));
+            };
+            let result = work(conn, &me.table);
+            if result.is_err() {
+                *slot = None;
+            }
+            result.map_err(source)
+        })
+        .await;
+        joined.map_err(|e| OutboxError::Source(format!("the outbox's thread failed: {e}")))?
+    }
+
+    /// The oldest `batch` rows (a read: no lock is kept).
+    pub async fn take(&self, batch: usize) -> Result<Vec<Row>, OutboxError> {
+        self.with(move |conn, t| {
+            let mut st = conn.prepare_cached(&format!(
+                "SELECT id, payload, (julianday('now') - julianday(created_at)) * 86400.0 \
+                 FROM {t} ORDER BY id LIMIT ?1"
+            ))?;
+            let rows = st.query_map([batch as i64], |r| {
+                let payload = match r.get::<_, Value>(1)? {
+                    Value::Text(s) => Some(s),
+                    Value::Blob(b) => String::from_utf8(b).ok(),
+                    _ => None,
+                };
+                Ok(Row {
+                    id: r.get(0)?,
+                    payload,
+                    age_secs: r.get::<_, Option<f64>>(2)?.unwrap_or(0.0),
+                })
+            })?;
+            rows.collect()
+        })
+        .await
+    }
+
+    /// One short write transaction: `rejected` moved to `<table>_rejected`, `ids` deleted.
+    pub async fn finish(
+        &self,
+        rejected: Vec<(i64, String)>,
+        ids: Vec<i64>,
+    ) -> Result<(), OutboxError> {
+        self.with(move |conn, t| {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            {
+                let mut reject = tx.prepare_cached(&format!(
+                    "INSERT OR IGNORE INTO {t}_rejected (id, payload, created_at, error) \
+                     SELECT id, CAST(payload AS TEXT), created_at, ?2 FROM {t} WHERE id = ?1"
+                ))?;
+                for (id, error) in &rejected {
+                    reject.execute(params![id, error])?;
+                }
+                let mut delete = tx.prepare_cached(&format!("DELETE FROM {t} WHERE id = ?1"))?;
+                for id in &ids {
+                    delete.execute([id])?;
+                }
+            }
+            tx.commit()
+        })
+        .await
+    }
+
+    /// Create the file (if missing) and the tables (idempotent).
+    pub fn init(&self) -> Result<(), OutboxError> {
+        let conn = open(&self.path, true).map_err(source)?;
+        conn.execute_batch(&format!("BEGIN; {} COMMIT;", ddl(&self.table)))
+            .map_err(source)
+    }
+}
+
+/// Open the producer's file (created only by `init`), waiting up to `BUSY_TIMEOUT` for its
+/// writers.
+fn open(path: &std::path::Path, create: bool) -> rusqlite::Result<Connection> {
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if create {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    Ok(conn)
+}
+
+/// A driver error, as the outbox reports it (the file is named where the outbox is).
+fn source(e: rusqlite::Error) -> OutboxError {
+    OutboxError::Source(e.to_string())
+}

@@ -15,6 +15,7 @@ pub mod console;
 pub mod customer;
 pub mod dispatch;
 pub mod duration;
+pub mod event_filter;
 pub mod health;
 pub mod ledger;
 pub mod load;

@@ -1,5 +1,5 @@
 //! The `fanout` command line: `serve`, client commands that talk to a running daemon's API
-//! (`status`, `subscriber add|list|remove|secret`, `customer …`, `send`, `deliveries`,
+//! (`status`, `subscriber add|list|remove|secret|filter`, `customer …`, `send`, `deliveries`,
 //! `replay`), `load`, and the commands that work on a ledger directly (`backup`,
 //! `ledger copy`). This file holds the grammar's top ([`Cli`], [`Command`]) and sends each
 //! command to its file; listings print a table for people and JSON with `--json`; progress

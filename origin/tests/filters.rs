@@ -2,7 +2,8 @@
 //! the events its filter matches while the others get all; a bad filter is a 400 naming where
 //! it is wrong, on create and on PATCH; a PATCH applies to the events ingested after it (and
 //! `null` removes the filter); `POST /v1/filters/test` answers for the admin token and a portal
-//! token, which may also set its own endpoint's filter.
+//! token, which may also set its own endpoint's filter; `fanout subscriber add --filter` and
+//! `fanout subscriber filter` set and remove one.
 //! Runs on SQLite, and on PostgreSQL with `FANOUT_TEST_LEDGER=postgres` (scripts/test.sh runs it
 //! both ways).
 // Tests: a failed unwrap is a failed test.
@@ -40,7 +41,7 @@ async fn patch(api: &Api, path: &str, body: Value) -> (u16, Value) {
     api.raw("PATCH", path, Some(body.to_string()), true).await
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn filters_choose_deliveries_refuse_bad_filters_and_apply_from_their_change() {
     let d = Daemon::start().await;
     let api = &d.api;
@@ -245,6 +246,53 @@ async fn filters_choose_deliveries_refuse_bad_filters_and_apply_from_their_chang
     ]))
     .await;
     assert_eq!(delivered_ids(api, "acme-hook").await, set(&["e10"]));
+
+    // The CLI: `subscriber add --filter` and `subscriber filter` (null removes it).
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(args)
+            .args(["--server", &api.base])
+            .env("FANOUT_API_TOKEN", &api.token)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let url = all.url.clone();
+    let (ok, err) = tokio::task::block_in_place(|| {
+        cli(&[
+            "subscriber",
+            "add",
+            "cli_sub",
+            &url,
+            "-t",
+            "invoice.*",
+            "--filter",
+            r#"{"currency":"EUR"}"#,
+        ])
+    });
+    assert!(ok, "{err}");
+    let (_, got) = api.get("/v1/subscribers/cli_sub").await;
+    assert_eq!(got["filter"], json!({ "currency": "EUR" }));
+    let (ok, err) = tokio::task::block_in_place(|| {
+        cli(&[
+            "subscriber",
+            "filter",
+            "cli_sub",
+            r#"{"amount":{"$gt":"x"}}"#,
+        ])
+    });
+    assert!(
+        !ok && err.contains("filter/amount/$gt: expected a number"),
+        "{err}"
+    );
+    let (ok, err) =
+        tokio::task::block_in_place(|| cli(&["subscriber", "filter", "cli_sub", "null"]));
+    assert!(ok, "{err}");
+    let (_, got) = api.get("/v1/subscribers/cli_sub").await;
+    assert_eq!(got["filter"], Value::Null);
 
     d.stop().await;
 }

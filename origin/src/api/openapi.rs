@@ -86,6 +86,7 @@ mod tests {
             "POST /v1/replay",
             "GET /v1/retention",
             "POST /v1/subscribers/{id}/test",
+            "POST /v1/filters/test",
             "GET /v1/customers",
             "POST /v1/customers",
             "GET /v1/customers/{id}",

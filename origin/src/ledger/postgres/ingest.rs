@@ -1,5 +1,6 @@
 //! Ingest on PostgreSQL: events stored and fanned out to the live subscribers whose patterns
-//! and content filters match (`ledger::fanout`), by arrays (`unnest`) in a few statements, announced to every daemon on commit.
+//! and content filters match (`ledger::fanout`), by arrays (`unnest`) in a few statements,
+//! announced to every daemon on commit.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -11,9 +12,9 @@ use crate::ledger::fanout::{candidates, Selector};
 use crate::ledger::{Ingested, LedgerError, NewEvent};
 
 impl PgLedger {
-    /// Store events and fan each out to every live subscriber whose patterns match; announce
-    /// the subscribers that got work to every listening daemon (on commit). Returns the
-    /// per-event outcome and those subscribers. A server without room is noted for `/healthz`.
+    /// Store events and fan each out to every live subscriber whose patterns and filter match;
+    /// announce the subscribers that got work to every listening daemon (on commit). Returns
+    /// the per-event outcome and those subscribers. A server without room is noted for `/healthz`.
     pub async fn ingest(
         &self,
         events: &[NewEvent],

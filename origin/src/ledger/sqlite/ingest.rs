@@ -52,8 +52,8 @@ pub(super) fn multi_row_sql(
     sql
 }
 
-/// Store events and fan each out to every live subscriber whose patterns match. Returns the
-/// per-event outcome and the subscribers that got new work.
+/// Store events and fan each out to every live subscriber whose patterns and filter match
+/// (`ledger::fanout`). Returns the per-event outcome and the subscribers that got new work.
 ///
 /// Events go in by chunks of `ROWS_PER_INSERT` (`RETURNING` tells which ids are new), and each
 /// new event's deliveries in one statement: rows, order and counts are those of inserting them

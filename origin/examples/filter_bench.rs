@@ -1,7 +1,8 @@
 //! Content filters' cost (issue 25): a 20-condition filter matched against a 2 KiB event body,
-//! in µs per match, alone and with the body's parse (what ingest pays once per event when a
-//! subscriber of its type has a filter), and the filter's compile (once per filter text: the
-//! ledger keeps compiled filters). A benchmark prints; it never fails.
+//! in µs per match, alone and with the body's read through the filter's projection (what
+//! ingest pays once per event when a subscriber of its type has a filter), beside a whole-body
+//! parse for scale, and the filter's compile (once per filter text: the ledger keeps compiled
+//! filters). A benchmark prints; it never fails.
 //!
 //!   cargo run --release -p fanout-origin --example filter_bench
 
@@ -69,8 +70,9 @@ fn main() {
     );
     let n = 200_000;
     let matched = per_iter_us(n, || f.matches(&parsed));
+    let seen = f.projection();
     let parse_and_match = per_iter_us(n / 4, || {
-        let v: Value = serde_json::from_str(&text).unwrap_or_default();
+        let v: Value = seen.parse(&text).unwrap_or_default();
         f.matches(&v)
     });
     let parse = per_iter_us(n / 4, || serde_json::from_str::<Value>(&text).is_ok());
@@ -81,6 +83,7 @@ fn main() {
         "  match (body parsed)        {matched:8.3} µs   target < 10 µs: {}",
         if matched < 10.0 { "met" } else { "NOT met" }
     );
-    println!("  parse body + match         {parse_and_match:8.3} µs   (parse alone {parse:.3} µs; once per event, whatever the subscribers)");
+    println!("  read body + match          {parse_and_match:8.3} µs   target < 10 µs: {} (what ingest does: only the fields filters see, once per event)", if parse_and_match < 10.0 { "met" } else { "NOT met" });
+    println!("  whole-body parse, for scale {parse:7.3} µs");
     println!("  compile the filter's text  {compile:8.3} µs   (once per filter text: cached)");
 }

@@ -55,6 +55,9 @@ use std::sync::Arc;
 
 use serde_json::{Map, Number, Value};
 
+mod projection;
+pub use projection::Projection;
+
 /// Most levels of nested objects and lists in a filter (its own object is level 1).
 pub const MAX_DEPTH: usize = 8;
 /// Most conditions (keys, plain or `$`) in one filter.
@@ -134,6 +137,12 @@ impl Filter {
     /// Does this event body match?
     pub fn matches(&self, event: &Value) -> bool {
         self.root.holds(&[event])
+    }
+
+    /// What of an event body this filter can see: a body read through it (or through a wider
+    /// projection) matches as the whole body does.
+    pub fn projection(&self) -> Projection {
+        Projection::of(&self.root)
     }
 }
 

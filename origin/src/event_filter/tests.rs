@@ -499,6 +499,44 @@ fn exact_number_comparison() {
     }
 }
 
+/// A projection keeps what filters test, whole, and the presence of what they ask exists;
+/// nothing else.
+#[test]
+fn projections_keep_what_filters_see() {
+    let text = event().to_string();
+    let seen = |f: Value| {
+        let p = Filter::compile(&f).unwrap().projection();
+        p.parse(&text).unwrap()
+    };
+    let cases: Vec<(Value, Value)> = vec![
+        (json!({}), json!({})),
+        (json!({"currency": "EUR"}), json!({"currency": "EUR"})),
+        (
+            json!({"customer": {"address": {"$exist": true}}}),
+            json!({"customer": {"address": {}}}),
+        ),
+        (
+            json!({"items": {"sku": "A1"}, "$or": [{"paid": true}, {"note": null}]}),
+            json!({"items": [{"sku": "A1"}, {"sku": "B2"}, "loose"], "paid": true, "note": null}),
+        ),
+        (
+            json!({"customer": {"$eq": {"tier": "gold"}}, "customer ": 1}),
+            json!({"customer": event()["customer"].clone()}),
+        ),
+    ];
+    for (f, want) in cases {
+        assert_eq!(seen(f.clone()), want, "{f}");
+    }
+    let mut both = Filter::compile(&json!({"a/b": 1})).unwrap().projection();
+    both.add(
+        &Filter::compile(&json!({"t~x": {"$gt": 1}}))
+            .unwrap()
+            .projection(),
+    );
+    assert_eq!(both.parse(&text).unwrap(), json!({"a/b": 1, "t~x": 2}));
+    assert!(both.parse("{\"a/b\": 1} x").is_err());
+}
+
 #[test]
 fn cache_compiles_once_and_keys_by_text() {
     let mut cache = FilterCache::default();
@@ -641,6 +679,22 @@ fn fuzz_random_filters_and_bodies() {
             "$or {f} on {e}"
         );
         assert_eq!(Filter::parse(&f.to_string()).map(|g| g.matches(&e)), Ok(m));
+        // Read through its projection, or a wider one (another filter's added), the body
+        // matches as it does whole.
+        let text = e.to_string();
+        let mut seen = cf.projection();
+        let projected = seen.parse(&text).expect("projected parse");
+        assert_eq!(
+            cf.matches(&projected),
+            m,
+            "{f} on {e} projected as {projected}"
+        );
+        if let Ok(other) = Filter::compile(&filter(&mut r, 3)) {
+            seen.add(&other.projection());
+            let wider = seen.parse(&text).expect("projected parse");
+            assert_eq!(cf.matches(&wider), m, "{f} on {e} projected as {wider}");
+            assert_eq!(other.matches(&wider), other.matches(&e), "the other on {e}");
+        }
         let x = body(&mut r, 1);
         for key in ["a", "é"] {
             let eq = law(json!({ key: {"$eq": x.clone()} })).expect("eq");

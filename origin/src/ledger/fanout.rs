@@ -7,15 +7,15 @@
 //! by a PATCH that has been answered applies to every event ingested after it, on every daemon
 //! sharing the ledger. Compiling is what a cache saves: compiled filters are kept by their
 //! text, which is the key, so a changed filter is a new key and never served stale. An event's
-//! body is parsed once (and only when a subscriber of its type has a filter), whatever the
-//! number of subscribers.
+//! body is read once (and only when a subscriber of its type has a filter), whatever the
+//! number of subscribers, and only as far as their filters look (`event_filter::Projection`).
 
 use std::sync::{Arc, LazyLock, Mutex};
 
 use serde_json::Value;
 
 use super::deliveries::NewEvent;
-use crate::event_filter::{Filter, FilterCache};
+use crate::event_filter::{Filter, FilterCache, Projection};
 use crate::model::any_type_matches;
 
 /// A live subscriber as ingest sees it.
@@ -57,9 +57,9 @@ pub fn candidates(rows: Vec<(String, String, Option<String>)>) -> Vec<Candidate>
 #[derive(Debug)]
 pub struct Selector<'s> {
     subs: &'s [Candidate],
-    /// The candidates of the last event type seen (a batch is usually of one type), and
-    /// whether any of them has a filter.
-    typed: Option<(String, Vec<usize>, bool)>,
+    /// The candidates of the last event type seen (a batch is usually of one type), and what
+    /// of a body their filters see (`None`: none has a filter).
+    typed: Option<(String, Vec<usize>, Option<Projection>)>,
     picked: Vec<usize>,
 }
 
@@ -78,18 +78,22 @@ impl<'s> Selector<'s> {
             let idx: Vec<usize> = (0..self.subs.len())
                 .filter(|&i| any_type_matches(&self.subs[i].patterns, &e.event_type))
                 .collect();
-            let filtered = idx.iter().any(|&i| self.subs[i].filter.is_some());
-            self.typed = Some((e.event_type.clone(), idx, filtered));
+            let mut seen: Option<Projection> = None;
+            for f in idx.iter().filter_map(|&i| self.subs[i].filter.as_ref()) {
+                seen.get_or_insert_with(Projection::default)
+                    .add(&f.projection());
+            }
+            self.typed = Some((e.event_type.clone(), idx, seen));
         }
-        let Some((_, idx, filtered)) = &self.typed else {
+        let Some((_, idx, seen)) = &self.typed else {
             return &[];
         };
-        if !*filtered {
+        let Some(seen) = seen else {
             return idx;
-        }
-        // Ingest took the body as a JSON object: it parses. Should it ever not, nothing is
-        // held back.
-        let body: Option<Value> = serde_json::from_str(&e.body).ok();
+        };
+        // Read once, only what the filters see. Ingest took the body as a JSON object: it
+        // parses. Should it ever not, nothing is held back.
+        let body: Option<Value> = seen.parse(&e.body).ok();
         self.picked.clear();
         for &i in idx {
             let keep = match (&self.subs[i].filter, &body) {

@@ -6,7 +6,7 @@
 //   FANOUT_BIN=target/release/fanout node bench/origin.mjs [--rounds 3] [--only ingest,story,lanes]
 //       [--ingest-seconds 5] [--batch-connections 4] [--single-connections 16]
 //       [--story-events 12000] [--no-story-alone] [--origin-events 10000] [--edge-events 4000]
-//       [--json out.json]
+//       [--json out.json] [--filtered]
 //
 // Three parts, each with a fresh daemon (release binary, fresh SQLite file) per measurement:
 //   ingest  POST /v1/events, fan-out to 5 subscribers, from bench/ingest (a Rust HTTP/1.1 client,
@@ -23,6 +23,9 @@
 //           client. The backlog is ingested while the subscribers are held (0.001/s), then all
 //           five are released at once (PATCH rate 1e6/s); the clock stops when the ledger (GET
 //           /metrics, fanout_deliveries{status="sent"}) has recorded every delivery as sent.
+// With --filtered, every ingest measurement is made twice, in alternating order: with the five
+// subscribers unfiltered and with each holding a content filter of 5 conditions that every event
+// matches (so both make the same deliveries), for the filtered ÷ unfiltered ratio.
 // Rounds interleave the configurations so drift on the shared machine hits them alike; tables
 // show medians.
 
@@ -57,6 +60,7 @@ const { values: opts } = parseArgs({
     // bench/start-worker.mjs (wrangler's programmatic API, dev inspector off; see the edge section).
     'edge-runner': { type: 'string', default: 'cli' },
     json: { type: 'string' },
+    filtered: { type: 'boolean', default: false },
   },
 });
 const clampInt = (v, lo, hi) => Math.min(Math.max(Math.trunc(Number(v)) || lo, lo), hi);
@@ -265,9 +269,14 @@ async function postEvents(o, events, batch = 100, conns = 4) {
 // ---------- part 1: ingest ----------
 
 const FAST = { rate_per_sec: 1_000_000, burst: 1_000_000 };
+/** A content filter every bench/ingest event matches: 5 conditions, nested, of four kinds. */
+const BENCH_FILTER = {
+  type: 'video.trending',
+  data: { views: { $gte: 0 }, video: { $startsWith: 'v_' }, text: { $exist: true }, $not: [{ views: { $lt: 0 } }] },
+};
 const HELD = { rate_per_sec: 0.001, burst: 1 };
 
-async function ingestOnce(sink, { batch, held, build = 'current', bin = null }) {
+async function ingestOnce(sink, { batch, held, build = 'current', bin = null, filtered = false }) {
   const o = await origin({ bin });
   try {
     for (let i = 0; i < SUBSCRIBERS; i++) {
@@ -278,6 +287,7 @@ async function ingestOnce(sink, { batch, held, build = 'current', bin = null }) 
         ...(held ? HELD : FAST),
         max_in_flight: 100,
         lane: 'origin',
+        ...(filtered ? { filter: BENCH_FILTER } : {}),
       });
     }
     const conns = batch > 1 ? BATCH_CONNS : SINGLE_CONNS;
@@ -299,6 +309,7 @@ async function ingestOnce(sink, { batch, held, build = 'current', bin = null }) 
       build,
       batch,
       held,
+      filtered,
       conns,
       events: r.events,
       deliveries: r.deliveries,
@@ -319,7 +330,7 @@ async function ingestOnce(sink, { batch, held, build = 'current', bin = null }) 
       rssMax: vm(o.pid, 'VmHWM'),
     };
     log(
-      `  ${build === 'baseline' ? '[baseline] ' : ''}ingest batch=${batch} ${held ? 'held    ' : 'dispatch'}: ${res.rate.toFixed(0).padStart(6)} events/s ` +
+      `  ${build === 'baseline' ? '[baseline] ' : ''}${filtered ? '[filtered] ' : ''}ingest batch=${batch} ${held ? 'held    ' : 'dispatch'}: ${res.rate.toFixed(0).padStart(6)} events/s ` +
         `(${r.events} in ${r.elapsed_s}s, ${conns} conns, p50 ${r.p50_ms} ms, p99 ${r.p99_ms} ms; ` +
         `sink got ${res.dispatchedPerS.toFixed(0)}/s meanwhile; daemon ${res.daemonCores.toFixed(2)} cores, ` +
         `writer ${res.writerCores.toFixed(2)} (runnable ${(res.writerRunnable * 100).toFixed(0)}% of the time, ` +
@@ -584,7 +595,10 @@ async function main() {
       log(`\n== ingest: ${INGEST_S} s per measurement, ${ROUNDS} round(s)`);
       for (let r = 0; r < ROUNDS; r++) {
         for (const [batch, held] of [[100, false], [1, false], [100, true], [1, true]]) {
-          for (const b of builds(r)) results.ingest.push(await ingestOnce(sink, { batch, held, ...b }));
+          for (const b of builds(r)) {
+            const variants = !opts.filtered ? [false] : r % 2 ? [true, false] : [false, true];
+            for (const filtered of variants) results.ingest.push(await ingestOnce(sink, { batch, held, filtered, ...b }));
+          }
         }
       }
     }
@@ -616,8 +630,8 @@ function report(results) {
   p(`\nOrigin daemon benchmark — ${results.when}, ${results.cpus} CPUs, medians of ${ROUNDS} round(s), ` +
     `edge under ${results.edgeRunner === 'api' ? 'unstable_startWorker (inspector off)' : 'wrangler dev'}\n`);
   if (results.ingest.length) {
-    const pick = (batch, held, k, build = 'current') =>
-      median(results.ingest.filter((r) => r.build === build && r.batch === batch && r.held === held).map((r) => r[k]));
+    const pick = (batch, held, k, build = 'current', filtered = false) =>
+      median(results.ingest.filter((r) => r.build === build && r.batch === batch && r.held === held && r.filtered === filtered).map((r) => r[k]));
     p(`Ingest, POST /v1/events, fan-out to ${SUBSCRIBERS} subscribers (events/s; ${INGEST_S} s each)`);
     p('| dispatcher                 | batches of 100 | single events | batch ÷ single |');
     p('|----------------------------|---------------:|--------------:|---------------:|');
@@ -643,6 +657,21 @@ function report(results) {
     p(`  connections: ${BATCH_CONNS} for batches, ${SINGLE_CONNS} for single events; latency p50/p99 batches ` +
       `${fmt(pick(100, false, 'p50'), 1)}/${fmt(pick(100, false, 'p99'), 1)} ms, single ${fmt(pick(1, false, 'p50'), 1)}/${fmt(pick(1, false, 'p99'), 1)} ms`);
     p(`  target ≥ 20,000 events/s batched (delivering): ${verdict(bd >= 20_000)} (${fmt(bd)})\n`);
+    if (results.ingest.some((r) => r.filtered)) {
+      p(`Content filters: the same ${SUBSCRIBERS} subscribers, each with a 5-condition filter every event matches`);
+      p('| measurement               | unfiltered | filtered | filtered ÷ unfiltered | writer µs/event unfiltered / filtered |');
+      p('|---------------------------|-----------:|---------:|----------------------:|--------------------------------------:|');
+      const ratios = [];
+      for (const held of [false, true]) {
+        for (const batch of [100, 1]) {
+          const [u, f] = [pick(batch, held, 'rate'), pick(batch, held, 'rate', 'current', true)];
+          ratios.push(f / u);
+          const w = `${fmt(pick(batch, held, 'writerUsPerEvent'), 1)} / ${fmt(pick(batch, held, 'writerUsPerEvent', 'current', true), 1)}`;
+          p(`| ${`${batch === 100 ? 'batches' : 'single '} ${held ? 'held' : 'delivering'}`.padEnd(25)} | ${fmt(u).padStart(10)} | ${fmt(f).padStart(8)} | ${`${fmt(f / u, 2)}×`.padStart(21)} | ${w.padStart(37)} |`);
+        }
+      }
+      p(`  target filtered ≥ 0.9× unfiltered: ${verdict(ratios.every((x) => x >= 0.9))}\n`);
+    }
   }
   if (results.lanes.length) {
     const lane = (l, k = 'rate', build = 'current') =>
@@ -674,7 +703,7 @@ function report(results) {
       if (Number.isFinite(b) && Number.isFinite(c)) p(`| ${name.padEnd(41)} | ${fmt(b, d).padStart(8)} | ${fmt(c, d).padStart(10)} | ${fmt(c / b, 2).padStart(4)}× |`);
     };
     const ing = (batch, held, k) => (b) =>
-      median(results.ingest.filter((r) => r.build === b && r.batch === batch && r.held === held).map((r) => r[k]));
+      median(results.ingest.filter((r) => r.build === b && r.batch === batch && r.held === held && !r.filtered).map((r) => r[k]));
     const ln = (l, k) => (b) => median(results.lanes.filter((r) => r.build === b && r.lane === l).map((r) => r[k]));
     cmp('ingest batches, delivering (events/s)', ing(100, false, 'rate'));
     cmp('ingest single, delivering (events/s)', ing(1, false, 'rate'));

@@ -1,7 +1,7 @@
 // The admin console in headless Chromium (Debian's /usr/bin/chromium driven by playwright-core)
 // against the real daemon (`fanout serve`, fresh SQLite file) and a real recording subscriber:
 // sign in, read the status table, open a dead delivery, replay it and watch it become `sent`;
-// add, edit and rotate a subscriber through the forms; bulk replay from the filtered list; a
+// add, edit (its content filter too, tried against an event) and rotate a subscriber through the forms; bulk replay from the filtered list; a
 // subscriber disabled by a 410 is shown with its reason, re-enabled (what waited is sent),
 // disabled by hand and deleted; a customer's portal links revoked; a wrong token is refused;
 // the line of the producer's outbox the daemon reads. Screenshots go to $FANOUT_SCREENSHOT_DIR (default /tmp).
@@ -206,6 +206,30 @@ test('console: add, edit and rotate a subscriber; bulk replay a time range', asy
   await form.waitFor({ state: 'hidden' });
   view = await (await origin.api('/v1/subscribers/sub_chat')).json();
   assert.equal(view.burst, 12);
+
+  // A content filter: tried against an event in the form (a bad one names its place), saved and
+  // shown in the table; emptied, it is removed.
+  await row.getByRole('button', { name: 'Edit' }).click();
+  await form.locator('[name=filter]').fill('{"amount": {"$gt": "5"}}');
+  await form.locator('.filter-event').fill('{"id": "e", "type": "chat.message", "amount": 9}');
+  await form.locator('.filter-test').click();
+  await form.locator('[data-field=filter-result][data-matches=error]').waitFor();
+  assert.match(await form.locator('[data-field=filter-result]').textContent(), /^filter\/amount\/\$gt: expected a number/);
+  await form.locator('[name=filter]').fill('{"amount": {"$gt": 5}}');
+  await form.locator('.filter-test').click();
+  await form.locator('[data-field=filter-result][data-matches=true]').waitFor();
+  await page.click('#sub-save');
+  await form.waitFor({ state: 'hidden' });
+  view = await (await origin.api('/v1/subscribers/sub_chat')).json();
+  assert.deepEqual(view.filter, { amount: { $gt: 5 } });
+  await row.locator('[data-field=filter]', { hasText: '{"amount":{"$gt":5}}' }).waitFor();
+  await row.getByRole('button', { name: 'Edit' }).click();
+  assert.match(await form.locator('[name=filter]').inputValue(), /"\$gt": 5/);
+  await form.locator('[name=filter]').fill('');
+  await page.click('#sub-save');
+  await form.waitFor({ state: 'hidden' });
+  view = await (await origin.api('/v1/subscribers/sub_chat')).json();
+  assert.equal(view.filter, null);
 
   // Rotate: a new secret, shown once, and two secrets sign during the grace period.
   await row.getByRole('button', { name: 'Rotate secret' }).click();

@@ -4,7 +4,7 @@
 //   body (shown as text), clicks Replay and its endpoint receives it again; a bulk replay of a
 //   time range, counted first, sends again exactly the failed deliveries in that range; pause,
 //   resume, a secret rotation (the secret shown once verifies the next webhook with the npm
-//   standardwebhooks verifier); desktop and phone screenshots;
+//   standardwebhooks verifier), a content filter tried against an event and saved; desktop and phone screenshots;
 // - the page's token (from the URL fragment) sees nothing of B: B's delivery, endpoint and
 //   customer ids, edited in by hand, answer 404 (403 for routes outside the portal) and nothing
 //   of B changes; the admin token never reaches the page; no cookie is set;
@@ -266,6 +266,21 @@ async function clickThrough(t, ledger) {
   await waitFor(() => b.requests.some((r) => r.headers['webhook-id'] === 'evt_after_rotation') || null, 15_000);
   const bIds = b.requests.map((r) => r.headers['webhook-id']);
   assert.deepEqual(bIds.slice().sort(), ['evt_0', 'evt_1', 'evt_2', 'evt_3', 'evt_after_rotation']);
+
+  // The endpoint's content filter: tried against an event, saved; an event it refuses makes no
+  // delivery for this endpoint (B, unfiltered, gets both).
+  const card = page.locator('[data-endpoint="acme_orders"]');
+  await card.locator('.filter-edit summary').click();
+  await card.locator('.filter-text').fill('{"n": {"$gte": 10}}');
+  await card.locator('.filter-event').fill('{"id": "x", "type": "order.created", "n": 3}');
+  await card.locator('.filter-test').click();
+  await card.locator('[data-field=filter-result][data-matches=false]').waitFor();
+  await card.locator('.save-filter').click();
+  await page.locator('[data-endpoint="acme_orders"] [data-field=filter]', { hasText: '{"n":{"$gte":10}}' }).waitFor();
+  assert.deepEqual((await must(origin, '/v1/subscribers/acme_orders', {}, 200)).filter, { n: { $gte: 10 } });
+  const made = await must(origin, '/v1/events', { body: [{ id: 'evt_small', type: 'order.created', n: 3 }, { id: 'evt_big', type: 'order.created', n: 12 }] }, 202);
+  assert.deepEqual(made.events.map((e) => e.deliveries), [1, 2]);
+  assert.deepEqual((await deliveriesOf(origin, { subscriber: 'acme_orders', event: 'evt_small' })), []);
 
   // The admin token never reached the page; the portal token only went in Authorization; no
   // cookie exists.

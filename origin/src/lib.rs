@@ -16,6 +16,7 @@ pub mod customer;
 pub mod dispatch;
 pub mod duration;
 pub mod event_input;
+pub mod event_filter;
 pub mod health;
 pub mod ledger;
 pub mod load;

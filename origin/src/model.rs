@@ -222,6 +222,9 @@ pub struct Subscriber {
     pub health: Health,
     /// The customer that owns this endpoint (`crate::customer`); `None`: the operator's own.
     pub customer: Option<String>,
+    /// The content filter (`crate::event_filter`), as given and checked: only events it
+    /// matches are delivered. `None`: every event of its types.
+    pub filter: Option<serde_json::Value>,
 }
 
 /// Why and since when a subscriber gets nothing sent.
@@ -364,6 +367,9 @@ pub struct SubscriberView {
     pub failing_since_ms: Option<i64>,
     /// The customer that owns this endpoint, if any.
     pub customer: Option<String>,
+    /// The content filter, if any (`crate::event_filter`).
+    #[serde(default)]
+    pub filter: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
@@ -388,6 +394,7 @@ impl SubscriberView {
             disabled_at_ms: s.health.disabled.as_ref().map(|d| d.at_ms),
             failing_since_ms: s.health.failing_since_ms,
             customer: s.customer.clone(),
+            filter: s.filter.clone(),
             secret,
         }
     }

@@ -1,8 +1,8 @@
 //! Customers on a PostgreSQL ledger shared by several daemons, against throwaway PostgreSQL
 //! servers the tests start themselves (tests/common/pg.rs): a portal link works on every
 //! daemon; a customer is never removed while a live subscriber names it, whichever of the two
-//! transactions comes first; `fanout ledger copy` brings customers, ownership and the portal key
-//! over; weights set through one daemon hold on every daemon. (The customer API itself runs on PostgreSQL in tests/customers.rs with
+//! transactions comes first; `fanout ledger copy` brings customers, ownership, the portal key and
+//! content filters over; weights set through one daemon hold on every daemon. (The customer API itself runs on PostgreSQL in tests/customers.rs with
 //! `FANOUT_TEST_LEDGER=postgres`.)
 
 // Test code: a failed unwrap is a failed test.
@@ -50,6 +50,7 @@ fn owned(id: &str, customer: &str) -> Definition {
         updated_ms: 1,
         health: Default::default(),
         customer: Some(customer.into()),
+        filter: None,
     }
 }
 
@@ -207,6 +208,9 @@ async fn ledger_copy_brings_customers_and_links_over() {
         if let Some(c) = owner {
             spec["customer"] = json!(c);
         }
+        if id == "a1" {
+            spec["filter"] = json!({ "n": { "$gt": 1 } });
+        }
         before.api.subscriber(spec).await;
     }
     let (s, link) = before
@@ -267,6 +271,17 @@ async fn ledger_copy_brings_customers_and_links_over() {
         .collect();
     assert_eq!(seen, ["a1"]);
     assert_eq!(portal.get("/v1/subscribers/b1").await.0, 404);
+    // Its content filter came over, and chooses there.
+    assert_eq!(
+        list["subscribers"][0]["filter"],
+        json!({ "n": { "$gt": 1 } })
+    );
+    let made = after
+        .api
+        .events(json!([{ "id": "e1", "type": "order.x", "n": 1 }, { "id": "e2", "type": "order.x", "n": 2 }]))
+        .await;
+    assert_eq!(made["events"][0]["deliveries"], 2, "{made}");
+    assert_eq!(made["events"][1]["deliveries"], 3, "{made}");
 }
 
 /// Two daemons dispatch from one ledger; the customers and their weights are set through one of

@@ -497,6 +497,7 @@ const PURE: &[&str] = &[
     "origin/src/ledger/filter",
     "origin/src/ledger/scope",
     "origin/src/duration",
+    "origin/src/event_filter",
     "origin/src/portal/token",
     "origin/src/api/subscriber_input",
     "origin/src/model",

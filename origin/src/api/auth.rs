@@ -40,10 +40,11 @@ const PORTAL_ROUTES: &[(Method, &str)] = &[
     (Method::GET, "/v1/deliveries/{id}"),
     (Method::POST, "/v1/deliveries/{id}/replay"),
     (Method::POST, "/v1/replay"),
+    (Method::POST, "/v1/filters/test"),
 ];
 
-/// The only subscriber field a portal token may change: pause and resume.
-const PORTAL_PATCHABLE: &[&str] = &["disabled"];
+/// The subscriber fields a portal token may change: pause and resume, and the content filter.
+const PORTAL_PATCHABLE: &[&str] = &["disabled", "filter"];
 
 impl Principal {
     /// May this principal call `method` on the route `route` (the router's pattern)?
@@ -73,8 +74,8 @@ impl Principal {
             Principal::Portal { .. } => match fields.iter().find(|f| !PORTAL_PATCHABLE.contains(f))
             {
                 Some(f) => Err(ApiError::Forbidden(format!(
-                    "a portal link may only pause and resume an endpoint (\"disabled\"), not \
-                     change {f:?}"
+                    "a portal link may only pause and resume an endpoint (\"disabled\") and set \
+                     its filter (\"filter\"), not change {f:?}"
                 ))),
                 None => Ok(()),
             },
@@ -234,6 +235,7 @@ mod tests {
             (Method::GET, "/v1/deliveries/{id}", true),
             (Method::POST, "/v1/deliveries/{id}/replay", true),
             (Method::POST, "/v1/replay", true),
+            (Method::POST, "/v1/filters/test", true),
             (Method::POST, "/v1/events", false),
             (Method::GET, "/v1/customers", false),
             (Method::POST, "/v1/customers", false),
@@ -257,7 +259,7 @@ mod tests {
         };
         assert_eq!(portal.scope().as_deref(), Some("acme"));
         assert_eq!(Principal::Admin.scope(), None);
-        assert!(portal.may_patch(&["disabled"]).is_ok());
+        assert!(portal.may_patch(&["disabled", "filter"]).is_ok());
         assert!(portal.may_patch(&[]).is_ok());
         for f in ["url", "rate_per_sec", "customer", "event_types", "secret"] {
             assert!(

@@ -87,6 +87,7 @@ mod tests {
             "GET /v1/retention",
             "GET /v1/outbox",
             "POST /v1/subscribers/{id}/test",
+            "POST /v1/filters/test",
             "GET /v1/customers",
             "POST /v1/customers",
             "GET /v1/customers/{id}",

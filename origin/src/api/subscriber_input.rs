@@ -52,6 +52,13 @@ pub struct SubscriberInput {
         skip_serializing_if = "Option::is_none"
     )]
     pub customer: Option<Option<String>>,
+    /// The content filter (`crate::event_filter`; `null` is none).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub filter: Option<Option<serde_json::Value>>,
 }
 
 /// `"disabled": false` in a creation body, the only value it may have there: a subscriber is
@@ -97,6 +104,9 @@ pub struct SubscriberPatch {
     /// Move to this customer; `null` detaches the subscriber from its customer.
     #[serde(default, deserialize_with = "present")]
     pub customer: Option<Option<String>>,
+    /// A new content filter; `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    pub filter: Option<Option<serde_json::Value>>,
 }
 
 impl SubscriberPatch {
@@ -115,8 +125,9 @@ impl SubscriberPatch {
             legacy_signature,
             disabled,
             customer,
+            filter,
         } = self;
-        let set: [(&'static str, bool); 11] = [
+        let set: [(&'static str, bool); 12] = [
             ("id", id.is_some()),
             ("url", url.is_some()),
             ("event_types", event_types.is_some()),
@@ -128,6 +139,7 @@ impl SubscriberPatch {
             ("legacy_signature", legacy_signature.is_some()),
             ("disabled", disabled.is_some()),
             ("customer", customer.is_some()),
+            ("filter", filter.is_some()),
         ];
         set.into_iter()
             .filter(|(_, on)| *on)
@@ -139,6 +151,14 @@ impl SubscriberPatch {
 fn validate_customer_ref(customer: &Option<Option<String>>) -> Result<(), ApiError> {
     if let Some(Some(c)) = customer {
         validate_id("customer", c).map_err(ApiError::Invalid)?;
+    }
+    Ok(())
+}
+
+/// A content filter compiles (`null`: none); a refusal names where it is wrong.
+fn validate_filter(filter: &Option<Option<serde_json::Value>>) -> Result<(), ApiError> {
+    if let Some(Some(f)) = filter {
+        crate::event_filter::Filter::compile(f).map_err(|e| ApiError::Invalid(e.to_string()))?;
     }
     Ok(())
 }
@@ -198,6 +218,7 @@ pub fn subscriber_from(
         Secret::parse(s).map_err(|e| ApiError::Invalid(format!("secret: {e}")))?;
     }
     validate_customer_ref(&input.customer)?;
+    validate_filter(&input.filter)?;
     Ok((
         Subscriber {
             id,
@@ -211,6 +232,7 @@ pub fn subscriber_from(
             updated_ms: now,
             health: Default::default(),
             customer: input.customer.flatten(),
+            filter: input.filter.flatten(),
         },
         input.secret,
     ))
@@ -257,6 +279,10 @@ pub fn patched(
     validate_customer_ref(&input.customer)?;
     if let Some(c) = input.customer {
         s.customer = c;
+    }
+    validate_filter(&input.filter)?;
+    if let Some(f) = input.filter {
+        s.filter = f;
     }
     match (input.disabled, &s.health.disabled) {
         // What an operator disabled only an operator re-enables.
@@ -350,6 +376,16 @@ mod tests {
                 Err("invalid_request"),
             ),
             (
+                "filter",
+                |i| i.filter = Some(Some(serde_json::json!({"amount": {"$gt": 5}}))),
+                Ok(()),
+            ),
+            (
+                "bad filter",
+                |i| i.filter = Some(Some(serde_json::json!({"amount": {"$gt": "5"}}))),
+                Err("invalid_request"),
+            ),
+            (
                 "created enabled, said so",
                 |i| i.disabled = Some(CreatedEnabled),
                 Ok(()),
@@ -424,6 +460,8 @@ mod tests {
             (r#"{}"#, Ok(vec![])),
             (r#"{"disabled":true}"#, Ok(vec!["disabled"])),
             (r#"{"customer":null}"#, Ok(vec!["customer"])),
+            (r#"{"filter":null}"#, Ok(vec!["filter"])),
+            (r#"{"filter":{"a":1}}"#, Ok(vec!["filter"])),
             (
                 r#"{"rate_per_sec":5,"burst":10}"#,
                 Ok(vec!["rate_per_sec", "burst"]),

@@ -1,5 +1,5 @@
 //! The `fanout` command line: `serve`, client commands that talk to a running daemon's API
-//! (`status`, `subscriber add|list|remove|secret`, `customer …`, `send`, `deliveries`,
+//! (`status`, `subscriber add|list|remove|secret|filter`, `customer …`, `send`, `deliveries`,
 //! `replay`, `listen`), `load`, the commands that work on a ledger directly (`backup`,
 //! `ledger copy`), and `outbox schema|init` on a producer's database. This file holds the
 //! grammar's top ([`Cli`], [`Command`]) and sends each

@@ -239,6 +239,7 @@ mod tests {
             disabled_at_ms: None,
             failing_since_ms: None,
             customer: None,
+            filter: None,
             secret: None,
         }
     }

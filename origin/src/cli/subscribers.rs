@@ -36,6 +36,21 @@ pub enum SubscriberCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Set a subscriber's content filter (a JSON object, see the README), or remove it with
+    /// `null`; prints the subscriber
+    Filter {
+        id: String,
+        /// The filter, e.g. '{"amount": {"$gt": 100}}', or null
+        #[arg(value_parser = parse_json_arg)]
+        filter: serde_json::Value,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// A JSON argument (a filter), checked by the daemon.
+fn parse_json_arg(s: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(s).map_err(|e| format!("not JSON: {e}"))
 }
 
 fn parse_lane(s: &str) -> Result<Lane, String> {
@@ -69,6 +84,9 @@ pub struct SubscriberAdd {
     /// Print the daemon's JSON (the subscriber with its secret) instead of a line for a person
     #[arg(long)]
     pub json: bool,
+    /// Deliver only events whose body matches this content filter (JSON, see the README)
+    #[arg(long, value_parser = parse_json_arg)]
+    pub filter: Option<serde_json::Value>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -81,6 +99,9 @@ pub(super) async fn run(command: SubscriberCommand) -> Result<(), ClientError> {
         SubscriberCommand::Remove { id, client } => subscriber_remove(&client, &id).await,
         SubscriberCommand::Secret { id, json, client } => {
             subscriber_secret(&id, json, &client).await
+        }
+        SubscriberCommand::Filter { id, filter, client } => {
+            subscriber_filter(&id, filter, &client).await
         }
     }
 }
@@ -103,6 +124,7 @@ async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
         lane: a.lane,
         legacy_signature: a.legacy_signature.then_some(true),
         customer: a.customer.map(Some),
+        filter: a.filter.map(Some),
         ..SubscriberInput::default()
     };
     let body = serde_json::to_vec(&input).map_err(|e| ClientError::Input(e.to_string()))?;
@@ -162,6 +184,22 @@ async fn subscriber_remove(client: &ClientArgs, id: &str) -> Result<(), ClientEr
         .call(reqwest::Method::DELETE, &path, None)
         .await?;
     print(&deleted);
+    Ok(())
+}
+
+/// `fanout subscriber filter ID FILTER`: `PATCH {"filter": …}` (`null` removes it).
+async fn subscriber_filter(
+    id: &str,
+    filter: serde_json::Value,
+    client: &ClientArgs,
+) -> Result<(), ClientError> {
+    let path = format!("/v1/subscribers/{}", encode(id));
+    let body = serde_json::to_vec(&serde_json::json!({ "filter": filter }))
+        .map_err(|e| ClientError::Input(e.to_string()))?;
+    let changed: SubscriberView = Client::new(client)?
+        .call(reqwest::Method::PATCH, &path, Some(body))
+        .await?;
+    print(&changed);
     Ok(())
 }
 

@@ -10,7 +10,7 @@
   const PAGE = 200;
 
   // The helpers this page shares with the portal (/common.js).
-  const { $, h, request } = window.FanoutPage;
+  const { $, h, request, parseJsonBox, filterText } = window.FanoutPage;
 
   const fmtTime = (ms) => window.FanoutPage.fmtTime(ms);
   const fmtNum = (n, digits = 0) => (n == null ? '' : Number(n).toLocaleString('en-US', { maximumFractionDigits: digits }));
@@ -210,7 +210,8 @@
       'tr',
       { 'data-subscriber': s.id, class: s.disabled ? 'disabled' : null },
       h('td', null, h('div', { class: 'id' }, s.id), healthLines(s), h('div', { class: 'muted small url' }, s.url),
-        h('div', { class: 'muted small' }, s.event_types.join(', '))),
+        h('div', { class: 'muted small' }, s.event_types.join(', ')),
+        s.filter ? h('div', { class: 'muted small filter', 'data-field': 'filter', title: 'Content filter' }, `filter: ${filterText(s.filter)}`) : null),
       h('td', null, s.lane),
       h('td', { class: 'num' }, fmtNum(s.rate_per_sec, 3)),
       h('td', { class: 'num' }, fmtNum(s.burst)),
@@ -320,6 +321,7 @@
       form.elements.timeout_ms.value = sub.timeout_ms;
       form.elements.lane.value = sub.lane;
       form.elements.legacy_signature.checked = sub.legacy_signature;
+      form.elements.filter.value = sub.filter ? JSON.stringify(sub.filter, null, 2) : '';
     }
     form.hidden = false;
     (sub ? form.elements.url : form.elements.id).focus();
@@ -336,6 +338,9 @@
       legacy_signature: f.legacy_signature.checked,
     };
     if (!editing) body.id = f.id.value.trim();
+    // Emptied while editing: `null` removes the filter.
+    const filter = parseJsonBox(f.filter.value, 'The filter');
+    if (filter != null || editing) body.filter = filter;
     for (const name of ['rate_per_sec', 'burst', 'max_in_flight', 'timeout_ms']) {
       const v = f[name].value.trim();
       if (v !== '') body[name] = Number(v);
@@ -346,10 +351,10 @@
   async function onSaveSubscriber(ev) {
     ev.preventDefault();
     const form = $('#sub-form');
-    const body = formBody(form);
     const save = $('#sub-save');
     save.disabled = true;
     try {
+      const body = formBody(form);
       if (editing) {
         await api('PATCH', `/v1/subscribers/${encodeURIComponent(editing.id)}`, body);
         flash(`Saved ${editing.id}.`);
@@ -608,6 +613,7 @@
     $('#sub-add').addEventListener('click', () => openForm(null));
     $('#sub-refresh').addEventListener('click', () => loadSubscribers().catch((e) => flash(e.message, 'error')));
     $('#sub-form').addEventListener('submit', onSaveSubscriber);
+    $('#sub-filter-test').replaceChildren(window.FanoutPage.filterTester(api, () => $('#sub-form').elements.filter));
     $('#sub-cancel').addEventListener('click', () => {
       $('#sub-form').hidden = true;
       editing = null;

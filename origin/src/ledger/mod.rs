@@ -17,6 +17,7 @@ pub mod customers;
 pub mod deliveries;
 pub mod dispatch;
 pub mod error;
+pub mod fanout;
 pub mod filter;
 pub mod postgres;
 pub mod retention;
@@ -73,5 +74,6 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         updated_ms: 0,
         health: Default::default(),
         customer: None,
+        filter: None,
     }
 }

@@ -9,6 +9,17 @@ use fanout_core::limiter::LimiterState;
 use super::error::LedgerError;
 use crate::model::Subscriber;
 
+/// A subscriber's content filter as both backends store it: its JSON text, or NULL for none.
+pub fn filter_column(s: &Subscriber) -> Option<String> {
+    s.filter.as_ref().map(|f| f.to_string())
+}
+
+/// A stored filter column back as JSON. Only the API writes it, from a checked value, so it
+/// decodes; a text that does not is shown as the string it is rather than hidden.
+pub fn filter_from_column(text: Option<String>) -> Option<serde_json::Value> {
+    text.map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::String(t)))
+}
+
 /// One subscriber's figures as the ledger holds them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SubscriberCounts {

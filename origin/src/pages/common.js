@@ -95,5 +95,46 @@ window.FanoutPage = (() => {
   /** A delivery status as a badge (styled by its status, read by tests through data-status). */
   const badge = (status, label) => h('span', { class: `badge ${status}`, 'data-status': status }, label);
 
-  return Object.freeze({ $, h, ApiError, request, flasher, fmtTime, badge });
+  /** The JSON a text box holds: null when it is empty; an Error naming `what` when it is not JSON. */
+  function parseJsonBox(text, what) {
+    const t = text.trim();
+    if (!t) return null;
+    try {
+      return JSON.parse(t);
+    } catch (e) {
+      throw new Error(`${what} is not JSON: ${e.message}`);
+    }
+  }
+
+  /** A content filter as one line of text ('' for none). */
+  const filterText = (f) => (f == null ? '' : JSON.stringify(f));
+
+  /** "Does my filter match this event?": an event box, a button and the answer, asking
+   * POST /v1/filters/test through `call(method, path, body)`; `filterBox()` is the filter's text
+   * box (an empty one tests no filter: every event matches). */
+  function filterTester(call, filterBox) {
+    const event = h('textarea', {
+      class: 'filter-event', rows: 4, spellcheck: 'false', 'aria-label': 'An event to test the filter against',
+      placeholder: '{"id": "evt_1", "type": "invoice.paid", "amount": 250}',
+    });
+    const result = h('span', { class: 'filter-result', 'data-field': 'filter-result', role: 'status' });
+    async function run() {
+      try {
+        const filter = parseJsonBox(filterBox().value, 'The filter') ?? {};
+        const ev = parseJsonBox(event.value, 'The event');
+        if (ev == null) throw new Error('Paste an event to test the filter against.');
+        const r = await call('POST', '/v1/filters/test', { filter, event: ev });
+        result.dataset.matches = String(r.matches);
+        result.textContent = r.matches ? 'Matches: this event would be delivered.' : 'No match: this event would not be delivered.';
+      } catch (e) {
+        result.dataset.matches = 'error';
+        result.textContent = e.message;
+      }
+    }
+    return h('div', { class: 'filter-tester' },
+      h('label', null, 'Test against an event', event),
+      h('div', { class: 'actions' }, h('button', { type: 'button', class: 'quiet filter-test', onclick: run }, 'Test filter'), result));
+  }
+
+  return Object.freeze({ $, h, ApiError, request, flasher, fmtTime, badge, parseJsonBox, filterText, filterTester });
 })();

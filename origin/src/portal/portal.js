@@ -12,7 +12,7 @@
   const PAGE = 500;
 
   // The helpers this page shares with the console (/common.js).
-  const { $, h, request } = window.FanoutPage;
+  const { $, h, request, parseJsonBox, filterText } = window.FanoutPage;
 
   const fmtTime = (ms) => window.FanoutPage.fmtTime(ms, true);
   const STATUS_LABEL = { dead: 'failed', pending: 'retrying', sent: 'delivered', in_flight: 'sending' };
@@ -107,6 +107,7 @@
             h('span', null, 'delivered ', h('b', { 'data-field': 'sent' }, st.sent ?? 0)),
           ),
           st.last_error ? h('div', { class: 'muted small' }, `Last error: ${st.last_error}`) : null,
+          filterEditor(s),
           h(
             'div',
             { class: 'actions' },
@@ -124,6 +125,32 @@
     const chosen = sel.value;
     sel.replaceChildren(h('option', { value: '' }, 'All endpoints'), ...endpoints.map((s) => h('option', { value: s.id }, s.id)));
     sel.value = endpoints.some((s) => s.id === chosen) ? chosen : '';
+  }
+
+  /** The endpoint's content filter: shown, and edited with a test against an event (PATCH
+   *  {"filter"}; emptied, it is removed: every event of the endpoint's types). */
+  function filterEditor(s) {
+    const box = h('textarea', { class: 'filter-text', rows: 3, spellcheck: 'false', 'aria-label': `Filter of ${s.id}`,
+      placeholder: '{"amount": {"$gt": 100}}' });
+    box.value = s.filter ? JSON.stringify(s.filter, null, 2) : '';
+    const error = h('p', { class: 'error small', role: 'alert', hidden: true });
+    async function save() {
+      try {
+        const filter = parseJsonBox(box.value, 'The filter');
+        await call('PATCH', `/v1/subscribers/${encodeURIComponent(s.id)}`, { filter });
+        flash(filter == null ? `${s.id} now gets every event of its types.` : `${s.id}'s filter is saved: it applies to events from now on.`);
+        await loadEndpoints();
+      } catch (e) {
+        error.textContent = e.message;
+        error.hidden = false;
+      }
+    }
+    return h('details', { class: 'filter-edit' },
+      h('summary', null, 'Filter: ', h('code', { 'data-field': 'filter' }, s.filter ? filterText(s.filter) : 'none (every event)')),
+      h('label', null, 'Deliver only events matching (JSON; empty: every event)', box),
+      window.FanoutPage.filterTester(call, () => box),
+      error,
+      h('div', { class: 'actions' }, h('button', { type: 'button', class: 'save-filter', onclick: save }, 'Save filter')));
   }
 
   async function setDisabled(id, disabled) {

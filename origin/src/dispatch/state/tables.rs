@@ -225,6 +225,7 @@ fn sub(id: &str, max_in_flight: u32, customer: Option<&str>) -> (Subscriber, Lim
         updated_ms: 0,
         health: Default::default(),
         customer: customer.map(str::to_string),
+        filter: None,
     };
     (s, LimiterState::default())
 }

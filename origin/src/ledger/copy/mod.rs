@@ -2,7 +2,7 @@
 //! lock, and refuses while a daemon holds it) into an empty PostgreSQL one, in one PostgreSQL
 //! transaction (a failed copy leaves the target empty). Subscribers (removed ones too, for
 //! their history), secrets, events, deliveries with their status and attempt counts, attempts,
-//! limiter and health state come over as they are; deliveries that were in flight come over
+//! limiter and health state, content filters come over as they are; deliveries that were in flight come over
 //! pending, due at once (their lease died with the daemon). Public delivery ids (`dlv_<id>`)
 //! stay the same. Customers, which subscriber each owns and the portal signing key come over
 //! too (`customers.rs`): links issued before the move keep working. The one place in the
@@ -19,6 +19,7 @@ use super::LedgerError;
 mod customers;
 mod rows;
 
+use rows::copy_filters;
 pub use rows::Copied;
 use rows::{copy_attempts, copy_deliveries, copy_events, copy_secrets, copy_subscribers};
 
@@ -80,6 +81,7 @@ pub async fn copy_sqlite_to_pg(
 
     copy_subscribers(&src, &tx, version, &mut done).await?;
     copy_secrets(&src, &tx, &mut done).await?;
+    copy_filters(&src, &tx).await?;
     progress(&format!(
         "subscribers: {} ({} secrets)",
         done.subscribers, done.secrets

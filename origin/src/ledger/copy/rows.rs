@@ -299,3 +299,31 @@ pub(super) async fn copy_attempts(
 
     Ok(())
 }
+
+/// The subscribers' content filters (a ledger from before they existed has none).
+pub(super) async fn copy_filters(
+    src: &Connection,
+    tx: &Transaction<'_>,
+) -> Result<(), LedgerError> {
+    let has_filters: bool = src.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('subscribers') WHERE name = 'filter')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_filters {
+        return Ok(());
+    }
+    let mut st = src.prepare("SELECT id, filter FROM subscribers WHERE filter IS NOT NULL")?;
+    let filtered: Vec<(String, String)> = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let subs: Vec<&str> = filtered.iter().map(|(s, _)| s.as_str()).collect();
+    let filters: Vec<&str> = filtered.iter().map(|(_, f)| f.as_str()).collect();
+    tx.execute(
+        "UPDATE subscribers s SET filter = u.f
+         FROM unnest($1::text[], $2::text[]) AS u(id, f) WHERE s.id = u.id",
+        &[&subs, &filters],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,5 +1,6 @@
 //! Ingest on PostgreSQL: events stored and fanned out to the live subscribers whose patterns
-//! match, by arrays (`unnest`) in a few statements, announced to every daemon on commit.
+//! and content filters match (`ledger::fanout`), by arrays (`unnest`) in a few statements,
+//! announced to every daemon on commit.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -7,13 +8,13 @@ use tokio_postgres::types::ToSql;
 
 use super::ledger::PgLedger;
 use super::listen::{notify_payload, DUE_CHANNEL};
+use crate::ledger::fanout::{candidates, Selector};
 use crate::ledger::{Ingested, LedgerError, NewEvent};
-use crate::model::any_type_matches;
 
 impl PgLedger {
-    /// Store events and fan each out to every live subscriber whose patterns match; announce
-    /// the subscribers that got work to every listening daemon (on commit). Returns the
-    /// per-event outcome and those subscribers. A server without room is noted for `/healthz`.
+    /// Store events and fan each out to every live subscriber whose patterns and filter match;
+    /// announce the subscribers that got work to every listening daemon (on commit). Returns
+    /// the per-event outcome and those subscribers. A server without room is noted for `/healthz`.
     pub async fn ingest(
         &self,
         events: &[NewEvent],
@@ -43,16 +44,12 @@ impl PgLedger {
         let insert_args: &[&(dyn ToSql + Sync)] = &[&ids, &types, &bodies, &now_ms];
         let (sub_rows, fresh_rows) =
             tokio::try_join!(tx.query(&list, &[]), tx.query(&insert, insert_args))?;
-        let subs: Vec<(String, Vec<String>)> = sub_rows
-            .iter()
-            .map(|r| {
-                let types: String = r.try_get(1)?;
-                Ok((
-                    r.try_get(0)?,
-                    serde_json::from_str(&types).unwrap_or_default(),
-                ))
-            })
-            .collect::<Result<_, LedgerError>>()?;
+        let subs = candidates(
+            sub_rows
+                .iter()
+                .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+                .collect::<Result<_, LedgerError>>()?,
+        );
         let fresh: HashSet<String> = fresh_rows
             .iter()
             .map(|r| r.try_get(0))
@@ -61,24 +58,15 @@ impl PgLedger {
         let mut pair_subs: Vec<&str> = Vec::new();
         let mut pair_events: Vec<&str> = Vec::new();
         let mut is_new = Vec::with_capacity(events.len());
-        let mut matched: Option<(&str, Vec<usize>)> = None;
+        let mut selector = Selector::new(&subs);
         for e in events {
             let new = fresh_left.remove(&e.id);
             is_new.push(new);
             if !new {
                 continue;
             }
-            if matched.as_ref().is_none_or(|(t, _)| *t != e.event_type) {
-                let idx = subs
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (_, patterns))| any_type_matches(patterns, &e.event_type))
-                    .map(|(i, _)| i)
-                    .collect();
-                matched = Some((e.event_type.as_str(), idx));
-            }
-            for &i in matched.as_ref().map_or(&[][..], |(_, m)| m.as_slice()) {
-                pair_subs.push(&subs[i].0);
+            for &i in selector.select(e) {
+                pair_subs.push(&subs[i].id);
                 pair_events.push(&e.id);
             }
         }
@@ -128,7 +116,7 @@ impl PgLedger {
 
 /// Ingest's statements (prepared once per connection).
 pub(super) const INGEST_SUBSCRIBERS: &str =
-    "SELECT id, event_types FROM subscribers WHERE deleted_ms IS NULL ORDER BY id";
+    "SELECT id, event_types, filter FROM subscribers WHERE deleted_ms IS NULL ORDER BY id";
 pub(super) const INGEST_EVENTS: &str = "INSERT INTO events (id, type, body, received_ms)
      SELECT id, type, body, $4 FROM unnest($1::text[], $2::text[], $3::text[])
          WITH ORDINALITY AS u(id, type, body, n) ORDER BY n

@@ -267,6 +267,10 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE subscribers ADD COLUMN last_test_event TEXT;
     "#,
+    // 9: a subscriber's content filter (as the SQLite ledger's migration 9).
+    r#"
+    ALTER TABLE subscribers ADD COLUMN filter TEXT;
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

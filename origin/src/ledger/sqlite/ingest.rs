@@ -1,5 +1,6 @@
-//! Ingest on SQLite: events stored and fanned out to the live subscribers whose patterns match,
-//! in a few multi-row statements per batch (not one per row).
+//! Ingest on SQLite: events stored and fanned out to the live subscribers whose patterns and
+//! content filters match (`ledger::fanout`), in a few multi-row statements per batch (not one
+//! per row).
 
 use std::fmt::Write as _;
 
@@ -7,7 +8,7 @@ use rusqlite::Connection;
 
 use crate::ledger::deliveries::{Ingested, NewEvent};
 use crate::ledger::error::LedgerError;
-use crate::model::any_type_matches;
+use crate::ledger::fanout::{candidates, Selector};
 
 /// Rows per multi-row `INSERT`: ingest and the attempts of a dispatcher turn go in as a few
 /// statements, not one per row.
@@ -51,8 +52,8 @@ pub(super) fn multi_row_sql(
     sql
 }
 
-/// Store events and fan each out to every live subscriber whose patterns match. Returns the
-/// per-event outcome and the subscribers that got new work.
+/// Store events and fan each out to every live subscriber whose patterns and filter match
+/// (`ledger::fanout`). Returns the per-event outcome and the subscribers that got new work.
 ///
 /// Events go in by chunks of `ROWS_PER_INSERT` (`RETURNING` tells which ids are new), and each
 /// new event's deliveries in one statement: rows, order and counts are those of inserting them
@@ -69,13 +70,13 @@ pub fn ingest(
         .prepare_cached("SELECT MAX(created_ms) FROM deliveries")?
         .query_row([], |r| r.get(0))?;
     let now_ms = latest.map_or(now_ms, |t| t.max(now_ms));
-    let subs: Vec<(String, Vec<String>)> = c
-        .prepare_cached("SELECT id, event_types FROM subscribers WHERE deleted_ms IS NULL")?
-        .query_map([], |r| {
-            let types: String = r.get(1)?;
-            Ok((r.get(0)?, serde_json::from_str(&types).unwrap_or_default()))
-        })?
-        .collect::<Result<_, _>>()?;
+    let subs = candidates(
+        c.prepare_cached(
+            "SELECT id, event_types, filter FROM subscribers WHERE deleted_ms IS NULL",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<Result<_, _>>()?,
+    );
     // The ids stored by this call. A repeated id within the call is new only the first time.
     let mut fresh: std::collections::HashSet<String> =
         std::collections::HashSet::with_capacity(events.len());
@@ -102,22 +103,12 @@ pub fn ingest(
     }
     let mut touched = vec![false; subs.len()];
     let mut out = Vec::with_capacity(events.len());
-    // The subscribers matching the last event type seen (a batch is usually of one type).
-    let mut matched: Option<(&str, Vec<usize>)> = None;
+    let mut selector = Selector::new(&subs);
     for e in events {
         let is_new = fresh.remove(&e.id);
         let mut created = 0u32;
         if is_new {
-            if matched.as_ref().is_none_or(|(t, _)| *t != e.event_type) {
-                let idx = subs
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (_, patterns))| any_type_matches(patterns, &e.event_type))
-                    .map(|(i, _)| i)
-                    .collect();
-                matched = Some((e.event_type.as_str(), idx));
-            }
-            let idx = matched.as_ref().map_or(&[][..], |(_, m)| m.as_slice());
+            let idx = selector.select(e);
             for part in idx.chunks(ROWS_PER_INSERT) {
                 let n = part.len();
                 let sql = multi_row_sql(
@@ -130,7 +121,7 @@ pub fn ingest(
                 let mut st = c.prepare_cached(&sql)?;
                 let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(n + 2);
                 for &i in part {
-                    args.push(&subs[i].0);
+                    args.push(&subs[i].id);
                 }
                 args.push(&e.id);
                 args.push(&now_ms);
@@ -154,7 +145,7 @@ pub fn ingest(
     let touched = subs
         .into_iter()
         .zip(touched)
-        .filter_map(|((id, _), t)| t.then_some(id))
+        .filter_map(|(s, t)| t.then_some(s.id))
         .collect();
     Ok((out, touched))
 }

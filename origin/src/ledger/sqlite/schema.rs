@@ -217,6 +217,11 @@ const MIGRATIONS: &[Migration] = &[
     Sql(r#"
     ALTER TABLE subscribers ADD COLUMN last_test_event TEXT;
     "#),
+    // 9: a subscriber's content filter (issue 25, `crate::event_filter`): its JSON text, NULL
+    // for none.
+    Sql(r#"
+    ALTER TABLE subscribers ADD COLUMN filter TEXT;
+    "#),
 ];
 
 /// Rows copied by one statement when a migration rebuilds a table; its progress is logged

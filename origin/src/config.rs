@@ -12,6 +12,7 @@ use serde::Deserialize;
 use crate::alert::rules::{DEFAULT_DEAD_THRESHOLD, DEFAULT_DISABLE_AFTER_MS};
 use crate::alert::{AlertRules, AlertTarget};
 use crate::duration::parse_duration;
+use crate::payload::EventUrl;
 use crate::retention::{Retention, DEFAULT_RETAIN_DEAD_MS, DEFAULT_RETAIN_SENT_MS};
 use crate::server::{ServerLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 
@@ -114,6 +115,10 @@ pub struct Settings {
     /// (https://app.example.com); without it nobody may frame it
     #[arg(long, env = "FANOUT_PORTAL_FRAME_ANCESTORS", value_delimiter = ',')]
     pub portal_frame_ancestors: Option<Vec<String>>,
+    /// Where a thin webhook says its event can be fetched: a URL template with {id}
+    /// (https://api.example.com/events/{id}), sent as the thin body's "url"
+    #[arg(long, env = "FANOUT_EVENT_URL")]
+    pub event_url: Option<String>,
 }
 
 impl Settings {
@@ -145,6 +150,7 @@ impl Settings {
             body_timeout: self.body_timeout.or(lower.body_timeout),
             max_connections: self.max_connections.or(lower.max_connections),
             portal_frame_ancestors: self.portal_frame_ancestors.or(lower.portal_frame_ancestors),
+            event_url: self.event_url.or(lower.event_url),
         }
     }
 
@@ -256,6 +262,8 @@ pub struct Config {
     pub body_timeout: Duration,
     /// The portal's CSP `frame-ancestors` source list (`'none'` unless configured).
     pub portal_frame_ancestors: String,
+    /// `--event-url`: the `url` of thin webhooks, if any.
+    pub event_url: Option<EventUrl>,
 }
 
 /// Bytes in a size like `500MiB`, `20GiB`, `64KiB` or `4096` (units are powers of 1024; `KB`,
@@ -636,6 +644,12 @@ impl Config {
             s.max_connections,
         )?;
         let portal_frame_ancestors = portal_ancestors(s.portal_frame_ancestors, &mut warnings)?;
+        let event_url = s
+            .event_url
+            .as_deref()
+            .map(EventUrl::parse)
+            .transpose()
+            .map_err(ConfigError)?;
         let config = Config {
             db,
             max_db_bytes,
@@ -656,6 +670,7 @@ impl Config {
             alert_rules,
             retention,
             portal_frame_ancestors,
+            event_url,
         };
         Ok((config, warnings))
     }
@@ -708,9 +723,29 @@ mod tests {
         assert_eq!(parsed.edge_url.as_deref(), Some("http://127.0.0.1:8787"));
         assert_eq!(parsed.max_db_size.as_deref(), Some("20GiB"));
         assert_eq!(
+            parsed.event_url.as_deref(),
+            Some("https://api.example.com/events/{id}")
+        );
+        assert_eq!(
             parsed.portal_frame_ancestors,
             Some(vec!["https://app.example.com".to_string()])
         );
+    }
+
+    #[test]
+    fn event_url_is_validated() {
+        let with = |v: &str| Settings {
+            event_url: Some(v.into()),
+            ..base()
+        };
+        assert_eq!(Config::from_settings(base()).unwrap().0.event_url, None);
+        let (cfg, _) = Config::from_settings(with("https://api.example.com/events/{id}")).unwrap();
+        assert_eq!(
+            cfg.event_url.map(|u| u.of("evt_1")).as_deref(),
+            Some("https://api.example.com/events/evt_1")
+        );
+        let err = Config::from_settings(with("https://api.example.com/events")).unwrap_err();
+        assert!(err.0.contains("--event-url"), "{err}");
     }
 
     #[test]

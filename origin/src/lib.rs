@@ -21,6 +21,7 @@ pub mod load;
 pub mod metrics;
 pub mod model;
 pub mod outbound;
+pub mod payload;
 pub mod pages;
 pub mod portal;
 pub mod redact;
@@ -160,6 +161,7 @@ fn dispatch_config(
             backoff_scale: cfg.backoff_scale,
         },
         allow_loopback: cfg.allow_loopback,
+        event_url: cfg.event_url.clone(),
         edge,
         breaker: cfg.breaker,
         edge_batch: cfg.edge_batch,

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::payload::Payload;
+
 /// Ids are validated by the shared core, so the edge accepts every id the origin does.
 pub use fanout_core::wire::{validate_event_id, validate_id, validate_visible, MAX_ID_LEN};
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
@@ -222,6 +224,8 @@ pub struct Subscriber {
     pub health: Health,
     /// The customer that owns this endpoint (`crate::customer`); `None`: the operator's own.
     pub customer: Option<String>,
+    /// Its webhooks' body: the event's, or a thin notice (`crate::payload`).
+    pub payload: Payload,
 }
 
 /// Why and since when a subscriber gets nothing sent.
@@ -364,6 +368,9 @@ pub struct SubscriberView {
     pub failing_since_ms: Option<i64>,
     /// The customer that owns this endpoint, if any.
     pub customer: Option<String>,
+    /// `full` (the event's body) or `thin` (`{"id","type","timestamp"}` and `url`).
+    #[serde(default)]
+    pub payload: Payload,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
@@ -388,6 +395,7 @@ impl SubscriberView {
             disabled_at_ms: s.health.disabled.as_ref().map(|d| d.at_ms),
             failing_since_ms: s.health.failing_since_ms,
             customer: s.customer.clone(),
+            payload: s.payload,
             secret,
         }
     }
@@ -418,6 +426,10 @@ pub struct Claimed {
     pub body: String,
     /// The number of the attempt about to be made (1-based).
     pub attempt: u32,
+    /// Its `webhook-sequence` (`ledger::sequence`), stored at ingest.
+    pub sequence: u64,
+    /// When the ledger received its event (a thin body's `timestamp`).
+    pub received_ms: i64,
 }
 
 /// What one subscriber's claim leased.

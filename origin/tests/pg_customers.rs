@@ -50,6 +50,7 @@ fn owned(id: &str, customer: &str) -> Definition {
         updated_ms: 1,
         health: Default::default(),
         customer: Some(customer.into()),
+        payload: Default::default(),
     }
 }
 

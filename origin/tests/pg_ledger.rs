@@ -47,6 +47,7 @@ fn sub(id: &str, types: &[&str], rate: f64, burst: u32, max_in_flight: u32) -> S
         updated_ms: 0,
         health: Default::default(),
         customer: None,
+        payload: Default::default(),
     }
 }
 

@@ -11,7 +11,7 @@ use super::auth::Principal;
 use super::body::present;
 use super::error::ApiError;
 use crate::model::{
-    validate_id, validate_pattern, Disabled, Lane, Limits, Subscriber, DEFAULT_MAX_IN_FLIGHT,
+    validate_id, validate_pattern, Disabled, Lane, Limits, Payload, Subscriber, DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_RATE_PER_SEC, DEFAULT_TIMEOUT_MS,
 };
 
@@ -52,6 +52,9 @@ pub struct SubscriberInput {
         skip_serializing_if = "Option::is_none"
     )]
     pub customer: Option<Option<String>>,
+    /// `full` (default) or `thin`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Payload>,
 }
 
 /// `"disabled": false` in a creation body, the only value it may have there: a subscriber is
@@ -97,6 +100,7 @@ pub struct SubscriberPatch {
     /// Move to this customer; `null` detaches the subscriber from its customer.
     #[serde(default, deserialize_with = "present")]
     pub customer: Option<Option<String>>,
+    pub payload: Option<Payload>,
 }
 
 impl SubscriberPatch {
@@ -115,8 +119,9 @@ impl SubscriberPatch {
             legacy_signature,
             disabled,
             customer,
+            payload,
         } = self;
-        let set: [(&'static str, bool); 11] = [
+        let set: [(&'static str, bool); 12] = [
             ("id", id.is_some()),
             ("url", url.is_some()),
             ("event_types", event_types.is_some()),
@@ -128,6 +133,7 @@ impl SubscriberPatch {
             ("legacy_signature", legacy_signature.is_some()),
             ("disabled", disabled.is_some()),
             ("customer", customer.is_some()),
+            ("payload", payload.is_some()),
         ];
         set.into_iter()
             .filter(|(_, on)| *on)
@@ -211,6 +217,7 @@ pub fn subscriber_from(
             updated_ms: now,
             health: Default::default(),
             customer: input.customer.flatten(),
+            payload: input.payload.unwrap_or_default(),
         },
         input.secret,
     ))
@@ -253,6 +260,9 @@ pub fn patched(
     }
     if let Some(l) = input.legacy_signature {
         s.legacy_signature = l;
+    }
+    if let Some(p) = input.payload {
+        s.payload = p;
     }
     validate_customer_ref(&input.customer)?;
     if let Some(c) = input.customer {

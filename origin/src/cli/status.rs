@@ -212,6 +212,7 @@ mod tests {
             disabled_at_ms: None,
             failing_since_ms: None,
             customer: None,
+            payload: Default::default(),
             secret: None,
         }
     }

@@ -21,6 +21,7 @@ pub mod filter;
 pub mod postgres;
 pub mod retention;
 pub mod scope;
+pub mod sequence;
 pub mod sqlite;
 pub mod stats;
 pub mod store;
@@ -73,5 +74,6 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         updated_ms: 0,
         health: Default::default(),
         customer: None,
+        payload: Default::default(),
     }
 }

@@ -93,6 +93,8 @@ fn claimed(rowid: i64) -> Claimed {
         event_type: "t".into(),
         body: "{}".into(),
         attempt: 1,
+        sequence: rowid as u64,
+        received_ms: 0,
     }
 }
 
@@ -225,6 +227,7 @@ fn sub(id: &str, max_in_flight: u32, customer: Option<&str>) -> (Subscriber, Lim
         updated_ms: 0,
         health: Default::default(),
         customer: customer.map(str::to_string),
+        payload: Default::default(),
     };
     (s, LimiterState::default())
 }

@@ -144,8 +144,8 @@ impl PgLedger {
         let inserted = tx
             .execute(
                 "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
-                     timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11)",
+                     timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, payload)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12)",
                 &[
                     &s.id,
                     &s.url,
@@ -158,6 +158,7 @@ impl PgLedger {
                     &s.legacy_signature,
                     &s.created_ms,
                     &s.customer,
+                    &s.payload.as_str(),
                 ],
             )
             .await;
@@ -194,7 +195,7 @@ impl PgLedger {
             .execute(
                 "UPDATE subscribers SET url = $2, event_types = $3, rate_per_sec = $4, burst = $5,
                      max_in_flight = $6, timeout_ms = $7, lane = $8, legacy_signature = $9,
-                     updated_ms = $10, customer = $11
+                     updated_ms = $10, customer = $11, payload = $12
                  WHERE id = $1 AND deleted_ms IS NULL",
                 &[
                     &s.id,
@@ -208,6 +209,7 @@ impl PgLedger {
                     &s.legacy_signature,
                     &s.updated_ms,
                     &s.customer,
+                    &s.payload.as_str(),
                 ],
             )
             .await?;

@@ -3,10 +3,13 @@
 
 use std::fmt::Write as _;
 
+use std::collections::HashSet;
+
 use rusqlite::Connection;
 
 use crate::ledger::deliveries::{Ingested, NewEvent};
 use crate::ledger::error::LedgerError;
+use crate::ledger::sequence;
 use crate::model::any_type_matches;
 
 /// Rows per multi-row `INSERT`: ingest and the attempts of a dispatcher turn go in as a few
@@ -77,8 +80,7 @@ pub fn ingest(
         })?
         .collect::<Result<_, _>>()?;
     // The ids stored by this call. A repeated id within the call is new only the first time.
-    let mut fresh: std::collections::HashSet<String> =
-        std::collections::HashSet::with_capacity(events.len());
+    let mut fresh: HashSet<String> = HashSet::with_capacity(events.len());
     for chunk in events.chunks(ROWS_PER_INSERT) {
         let sql = multi_row_sql(
             "INSERT OR IGNORE INTO events (id, type, body, received_ms)",
@@ -100,49 +102,71 @@ pub fn ingest(
             fresh.insert(id?);
         }
     }
-    let mut touched = vec![false; subs.len()];
-    let mut out = Vec::with_capacity(events.len());
+    // The fan-out, in order: each new event's matching subscribers (indexes into `subs`), and
+    // each event's part of it (`None` for a duplicate). Its sequence numbers are reserved at
+    // once, before the deliveries go in.
+    let mut parts: Vec<Option<std::ops::Range<usize>>> = Vec::with_capacity(events.len());
+    let mut fan_out: Vec<usize> = Vec::new();
     // The subscribers matching the last event type seen (a batch is usually of one type).
     let mut matched: Option<(&str, Vec<usize>)> = None;
     for e in events {
-        let is_new = fresh.remove(&e.id);
+        if !fresh.remove(&e.id) {
+            parts.push(None);
+            continue;
+        }
+        let from = fan_out.len();
+        if matched.as_ref().is_none_or(|(t, _)| *t != e.event_type) {
+            let idx = subs
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, patterns))| any_type_matches(patterns, &e.event_type))
+                .map(|(i, _)| i)
+                .collect();
+            matched = Some((e.event_type.as_str(), idx));
+        }
+        fan_out.extend(matched.as_ref().map_or(&[][..], |(_, m)| m.as_slice()));
+        parts.push(Some(from..fan_out.len()));
+    }
+    let numbers = reserve_sequences(c, &subs, &fan_out)?;
+    let mut touched = vec![false; subs.len()];
+    let mut out = Vec::with_capacity(events.len());
+    for (e, part) in events.iter().zip(parts) {
         let mut created = 0u32;
-        if is_new {
-            if matched.as_ref().is_none_or(|(t, _)| *t != e.event_type) {
-                let idx = subs
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (_, patterns))| any_type_matches(patterns, &e.event_type))
-                    .map(|(i, _)| i)
-                    .collect();
-                matched = Some((e.event_type.as_str(), idx));
+        let is_new = part.is_some();
+        let idx = part.unwrap_or_default();
+        for part in fan_out[idx.clone()]
+            .chunks(ROWS_PER_INSERT)
+            .zip(numbers[idx].chunks(ROWS_PER_INSERT))
+        {
+            let (part, seqs) = part;
+            let n = part.len();
+            let sql = multi_row_sql(
+                "INSERT OR IGNORE INTO deliveries (subscriber_id, sequence, event_id, status, next_attempt_ms, created_ms, updated_ms)",
+                n,
+                2,
+                &format!(", ?{e}, 'pending', ?{t}, ?{t}, ?{t}", e = 2 * n + 1, t = 2 * n + 2),
+                "",
+            );
+            let mut st = c.prepare_cached(&sql)?;
+            let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(2 * n + 2);
+            for (&i, seq) in part.iter().zip(seqs) {
+                args.push(&subs[i].0);
+                args.push(seq);
             }
-            let idx = matched.as_ref().map_or(&[][..], |(_, m)| m.as_slice());
-            for part in idx.chunks(ROWS_PER_INSERT) {
-                let n = part.len();
-                let sql = multi_row_sql(
-                    "INSERT OR IGNORE INTO deliveries (subscriber_id, event_id, status, next_attempt_ms, created_ms, updated_ms)",
-                    n,
-                    1,
-                    &format!(", ?{e}, 'pending', ?{t}, ?{t}, ?{t}", e = n + 1, t = n + 2),
-                    "",
-                );
-                let mut st = c.prepare_cached(&sql)?;
-                let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(n + 2);
-                for &i in part {
-                    args.push(&subs[i].0);
-                }
-                args.push(&e.id);
-                args.push(&now_ms);
-                let n_created = st.execute(args.as_slice())?;
-                created += n_created as u32;
-                if n_created > 0 {
-                    // A new event has no delivery yet, so every row is created; should one
-                    // ever not be, its subscriber is only told to look for work it lacks.
-                    for &i in part {
-                        touched[i] = true;
-                    }
-                }
+            args.push(&e.id);
+            args.push(&now_ms);
+            let n_created = st.execute(args.as_slice())?;
+            // A new event has no delivery yet, so every row is created; one that was not
+            // would leave its number unused: nothing of this call is kept.
+            if n_created != n {
+                return Err(LedgerError::Invalid(format!(
+                    "event {}: {n_created} of {n} deliveries created; sequence numbers must not skip",
+                    e.id
+                )));
+            }
+            created += n_created as u32;
+            for &i in part {
+                touched[i] = true;
             }
         }
         out.push(Ingested {
@@ -157,4 +181,24 @@ pub fn ingest(
         .filter_map(|((id, _), t)| t.then_some(id))
         .collect();
     Ok((out, touched))
+}
+
+/// Reserve the sequence numbers of a fan-out (indexes into `subs`, in order): one upsert per
+/// subscriber moves its counter, and each delivery gets its number (`ledger::sequence`).
+pub(super) fn reserve_sequences(
+    c: &Connection,
+    subs: &[(String, Vec<String>)],
+    fan_out: &[usize],
+) -> Result<Vec<i64>, LedgerError> {
+    let mut reserve = c.prepare_cached(
+        "INSERT INTO sequences (subscriber_id, last) VALUES (?1, ?2)
+         ON CONFLICT (subscriber_id) DO UPDATE SET last = last + excluded.last
+         RETURNING last",
+    )?;
+    let mut reserved = Vec::new();
+    for (i, n) in sequence::tally(fan_out) {
+        let last: i64 = reserve.query_row(rusqlite::params![subs[i].0, n], |r| r.get(0))?;
+        reserved.push((i, last));
+    }
+    sequence::assign(fan_out, &reserved)
 }

@@ -217,6 +217,26 @@ const MIGRATIONS: &[Migration] = &[
     Sql(r#"
     ALTER TABLE subscribers ADD COLUMN last_test_event TEXT;
     "#),
+    // Sequence numbers and thin payloads (issue 24): each delivery's `webhook-sequence`,
+    // fixed at ingest (`ledger::sequence`); existing deliveries numbered per subscriber in id
+    // order. `sequences` holds each subscriber's last number. No index on the column yet:
+    // nothing looks a delivery up by its number (ordered delivery will add the one it needs).
+    // A subscriber's `payload`: `full` or `thin`.
+    Sql(r#"
+    ALTER TABLE deliveries ADD COLUMN sequence INTEGER NOT NULL DEFAULT 0;
+    UPDATE deliveries SET sequence = n.k
+        FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY subscriber_id ORDER BY id) AS k
+              FROM deliveries) AS n
+        WHERE deliveries.id = n.id;
+    CREATE TABLE sequences (
+        subscriber_id TEXT PRIMARY KEY,
+        last          INTEGER NOT NULL CHECK (last >= 0)
+    ) WITHOUT ROWID;
+    INSERT INTO sequences (subscriber_id, last)
+        SELECT subscriber_id, MAX(sequence) FROM deliveries GROUP BY subscriber_id;
+    ALTER TABLE subscribers ADD COLUMN payload TEXT NOT NULL DEFAULT 'full'
+        CHECK (payload IN ('full', 'thin'));
+    "#),
 ];
 
 /// Rows copied by one statement when a migration rebuilds a table; its progress is logged

@@ -14,11 +14,13 @@ use super::status::subscriber_counts;
 use crate::ledger::error::{id_still_holds_history, rotation_too_soon, LedgerError};
 use crate::ledger::scope;
 use crate::ledger::subscribers::{SubscriberCounts, Subscribers};
-use crate::model::{rotation_wait_ms, Disabled, Health, Lane, Limits, StoredSecret, Subscriber};
+use crate::model::{
+    rotation_wait_ms, Disabled, Health, Lane, Limits, Payload, StoredSecret, Subscriber,
+};
 
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms, customer, disabled_by_operator";
+     failing_since_ms, customer, disabled_by_operator, payload";
 
 fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
     let types: String = r.get(2)?;
@@ -53,6 +55,7 @@ fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
             failing_since_ms: r.get(13)?,
         },
         customer: r.get(14)?,
+        payload: Payload::parse(&r.get::<_, String>(16)?).unwrap_or_default(),
     })
 }
 
@@ -100,7 +103,7 @@ pub fn list_subscribers(c: &Connection) -> Result<Vec<Subscriber>, LedgerError> 
 
 /// What `create_subscriber` and `update_subscriber` both bind, in one order: ?1 id, ?2 url,
 /// ?3 event_types (JSON), ?4 rate_per_sec, ?5 burst, ?6 max_in_flight, ?7 timeout_ms, ?8 lane,
-/// ?9 legacy_signature, ?10 the time of the change, ?11 customer.
+/// ?9 legacy_signature, ?10 the time of the change, ?11 customer, ?12 payload.
 fn definition_params<'a>(
     s: &'a Subscriber,
     event_types_json: &'a str,
@@ -118,6 +121,7 @@ fn definition_params<'a>(
         s.legacy_signature,
         at_ms,
         s.customer.as_deref(),
+        s.payload.as_str(),
     )
 }
 
@@ -155,8 +159,8 @@ pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result
     }
     c.prepare_cached(
         "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
-             timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
+             timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, payload)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12)",
     )?
     .execute(definition_params(s, &event_types_json(s), s.created_ms))?;
     c.prepare_cached(
@@ -181,7 +185,7 @@ pub fn update_subscriber(c: &Connection, s: &Subscriber) -> Result<(), LedgerErr
         .prepare_cached(
             "UPDATE subscribers SET url = ?2, event_types = ?3, rate_per_sec = ?4, burst = ?5,
                  max_in_flight = ?6, timeout_ms = ?7, lane = ?8, legacy_signature = ?9,
-                 updated_ms = ?10, customer = ?11
+                 updated_ms = ?10, customer = ?11, payload = ?12
              WHERE id = ?1 AND deleted_ms IS NULL",
         )?
         .execute(definition_params(s, &event_types_json(s), s.updated_ms))?;

@@ -487,7 +487,10 @@ mod tests {
         let rows: &[(Option<serde_json::Value>, Result<Option<u64>, &str>)] = &[
             (None, Ok(None)),
             (Some(1.into()), Ok(Some(1))),
-            (Some(9_007_199_254_740_991u64.into()), Ok(Some(9_007_199_254_740_991))),
+            (
+                Some(9_007_199_254_740_991u64.into()),
+                Ok(Some(9_007_199_254_740_991)),
+            ),
             (Some(0.into()), Err("delivery dlv_1: sequence starts at 1")),
             (Some((-1).into()), Err("malformed")),
             (Some("7".into()), Err("malformed")),

@@ -11,8 +11,8 @@ use super::auth::Principal;
 use super::body::present;
 use super::error::ApiError;
 use crate::model::{
-    validate_id, validate_pattern, Disabled, Lane, Limits, Payload, Subscriber, DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_RATE_PER_SEC, DEFAULT_TIMEOUT_MS,
+    validate_id, validate_pattern, Disabled, Lane, Limits, Payload, Subscriber,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC, DEFAULT_TIMEOUT_MS,
 };
 
 const MAX_URL_LEN: usize = 2048;

@@ -484,7 +484,8 @@ mod tests {
             }
             b.to_string()
         };
-        let rows: &[(Option<serde_json::Value>, Result<Option<u64>, &str>)] = &[
+        type Row<'a> = (Option<serde_json::Value>, Result<Option<u64>, &'a str>);
+        let rows: &[Row] = &[
             (None, Ok(None)),
             (Some(1.into()), Ok(Some(1))),
             (

@@ -414,6 +414,50 @@ mod tests {
         assert!(matches!(migrate(&mut conn), Err(LedgerError::Schema(_))));
     }
 
+    /// The sequence-number migration numbers each subscriber's existing deliveries 1..N in id
+    /// order and seeds its counter with N; subscribers keep a full payload.
+    #[test]
+    fn the_sequence_migration_numbers_existing_deliveries() {
+        let at = MIGRATIONS
+            .iter()
+            .position(|m| matches!(m, Sql(sql) if sql.contains("CREATE TABLE sequences")))
+            .unwrap() as i64;
+        let mut c = Connection::open_in_memory().unwrap();
+        assert_eq!(migrate_to(&mut c, at).unwrap(), at);
+        c.execute_batch(
+            "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
+                 timeout_ms, lane, created_ms, updated_ms) VALUES
+                 ('a', 'u', '[]', 1, 1, 1, 1, 'origin', 1, 1);
+             INSERT INTO deliveries (id, subscriber_id, event_id, status, next_attempt_ms,
+                 created_ms, updated_ms) VALUES
+                 (3, 'a', 'e1', 'sent', 0, 0, 0), (4, 'b', 'e1', 'dead', 0, 0, 0),
+                 (7, 'a', 'e2', 'pending', 0, 0, 0), (9, 'a', 'e3', 'pending', 0, 0, 0),
+                 (12, 'b', 'e3', 'sent', 0, 0, 0);",
+        )
+        .unwrap();
+        migrate_to(&mut c, at + 1).unwrap();
+        let numbered: Vec<(i64, i64)> = c
+            .prepare("SELECT id, sequence FROM deliveries ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(numbered, [(3, 1), (4, 1), (7, 2), (9, 3), (12, 2)]);
+        let counters: Vec<(String, i64)> = c
+            .prepare("SELECT subscriber_id, last FROM sequences ORDER BY subscriber_id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(counters, [("a".to_string(), 3), ("b".to_string(), 2)]);
+        let payload: String = c
+            .query_row("SELECT payload FROM subscribers", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(payload, "full");
+    }
+
     /// Migration 7: a removed subscriber stops naming a customer that is gone, or that was
     /// created again after it was removed; live ones and those of a customer still the same
     /// keep theirs.

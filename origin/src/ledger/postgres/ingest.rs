@@ -82,49 +82,15 @@ impl PgLedger {
                 pair_events.push(&e.id);
             }
         }
-        let mut created: HashMap<String, u32> = HashMap::new();
         // The subscribers with new work, in id order: those the reservation moves the
         // counters of (`ledger::sequence`), locking their rows in that order until the commit.
         let counts = sequence::tally(&pair_subs);
         let touched: Vec<String> = counts.iter().map(|(s, _)| s.to_string()).collect();
-        if !pair_subs.is_empty() {
-            // The counters' rows are locked from here to the commit: the deliveries' insert
-            // (which reserves) and the announcement go together, then the commit.
-            let count_subs: Vec<&str> = counts.iter().map(|(s, _)| *s).collect();
-            let count_ns: Vec<i64> = counts.iter().map(|(_, n)| *n).collect();
-            let back = sequence::from_end(&pair_subs);
-            let (insert, notify) = tokio::try_join!(
-                tx.prepare_cached(INGEST_DELIVERIES),
-                tx.prepare_cached(NOTIFY),
-            )?;
-            let payload = notify_payload(&touched);
-            let insert_args: &[&(dyn ToSql + Sync)] = &[
-                &pair_subs,
-                &pair_events,
-                &now_ms,
-                &count_subs,
-                &count_ns,
-                &back,
-            ];
-            let notify_args: &[&(dyn ToSql + Sync)] = &[&DUE_CHANNEL, &payload];
-            let (rows, _) = tokio::try_join!(
-                tx.query(&insert, insert_args),
-                tx.execute(&notify, notify_args),
-            )?;
-            // A new event has no delivery yet, so every row is created; one that was not
-            // would leave its number unused: nothing of this call is kept (no commit).
-            if rows.len() != pair_subs.len() {
-                return Err(LedgerError::Invalid(format!(
-                    "{} of {} deliveries created; sequence numbers must not skip",
-                    rows.len(),
-                    pair_subs.len()
-                )));
-            }
-            for r in rows {
-                let event: String = r.try_get(0)?;
-                *created.entry(event).or_default() += 1;
-            }
-        }
+        let created = if pair_subs.is_empty() {
+            HashMap::new()
+        } else {
+            insert_deliveries(&tx, &pair_subs, &pair_events, &counts, &touched, now_ms).await?
+        };
         tx.commit().await?;
         self.growth
             .inserted(created.values().map(|n| i64::from(*n)).sum());
@@ -147,6 +113,48 @@ impl PgLedger {
             .collect();
         Ok((out, touched))
     }
+}
+
+/// Insert a fan-out's deliveries (`subs[k]` × `events[k]`, in order) with their sequence
+/// numbers (`counts`: each subscriber's, in id order) and announce `touched`, pipelined: the
+/// counters' rows are locked from here to the caller's commit. Returns the deliveries created
+/// per event: all of them (the events are new); one that was not would leave its number
+/// unused, so that is an error and the caller keeps nothing (no commit).
+async fn insert_deliveries(
+    tx: &deadpool_postgres::Transaction<'_>,
+    subs: &[&str],
+    events: &[&str],
+    counts: &[(&str, i64)],
+    touched: &[String],
+    now_ms: i64,
+) -> Result<HashMap<String, u32>, LedgerError> {
+    let count_subs: Vec<&str> = counts.iter().map(|(s, _)| *s).collect();
+    let count_ns: Vec<i64> = counts.iter().map(|(_, n)| *n).collect();
+    let back = sequence::from_end(subs);
+    let (insert, notify) = tokio::try_join!(
+        tx.prepare_cached(INGEST_DELIVERIES),
+        tx.prepare_cached(NOTIFY),
+    )?;
+    let payload = notify_payload(touched);
+    let insert_args: &[&(dyn ToSql + Sync)] =
+        &[&subs, &events, &now_ms, &count_subs, &count_ns, &back];
+    let notify_args: &[&(dyn ToSql + Sync)] = &[&DUE_CHANNEL, &payload];
+    let (rows, _) = tokio::try_join!(
+        tx.query(&insert, insert_args),
+        tx.execute(&notify, notify_args),
+    )?;
+    if rows.len() != subs.len() {
+        return Err(LedgerError::Invalid(format!(
+            "{} of {} deliveries created; sequence numbers must not skip",
+            rows.len(),
+            subs.len()
+        )));
+    }
+    let mut created: HashMap<String, u32> = HashMap::new();
+    for r in rows {
+        *created.entry(r.try_get(0)?).or_default() += 1;
+    }
+    Ok(created)
 }
 
 /// Ingest's statements (prepared once per connection).

@@ -131,44 +131,12 @@ pub fn ingest(
     let mut touched = vec![false; subs.len()];
     let mut out = Vec::with_capacity(events.len());
     for (e, part) in events.iter().zip(parts) {
-        let mut created = 0u32;
         let is_new = part.is_some();
         let idx = part.unwrap_or_default();
-        for part in fan_out[idx.clone()]
-            .chunks(ROWS_PER_INSERT)
-            .zip(numbers[idx].chunks(ROWS_PER_INSERT))
-        {
-            let (part, seqs) = part;
-            let n = part.len();
-            let sql = multi_row_sql(
-                "INSERT OR IGNORE INTO deliveries (subscriber_id, sequence, event_id, status, next_attempt_ms, created_ms, updated_ms)",
-                n,
-                2,
-                &format!(", ?{e}, 'pending', ?{t}, ?{t}, ?{t}", e = 2 * n + 1, t = 2 * n + 2),
-                "",
-            );
-            let mut st = c.prepare_cached(&sql)?;
-            let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(2 * n + 2);
-            for (&i, seq) in part.iter().zip(seqs) {
-                args.push(&subs[i].0);
-                args.push(seq);
-            }
-            args.push(&e.id);
-            args.push(&now_ms);
-            let n_created = st.execute(args.as_slice())?;
-            // A new event has no delivery yet, so every row is created; one that was not
-            // would leave its number unused: nothing of this call is kept.
-            if n_created != n {
-                return Err(LedgerError::Invalid(format!(
-                    "event {}: {n_created} of {n} deliveries created; sequence numbers must not skip",
-                    e.id
-                )));
-            }
-            created += n_created as u32;
-            for &i in part {
-                touched[i] = true;
-            }
+        for &i in &fan_out[idx.clone()] {
+            touched[i] = true;
         }
+        let created = insert_deliveries(c, &subs, e, &fan_out[idx.clone()], &numbers[idx], now_ms)?;
         out.push(Ingested {
             id: e.id.clone(),
             deliveries: created,
@@ -181,6 +149,51 @@ pub fn ingest(
         .filter_map(|((id, _), t)| t.then_some(id))
         .collect();
     Ok((out, touched))
+}
+
+/// One new event's deliveries to `to` (indexes into `subs`) numbered `numbers`, by statements
+/// of up to `ROWS_PER_INSERT` rows. Returns how many were created: all of them (a new event has
+/// no delivery yet); one that was not would leave its number unused, so that is an error and
+/// nothing of the call is kept.
+fn insert_deliveries(
+    c: &Connection,
+    subs: &[(String, Vec<String>)],
+    e: &NewEvent,
+    to: &[usize],
+    numbers: &[i64],
+    now_ms: i64,
+) -> Result<u32, LedgerError> {
+    let mut created = 0u32;
+    for (part, seqs) in to
+        .chunks(ROWS_PER_INSERT)
+        .zip(numbers.chunks(ROWS_PER_INSERT))
+    {
+        let n = part.len();
+        let sql = multi_row_sql(
+            "INSERT OR IGNORE INTO deliveries (subscriber_id, sequence, event_id, status, next_attempt_ms, created_ms, updated_ms)",
+            n,
+            2,
+            &format!(", ?{e}, 'pending', ?{t}, ?{t}, ?{t}", e = 2 * n + 1, t = 2 * n + 2),
+            "",
+        );
+        let mut st = c.prepare_cached(&sql)?;
+        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(2 * n + 2);
+        for (&i, seq) in part.iter().zip(seqs) {
+            args.push(&subs[i].0);
+            args.push(seq);
+        }
+        args.push(&e.id);
+        args.push(&now_ms);
+        let n_created = st.execute(args.as_slice())?;
+        if n_created != n {
+            return Err(LedgerError::Invalid(format!(
+                "event {}: {n_created} of {n} deliveries created; sequence numbers must not skip",
+                e.id
+            )));
+        }
+        created += n_created as u32;
+    }
+    Ok(created)
 }
 
 /// Reserve the sequence numbers of a fan-out (indexes into `subs`, in order): one upsert per

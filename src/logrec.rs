@@ -75,6 +75,7 @@ mod tests {
             event_type: "video.trending".into(),
             attempt: 2,
             body: "{\"email\":\"jane@example.com\"}".into(),
+            sequence: Some(7),
         };
         let r = DeliveryResult::Failed {
             id: "dlv_1".into(),
@@ -99,6 +100,7 @@ mod tests {
             event_type: "user.signup".into(),
             attempt: 1,
             body: "{\"email\":\"jane@example.com\",\"note\":\"a\\nb\"}".into(),
+            sequence: None,
         };
         let deliveries = [d("a"), d("b"), d("c")];
         let results = [

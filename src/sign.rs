@@ -14,6 +14,9 @@ pub const HEADER_ID: &str = "webhook-id";
 pub const HEADER_TIMESTAMP: &str = "webhook-timestamp";
 pub const HEADER_SIGNATURE: &str = "webhook-signature";
 pub const HEADER_LEGACY: &str = "x-fanout-signature";
+/// The subscriber's count of deliveries in fan-out order (from 1, gap-free): not signed, like
+/// the id and timestamp it travels beside.
+pub const HEADER_SEQUENCE: &str = "webhook-sequence";
 /// How far a signed timestamp may be from now, either way.
 pub const TOLERANCE_SECS: i64 = 300;
 /// Most signatures [`verify`] looks at in one `webhook-signature` header; more is refused

@@ -107,6 +107,11 @@ pub struct Delivery {
     pub attempt: u32,
     /// The exact bytes to send.
     pub body: String,
+    /// The delivery's `webhook-sequence` (its subscriber's count of deliveries, from 1).
+    /// Optional on the wire so that a Worker takes a call from an origin older than the field:
+    /// deploy the Worker first, then the origin (an older Worker refuses the unknown field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
 }
 
 /// The body of `POST /v1/deliveries`.
@@ -338,6 +343,12 @@ impl DeliveryBatch {
                     d.id
                 )));
             }
+            if d.sequence == Some(0) {
+                return Err(BatchError::Invalid(format!(
+                    "delivery {}: sequence starts at 1",
+                    d.id
+                )));
+            }
             if d.body.len() > MAX_BODY_BYTES {
                 return Err(BatchError::TooLarge(format!(
                     "delivery {}: body is {} bytes; the limit is {MAX_BODY_BYTES}",
@@ -460,6 +471,45 @@ mod tests {
             ]
         })
         .to_string()
+    }
+
+    /// `sequence` is optional both ways: absent it stays absent (a call from an older origin
+    /// parses; one to an older Worker carries no unknown field), present it must be 1 or more.
+    #[test]
+    fn sequence_on_the_wire_table() {
+        let with = |seq: Option<serde_json::Value>| {
+            let mut b: serde_json::Value = serde_json::from_str(&batch_json("s")).unwrap();
+            if let Some(seq) = seq {
+                b["deliveries"][0]["sequence"] = seq;
+            }
+            b.to_string()
+        };
+        type Row<'a> = (Option<serde_json::Value>, Result<Option<u64>, &'a str>);
+        let rows: &[Row] = &[
+            (None, Ok(None)),
+            (Some(1.into()), Ok(Some(1))),
+            (
+                Some(9_007_199_254_740_991u64.into()),
+                Ok(Some(9_007_199_254_740_991)),
+            ),
+            (Some(0.into()), Err("delivery dlv_1: sequence starts at 1")),
+            (Some((-1).into()), Err("malformed")),
+            (Some("7".into()), Err("malformed")),
+        ];
+        for (seq, expected) in rows {
+            let got = DeliveryBatch::parse(with(seq.clone()).as_bytes(), false);
+            match (got, expected) {
+                (Ok(b), Ok(want)) => {
+                    assert_eq!(b.deliveries[0].sequence, *want, "{seq:?}");
+                    let again = serde_json::to_string(&b.deliveries[0]).unwrap();
+                    assert_eq!(again.contains("sequence"), want.is_some(), "{again}");
+                }
+                (Err(BatchError::Invalid(msg)), Err(want)) => {
+                    assert!(msg.contains(want), "{seq:?}: {msg}")
+                }
+                (got, want) => panic!("{seq:?}: got {got:?}, expected {want:?}"),
+            }
+        }
     }
 
     #[test]

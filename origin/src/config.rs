@@ -12,6 +12,7 @@ use serde::Deserialize;
 use crate::alert::rules::{DEFAULT_DEAD_THRESHOLD, DEFAULT_DISABLE_AFTER_MS};
 use crate::alert::{AlertRules, AlertTarget};
 use crate::duration::parse_duration;
+use crate::payload::EventUrl;
 use crate::retention::{Retention, DEFAULT_RETAIN_DEAD_MS, DEFAULT_RETAIN_SENT_MS};
 use crate::server::{ServerLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 
@@ -125,6 +126,10 @@ pub struct Settings {
     /// by NOTIFY): 1s, 50ms [default: 1s on PostgreSQL, 20ms on SQLite]
     #[arg(long, env = "FANOUT_OUTBOX_POLL")]
     pub outbox_poll: Option<String>,
+    /// Where a thin webhook says its event can be fetched: a URL template with {id}
+    /// (https://api.example.com/events/{id}), sent as the thin body's "url"
+    #[arg(long, env = "FANOUT_EVENT_URL")]
+    pub event_url: Option<String>,
 }
 
 impl Settings {
@@ -159,6 +164,7 @@ impl Settings {
             outbox: self.outbox.or(lower.outbox),
             outbox_table: self.outbox_table.or(lower.outbox_table),
             outbox_poll: self.outbox_poll.or(lower.outbox_poll),
+            event_url: self.event_url.or(lower.event_url),
         }
     }
 
@@ -272,6 +278,8 @@ pub struct Config {
     pub portal_frame_ancestors: String,
     /// The producer's outbox this daemon reads (`--outbox`), if any.
     pub outbox: Option<crate::outbox::OutboxConfig>,
+    /// `--event-url`: the `url` of thin webhooks, if any.
+    pub event_url: Option<EventUrl>,
 }
 
 /// `--outbox` with `--outbox-table` and `--outbox-poll` (10ms to 1h).
@@ -682,6 +690,12 @@ impl Config {
             s.outbox_poll.as_deref(),
             &mut warnings,
         )?;
+        let event_url = s
+            .event_url
+            .as_deref()
+            .map(EventUrl::parse)
+            .transpose()
+            .map_err(ConfigError)?;
         let config = Config {
             db,
             max_db_bytes,
@@ -703,6 +717,7 @@ impl Config {
             retention,
             portal_frame_ancestors,
             outbox,
+            event_url,
         };
         Ok((config, warnings))
     }
@@ -755,9 +770,29 @@ mod tests {
         assert_eq!(parsed.edge_url.as_deref(), Some("http://127.0.0.1:8787"));
         assert_eq!(parsed.max_db_size.as_deref(), Some("20GiB"));
         assert_eq!(
+            parsed.event_url.as_deref(),
+            Some("https://api.example.com/events/{id}")
+        );
+        assert_eq!(
             parsed.portal_frame_ancestors,
             Some(vec!["https://app.example.com".to_string()])
         );
+    }
+
+    #[test]
+    fn event_url_is_validated() {
+        let with = |v: &str| Settings {
+            event_url: Some(v.into()),
+            ..base()
+        };
+        assert_eq!(Config::from_settings(base()).unwrap().0.event_url, None);
+        let (cfg, _) = Config::from_settings(with("https://api.example.com/events/{id}")).unwrap();
+        assert_eq!(
+            cfg.event_url.map(|u| u.of("evt_1")).as_deref(),
+            Some("https://api.example.com/events/evt_1")
+        );
+        let err = Config::from_settings(with("https://api.example.com/events")).unwrap_err();
+        assert!(err.0.contains("--event-url"), "{err}");
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub mod model;
 pub mod outbound;
 pub mod outbox;
 pub mod pages;
+pub mod payload;
 pub mod portal;
 pub mod redact;
 pub mod retention;
@@ -163,6 +164,7 @@ fn dispatch_config(
             backoff_scale: cfg.backoff_scale,
         },
         allow_loopback: cfg.allow_loopback,
+        event_url: cfg.event_url.clone(),
         edge,
         breaker: cfg.breaker,
         edge_batch: cfg.edge_batch,

@@ -339,6 +339,7 @@ async fn one_call(
                         event_id,
                         event_type: "load.test".into(),
                         attempt: 1,
+                        sequence: Some(n + 1),
                     }
                 })
                 .collect();

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::payload::Payload;
+
 /// Ids are validated by the shared core, so the edge accepts every id the origin does.
 pub use fanout_core::wire::{validate_event_id, validate_id, validate_visible, MAX_ID_LEN};
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
@@ -225,6 +227,8 @@ pub struct Subscriber {
     /// The content filter (`crate::event_filter`), as given and checked: only events it
     /// matches are delivered. `None`: every event of its types.
     pub filter: Option<serde_json::Value>,
+    /// Its webhooks' body: the event's, or a thin notice (`crate::payload`).
+    pub payload: Payload,
 }
 
 /// Why and since when a subscriber gets nothing sent.
@@ -370,6 +374,9 @@ pub struct SubscriberView {
     /// The content filter, if any (`crate::event_filter`).
     #[serde(default)]
     pub filter: Option<serde_json::Value>,
+    /// `full` (the event's body) or `thin` (`{"id","type","timestamp"}` and `url`).
+    #[serde(default)]
+    pub payload: Payload,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
@@ -395,6 +402,7 @@ impl SubscriberView {
             failing_since_ms: s.health.failing_since_ms,
             customer: s.customer.clone(),
             filter: s.filter.clone(),
+            payload: s.payload,
             secret,
         }
     }
@@ -425,6 +433,10 @@ pub struct Claimed {
     pub body: String,
     /// The number of the attempt about to be made (1-based).
     pub attempt: u32,
+    /// Its `webhook-sequence` (`ledger::sequence`), stored at ingest.
+    pub sequence: u64,
+    /// When the ledger received its event (a thin body's `timestamp`).
+    pub received_ms: i64,
 }
 
 /// What one subscriber's claim leased.

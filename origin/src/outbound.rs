@@ -215,7 +215,9 @@ impl Outbound {
     }
 
     /// POST `body` as JSON to `url`, signed by `signer` under message id `id` at the current
-    /// time, within `timeout`. Any HTTP answer is `Ok`, whatever its status.
+    /// time, with the `extra` headers besides (a webhook's `webhook-sequence`), within
+    /// `timeout`. Any HTTP answer is `Ok`, whatever its status.
+    #[allow(clippy::too_many_arguments)] // one signing path for every kind of request
     pub async fn post_signed(
         &self,
         trust: Trust,
@@ -223,6 +225,7 @@ impl Outbound {
         signer: &Signer,
         id: &str,
         body: impl Into<Vec<u8>>,
+        extra: &[(&'static str, String)],
         timeout: Duration,
     ) -> Result<reqwest::Response, SendError> {
         let body: Vec<u8> = body.into();
@@ -239,6 +242,9 @@ impl Outbound {
             if let Some(first) = signer.secrets.first() {
                 req = req.header(sign::HEADER_LEGACY, first.sign_legacy(&body));
             }
+        }
+        for (name, value) in extra {
+            req = req.header(*name, value);
         }
         Ok(req.body(body).send().await?)
     }
@@ -352,6 +358,7 @@ mod tests {
                     &signer,
                     "msg_1",
                     "{}",
+                    &[],
                     Duration::from_millis(300),
                 )
                 .await

@@ -48,6 +48,7 @@ fn sub(id: &str, types: &[&str], rate: f64, burst: u32, max_in_flight: u32) -> S
         health: Default::default(),
         customer: None,
         filter: None,
+        payload: Default::default(),
     }
 }
 
@@ -852,10 +853,11 @@ async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
     let n = 12_000; // more than one copy chunk
     {
         let ledger = Ledger::open(&path).unwrap();
-        let (a, b) = (
+        let (mut a, b) = (
             sub("a", &["*"], 1e6, 1_000_000, 100_000),
             sub("gone", &["*"], 5.0, 9, 3),
         );
+        a.payload = fanout_origin::model::Payload::Thin;
         ledger
             .tx(move |c| {
                 sq::create_subscriber(c, &a, "whsec_a")?;
@@ -913,6 +915,7 @@ async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
     let subs = pg.list_subscribers().await.unwrap();
     assert_eq!(subs.len(), 1, "removed subscribers stay removed");
     assert_eq!(subs[0].secrets[0].secret, "whsec_a");
+    assert_eq!(subs[0].payload, fanout_origin::model::Payload::Thin);
     assert_eq!(
         pg.load_limiter("a", 0).await.unwrap().paused_until_ms,
         Some(123_456)
@@ -944,6 +947,9 @@ async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
         .await
         .unwrap();
     assert_eq!(newest[0].id, format!("dlv_{}", 2 * n + 1));
+    // Sequence numbers came over, and the counter goes on from them.
+    assert_eq!(newest[0].sequence, n as u64 + 1);
+    assert_eq!(dead[0].sequence, 2, "the 410 was a's second delivery");
 
     // Not into a ledger that holds anything.
     let again = copy(url);

@@ -501,6 +501,8 @@ const PURE: &[&str] = &[
     "origin/src/portal/token",
     "origin/src/api/subscriber_input",
     "origin/src/model",
+    "origin/src/payload",
+    "origin/src/ledger/sequence",
     "origin/src/customer",
     "origin/src/alert/rules",
     "origin/src/cli/listen/reply",

@@ -115,6 +115,9 @@ fn js_batch<'a>(
                     own.push((sign::HEADER_LEGACY, first.sign_legacy(body)));
                 }
             }
+            if let Some(sequence) = d.sequence {
+                own.push((sign::HEADER_SEQUENCE, sequence.to_string()));
+            }
             JsItem {
                 headers: JsHeaders { common, own },
                 body: &d.body,

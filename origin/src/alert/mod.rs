@@ -166,6 +166,7 @@ async fn send_once(
             &signer,
             id,
             body.as_bytes(),
+            &[],
             SEND_TIMEOUT,
         )
         .await?;

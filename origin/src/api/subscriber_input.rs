@@ -11,8 +11,8 @@ use super::auth::Principal;
 use super::body::present;
 use super::error::ApiError;
 use crate::model::{
-    validate_id, validate_pattern, Disabled, Lane, Limits, Subscriber, DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_RATE_PER_SEC, DEFAULT_TIMEOUT_MS,
+    validate_id, validate_pattern, Disabled, Lane, Limits, Payload, Subscriber,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC, DEFAULT_TIMEOUT_MS,
 };
 
 const MAX_URL_LEN: usize = 2048;
@@ -59,6 +59,9 @@ pub struct SubscriberInput {
         skip_serializing_if = "Option::is_none"
     )]
     pub filter: Option<Option<serde_json::Value>>,
+    /// `full` (default) or `thin`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Payload>,
 }
 
 /// `"disabled": false` in a creation body, the only value it may have there: a subscriber is
@@ -107,6 +110,7 @@ pub struct SubscriberPatch {
     /// A new content filter; `null` removes it.
     #[serde(default, deserialize_with = "present")]
     pub filter: Option<Option<serde_json::Value>>,
+    pub payload: Option<Payload>,
 }
 
 impl SubscriberPatch {
@@ -126,8 +130,9 @@ impl SubscriberPatch {
             disabled,
             customer,
             filter,
+            payload,
         } = self;
-        let set: [(&'static str, bool); 12] = [
+        let set: [(&'static str, bool); 13] = [
             ("id", id.is_some()),
             ("url", url.is_some()),
             ("event_types", event_types.is_some()),
@@ -140,6 +145,7 @@ impl SubscriberPatch {
             ("disabled", disabled.is_some()),
             ("customer", customer.is_some()),
             ("filter", filter.is_some()),
+            ("payload", payload.is_some()),
         ];
         set.into_iter()
             .filter(|(_, on)| *on)
@@ -233,6 +239,7 @@ pub fn subscriber_from(
             health: Default::default(),
             customer: input.customer.flatten(),
             filter: input.filter.flatten(),
+            payload: input.payload.unwrap_or_default(),
         },
         input.secret,
     ))
@@ -275,6 +282,9 @@ pub fn patched(
     }
     if let Some(l) = input.legacy_signature {
         s.legacy_signature = l;
+    }
+    if let Some(p) = input.payload {
+        s.payload = p;
     }
     validate_customer_ref(&input.customer)?;
     if let Some(c) = input.customer {

@@ -191,6 +191,7 @@ pub fn delivery_detail(d: &DeliveryView) -> String {
         ("subscriber_id", d.subscriber_id.clone()),
         ("event_id", d.event_id.clone()),
         ("event_type", d.event_type.clone()),
+        ("sequence", d.sequence.to_string()),
         ("status", d.status.as_str().into()),
         ("attempt_count", d.attempt_count.to_string()),
         ("next_attempt_at_ms", or_dash(d.next_attempt_at_ms)),
@@ -249,6 +250,7 @@ mod tests {
             last_error: Some("gone".into()),
             created_at_ms: 0,
             updated_at_ms: 0,
+            sequence: 4,
             attempts: None,
         };
         let v = DeliveryList {
@@ -281,6 +283,7 @@ mod tests {
         };
         let t = delivery_detail(&d);
         assert!(t.contains("status              sent\n"), "{t}");
+        assert!(t.contains("sequence            4\n"), "{t}");
         assert!(
             t.contains("1        5        edge  failed   503     40"),
             "{t}"

@@ -240,6 +240,7 @@ mod tests {
             failing_since_ms: None,
             customer: None,
             filter: None,
+            payload: Default::default(),
             secret: None,
         }
     }

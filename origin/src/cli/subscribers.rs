@@ -4,7 +4,7 @@ use clap::{Args, Subcommand};
 
 use super::client::{encode, print, view, Client, ClientArgs, ClientError};
 use crate::api::views::{Deleted, SubscriberInput, SubscriberList, SubscriberView};
-use crate::model::Lane;
+use crate::model::{Lane, Payload};
 use crate::term::human_number;
 
 #[derive(Debug, Subcommand)]
@@ -57,6 +57,10 @@ fn parse_lane(s: &str) -> Result<Lane, String> {
     Lane::parse(s).ok_or_else(|| format!("{s:?} is not a lane: edge, origin or auto"))
 }
 
+fn parse_payload(s: &str) -> Result<Payload, String> {
+    Payload::parse(s).ok_or_else(|| format!("{s:?} is not a payload: full or thin"))
+}
+
 #[derive(Debug, Args)]
 pub struct SubscriberAdd {
     pub id: String,
@@ -87,6 +91,9 @@ pub struct SubscriberAdd {
     /// Deliver only events whose body matches this content filter (JSON, see the README)
     #[arg(long, value_parser = parse_json_arg)]
     pub filter: Option<serde_json::Value>,
+    /// full (the event's body) or thin ({"id","type","timestamp"} and the --event-url)
+    #[arg(long, value_parser = parse_payload)]
+    pub payload: Option<Payload>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -125,6 +132,7 @@ async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
         legacy_signature: a.legacy_signature.then_some(true),
         customer: a.customer.map(Some),
         filter: a.filter.map(Some),
+        payload: a.payload,
         ..SubscriberInput::default()
     };
     let body = serde_json::to_vec(&input).map_err(|e| ClientError::Input(e.to_string()))?;

@@ -212,7 +212,7 @@
       h('td', null, h('div', { class: 'id' }, s.id), healthLines(s), h('div', { class: 'muted small url' }, s.url),
         h('div', { class: 'muted small' }, s.event_types.join(', ')),
         s.filter ? h('div', { class: 'muted small filter', 'data-field': 'filter', title: 'Content filter' }, `filter: ${filterText(s.filter)}`) : null),
-      h('td', null, s.lane),
+      h('td', null, h('div', null, s.lane), h('div', { class: 'muted small', 'data-field': 'payload' }, `${s.payload} payload`)),
       h('td', { class: 'num' }, fmtNum(s.rate_per_sec, 3)),
       h('td', { class: 'num' }, fmtNum(s.burst)),
       h('td', { class: 'num' }, fmtNum(st.tokens, 1)),
@@ -322,6 +322,7 @@
       form.elements.lane.value = sub.lane;
       form.elements.legacy_signature.checked = sub.legacy_signature;
       form.elements.filter.value = sub.filter ? JSON.stringify(sub.filter, null, 2) : '';
+      form.elements.payload.value = sub.payload;
     }
     form.hidden = false;
     (sub ? form.elements.url : form.elements.id).focus();
@@ -336,6 +337,7 @@
       event_types: f.event_types.value.split(/[\s,]+/).filter(Boolean),
       lane: f.lane.value,
       legacy_signature: f.legacy_signature.checked,
+      payload: f.payload.value,
     };
     if (!editing) body.id = f.id.value.trim();
     // Emptied while editing: `null` removes the filter.
@@ -467,7 +469,7 @@
     const row = h(
       'tr',
       { 'data-delivery': d.id },
-      h('td', null, deliveryLink(d.id)),
+      h('td', null, deliveryLink(d.id), h('div', { class: 'muted small', 'data-field': 'sequence' }, `#${d.sequence}`)),
       h('td', null, d.subscriber_id),
       h('td', { class: 'small' }, d.event_id),
       h('td', { class: 'small' }, d.event_type),
@@ -550,6 +552,7 @@
       ...field('Status', badge(d.status), 'status'),
       ...field('Subscriber', d.subscriber_id),
       ...field('Event', `${d.event_id} (${d.event_type})`),
+      ...field('Sequence', fmtNum(d.sequence), 'sequence'),
       ...field('Attempts', fmtNum(d.attempt_count), 'attempt_count'),
       ...field('Next attempt', d.next_attempt_at_ms != null ? fmtTime(d.next_attempt_at_ms) : '—'),
       ...field('Last error', d.last_error ?? '—'),

@@ -133,6 +133,7 @@ impl EdgeClient {
                 &self.signer,
                 call_id,
                 body,
+                &[],
                 timeout,
             )
             .await?;
@@ -346,6 +347,7 @@ mod tests {
                 event_type: "t".into(),
                 attempt: 1,
                 body: format!("{{\"n\":{i},\"s\":\"\\\"quoted\\\" ü\"}}"),
+                sequence: (i > 1).then_some(i as u64),
             })
             .collect();
         let spec_json = encode_spec(&spec).unwrap();

@@ -51,6 +51,8 @@ impl Heartbeat {
 pub struct DispatchConfig {
     pub rules: RetryRules,
     pub allow_loopback: bool,
+    /// `--event-url`: where a thin webhook says its event can be fetched.
+    pub event_url: Option<crate::payload::EventUrl>,
     pub edge: Option<EdgeClient>,
     pub breaker: BreakerConfig,
     /// Deliveries per edge call.
@@ -400,6 +402,7 @@ fn log_outcome(sub: &str, meta: &Meta, result: &DeliveryResult) {
             event_type: meta.event_type.clone(),
             attempt: meta.attempt,
             body: String::new(),
+            sequence: None,
         };
         tracing::debug!(target: "fanout::delivery", "{}", LogRecord::new(sub, &d, result).to_json());
     }
@@ -428,6 +431,7 @@ mod tests {
                 backoff_scale: 1.0,
             },
             allow_loopback: false,
+            event_url: None,
             edge: None,
             breaker: BreakerConfig::default(),
             edge_batch: 100,

@@ -21,6 +21,7 @@ use super::vocab::{Event, Lane, Meta, Target};
 use crate::ledger::DispatchLedger;
 use crate::model::{active_secrets, delivery_public_id, Claimed};
 use crate::outbound::Signer;
+use crate::payload::{thin_body, EventUrl, Payload};
 
 impl<L: DispatchLedger> Dispatcher<L> {
     /// Start sending leased deliveries by the lane the state chose.
@@ -68,13 +69,14 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 let signer = Signer::new(secrets, target.legacy_signature);
                 // Parsed and checked once for the whole launch; each send reuses the parse.
                 let url = Arc::new(check_url(&target.url, self.cfg.allow_loopback).ok());
-                for d in claimed {
+                for mut d in claimed {
                     let out = self.cfg.outbound.clone();
                     let done = self.done_tx.clone();
                     let target = target.clone();
                     let signer = signer.clone();
                     let url = url.clone();
                     let clock = self.clock.clone();
+                    let body = body_of(target.payload, &mut d, self.cfg.event_url.as_ref());
                     tokio::spawn(async move {
                         let mut unreported =
                             Unreported::new(&done, &target.id, Lane::Origin, vec![Meta::of(&d)]);
@@ -86,8 +88,9 @@ impl<L: DispatchLedger> Dispatcher<L> {
                             url: (*url).as_ref(),
                             signer: &signer,
                             timeout_ms: target.limits.timeout_ms,
+                            sequence: d.sequence,
                         };
-                        let result = origin_lane::deliver(&out, &send, d.body).await;
+                        let result = origin_lane::deliver(&out, &send, body).await;
                         let latency_ms = Some(started.elapsed().as_millis() as u64);
                         if let Some(meta) = unreported.take().pop() {
                             let _ = done.send(Event::Results {
@@ -127,14 +130,16 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 return;
             }
         };
-        for d in claimed {
+        for mut d in claimed {
             let meta = Meta::of(&d);
+            let body = body_of(target.payload, &mut d, self.cfg.event_url.as_ref());
             let delivery = Delivery {
                 id: delivery_public_id(d.rowid),
                 event_id: d.event_id,
                 event_type: d.event_type,
                 attempt: d.attempt,
-                body: d.body,
+                body,
+                sequence: (d.sequence > 0).then_some(d.sequence),
             };
             match edge_lane::encode_delivery(&delivery) {
                 Ok(json) => {
@@ -205,6 +210,15 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 let _ = done.send(event);
             });
         }
+    }
+}
+
+/// The body a delivery's webhook carries, whichever lane sends it: its event's stored body
+/// (taken out of `d`), or the thin one (`crate::payload`).
+fn body_of(payload: Payload, d: &mut Claimed, event_url: Option<&EventUrl>) -> String {
+    match payload {
+        Payload::Full => std::mem::take(&mut d.body),
+        Payload::Thin => thin_body(&d.event_id, &d.event_type, d.received_ms, event_url),
     }
 }
 

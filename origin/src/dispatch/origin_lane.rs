@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use fanout_core::retry::{parse_retry_after, Attempt};
+use fanout_core::sign;
 use fanout_core::wire::{TransportError, RESPONSE_BODY_LIMIT};
 
 use super::vocab::Attempted;
@@ -22,6 +23,8 @@ pub struct Outgoing<'a> {
     pub url: Option<&'a url::Url>,
     pub signer: &'a Signer,
     pub timeout_ms: u64,
+    /// Its `webhook-sequence` (0: none stored, no header).
+    pub sequence: u64,
 }
 
 /// Send one delivery: the attempt made, with its result as the edge would report it.
@@ -35,6 +38,10 @@ pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> Attempte
         );
     };
     let started = Instant::now();
+    let extra: Vec<(&'static str, String)> = (s.sequence > 0)
+        .then(|| (sign::HEADER_SEQUENCE, s.sequence.to_string()))
+        .into_iter()
+        .collect();
     let sent = out
         .post_signed(
             Trust::Subscriber,
@@ -42,6 +49,7 @@ pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> Attempte
             s.signer,
             s.event_id,
             body,
+            &extra,
             Duration::from_millis(s.timeout_ms),
         )
         .await;

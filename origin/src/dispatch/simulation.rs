@@ -168,6 +168,8 @@ impl Ledger {
                     event_type: "t".into(),
                     body: "{}".into(),
                     attempt,
+                    sequence: rowid as u64,
+                    received_ms: 0,
                 });
             }
             let next_due_ms = self.next_due();

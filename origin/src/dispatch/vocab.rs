@@ -17,7 +17,7 @@ use super::plan::attempt_of;
 use crate::alert::Notice;
 pub use crate::ledger::{Recorded, Turn, TurnError};
 pub use crate::model::Lane;
-use crate::model::{Claimed, InFlight, Limits, Share, StoredSecret, Subscriber};
+use crate::model::{Claimed, InFlight, Limits, Payload, Share, StoredSecret, Subscriber};
 
 /// Messages to the dispatcher from the API (the executor hands each to the state as
 /// [`Event::Control`]).
@@ -51,6 +51,8 @@ pub struct Target {
     pub secrets: Vec<StoredSecret>,
     /// Its customer, whose weight sets its group's share (`super::fair`).
     pub customer: Option<Arc<str>>,
+    /// Its webhooks' body: the event's or a thin one (`crate::payload`).
+    pub payload: Payload,
 }
 
 /// A delivery out for sending, minus its body: what its result is recorded against.

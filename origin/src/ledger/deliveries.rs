@@ -53,6 +53,9 @@ pub struct DeliveryView {
     pub last_error: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Its `webhook-sequence`: its subscriber's count of deliveries, fixed at ingest.
+    #[serde(default)]
+    pub sequence: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<Vec<AttemptRecordView>>,
 }

@@ -22,6 +22,7 @@ pub mod filter;
 pub mod postgres;
 pub mod retention;
 pub mod scope;
+pub mod sequence;
 pub mod sqlite;
 pub mod stats;
 pub mod store;
@@ -75,5 +76,6 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         health: Default::default(),
         customer: None,
         filter: None,
+        payload: Default::default(),
     }
 }

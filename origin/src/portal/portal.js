@@ -99,6 +99,7 @@
           { class: 'card endpoint', 'data-endpoint': s.id },
           h('div', { class: 'endpoint-head' }, h('strong', null, s.id), h('span', { class: `health ${hl.key}`, 'data-health': hl.key }, hl.text)),
           h('div', { class: 'url muted' }, s.url),
+          h('div', { class: 'muted small', 'data-field': 'payload' }, s.payload === 'thin' ? 'Thin payloads: id, type, time and link' : 'Full payloads'),
           h(
             'div',
             { class: 'counts' },
@@ -216,7 +217,7 @@
           'tr',
           { 'data-delivery': d.id, tabindex: 0, onclick: () => openDelivery(d.id), onkeydown: (e) => e.key === 'Enter' && openDelivery(d.id) },
           h('td', { 'data-label': 'Status' }, badge(d.status)),
-          h('td', { 'data-label': 'Event' }, h('div', null, d.event_type), h('div', { class: 'muted small' }, d.event_id)),
+          h('td', { 'data-label': 'Event' }, h('div', null, d.event_type), h('div', { class: 'muted small' }, d.event_id), h('div', { class: 'muted small', 'data-field': 'sequence' }, `#${d.sequence}`)),
           h('td', { 'data-label': 'Endpoint' }, d.subscriber_id),
           h('td', { 'data-label': 'Attempts' }, d.attempt_count),
           h('td', { 'data-label': 'Created' }, fmtTime(d.created_at_ms)),
@@ -237,6 +238,7 @@
       $('#detail-facts').replaceChildren(
         ...fact('Delivery', d.id),
         ...fact('Event', d.event_id),
+        ...fact('Sequence', String(d.sequence)),
         ...fact('Status', badge(d.status)),
         ...fact('Attempts', String(d.attempt_count)),
         ...fact('Created', fmtTime(d.created_at_ms)),

@@ -194,6 +194,8 @@ fn edge_refusals_split_then_count_attempts() {
             event_type: m.event_type.clone(),
             body: "{}".into(),
             attempt: m.attempt,
+            sequence: 1,
+            received_ms: 0,
         })
         .collect();
     on(&mut state, edge_failed("a", &metas, refused()), 10);

@@ -91,6 +91,7 @@ impl State {
             legacy_signature: s.legacy_signature,
             secrets: s.secrets,
             customer: s.customer.as_deref().map(Arc::from),
+            payload: s.payload,
         });
         let warn = no_edge.then(|| target.id.clone());
         match self.subs.get_mut(target.id.as_ref()) {

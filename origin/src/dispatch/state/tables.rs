@@ -93,6 +93,8 @@ fn claimed(rowid: i64) -> Claimed {
         event_type: "t".into(),
         body: "{}".into(),
         attempt: 1,
+        sequence: rowid as u64,
+        received_ms: 0,
     }
 }
 
@@ -226,6 +228,7 @@ fn sub(id: &str, max_in_flight: u32, customer: Option<&str>) -> (Subscriber, Lim
         health: Default::default(),
         customer: customer.map(str::to_string),
         filter: None,
+        payload: Default::default(),
     };
     (s, LimiterState::default())
 }

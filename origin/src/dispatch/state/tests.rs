@@ -45,6 +45,8 @@ impl Queue {
                         event_type: "t".into(),
                         body: "{}".into(),
                         attempt: 1,
+                        sequence: 1,
+                        received_ms: 0,
                     }
                 })
                 .collect();

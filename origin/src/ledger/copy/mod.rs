@@ -4,7 +4,7 @@
 //! their history), secrets, events, deliveries with their status and attempt counts, attempts,
 //! limiter and health state, content filters come over as they are; deliveries that were in flight come over
 //! pending, due at once (their lease died with the daemon). Public delivery ids (`dlv_<id>`)
-//! stay the same. Customers, which subscriber each owns and the portal signing key come over
+//! and sequence numbers (with each subscriber's counter) stay the same. Customers, which subscriber each owns and the portal signing key come over
 //! too (`customers.rs`): links issued before the move keep working. The one place in the
 //! daemon that names both drivers; it decides nothing either backend does at run time.
 
@@ -21,7 +21,9 @@ mod rows;
 
 use rows::copy_filters;
 pub use rows::Copied;
-use rows::{copy_attempts, copy_deliveries, copy_events, copy_secrets, copy_subscribers};
+use rows::{
+    copy_attempts, copy_deliveries, copy_events, copy_secrets, copy_sequences, copy_subscribers,
+};
 
 /// Copy the SQLite ledger at `from` into the empty PostgreSQL ledger at `to` (created and
 /// migrated if needed); `progress` hears a line now and then.
@@ -60,7 +62,7 @@ pub async fn copy_sqlite_to_pg(
     let tx = client.transaction().await?;
     // Nobody else writes while we check and copy.
     tx.batch_execute(
-        "LOCK TABLE subscribers, subscriber_secrets, events, deliveries, attempts
+        "LOCK TABLE subscribers, subscriber_secrets, events, deliveries, attempts, sequences
          IN EXCLUSIVE MODE",
     )
     .await?;
@@ -104,6 +106,7 @@ pub async fn copy_sqlite_to_pg(
     copy_events(&src, &tx, &mut done, &mut progress).await?;
 
     copy_deliveries(&src, &tx, now_ms, &mut done, &mut progress).await?;
+    copy_sequences(&src, &tx).await?;
 
     copy_attempts(&src, &tx, &mut done, &mut progress).await?;
 

@@ -37,10 +37,16 @@ pub(super) async fn copy_subscribers(
     } else {
         "COALESCE(disabled_ms IS NOT NULL AND disabled_reason = 'disabled by an operator', 0)"
     };
+    // A ledger from before sequence numbers and thin payloads: every subscriber full.
+    let payload = if has_column(src, "subscribers", "payload")? {
+        "payload"
+    } else {
+        "'full'"
+    };
     let mut st = src.prepare(&format!(
         "SELECT id, url, event_types, rate_per_sec, burst, max_in_flight, timeout_ms, lane,
              legacy_signature, limiter, created_ms, updated_ms, deleted_ms, disabled_ms,
-             disabled_reason, failing_since_ms, dead_alerted_ms, {by_operator}
+             disabled_reason, failing_since_ms, dead_alerted_ms, {by_operator}, {payload}
          FROM subscribers ORDER BY rowid"
     ))?;
     let rows = st.query_map([], |r| {
@@ -64,6 +70,7 @@ pub(super) async fn copy_subscribers(
                 r.get::<_, Option<i64>>(15)?,
                 r.get::<_, Option<i64>>(16)?,
                 r.get::<_, bool>(17)?,
+                r.get::<_, String>(18)?,
             ),
         ))
     })?;
@@ -72,9 +79,9 @@ pub(super) async fn copy_subscribers(
             "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
                  timeout_ms, lane, legacy_signature, limiter, created_ms, updated_ms,
                  deleted_ms, disabled_ms, disabled_reason, failing_since_ms, dead_alerted_ms,
-                 disabled_by_operator)
+                 disabled_by_operator, payload)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                 $18)",
+                 $18, $19)",
         )
         .await?;
     for row in rows {
@@ -83,7 +90,7 @@ pub(super) async fn copy_subscribers(
             &insert,
             &[
                 &id, &url, &types, &rate, &burst, &mif, &timeout, &lane, &legacy, &limiter, &t.0,
-                &t.1, &t.2, &t.3, &t.4, &t.5, &t.6, &t.7,
+                &t.1, &t.2, &t.3, &t.4, &t.5, &t.6, &t.7, &t.8,
             ],
         )
         .await?;
@@ -168,13 +175,17 @@ pub(super) async fn copy_deliveries(
     progress: &mut impl FnMut(&str),
 ) -> Result<(), LedgerError> {
     let total: i64 = src.query_row("SELECT COUNT(*) FROM deliveries", [], |r| r.get(0))?;
+    // A ledger from before sequence numbers has none: they are numbered below, as the
+    // migration that added them does.
+    let numbered = has_column(src, "deliveries", "sequence")?;
+    let sequence = if numbered { "sequence" } else { "0" };
     let mut after = 0i64;
     loop {
-        let mut st = src.prepare_cached(
+        let mut st = src.prepare_cached(&format!(
             "SELECT id, subscriber_id, event_id, status, attempts, next_attempt_ms, last_error,
-                 created_ms, updated_ms
-             FROM deliveries WHERE id > ?1 ORDER BY id LIMIT ?2",
-        )?;
+                 created_ms, updated_ms, {sequence}
+             FROM deliveries WHERE id > ?1 ORDER BY id LIMIT ?2"
+        ))?;
         #[allow(clippy::type_complexity)]
         let page: Vec<(
             i64,
@@ -184,6 +195,7 @@ pub(super) async fn copy_deliveries(
             i32,
             i64,
             Option<String>,
+            i64,
             i64,
             i64,
         )> = st
@@ -214,13 +226,16 @@ pub(super) async fn copy_deliveries(
         let errors: Vec<Option<&str>> = page.iter().map(|d| d.6.as_deref()).collect();
         let created: Vec<i64> = page.iter().map(|d| d.7).collect();
         let updated: Vec<i64> = page.iter().map(|d| d.8).collect();
+        let sequences: Vec<i64> = page.iter().map(|d| d.9).collect();
         tx.execute(
             "INSERT INTO deliveries (id, subscriber_id, event_id, status, attempts,
-                 next_attempt_ms, last_error, created_ms, updated_ms)
+                 next_attempt_ms, last_error, created_ms, updated_ms, sequence)
              SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::int[],
-                                  $6::bigint[], $7::text[], $8::bigint[], $9::bigint[])",
+                                  $6::bigint[], $7::text[], $8::bigint[], $9::bigint[],
+                                  $10::bigint[])",
             &[
                 &ids, &subs, &events, &statuses, &attempts, &next, &errors, &created, &updated,
+                &sequences,
             ],
         )
         .await?;
@@ -230,6 +245,54 @@ pub(super) async fn copy_deliveries(
     }
 
     Ok(())
+}
+
+/// Each subscriber's sequence counter: the source's (retention may have removed deliveries
+/// whose numbers it counts), or, from a ledger from before sequence numbers, its deliveries
+/// numbered per subscriber in id order and the counters seeded from them.
+pub(super) async fn copy_sequences(
+    src: &Connection,
+    tx: &Transaction<'_>,
+) -> Result<(), LedgerError> {
+    let has_table: bool = src.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sequences')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_table || !has_column(src, "deliveries", "sequence")? {
+        tx.batch_execute(
+            "UPDATE deliveries d SET sequence = n.k
+                 FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY subscriber_id ORDER BY id) AS k
+                       FROM deliveries) n
+                 WHERE d.id = n.id;
+             INSERT INTO sequences (subscriber_id, last)
+                 SELECT subscriber_id, MAX(sequence) FROM deliveries GROUP BY subscriber_id;",
+        )
+        .await?;
+        return Ok(());
+    }
+    let mut st = src.prepare("SELECT subscriber_id, last FROM sequences")?;
+    let rows: Vec<(String, i64)> = st
+        .query_map([], |r| r.try_into())?
+        .collect::<Result<_, _>>()?;
+    let subs: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    let lasts: Vec<i64> = rows.iter().map(|r| r.1).collect();
+    tx.execute(
+        "INSERT INTO sequences (subscriber_id, last)
+         SELECT * FROM unnest($1::text[], $2::bigint[])",
+        &[&subs, &lasts],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Whether the source's `table` has `column` (it may be from an older schema).
+fn has_column(src: &Connection, table: &str, column: &str) -> Result<bool, LedgerError> {
+    Ok(src.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2)",
+        [table, column],
+        |r| r.get(0),
+    )?)
 }
 
 /// The attempts, by id pages.

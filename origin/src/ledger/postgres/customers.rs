@@ -443,12 +443,16 @@ impl PgLedger {
             &[&event.id, &event.event_type, &event.body, &now_ms],
         )
         .await?;
+        let sequence: i64 = tx
+            .query_one(super::ingest::RESERVE_ONE, &[&subscriber])
+            .await?
+            .try_get(0)?;
         let rowid: i64 = tx
             .query_one(
                 "INSERT INTO deliveries (subscriber_id, event_id, status, next_attempt_ms,
-                     created_ms, updated_ms)
-                 VALUES ($1, $2, 'pending', $3, $3, $3) RETURNING id",
-                &[&subscriber, &event.id, &now_ms],
+                     created_ms, updated_ms, sequence)
+                 VALUES ($1, $2, 'pending', $3, $3, $3, $4) RETURNING id",
+                &[&subscriber, &event.id, &now_ms, &sequence],
             )
             .await?
             .try_get(0)?;

@@ -244,7 +244,7 @@ impl PgLedger {
 
 pub(super) const DELIVERY_COLUMNS: &str =
     "d.id, d.subscriber_id, d.event_id, COALESCE(e.type, ''), d.status, \
-     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms";
+     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms, d.sequence";
 
 pub(super) fn delivery_from_row(r: &Row) -> Result<DeliveryView, LedgerError> {
     let status = enum_column(r, 4, Status::parse)?;
@@ -260,6 +260,7 @@ pub(super) fn delivery_from_row(r: &Row) -> Result<DeliveryView, LedgerError> {
         last_error: r.try_get(7)?,
         created_at_ms: r.try_get(8)?,
         updated_at_ms: r.try_get(9)?,
+        sequence: r.try_get::<_, i64>(10)?.max(0) as u64,
         attempts: None,
     })
 }

@@ -103,7 +103,8 @@ pub(super) const CLAIM_LEASE: &str =
                    ORDER BY next_attempt_ms, id LIMIT w.n
                    FOR UPDATE SKIP LOCKED) c))
        AND e.id = d.event_id
-     RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts, d.next_attempt_ms";
+     RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts, d.next_attempt_ms,
+         d.sequence, e.received_ms";
 
 /// Shared limiter states back in their (locked) rows.
 pub(super) const STORE_LIMITERS: &str = "UPDATE subscribers s SET limiter = u.l
@@ -278,6 +279,8 @@ impl PgLedger {
                         event_type: r.try_get(3)?,
                         body: r.try_get(4)?,
                         attempt: (r.try_get::<_, i32>(5)?.max(0) as u32).saturating_add(1),
+                        sequence: r.try_get::<_, i64>(7)?.max(0) as u64,
+                        received_ms: r.try_get(8)?,
                     },
                 ));
             }

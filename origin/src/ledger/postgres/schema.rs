@@ -271,6 +271,28 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE subscribers ADD COLUMN filter TEXT;
     "#,
+    // 10: sequence numbers and thin payloads (issue 24, as the SQLite ledger's migration of the
+    // same name): each delivery's `webhook-sequence`, fixed at ingest (`ledger::sequence`);
+    // existing deliveries numbered per subscriber in id order. `sequences` holds each
+    // subscriber's last number, in a table of its own so that ingest never waits on the
+    // subscriber row a claim locks; no index on the column yet: nothing looks a delivery up by
+    // its number (ordered delivery will add the one it needs). A subscriber's `payload`:
+    // `full` or `thin`.
+    r#"
+    ALTER TABLE deliveries ADD COLUMN sequence BIGINT NOT NULL DEFAULT 0;
+    UPDATE deliveries d SET sequence = n.k
+        FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY subscriber_id ORDER BY id) AS k
+              FROM deliveries) n
+        WHERE d.id = n.id;
+    CREATE TABLE sequences (
+        subscriber_id TEXT PRIMARY KEY,
+        last          BIGINT NOT NULL CHECK (last >= 0)
+    );
+    INSERT INTO sequences (subscriber_id, last)
+        SELECT subscriber_id, MAX(sequence) FROM deliveries GROUP BY subscriber_id;
+    ALTER TABLE subscribers ADD COLUMN payload TEXT NOT NULL DEFAULT 'full'
+        CHECK (payload IN ('full', 'thin'));
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

@@ -144,8 +144,9 @@ impl PgLedger {
         let inserted = tx
             .execute(
                 "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
-                     timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12)",
+                     timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
+                     payload)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13)",
                 &[
                     &s.id,
                     &s.url,
@@ -159,6 +160,7 @@ impl PgLedger {
                     &s.created_ms,
                     &s.customer,
                     &filter_column(s),
+                    &s.payload.as_str(),
                 ],
             )
             .await;
@@ -195,7 +197,7 @@ impl PgLedger {
             .execute(
                 "UPDATE subscribers SET url = $2, event_types = $3, rate_per_sec = $4, burst = $5,
                      max_in_flight = $6, timeout_ms = $7, lane = $8, legacy_signature = $9,
-                     updated_ms = $10, customer = $11, filter = $12
+                     updated_ms = $10, customer = $11, filter = $12, payload = $13
                  WHERE id = $1 AND deleted_ms IS NULL",
                 &[
                     &s.id,
@@ -210,6 +212,7 @@ impl PgLedger {
                     &s.updated_ms,
                     &s.customer,
                     &filter_column(s),
+                    &s.payload.as_str(),
                 ],
             )
             .await?;

@@ -30,7 +30,7 @@ fn values(args: Vec<Arg>) -> Vec<rusqlite::types::Value> {
 
 const DELIVERY_COLUMNS: &str =
     "d.id, d.subscriber_id, d.event_id, COALESCE(e.type, ''), d.status, \
-     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms";
+     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms, d.sequence";
 
 /// A text column that must hold one of an enum's names.
 fn enum_column<T>(r: &Row<'_>, i: usize, parse: fn(&str) -> Option<T>) -> rusqlite::Result<T> {
@@ -58,6 +58,7 @@ fn delivery_from_row(r: &Row<'_>) -> rusqlite::Result<DeliveryView> {
         last_error: r.get(7)?,
         created_at_ms: r.get(8)?,
         updated_at_ms: r.get(9)?,
+        sequence: r.get::<_, i64>(10)?.max(0) as u64,
         attempts: None,
     })
 }
@@ -312,12 +313,13 @@ pub fn ingest_test(
         .execute(params![subscriber, event.id])?;
     c.prepare_cached("INSERT INTO events (id, type, body, received_ms) VALUES (?1, ?2, ?3, ?4)")?
         .execute(params![event.id, event.event_type, event.body, now_ms])?;
+    let sequence = super::ingest::reserve_sequences(c, |_| subscriber, &[0])?;
     c.prepare_cached(
         "INSERT INTO deliveries (subscriber_id, event_id, status, next_attempt_ms, created_ms,
-             updated_ms)
-         VALUES (?1, ?2, 'pending', ?3, ?3, ?3)",
+             updated_ms, sequence)
+         VALUES (?1, ?2, 'pending', ?3, ?3, ?3, ?4)",
     )?
-    .execute(params![subscriber, event.id, now_ms])?;
+    .execute(params![subscriber, event.id, now_ms, sequence[0]])?;
     Ok(c.last_insert_rowid())
 }
 

@@ -4,11 +4,14 @@
 
 use std::fmt::Write as _;
 
+use std::collections::HashSet;
+
 use rusqlite::Connection;
 
 use crate::ledger::deliveries::{Ingested, NewEvent};
 use crate::ledger::error::LedgerError;
-use crate::ledger::fanout::{candidates, Selector};
+use crate::ledger::fanout::{candidates, Candidate, Selector};
+use crate::ledger::sequence;
 
 /// Rows per multi-row `INSERT`: ingest and the attempts of a dispatcher turn go in as a few
 /// statements, not one per row.
@@ -78,8 +81,7 @@ pub fn ingest(
         .collect::<Result<_, _>>()?,
     );
     // The ids stored by this call. A repeated id within the call is new only the first time.
-    let mut fresh: std::collections::HashSet<String> =
-        std::collections::HashSet::with_capacity(events.len());
+    let mut fresh: HashSet<String> = HashSet::with_capacity(events.len());
     for chunk in events.chunks(ROWS_PER_INSERT) {
         let sql = multi_row_sql(
             "INSERT OR IGNORE INTO events (id, type, body, received_ms)",
@@ -101,41 +103,31 @@ pub fn ingest(
             fresh.insert(id?);
         }
     }
-    let mut touched = vec![false; subs.len()];
-    let mut out = Vec::with_capacity(events.len());
+    // The fan-out, in order: each new event's matching subscribers (indexes into `subs`), and
+    // each event's part of it (`None` for a duplicate). Its sequence numbers are reserved at
+    // once, before the deliveries go in.
+    let mut parts: Vec<Option<std::ops::Range<usize>>> = Vec::with_capacity(events.len());
+    let mut fan_out: Vec<usize> = Vec::new();
     let mut selector = Selector::new(&subs);
     for e in events {
-        let is_new = fresh.remove(&e.id);
-        let mut created = 0u32;
-        if is_new {
-            let idx = selector.select(e);
-            for part in idx.chunks(ROWS_PER_INSERT) {
-                let n = part.len();
-                let sql = multi_row_sql(
-                    "INSERT OR IGNORE INTO deliveries (subscriber_id, event_id, status, next_attempt_ms, created_ms, updated_ms)",
-                    n,
-                    1,
-                    &format!(", ?{e}, 'pending', ?{t}, ?{t}, ?{t}", e = n + 1, t = n + 2),
-                    "",
-                );
-                let mut st = c.prepare_cached(&sql)?;
-                let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(n + 2);
-                for &i in part {
-                    args.push(&subs[i].id);
-                }
-                args.push(&e.id);
-                args.push(&now_ms);
-                let n_created = st.execute(args.as_slice())?;
-                created += n_created as u32;
-                if n_created > 0 {
-                    // A new event has no delivery yet, so every row is created; should one
-                    // ever not be, its subscriber is only told to look for work it lacks.
-                    for &i in part {
-                        touched[i] = true;
-                    }
-                }
-            }
+        if !fresh.remove(&e.id) {
+            parts.push(None);
+            continue;
         }
+        let from = fan_out.len();
+        fan_out.extend_from_slice(selector.select(e));
+        parts.push(Some(from..fan_out.len()));
+    }
+    let numbers = reserve_sequences(c, |i| subs[i].id.as_str(), &fan_out)?;
+    let mut touched = vec![false; subs.len()];
+    let mut out = Vec::with_capacity(events.len());
+    for (e, part) in events.iter().zip(parts) {
+        let is_new = part.is_some();
+        let idx = part.unwrap_or_default();
+        for &i in &fan_out[idx.clone()] {
+            touched[i] = true;
+        }
+        let created = insert_deliveries(c, &subs, e, &fan_out[idx.clone()], &numbers[idx], now_ms)?;
         out.push(Ingested {
             id: e.id.clone(),
             deliveries: created,
@@ -148,4 +140,69 @@ pub fn ingest(
         .filter_map(|(s, t)| t.then_some(s.id))
         .collect();
     Ok((out, touched))
+}
+
+/// One new event's deliveries to `to` (indexes into `subs`) numbered `numbers`, by statements
+/// of up to `ROWS_PER_INSERT` rows. Returns how many were created: all of them (a new event has
+/// no delivery yet); one that was not would leave its number unused, so that is an error and
+/// nothing of the call is kept.
+fn insert_deliveries(
+    c: &Connection,
+    subs: &[Candidate],
+    e: &NewEvent,
+    to: &[usize],
+    numbers: &[i64],
+    now_ms: i64,
+) -> Result<u32, LedgerError> {
+    let mut created = 0u32;
+    for (part, seqs) in to
+        .chunks(ROWS_PER_INSERT)
+        .zip(numbers.chunks(ROWS_PER_INSERT))
+    {
+        let n = part.len();
+        let sql = multi_row_sql(
+            "INSERT OR IGNORE INTO deliveries (subscriber_id, sequence, event_id, status, next_attempt_ms, created_ms, updated_ms)",
+            n,
+            2,
+            &format!(", ?{e}, 'pending', ?{t}, ?{t}, ?{t}", e = 2 * n + 1, t = 2 * n + 2),
+            "",
+        );
+        let mut st = c.prepare_cached(&sql)?;
+        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(2 * n + 2);
+        for (&i, seq) in part.iter().zip(seqs) {
+            args.push(&subs[i].id);
+            args.push(seq);
+        }
+        args.push(&e.id);
+        args.push(&now_ms);
+        let n_created = st.execute(args.as_slice())?;
+        if n_created != n {
+            return Err(LedgerError::Invalid(format!(
+                "event {}: {n_created} of {n} deliveries created; sequence numbers must not skip",
+                e.id
+            )));
+        }
+        created += n_created as u32;
+    }
+    Ok(created)
+}
+
+/// Reserve the sequence numbers of a fan-out (indexes of subscribers, their ids by `id_of`, in order): one upsert per
+/// subscriber moves its counter, and each delivery gets its number (`ledger::sequence`).
+pub(super) fn reserve_sequences<'a>(
+    c: &Connection,
+    id_of: impl Fn(usize) -> &'a str,
+    fan_out: &[usize],
+) -> Result<Vec<i64>, LedgerError> {
+    let mut reserve = c.prepare_cached(
+        "INSERT INTO sequences (subscriber_id, last) VALUES (?1, ?2)
+         ON CONFLICT (subscriber_id) DO UPDATE SET last = last + excluded.last
+         RETURNING last",
+    )?;
+    let mut reserved = Vec::new();
+    for (i, n) in sequence::tally(fan_out) {
+        let last: i64 = reserve.query_row(rusqlite::params![id_of(i), n], |r| r.get(0))?;
+        reserved.push((i, last));
+    }
+    sequence::assign(fan_out, &reserved)
 }

@@ -222,6 +222,26 @@ const MIGRATIONS: &[Migration] = &[
     Sql(r#"
     ALTER TABLE subscribers ADD COLUMN filter TEXT;
     "#),
+    // 10: sequence numbers and thin payloads (issue 24): each delivery's `webhook-sequence`,
+    // fixed at ingest (`ledger::sequence`); existing deliveries numbered per subscriber in id
+    // order. `sequences` holds each subscriber's last number. No index on the column yet:
+    // nothing looks a delivery up by its number (ordered delivery will add the one it needs).
+    // A subscriber's `payload`: `full` or `thin`.
+    Sql(r#"
+    ALTER TABLE deliveries ADD COLUMN sequence INTEGER NOT NULL DEFAULT 0;
+    UPDATE deliveries SET sequence = n.k
+        FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY subscriber_id ORDER BY id) AS k
+              FROM deliveries) AS n
+        WHERE deliveries.id = n.id;
+    CREATE TABLE sequences (
+        subscriber_id TEXT PRIMARY KEY,
+        last          INTEGER NOT NULL CHECK (last >= 0)
+    ) WITHOUT ROWID;
+    INSERT INTO sequences (subscriber_id, last)
+        SELECT subscriber_id, MAX(sequence) FROM deliveries GROUP BY subscriber_id;
+    ALTER TABLE subscribers ADD COLUMN payload TEXT NOT NULL DEFAULT 'full'
+        CHECK (payload IN ('full', 'thin'));
+    "#),
 ];
 
 /// Rows copied by one statement when a migration rebuilds a table; its progress is logged
@@ -397,6 +417,50 @@ mod tests {
         conn.pragma_update(None, "user_version", VERSION + 1)
             .unwrap();
         assert!(matches!(migrate(&mut conn), Err(LedgerError::Schema(_))));
+    }
+
+    /// The sequence-number migration numbers each subscriber's existing deliveries 1..N in id
+    /// order and seeds its counter with N; subscribers keep a full payload.
+    #[test]
+    fn the_sequence_migration_numbers_existing_deliveries() {
+        let at = MIGRATIONS
+            .iter()
+            .position(|m| matches!(m, Sql(sql) if sql.contains("CREATE TABLE sequences")))
+            .unwrap() as i64;
+        let mut c = Connection::open_in_memory().unwrap();
+        assert_eq!(migrate_to(&mut c, at).unwrap(), at);
+        c.execute_batch(
+            "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
+                 timeout_ms, lane, created_ms, updated_ms) VALUES
+                 ('a', 'u', '[]', 1, 1, 1, 1, 'origin', 1, 1);
+             INSERT INTO deliveries (id, subscriber_id, event_id, status, next_attempt_ms,
+                 created_ms, updated_ms) VALUES
+                 (3, 'a', 'e1', 'sent', 0, 0, 0), (4, 'b', 'e1', 'dead', 0, 0, 0),
+                 (7, 'a', 'e2', 'pending', 0, 0, 0), (9, 'a', 'e3', 'pending', 0, 0, 0),
+                 (12, 'b', 'e3', 'sent', 0, 0, 0);",
+        )
+        .unwrap();
+        migrate_to(&mut c, at + 1).unwrap();
+        let numbered: Vec<(i64, i64)> = c
+            .prepare("SELECT id, sequence FROM deliveries ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(numbered, [(3, 1), (4, 1), (7, 2), (9, 3), (12, 2)]);
+        let counters: Vec<(String, i64)> = c
+            .prepare("SELECT subscriber_id, last FROM sequences ORDER BY subscriber_id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(counters, [("a".to_string(), 3), ("b".to_string(), 2)]);
+        let payload: String = c
+            .query_row("SELECT payload FROM subscribers", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(payload, "full");
     }
 
     /// Migration 7: a removed subscriber stops naming a customer that is gone, or that was

@@ -493,15 +493,27 @@ impl PgLedger {
 
     /// Return this daemon's own leases to the queue, due now (a daemon restarting under the
     /// same name: whatever it held died with its previous run). Returns how many.
+    ///
+    /// Its one statement touches rows (and their trigger-kept counts) that other daemons'
+    /// transactions may hold in another order; PostgreSQL then aborts one of them as a deadlock.
+    /// At start-up that must not stop the daemon: such an abort is tried again, a few times.
     pub async fn release_own_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
         let c = self.client().await?;
-        Ok(c.execute(
-            "UPDATE deliveries SET status = 'pending', lease_owner = NULL, lease_expires_ms = NULL,
-                 next_attempt_ms = $2, updated_ms = $2
-             WHERE status = 'in_flight' AND lease_owner = $1",
-            &[&&*self.owner, &now_ms],
-        )
-        .await?)
+        let mut aborted = 0;
+        loop {
+            let released = c
+                .execute(
+                    "UPDATE deliveries SET status = 'pending', lease_owner = NULL,
+                         lease_expires_ms = NULL, next_attempt_ms = $2, updated_ms = $2
+                     WHERE status = 'in_flight' AND lease_owner = $1",
+                    &[&&*self.owner, &now_ms],
+                )
+                .await;
+            match released {
+                Err(e) if aborted < RELEASE_TRIES && transaction_aborted(&e) => aborted += 1,
+                other => return Ok(other?),
+            }
+        }
     }
 
     /// Every live subscriber with pending work and when its earliest delivery is due; expired

@@ -22,6 +22,17 @@ pub(super) fn unique_violation(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
 }
 
+/// PostgreSQL aborted the statement's transaction to break a deadlock or a serialization
+/// conflict with another one: the same statement may succeed when tried again.
+pub(super) fn transaction_aborted(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    matches!(e.code(), Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED
+        || *c == SqlState::T_R_SERIALIZATION_FAILURE)
+}
+
+/// How many times a statement PostgreSQL aborted as a deadlock is tried again at start-up.
+pub(super) const RELEASE_TRIES: u32 = 5;
+
 // ---------------------------------------------------------------------------------------------
 // Subscribers
 

@@ -227,15 +227,7 @@ impl LedgerLocation {
     pub fn redacted(&self) -> String {
         match self {
             LedgerLocation::Sqlite(p) => p.display().to_string(),
-            LedgerLocation::Postgres(u) => match url::Url::parse(u) {
-                Ok(mut parsed) => {
-                    if parsed.password().is_some() {
-                        let _ = parsed.set_password(Some("***"));
-                    }
-                    parsed.to_string()
-                }
-                Err(_) => "postgres://…".into(),
-            },
+            LedgerLocation::Postgres(u) => crate::redact::database_url(u),
         }
     }
 }

@@ -14,6 +14,20 @@ pub fn url(url: &str) -> String {
     }
 }
 
+/// A PostgreSQL URL for logs, messages and `/healthz`: whole, but its password replaced by
+/// `***` (the ledger's `--db` and the producer's `--outbox` name their database this way).
+pub fn database_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) => {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("***"));
+            }
+            parsed.to_string()
+        }
+        Err(_) => "postgres://…".into(),
+    }
+}
+
 /// An HTTP client error without its URL, with its causes (`error sending request: client
 /// error (Connect): tcp connect error: Connection refused`).
 pub fn http_error(e: reqwest::Error) -> String {

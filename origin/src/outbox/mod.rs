@@ -80,15 +80,7 @@ impl OutboxLocation {
     pub fn redacted(&self) -> String {
         match self {
             OutboxLocation::Sqlite(p) => p.display().to_string(),
-            OutboxLocation::Postgres(u) => match url::Url::parse(u) {
-                Ok(mut parsed) => {
-                    if parsed.password().is_some() {
-                        let _ = parsed.set_password(Some("***"));
-                    }
-                    parsed.to_string()
-                }
-                Err(_) => "postgres://…".into(),
-            },
+            OutboxLocation::Postgres(u) => crate::redact::database_url(u),
         }
     }
 

@@ -187,7 +187,7 @@ pub(super) async fn listen(a: ListenArgs) -> Result<(), ClientError> {
     // On Ctrl-C, answers under way (a `--delay`) get `DRAIN` to finish, not their whole delay.
     let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
     let serve = axum::serve(socket, app).with_graceful_shutdown(async move {
-        stop_signal().await;
+        crate::cli::stop_signal().await;
         let _ = stopping.send(());
     });
     let served = tokio::select! {
@@ -389,27 +389,6 @@ async fn forward_one(
         Err(e) if e.is_timeout() => (Err("timed out".into()), None),
         Err(e) if e.is_connect() => (Err("cannot connect".into()), None),
         Err(_) => (Err("request failed".into()), None),
-    }
-}
-
-async fn stop_signal() {
-    let interrupt = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = interrupt => {},
-        _ = terminate => {},
     }
 }
 

@@ -18,8 +18,8 @@ use fanout_core::retry::Attempt;
 use fanout_origin::ledger::postgres::{Announcement, Feedback, LeasedOutcome, PgLedger};
 use fanout_origin::ledger::Retention as _;
 use fanout_origin::ledger::{
-    AttemptRecord, DeliveryFilter, DispatchLedger, HealthWrite, LedgerError, NewEvent, Outcome,
-    Transition, Turn, Unavailable,
+    AttemptRecord, DeliveryFilter, DispatchLedger, HealthWrite, Ingested, LedgerError, NewEvent,
+    Outcome, Transition, Turn, Unavailable,
 };
 use fanout_origin::model::{Disabled, Lane, Limits, Status, Subscriber};
 
@@ -145,7 +145,7 @@ async fn ingest_fans_out_once_per_subscriber_and_event_and_wakes_other_daemons()
     let mut listener = l[1].listen().await.unwrap();
     let (out, touched) = l[0]
         .ingest(
-            &[
+            vec![
                 ev("e1", "video.trending"),
                 ev("e2", "video.new"),
                 ev("e1", "video.trending"),
@@ -174,7 +174,7 @@ async fn ingest_fans_out_once_per_subscriber_and_event_and_wakes_other_daemons()
         .unwrap();
     assert_eq!(heard, Announcement::Changed("c".into()));
     // Re-sending through the other daemon creates nothing.
-    let (again, touched) = l[1].ingest(&[ev("e2", "video.new")], 6).await.unwrap();
+    let (again, touched) = l[1].ingest(vec![ev("e2", "video.new")], 6).await.unwrap();
     assert_eq!((again[0].deliveries, again[0].duplicate), (0, true));
     assert!(touched.is_empty());
     let all = l[1]
@@ -199,7 +199,7 @@ async fn leases_carry_their_owner_and_a_stale_result_is_ignored() {
     l[0].create_subscriber(&sub("a", &["*"], 1000.0, 1000, 100), "s")
         .await
         .unwrap();
-    l[0].ingest(&evs("e", 3), 0).await.unwrap();
+    l[0].ingest(evs("e", 3), 0).await.unwrap();
     // Daemon 0 leases all three until 10 + LEASE, and dies.
     let c0 = l[0]
         .claim(&[("a".into(), 10)], BREAKER, 10, LEASE)
@@ -264,7 +264,7 @@ async fn leases_carry_their_owner_and_a_stale_result_is_ignored() {
     assert_eq!(d.attempt_count, 1);
     assert_eq!(d.attempts.map(|a| a.len()), Some(1));
     // A daemon restarting under its name gives back what it held.
-    l[0].ingest(&evs("f", 2), 0).await.unwrap();
+    l[0].ingest(evs("f", 2), 0).await.unwrap();
     let c = l[0]
         .claim(&[("a".into(), 10)], BREAKER, lease0 + 5, LEASE)
         .await
@@ -291,7 +291,7 @@ async fn concurrent_claimers_never_get_the_same_delivery() {
             .unwrap();
     }
     let n = 3_000;
-    l[0].ingest(&evs("e", n), 0).await.unwrap();
+    l[0].ingest(evs("e", n), 0).await.unwrap();
     let got: Arc<std::sync::Mutex<Vec<i64>>> = Arc::default();
     let mut tasks = Vec::new();
     for ledger in l.clone() {
@@ -344,7 +344,7 @@ async fn the_shared_limiter_never_grants_more_than_the_bucket_across_claimers() 
     l[0].create_subscriber(&sub("capped", &["*"], 1e6, 1_000_000, 5), "s")
         .await
         .unwrap();
-    l[0].ingest(&evs("e", 500), 0).await.unwrap();
+    l[0].ingest(evs("e", 500), 0).await.unwrap();
     let t0 = 1_000_000;
     // All three at t0, each asking for far more than the burst, many times.
     let grab = |now: i64, who: &'static str| {
@@ -414,7 +414,7 @@ async fn a_retry_after_pause_is_shared_by_every_daemon() {
     l[0].create_subscriber(&sub("a", &["*"], 1000.0, 1000, 100), "s")
         .await
         .unwrap();
-    l[0].ingest(&evs("e", 10), 0).await.unwrap();
+    l[0].ingest(evs("e", 10), 0).await.unwrap();
     let t0 = 5_000;
     let c = l[0]
         .claim(&[("a".into(), 1)], BREAKER, t0, LEASE)
@@ -513,7 +513,7 @@ async fn a_full_disk_is_unavailable_and_ingest_resumes_once_it_has_room() {
     let mut accepted = 0;
     let full = loop {
         assert!(accepted < 100, "2 MiB never filled up");
-        match l.ingest(&batch(accepted), 0).await {
+        match l.ingest(batch(accepted), 0).await {
             Ok(_) => accepted += 1,
             Err(e) => break e,
         }
@@ -564,7 +564,7 @@ async fn a_full_disk_is_unavailable_and_ingest_resumes_once_it_has_room() {
     // Writable again as soon as a probe finds room, before any producer tries.
     l.probe_room().await.unwrap();
     assert_eq!(l.write_state().failing(), None);
-    l.ingest(&batch(1000), 0).await.unwrap();
+    l.ingest(batch(1000), 0).await.unwrap();
     drop(l);
     drop(server);
 }
@@ -579,7 +579,7 @@ async fn a_full_in_flight_cap_is_no_wait() {
     l[0].create_subscriber(&sub("a", &["*"], 1000.0, 1000, 2), "s")
         .await
         .unwrap();
-    l[0].ingest(&evs("e", 5), 0).await.unwrap();
+    l[0].ingest(evs("e", 5), 0).await.unwrap();
     let turn = l[0]
         .record_turn(Turn {
             now_ms: 5_000,
@@ -641,7 +641,7 @@ async fn subscribers_deliveries_replay_health_and_stats_as_on_sqlite() {
     ));
 
     // Deliveries: two dead, one pending; list, detail, replay one and in bulk.
-    l.ingest(&evs("e", 3), 0).await.unwrap();
+    l.ingest(evs("e", 3), 0).await.unwrap();
     let c = l
         .claim(&[("a".into(), 2)], BREAKER, 1, LEASE)
         .await
@@ -777,7 +777,7 @@ async fn apply_records_every_transition_and_its_attempt() {
     l.create_subscriber(&sub("a", &["*"], 1e6, 1_000_000, 1_000), "s")
         .await
         .unwrap();
-    l.ingest(&evs("e", 4), 0).await.unwrap();
+    l.ingest(evs("e", 4), 0).await.unwrap();
     let c = l
         .claim(&[("a".into(), 4)], BREAKER, 1, LEASE)
         .await
@@ -937,7 +937,7 @@ async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
     assert_eq!(detail.attempts.map(|a| a.len()), Some(1));
     assert_eq!(detail.last_error.as_deref(), Some("410"));
     // New rows continue after the copied ids.
-    let (_, _) = pg.ingest(&[ev("new", "t")], 9).await.unwrap();
+    let (_, _) = pg.ingest(vec![ev("new", "t")], 9).await.unwrap();
     let newest = pg
         .list_deliveries(&DeliveryFilter {
             event: Some("new".into()),
@@ -967,7 +967,7 @@ async fn renewed_leases_hold_and_lapsed_ones_are_taken_over() {
     l[0].create_subscriber(&sub("a", &["*"], 1e6, 1_000_000, 100), "s")
         .await
         .unwrap();
-    l[0].ingest(&evs("e", 4), 0).await.unwrap();
+    l[0].ingest(evs("e", 4), 0).await.unwrap();
     let t0 = 1_000;
     let c = l[0]
         .claim(&[("a".into(), 4)], BREAKER, t0, LEASE_MS)
@@ -1085,14 +1085,14 @@ async fn a_claim_takes_tokens_only_for_what_it_leased() {
     l.create_subscriber(&sub("a", &["*"], 0.001, 10, 100), "s")
         .await
         .unwrap();
-    l.ingest(&evs("x", 3), 0).await.unwrap();
+    l.ingest(evs("x", 3), 0).await.unwrap();
     let t0 = 1_000;
     let first = l
         .claim(&[("a".into(), 10)], BREAKER, t0, LEASE)
         .await
         .unwrap();
     assert_eq!(first[0].claimed.len(), 3);
-    l.ingest(&evs("y", 9), t0).await.unwrap();
+    l.ingest(evs("y", 9), t0).await.unwrap();
     let second = l
         .claim(&[("a".into(), 10)], BREAKER, t0, LEASE)
         .await
@@ -1114,7 +1114,7 @@ async fn a_turn_takes_its_subscriber_locks_at_once_in_id_order() {
             .await
             .unwrap();
     }
-    l.ingest(&evs("e", 4), 0).await.unwrap();
+    l.ingest(evs("e", 4), 0).await.unwrap();
     let mut holder = server.connect("turnlocks").await;
     let hold = holder.transaction().await.unwrap();
     hold.execute("SELECT 1 FROM subscribers WHERE id = 'a' FOR UPDATE", &[])
@@ -1158,6 +1158,143 @@ async fn a_turn_takes_its_subscriber_locks_at_once_in_id_order() {
     let recorded = running.await.unwrap().unwrap();
     assert_eq!(recorded.claims.len(), 1);
     assert_eq!(recorded.claims[0].claimed.len(), 2);
+}
+
+type Ingest = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<(Vec<Ingested>, Vec<String>), LedgerError>>>,
+>;
+
+/// `l.ingest(events)`, polled once: queued (or started) before this returns.
+fn queued(l: &PgLedger, events: Vec<NewEvent>) -> Ingest {
+    let l = l.clone();
+    let mut call: Ingest = Box::pin(async move { l.ingest(events, 0).await });
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(call.as_mut().poll(&mut cx).is_pending());
+    call
+}
+
+/// Until some statement on `db` waits for a lock (bounded: 10 s).
+async fn until_a_lock_wait(probe: &tokio_postgres::Client, db: &str) {
+    for k in 0.. {
+        let waiting: i64 = probe
+            .query_one(
+                "SELECT COUNT(*) FROM pg_stat_activity
+                 WHERE datname = $1 AND wait_event_type = 'Lock'",
+                &[&db],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            return;
+        }
+        assert!(k < 1_000, "no ingest waited for the sequence counter");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn ingests_that_wait_for_the_counters_share_one_transaction_and_fail_alone() {
+    let server = PgServer::start();
+    let db = "grouped";
+    let l = ledgers(&server, db, 1).await.remove(0);
+    l.create_subscriber(&sub("a", &["*"], 1000.0, 1000, 100), "s")
+        .await
+        .unwrap();
+    l.ingest(evs("w", 1), 0).await.unwrap();
+    let probe = server.connect(db).await;
+    let mut holder = server.connect(db).await;
+
+    // An ingest blocked on subscriber a's counter; two more queue behind it.
+    let hold = holder.transaction().await.unwrap();
+    hold.execute(
+        "SELECT 1 FROM sequences WHERE subscriber_id = 'a' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    let first = queued(&l, evs("first", 1));
+    until_a_lock_wait(&probe, db).await;
+    let second = queued(&l, evs("g", 3));
+    let third = queued(&l, vec![ev("g00001", "t"), ev("h", "t")]);
+    hold.rollback().await.unwrap();
+    let (first, second, third) = (
+        first.await.unwrap(),
+        second.await.unwrap(),
+        third.await.unwrap(),
+    );
+    assert_eq!(first.0.len(), 1);
+    assert_eq!(
+        second.0.iter().map(|i| i.deliveries).collect::<Vec<_>>(),
+        [1, 1, 1]
+    );
+    assert!(
+        third.0[0].duplicate,
+        "the earlier call stored g00001: {third:?}"
+    );
+    assert_eq!((third.0[1].deliveries, third.0[1].duplicate), (1, false));
+    assert_eq!(third.1, ["a"], "each call hears who got work");
+    let xmin = |id: &'static str| {
+        let probe = &probe;
+        async move {
+            let row = probe
+                .query_one(
+                    "SELECT xmin::text FROM deliveries WHERE event_id = $1",
+                    &[&id],
+                )
+                .await
+                .unwrap();
+            row.get::<_, String>(0)
+        }
+    };
+    let (x_first, x_g, x_h) = (
+        xmin("first00000").await,
+        xmin("g00002").await,
+        xmin("h").await,
+    );
+    assert_eq!(x_g, x_h, "the waiting calls were committed together");
+    assert_ne!(x_first, x_g);
+    let numbers: Vec<i64> = probe
+        .query("SELECT sequence FROM deliveries ORDER BY sequence", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        numbers,
+        (1..=6).collect::<Vec<i64>>(),
+        "gap-free across the group"
+    );
+
+    // A call PostgreSQL refuses (a NUL in text) queued with a good one: only it fails.
+    let hold = holder.transaction().await.unwrap();
+    hold.execute(
+        "SELECT 1 FROM sequences WHERE subscriber_id = 'a' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    let blocked = queued(&l, evs("k", 1));
+    until_a_lock_wait(&probe, db).await;
+    let mut bad = ev("bad", "t");
+    bad.body = "{\"x\":\"\u{0}\"}".into();
+    let bad = queued(&l, vec![bad]);
+    let good = queued(&l, evs("m", 2));
+    hold.rollback().await.unwrap();
+    blocked.await.unwrap();
+    assert!(bad.await.is_err());
+    let good = good.await.unwrap();
+    assert_eq!(
+        good.0.iter().map(|i| i.deliveries).collect::<Vec<_>>(),
+        [1, 1]
+    );
+    let last: i64 = probe
+        .query_one("SELECT MAX(sequence) FROM deliveries", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(last, 9, "the failed call took no number");
 }
 
 /// What the deliveries table says, counted the slow way: (subscriber, status) -> n.
@@ -1235,8 +1372,8 @@ async fn kept_counts_follow_every_change_and_fold_to_one_row_per_status() {
             .await
             .unwrap();
     }
-    l[0].ingest(&evs("e", 10), 0).await.unwrap();
-    l[1].ingest(&evs("e", 12), 1).await.unwrap(); // 10 duplicates, 2 new
+    l[0].ingest(evs("e", 10), 0).await.unwrap();
+    l[1].ingest(evs("e", 12), 1).await.unwrap(); // 10 duplicates, 2 new
     check("ingest").await;
     let ca = l[0]
         .claim(&[("a".into(), 6)], BREAKER, 2, LEASE)
@@ -1330,11 +1467,11 @@ async fn retention_removes_only_finished_deliveries_past_their_window_one_daemon
         .await
         .unwrap();
     // 8 events at 0 (one of them, `lonely`, matches nobody), 2 more at 5_000.
-    l[0].ingest(&evs("old", 8), 0).await.unwrap();
-    l[0].ingest(&[ev("lonely", "nobody.cares")], 0)
+    l[0].ingest(evs("old", 8), 0).await.unwrap();
+    l[0].ingest(vec![ev("lonely", "nobody.cares")], 0)
         .await
         .unwrap();
-    l[0].ingest(&evs("new", 2), 5_000).await.unwrap();
+    l[0].ingest(evs("new", 2), 5_000).await.unwrap();
     let claim = l[0]
         .claim(&[("a".into(), 7)], BREAKER, 10, LEASE)
         .await
@@ -1712,8 +1849,8 @@ async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
             .await
             .unwrap();
     }
-    l[0].ingest(&evs("e", 20), 0).await.unwrap();
-    l[1].ingest(&[ev("lonely", "other")], 0).await.unwrap();
+    l[0].ingest(evs("e", 20), 0).await.unwrap();
+    l[1].ingest(vec![ev("lonely", "other")], 0).await.unwrap();
     let claim = l[0]
         .claim(&[("a".into(), 8), ("b".into(), 4)], BREAKER, 1, LEASE)
         .await
@@ -1939,7 +2076,7 @@ async fn a_queue_that_outgrows_its_statistics_is_analyzed_and_turns_read_it_by_i
         "nothing has changed"
     );
     for chunk in evs("e", 6_000).chunks(500) {
-        l.ingest(chunk, 0).await.unwrap();
+        l.ingest(chunk.to_vec(), 0).await.unwrap();
     }
     let c = server.connect("stats").await;
     // The server's activity counters take a moment to publish (bounded: 10 s).

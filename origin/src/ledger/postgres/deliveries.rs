@@ -363,7 +363,7 @@ impl Deliveries for PgLedger {
         events: Vec<NewEvent>,
         now_ms: i64,
     ) -> Result<(Vec<Ingested>, Vec<String>), LedgerError> {
-        self.ingest(&events, now_ms).await
+        self.ingest(events, now_ms).await
     }
 
     async fn list_deliveries(

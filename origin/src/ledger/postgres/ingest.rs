@@ -12,19 +12,8 @@ use crate::ledger::fanout::{candidates, Selector};
 use crate::ledger::{sequence, Ingested, LedgerError, NewEvent};
 
 impl PgLedger {
-    /// Store events and fan each out to every live subscriber whose patterns and filter match;
-    /// announce the subscribers that got work to every listening daemon (on commit). Returns
-    /// the per-event outcome and those subscribers. A server without room is noted for `/healthz`.
-    pub async fn ingest(
-        &self,
-        events: &[NewEvent],
-        now_ms: i64,
-    ) -> Result<(Vec<Ingested>, Vec<String>), LedgerError> {
-        let r = self.ingest_events(events, now_ms).await;
-        self.writes.observe(&r);
-        r
-    }
-
+    /// One transaction of ingest (`group.rs` decides which calls share it): the events stored
+    /// and fanned out, each delivery numbered.
     pub(super) async fn ingest_events(
         &self,
         events: &[NewEvent],

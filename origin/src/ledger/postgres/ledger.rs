@@ -65,6 +65,8 @@ pub struct PgLedger {
     pub(super) growth: Arc<Growth>,
     /// Whether this daemon's writes fail for want of room or by I/O errors (`/healthz`).
     pub(super) writes: Arc<WriteState>,
+    /// The ingests waiting for the next grouped transaction (`group.rs`).
+    pub(super) ingests: Arc<super::group::IngestQueue>,
 }
 
 impl std::fmt::Debug for PgLedger {
@@ -150,6 +152,7 @@ impl PgLedger {
             breaker: fanout_core::breaker::BreakerConfig::default(),
             growth: Arc::default(),
             writes: Arc::default(),
+            ingests: Arc::default(),
         };
         let mut client = ledger.pool.get().await?;
         schema::migrate(&mut client).await?;

@@ -1173,8 +1173,8 @@ fn queued(l: &PgLedger, events: Vec<NewEvent>) -> Ingest {
     call
 }
 
-/// Until some statement on `db` waits for a lock (bounded: 10 s).
-async fn until_a_lock_wait(probe: &tokio_postgres::Client, db: &str) {
+/// Until `n` statements on `db` wait for a lock (bounded: 10 s).
+async fn until_lock_waits(probe: &tokio_postgres::Client, db: &str, n: i64) {
     for k in 0.. {
         let waiting: i64 = probe
             .query_one(
@@ -1185,10 +1185,10 @@ async fn until_a_lock_wait(probe: &tokio_postgres::Client, db: &str) {
             .await
             .unwrap()
             .get(0);
-        if waiting > 0 {
+        if waiting >= n {
             return;
         }
-        assert!(k < 1_000, "no ingest waited for the sequence counter");
+        assert!(k < 1_000, "{waiting} of {n} ingests waited for the counter");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
@@ -1205,7 +1205,8 @@ async fn ingests_that_wait_for_the_counters_share_one_transaction_and_fail_alone
     let probe = server.connect(db).await;
     let mut holder = server.connect(db).await;
 
-    // An ingest blocked on subscriber a's counter; two more queue behind it.
+    // Both of the daemon's ingest transactions blocked on subscriber a's counter; two more
+    // calls queue behind them.
     let hold = holder.transaction().await.unwrap();
     hold.execute(
         "SELECT 1 FROM sequences WHERE subscriber_id = 'a' FOR UPDATE",
@@ -1214,7 +1215,9 @@ async fn ingests_that_wait_for_the_counters_share_one_transaction_and_fail_alone
     .await
     .unwrap();
     let first = queued(&l, evs("first", 1));
-    until_a_lock_wait(&probe, db).await;
+    until_lock_waits(&probe, db, 1).await;
+    let also = queued(&l, evs("also", 1));
+    until_lock_waits(&probe, db, 2).await;
     let second = queued(&l, evs("g", 3));
     let third = queued(&l, vec![ev("g00001", "t"), ev("h", "t")]);
     hold.rollback().await.unwrap();
@@ -1224,6 +1227,7 @@ async fn ingests_that_wait_for_the_counters_share_one_transaction_and_fail_alone
         third.await.unwrap(),
     );
     assert_eq!(first.0.len(), 1);
+    assert_eq!(also.await.unwrap().0[0].deliveries, 1);
     assert_eq!(
         second.0.iter().map(|i| i.deliveries).collect::<Vec<_>>(),
         [1, 1, 1]
@@ -1247,13 +1251,10 @@ async fn ingests_that_wait_for_the_counters_share_one_transaction_and_fail_alone
             row.get::<_, String>(0)
         }
     };
-    let (x_first, x_g, x_h) = (
-        xmin("first00000").await,
-        xmin("g00002").await,
-        xmin("h").await,
-    );
+    let (x_first, x_also) = (xmin("first00000").await, xmin("also00000").await);
+    let (x_g, x_h) = (xmin("g00002").await, xmin("h").await);
     assert_eq!(x_g, x_h, "the waiting calls were committed together");
-    assert_ne!(x_first, x_g);
+    assert!(x_first != x_g && x_also != x_g && x_first != x_also);
     let numbers: Vec<i64> = probe
         .query("SELECT sequence FROM deliveries ORDER BY sequence", &[])
         .await
@@ -1263,7 +1264,7 @@ async fn ingests_that_wait_for_the_counters_share_one_transaction_and_fail_alone
         .collect();
     assert_eq!(
         numbers,
-        (1..=6).collect::<Vec<i64>>(),
+        (1..=7).collect::<Vec<i64>>(),
         "gap-free across the group"
     );
 
@@ -1275,14 +1276,18 @@ async fn ingests_that_wait_for_the_counters_share_one_transaction_and_fail_alone
     )
     .await
     .unwrap();
-    let blocked = queued(&l, evs("k", 1));
-    until_a_lock_wait(&probe, db).await;
+    let k = queued(&l, evs("k", 1));
+    until_lock_waits(&probe, db, 1).await;
+    let blocked = [k, queued(&l, evs("l", 1))];
+    until_lock_waits(&probe, db, 2).await;
     let mut bad = ev("bad", "t");
     bad.body = "{\"x\":\"\u{0}\"}".into();
     let bad = queued(&l, vec![bad]);
     let good = queued(&l, evs("m", 2));
     hold.rollback().await.unwrap();
-    blocked.await.unwrap();
+    for call in blocked {
+        call.await.unwrap();
+    }
     assert!(bad.await.is_err());
     let good = good.await.unwrap();
     assert_eq!(
@@ -1294,7 +1299,7 @@ async fn ingests_that_wait_for_the_counters_share_one_transaction_and_fail_alone
         .await
         .unwrap()
         .get(0);
-    assert_eq!(last, 9, "the failed call took no number");
+    assert_eq!(last, 11, "the failed call took no number");
 }
 
 /// What the deliveries table says, counted the slow way: (subscriber, status) -> n.

@@ -3,10 +3,11 @@
 //! that reach one subscriber commit one after the other, the second waiting out the first's WAL
 //! flush before it can even start its own. Left to themselves, concurrent ingests of one daemon
 //! (a producer's parallel connections, the outbox) would queue on those locks one flush each.
-//! Instead they queue here: while one transaction runs, the ingests that arrive wait, and the
-//! next transaction carries all of them (up to [`GROUP_EVENTS`] events), so they share one
-//! round of locks and one flush, as PostgreSQL's own group commit let them share a flush before
-//! the counters existed.
+//! Instead they queue here: at most [`RUNNERS`] transactions run at once (two: while one holds
+//! the counters, the next does its first round trips and then waits for them on the server),
+//! the ingests that arrive meanwhile wait, and the next transaction carries all of them (up to
+//! [`GROUP_EVENTS`] events), so they share one round of locks and one flush, as PostgreSQL's
+//! own group commit let them share a flush before the counters existed.
 //!
 //! A grouped transaction is the calls' events in arrival order, so an event id repeated across
 //! calls is stored from the first call and is a duplicate for the later ones, as if they had
@@ -25,6 +26,9 @@ use crate::ledger::{Ingested, LedgerError, NewEvent};
 /// An ingest's answer: each event's outcome and the subscribers that got work.
 pub(super) type Outcome = Result<(Vec<Ingested>, Vec<String>), LedgerError>;
 
+/// Ingest transactions of one daemon at once.
+const RUNNERS: usize = 2;
+
 /// Most events one grouped transaction carries; a larger call runs alone.
 const GROUP_EVENTS: usize = 4_000;
 
@@ -35,7 +39,7 @@ struct Waiter {
     reply: oneshot::Sender<Outcome>,
 }
 
-/// The ingests waiting for the next transaction, and whether a runner is taking them.
+/// The ingests waiting for the next transaction, and how many runners are taking them.
 #[derive(Default)]
 pub(super) struct IngestQueue {
     state: Mutex<Queue>,
@@ -44,7 +48,7 @@ pub(super) struct IngestQueue {
 #[derive(Default)]
 struct Queue {
     waiting: VecDeque<Waiter>,
-    running: bool,
+    running: usize,
 }
 
 impl IngestQueue {
@@ -53,11 +57,16 @@ impl IngestQueue {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queue a call; true when no runner is taking calls, so the caller must start one.
+    /// Queue a call; true when fewer than [`RUNNERS`] runners are taking calls, so the caller
+    /// must start one.
     fn push(&self, w: Waiter) -> bool {
         let mut q = self.lock();
         q.waiting.push_back(w);
-        !std::mem::replace(&mut q.running, true)
+        let start = q.running < RUNNERS;
+        if start {
+            q.running += 1;
+        }
+        start
     }
 
     /// The next group: the oldest call and those after it while the group stays within
@@ -74,7 +83,7 @@ impl IngestQueue {
             group.extend(q.waiting.pop_front());
         }
         if group.is_empty() {
-            q.running = false;
+            q.running = q.running.saturating_sub(1);
         }
         group
     }
@@ -170,16 +179,31 @@ mod tests {
     }
 
     #[test]
-    fn the_first_call_starts_the_runner_and_the_last_take_stops_it() {
+    fn calls_start_runners_up_to_the_limit_and_an_empty_take_stops_one() {
         let q = IngestQueue::default();
-        let (a, _ra) = waiter(1);
-        let (b, _rb) = waiter(1);
-        assert!(q.push(a), "nothing runs: the caller starts a runner");
-        assert!(!q.push(b), "a runner is taking calls");
-        assert_eq!(q.take().len(), 2);
-        assert!(q.take().is_empty());
+        let mut rx = Vec::new();
+        let mut started = Vec::new();
+        for _ in 0..RUNNERS + 2 {
+            let (w, r) = waiter(1);
+            started.push(q.push(w));
+            rx.push(r);
+        }
+        let mut expected = vec![true; RUNNERS];
+        expected.extend([false, false]);
+        assert_eq!(
+            started, expected,
+            "the first calls start runners, the rest wait"
+        );
+        assert_eq!(
+            q.take().len(),
+            RUNNERS + 2,
+            "one take groups every waiting call"
+        );
+        for _ in 0..RUNNERS {
+            assert!(q.take().is_empty());
+        }
         let (c, _rc) = waiter(1);
-        assert!(q.push(c), "the runner stopped when it found none");
+        assert!(q.push(c), "the runners stopped when they found none");
     }
 
     #[test]

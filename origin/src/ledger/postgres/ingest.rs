@@ -1,6 +1,13 @@
 //! Ingest on PostgreSQL: events stored and fanned out to the live subscribers whose patterns
 //! and content filters match (`ledger::fanout`), by arrays (`unnest`) in a few statements,
 //! announced to every daemon on commit.
+//!
+//! The sequence counters (`sequences`) are the one thing concurrent ingests wait for: the
+//! statement that inserts the deliveries moves them, and their rows stay locked until the
+//! commit. So that statement and the `COMMIT` go to the server together (pipelined, in
+//! order): the locks are held for the server's own work and its WAL flush, never across a round
+//! trip to this daemon, which on a busy machine costs more than both. That needs a transaction
+//! begun by hand ([`Open`]); `group.rs` lets the calls that wait meanwhile share the next one.
 
 use std::collections::{HashMap, HashSet};
 
@@ -19,8 +26,27 @@ impl PgLedger {
         events: &[NewEvent],
         now_ms: i64,
     ) -> Result<(Vec<Ingested>, Vec<String>), LedgerError> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
+        let open = Open::begin(self.client().await?).await?;
+        match self.ingest_within(open.client(), events, now_ms).await {
+            Ok(done) => {
+                open.release();
+                Ok(done)
+            }
+            Err(e) => {
+                open.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The statements of [`Self::ingest_events`] in the open transaction `tx`, the last of
+    /// them its `COMMIT`.
+    async fn ingest_within(
+        &self,
+        tx: &deadpool_postgres::ClientWrapper,
+        events: &[NewEvent],
+        now_ms: i64,
+    ) -> Result<(Vec<Ingested>, Vec<String>), LedgerError> {
         let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
         let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
         let bodies: Vec<&str> = events.iter().map(|e| e.body.as_str()).collect();
@@ -66,9 +92,11 @@ impl PgLedger {
         let created = if pair_subs.is_empty() {
             HashMap::new()
         } else {
-            insert_deliveries(&tx, &pair_subs, &pair_events, &counts, &touched, now_ms).await?
+            insert_deliveries(tx, &pair_subs, &pair_events, &counts, &touched, now_ms).await?
         };
-        tx.commit().await?;
+        if pair_subs.is_empty() {
+            tx.batch_execute("COMMIT").await?;
+        }
         self.growth
             .inserted(created.values().map(|n| i64::from(*n)).sum());
         let mut seen: HashSet<&str> = HashSet::new();
@@ -93,12 +121,13 @@ impl PgLedger {
 }
 
 /// Insert a fan-out's deliveries (`subs[k]` × `events[k]`, in order) with their sequence
-/// numbers (`counts`: each subscriber's, in id order) and announce `touched`, pipelined: the
-/// counters' rows are locked from here to the caller's commit. Returns the deliveries created
-/// per event: all of them (the events are new); one that was not would leave its number
-/// unused, so that is an error and the caller keeps nothing (no commit).
+/// numbers (`counts`: each subscriber's, in id order), announce `touched` and commit,
+/// pipelined: the counters' rows are locked from the insert to the commit, one round trip.
+/// Returns the deliveries created per event: all of them (the events are new, so no delivery
+/// of theirs can exist; one that did would fail the insert, and the commit with it, rather
+/// than leave its number unused).
 async fn insert_deliveries(
-    tx: &deadpool_postgres::Transaction<'_>,
+    tx: &deadpool_postgres::ClientWrapper,
     subs: &[&str],
     events: &[&str],
     counts: &[(&str, i64)],
@@ -116,17 +145,13 @@ async fn insert_deliveries(
     let insert_args: &[&(dyn ToSql + Sync)] =
         &[&subs, &events, &now_ms, &count_subs, &count_ns, &back];
     let notify_args: &[&(dyn ToSql + Sync)] = &[&DUE_CHANNEL, &payload];
-    let (rows, _) = tokio::try_join!(
+    // In this order: a failed insert turns the COMMIT into a rollback.
+    let (rows, _, ()) = tokio::try_join!(
+        biased;
         tx.query(&insert, insert_args),
         tx.execute(&notify, notify_args),
+        tx.batch_execute("COMMIT"),
     )?;
-    if rows.len() != subs.len() {
-        return Err(LedgerError::Invalid(format!(
-            "{} of {} deliveries created; sequence numbers must not skip",
-            rows.len(),
-            subs.len()
-        )));
-    }
     let mut created: HashMap<String, u32> = HashMap::new();
     for r in rows {
         *created.entry(r.try_get(0)?).or_default() += 1;
@@ -157,10 +182,54 @@ pub(super) const INGEST_DELIVERIES: &str = "WITH reserved AS (
      FROM unnest($1::text[], $2::text[], $6::bigint[]) WITH ORDINALITY AS u(s, e, back, n)
      JOIN reserved r ON r.subscriber_id = u.s
      ORDER BY u.n
-     ON CONFLICT (event_id, subscriber_id) DO NOTHING
      RETURNING event_id";
 /// One sequence number for one subscriber (`$1`): a test event's.
 pub(super) const RESERVE_ONE: &str = "INSERT INTO sequences (subscriber_id, last) VALUES ($1, 1)
      ON CONFLICT (subscriber_id) DO UPDATE SET last = sequences.last + 1
      RETURNING last";
 pub(super) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
+
+/// A transaction begun by hand on a pooled connection (tokio-postgres' own cannot pipeline its
+/// `COMMIT` behind other statements). Released to the pool once it has ended; rolled back on an
+/// error; dropped unended (its caller cancelled), it takes its connection out of the pool and
+/// closes it, so the server ends the transaction and no other caller inherits it.
+struct Open {
+    client: Option<deadpool_postgres::Object>,
+}
+
+impl Open {
+    async fn begin(client: deadpool_postgres::Object) -> Result<Open, LedgerError> {
+        client.batch_execute("BEGIN").await?;
+        Ok(Open {
+            client: Some(client),
+        })
+    }
+
+    fn client(&self) -> &deadpool_postgres::ClientWrapper {
+        // `Some` from `begin` until `release` or `rollback` consume it.
+        self.client.as_deref().unwrap_or_else(|| unreachable!())
+    }
+
+    /// The transaction has ended (committed): the connection goes back to the pool.
+    fn release(mut self) {
+        drop(self.client.take());
+    }
+
+    /// Roll back (a no-op with a warning if a pipelined `COMMIT` already ended it as one); a
+    /// connection that cannot even do that is closed.
+    async fn rollback(mut self) {
+        if let Some(c) = self.client.take() {
+            if c.batch_execute("ROLLBACK").await.is_err() {
+                drop(deadpool_postgres::Object::take(c));
+            }
+        }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if let Some(c) = self.client.take() {
+            drop(deadpool_postgres::Object::take(c));
+        }
+    }
+}

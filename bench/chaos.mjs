@@ -69,9 +69,26 @@ function prng(seed) {
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
 }
-const rand = prng(SEED);
-const between = (lo, hi) => lo + (hi - lo) * rand();
-const pick = (xs) => xs[Math.floor(rand() * xs.length)];
+// One stream per concern, so that what happens at machine-dependent times (a subscriber's answer,
+// the producer's bursts) does not move the fault schedule: a seed replays the same faults, in the
+// same order, with the same targets and lengths.
+const rng = {
+  faults: prng(SEED),
+  moods: prng(SEED ^ 0x5bd1e995),
+  subscribers: prng(SEED ^ 0x27d4eb2d),
+  traffic: prng(SEED ^ 0x165667b1),
+};
+const between = (r, lo, hi) => lo + (hi - lo) * r();
+const pick = (r, xs) => xs[Math.floor(r() * xs.length)];
+/** Fisher–Yates with stream `r`. */
+const shuffled = (r, xs) => {
+  const a = [...xs];
+  for (let i = a.length - 1; i > 0; i--) {
+    const j = Math.floor(r() * (i + 1));
+    [a[i], a[j]] = [a[j], a[i]];
+  }
+  return a;
+};
 /** Scale a duration to the run: full length in an hour's run, down to `min` in a short one. */
 const scaled = (fullMs, minMs) => Math.max(minMs, Math.min(fullMs, (fullMs * MINUTES) / 60));
 
@@ -234,10 +251,10 @@ const subs = [
   makeSubscriber('fast_e', base('edge', ['chaos.*', 'probe.*']), () => null),
   makeSubscriber('strict_o', base('origin', ['chaos.s'], { rate_per_sec: 10, burst: 20, max_in_flight: 4 }), (x) => strictO.behave(x)),
   makeSubscriber('strict_e', base('edge', ['chaos.s'], { rate_per_sec: 10, burst: 20, max_in_flight: 4 }), (x) => strictE.behave(x)),
-  makeSubscriber('slow', base('origin', ['chaos.s'], { max_in_flight: 8, timeout_ms: 8000 }), () => ({ status: 200, delayMs: between(200, 1200) })),
-  makeSubscriber('flaky5xx', base('edge', ['chaos.*']), () => (modes.flaky5xx ? { status: pick([500, 502, 503]) } : null)),
+  makeSubscriber('slow', base('origin', ['chaos.s'], { max_in_flight: 8, timeout_ms: 8000 }), () => ({ status: 200, delayMs: between(rng.subscribers, 200, 1200) })),
+  makeSubscriber('flaky5xx', base('edge', ['chaos.*']), () => (modes.flaky5xx ? { status: pick(rng.subscribers, [500, 502, 503]) } : null)),
   makeSubscriber('storm429', base('origin', ['chaos.*']), () =>
-    modes.storm429 ? { status: 429, headers: { 'retry-after': String(1 + Math.floor(rand() * 2)) } } : null,
+    modes.storm429 ? { status: 429, headers: { 'retry-after': String(1 + Math.floor(rng.subscribers() * 2)) } } : null,
   ),
   makeSubscriber('dribble', base('origin', ['chaos.s'], { timeout_ms: 8000 }), ({ id, res, sub }) => {
     // The head at once, then the body a byte every 150 ms (well within the timeout).
@@ -481,7 +498,7 @@ function burst(n) {
 }
 const httpProducer = (async () => {
   let owed = 0;
-  let nextBurst = Date.now() + between(5000, 20_000);
+  let nextBurst = Date.now() + between(rng.traffic, 5000, 20_000);
   while (producing) {
     owed += (RATE * 0.75) / 10;
     while (owed >= 1) {
@@ -489,8 +506,8 @@ const httpProducer = (async () => {
       owed -= 1;
     }
     if (Date.now() >= nextBurst) {
-      burst(Math.round(between(RATE * 3, RATE * 10)));
-      nextBurst = Date.now() + between(10_000, 40_000);
+      burst(Math.round(between(rng.traffic, RATE * 3, RATE * 10)));
+      nextBurst = Date.now() + between(rng.traffic, 10_000, 40_000);
     }
     while (queue.length && inFlightPosts < 8) postBatch(queue.splice(0, 200));
     await sleep(100);
@@ -598,17 +615,17 @@ let strictLow = false;
 async function inject(kind) {
   switch (kind) {
     case 'kill': {
-      const d = pick(upDaemons());
+      const d = pick(rng.faults, upDaemons());
       kill(d, 'SIGKILL');
       d.up = false;
       await new Promise((r) => (d.child.exitCode !== null || d.child.signalCode ? r() : d.child.once('exit', r)));
-      await sleep(between(500, 3000));
+      await sleep(between(rng.faults, 500, 3000));
       await startDaemon(d);
       return { target: `daemon ${d.i}` };
     }
     case 'stop': {
-      const d = pick(upDaemons());
-      const ms = LEDGER === 'pg' ? between(PG_LEASE_MS + 2000, PG_LEASE_MS + scaled(30_000, 4000)) : between(3000, scaled(20_000, 5000));
+      const d = pick(rng.faults, upDaemons());
+      const ms = LEDGER === 'pg' ? between(rng.faults, PG_LEASE_MS + 2000, PG_LEASE_MS + scaled(30_000, 4000)) : between(rng.faults, 3000, scaled(20_000, 5000));
       kill(d, 'SIGSTOP');
       d.up = false;
       await sleep(ms);
@@ -622,8 +639,8 @@ async function inject(kind) {
       return { target: 'PostgreSQL' };
     }
     case 'net_cut': {
-      const i = Math.floor(rand() * proxies.length);
-      const ms = between(scaled(5000, 3000), scaled(30_000, 8000));
+      const i = Math.floor(rng.faults() * proxies.length);
+      const ms = between(rng.faults, scaled(5000, 3000), scaled(30_000, 8000));
       proxies[i].setCut(true);
       await sleep(ms);
       proxies[i].setCut(false);
@@ -632,7 +649,7 @@ async function inject(kind) {
     case 'disk_full': {
       const fill = path.join(sqliteDir, 'fill');
       spawnSync('dd', ['if=/dev/zero', `of=${fill}`, 'bs=1M'], { stdio: 'ignore' });
-      const ms = between(scaled(5000, 3000), scaled(30_000, 8000));
+      const ms = between(rng.faults, scaled(5000, 3000), scaled(30_000, 8000));
       await sleep(ms);
       await fsp.rm(fill, { force: true });
       return { target: 'the SQLite ledger’s disk', detail: `${(ms / 1000).toFixed(1)} s` };
@@ -657,7 +674,7 @@ async function inject(kind) {
         strictO.reset(10);
         await adminCall('/v1/subscribers/strict_o', { rate_per_sec: 10 }, 'PATCH', [200]);
       }
-      await adminCall('/v1/subscribers/slow', { max_in_flight: pick([6, 8, 16]), rate_per_sec: pick([8, 50, 10_000]) }, 'PATCH', [200]);
+      await adminCall('/v1/subscribers/slow', { max_in_flight: pick(rng.faults, [6, 8, 16]), rate_per_sec: pick(rng.faults, [8, 50, 10_000]) }, 'PATCH', [200]);
       return { target: 'strict_o, slow', detail: `strict_o ${strictLow ? '10 → 6' : '6 → 10'}/s` };
     }
     case 'remove': {
@@ -681,13 +698,13 @@ const awaySub = subs.find((s) => s.name === 'away');
 const moods = (async () => {
   await sleep(Math.min(10_000, RUN_MS * 0.1));
   while (producing) {
-    const m = pick(['flaky5xx', 'storm429']);
-    const ms = between(1500, 6000);
+    const m = pick(rng.moods, ['flaky5xx', 'storm429']);
+    const ms = between(rng.moods, 1500, 6000);
     modes[m] = true;
     note(`${m} on for ${(ms / 1000).toFixed(1)} s`);
     await sleep(ms);
     modes[m] = false;
-    await sleep(between(5000, 20_000));
+    await sleep(between(rng.moods, 5000, 20_000));
   }
 })();
 const awayTrip = (async () => {
@@ -740,7 +757,7 @@ note('warm-up over: faults begin');
 const faultsEnd = T0 + RUN_MS * 0.85;
 let order = [];
 while (Date.now() < faultsEnd) {
-  if (!order.length) order = [...kinds].sort(() => rand() - 0.5);
+  if (!order.length) order = shuffled(rng.faults, kinds);
   const kind = order.shift();
   const start = Date.now();
   note(`fault ${kind} begins`);
@@ -750,7 +767,7 @@ while (Date.now() < faultsEnd) {
   const recoveryMs = await probe(end);
   note(`recovered from ${kind} in ${recoveryMs === null ? `more than ${PROBE_LIMIT_MS} ms` : `${recoveryMs} ms`}`);
   faults.push({ kind, target, detail, start, end, recoveredAt: recoveryMs === null ? null : end + recoveryMs, recoveryMs });
-  await sleep(MINUTES < 5 ? between(1000, 3000) : between(scaled(20_000, 2000), scaled(60_000, 6000)));
+  await sleep(MINUTES < 5 ? between(rng.faults, 1000, 3000) : between(rng.faults, scaled(20_000, 2000), scaled(60_000, 6000)));
 }
 // Traffic until the end of the run, then the drain.
 while (Date.now() < T0 + RUN_MS) await sleep(200);

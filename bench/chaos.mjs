@@ -564,7 +564,8 @@ const outboxProducer = (async () => {
 
 // ---------- probes, faults ----------
 let probeN = 0;
-/** Posts a probe event and waits until both fast subscribers have it: ms from `from`. */
+/** Posts a probe event and waits until both fast subscribers have it: ms from `from` (null past
+ * the limit), and for each lane the ms until its fast subscriber had it. */
 async function probe(from) {
   const id = `p_${probeN++}`;
   const deadline = Date.now() + PROBE_LIMIT_MS;
@@ -572,10 +573,10 @@ async function probe(from) {
   acked.set(id, { type: 'probe.x', ack: Date.now(), via: 'probe' });
   while (Date.now() < deadline) {
     const got = FAST.map((n) => subs.find((s) => s.name === n).receipts.get(id)?.first ?? 0);
-    if (got.every(Boolean)) return Math.max(...got) - from;
+    if (got.every(Boolean)) return { ms: Math.max(...got) - from, origin: got[0] - from, edge: got[1] - from };
     await sleep(50);
   }
-  return null;
+  return { ms: null };
 }
 
 const faults = [];
@@ -764,9 +765,10 @@ while (Date.now() < faultsEnd) {
   const { target, detail } = await inject(kind);
   const end = Date.now();
   note(`fault ${kind} ends (${target}${detail ? `, ${detail}` : ''})`);
-  const recoveryMs = await probe(end);
-  note(`recovered from ${kind} in ${recoveryMs === null ? `more than ${PROBE_LIMIT_MS} ms` : `${recoveryMs} ms`}`);
-  faults.push({ kind, target, detail, start, end, recoveredAt: recoveryMs === null ? null : end + recoveryMs, recoveryMs });
+  const p = await probe(end);
+  const recoveryMs = p.ms;
+  note(`recovered from ${kind} in ${recoveryMs === null ? `more than ${PROBE_LIMIT_MS} ms` : `${recoveryMs} ms (origin lane ${p.origin} ms, edge lane ${p.edge} ms)`}`);
+  faults.push({ kind, target, detail, start, end, recoveredAt: recoveryMs === null ? null : end + recoveryMs, recoveryMs, lanes: p });
   await sleep(MINUTES < 5 ? between(rng.faults, 1000, 3000) : between(rng.faults, scaled(20_000, 2000), scaled(60_000, 6000)));
 }
 // Traffic until the end of the run, then the drain.
@@ -877,6 +879,19 @@ for (const [phase, xs] of Object.entries(lat)) {
   xs.sort((a, b) => a - b);
   latency[phase] = { n: xs.length, p50: pct(xs, 50), p99: pct(xs, 99) };
 }
+// Flat or growing: the mean of the first and of the last third of the samples taken under traffic.
+const under = samples.filter((x) => x.t >= warmup && x.t <= RUN_MS);
+const thirds = (f) => {
+  const xs = under.map(f).filter((v) => v !== null && v > 0);
+  const n = Math.floor(xs.length / 3);
+  if (n < 1) return null;
+  const mean = (ys) => ys.reduce((a, b) => a + b, 0) / ys.length;
+  return { first_mb: Number((mean(xs.slice(0, n)) / 1e6).toFixed(1)), last_mb: Number((mean(xs.slice(-n)) / 1e6).toFixed(1)) };
+};
+const growth = {
+  rss: thirds((x) => x.rss.reduce((a, b) => a + b, 0) / x.rss.length),
+  ledger: thirds((x) => x.ledgerBytes),
+};
 const byVia = (v) => [...acked.values()].filter((e) => e.via === v).length;
 const failures = [];
 if (lost > 0) failures.push(`lost ${lost} (must be 0)`);
@@ -900,7 +915,8 @@ const summary = {
   strictWorstExcess: { strict_o: Number(strictO.worst.toFixed(2)), strict_e: Number(strictE.worst.toFixed(2)) },
   latencyMs: latency,
   drainMs,
-  faults: faults.map((f) => ({ kind: f.kind, at_s: Number(((f.start - T0) / 1000).toFixed(1)), lasted_ms: f.end - f.start, target: f.target, detail: f.detail, recovery_ms: f.recoveryMs })),
+  faults: faults.map((f) => ({ kind: f.kind, at_s: Number(((f.start - T0) / 1000).toFixed(1)), lasted_ms: f.end - f.start, target: f.target, detail: f.detail, recovery_ms: f.recoveryMs, origin_lane_ms: f.lanes.origin, edge_lane_ms: f.lanes.edge })),
+  growth,
   samples: samples.map((s) => ({ t_s: Math.round(s.t / 1000), rss_mb: s.rss.map((b) => Number((b / 1e6).toFixed(1))), ledger_mb: s.ledgerBytes === null ? null : Number((s.ledgerBytes / 1e6).toFixed(1)), acked: s.acked })),
   failures,
 };
@@ -915,8 +931,11 @@ out.push(`arrivals over a strict partner's advertised rate: ${overLimit} (must b
 out.push('ingest → delivery (fast subscribers), by phase:');
 for (const [phase, l] of Object.entries(latency)) out.push(`  ${phase.padEnd(13)} n ${String(l.n).padStart(7)}  p50 ${String(l.p50).padStart(6)} ms  p99 ${String(l.p99).padStart(6)} ms`);
 out.push('faults (recovery: from the fault’s end until a probe reached both fast subscribers):');
-for (const f of summary.faults) out.push(`  ${String(f.at_s).padStart(7)} s  ${f.kind.padEnd(13)} ${f.target}${f.detail ? ` (${f.detail})` : ''}: lasted ${f.lasted_ms} ms, recovery ${f.recovery_ms ?? 'none'} ms`);
+for (const f of summary.faults) out.push(`  ${String(f.at_s).padStart(7)} s  ${f.kind.padEnd(13)} ${f.target}${f.detail ? ` (${f.detail})` : ''}: lasted ${f.lasted_ms} ms, recovery ${f.recovery_ms === null ? 'none' : `${f.recovery_ms} ms (origin lane ${f.origin_lane_ms}, edge lane ${f.edge_lane_ms})`}`);
 out.push(`drain: ${drainMs} ms`);
+if (growth.rss && growth.ledger) {
+  out.push(`RSS per daemon, mean of the first → last third of the run: ${growth.rss.first_mb} → ${growth.rss.last_mb} MB; ledger ${growth.ledger.first_mb} → ${growth.ledger.last_mb} MB (sent deliveries kept ${RETAIN})`);
+}
 out.push('RSS of the daemons (MB) and ledger size (MB) over time:');
 for (const s of summary.samples) out.push(`  ${String(s.t_s).padStart(6)} s  rss ${s.rss_mb.join(' / ')}  ledger ${s.ledger_mb}  acked ${s.acked}`);
 console.log(out.join('\n'));
@@ -939,6 +958,12 @@ if (failures.length) {
       console.log(around(o.t).join('\n'));
     }
   }
+}
+if (failures.length) {
+  const kept = fs.mkdtempSync(path.join(os.tmpdir(), `fanout-chaos-logs-${SEED}-`));
+  for (const d of daemons) fs.copyFileSync(d.logFile, path.join(kept, path.basename(d.logFile)));
+  if (pg) fs.copyFileSync(pg.log, path.join(kept, 'postgres.log'));
+  console.log(`the daemons' logs${pg ? " and PostgreSQL's" : ''}: ${kept}`);
 }
 if (opts.json) console.log(JSON.stringify(summary));
 for (const s of [...subs, ...doomed]) s.server.close();

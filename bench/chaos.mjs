@@ -106,13 +106,26 @@ const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-chaos-'));
 const mounts = [];
 let pg = null;
 let pgDataDir = null;
+let edge = null;
+let edgeDir = null;
+// One clean-up, each step on its own: a step that throws must not leave the next undone (an
+// exception in an 'exit' listener skips the listeners after it, the harness's among them).
 process.on('exit', () => {
-  for (const m of mounts) spawnSync('umount', ['-l', m]);
-  if (pgDataDir) {
-    pgCtl(['-D', pgDataDir, '-m', 'immediate', '-w', 'stop']);
-    fs.rmSync(path.dirname(pgDataDir), { recursive: true, force: true });
+  const steps = [
+    () => edge && process.kill(-edge.process.pid, 'SIGKILL'), // before its files go
+    () => mounts.forEach((m) => spawnSync('umount', ['-l', m])),
+    () => pgDataDir && pgCtl(['-D', pgDataDir, '-m', 'immediate', '-w', 'stop']),
+    () => pgDataDir && fs.rmSync(path.dirname(pgDataDir), { recursive: true, force: true }),
+    () => edgeDir && fs.rmSync(edgeDir, { recursive: true, force: true }),
+    () => fs.rmSync(dir, { recursive: true, force: true }),
+  ];
+  for (const step of steps) {
+    try {
+      step();
+    } catch {
+      /* the next step still runs */
+    }
   }
-  fs.rmSync(dir, { recursive: true, force: true });
 });
 
 function pgBin(prog) {
@@ -375,16 +388,8 @@ if (LEDGER === 'sqlite') {
   } else log('not root or no tmpfs: the disk-full fault is left out');
 }
 
-const edgeDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-chaos-edge-'));
-let edge = await startEdge({ persistDir: edgeDir, timeoutMs: 180_000 });
-process.on('exit', () => {
-  try {
-    process.kill(-edge.process.pid, 'SIGKILL'); // before its files go, or workerd writes them again
-  } catch {
-    /* gone */
-  }
-  fs.rmSync(edgeDir, { recursive: true, force: true });
-});
+edgeDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-chaos-edge-'));
+edge = await startEdge({ persistDir: edgeDir, timeoutMs: 180_000 });
 const edgeUp = { port: edge.port, key: edge.key };
 const RETAIN = `${Math.round(Math.max(60, Math.min(600, MINUTES * 10)))}s`;
 

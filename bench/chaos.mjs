@@ -18,7 +18,8 @@
 // Reported: events acknowledged (POST /v1/events and the outbox), delivered per subscriber,
 // ingest-to-delivery latency p50/p99 per phase (fast subscribers), each fault's recovery time (a
 // probe event posted after it ends until both fast subscribers have it), daemons' RSS and the
-// ledger's size every few seconds. BENCHMARKS.md ("The fault soak") has runs and the reading.
+// ledger's size every few seconds. BENCHMARKS.md ("Issue 27: the fault soak") has runs and the
+// reading; scripts/test.sh runs two minutes of it.
 
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';

@@ -53,9 +53,10 @@ export FANOUT_SKIP_BUILD=1
 step "end-to-end tests (node --test)" npm run --silent test:e2e
 # The fault soak, short, with a fixed seed (bench/chaos.mjs; about 2.5 minutes in all): two
 # daemons on a throwaway PostgreSQL, the Worker, the outbox and every kind of subscriber under
-# kill -9, SIGSTOP, a PostgreSQL restart, a cut network, an edge restart and edits. It exits 1
-# on a lost event, an arrival over a strict partner's rate, duplicates over their bound, or a
-# ledger that does not drain, printing the seed and the history around it.
+# the faults seed 36 orders first (a cut network, an edge restart, a PostgreSQL restart, kill -9,
+# SIGSTOP; as many as two minutes hold). It exits 1 on a lost event, an arrival over a strict
+# partner's rate, duplicates over their bound, or a ledger that does not drain, printing the
+# seed and the history around it.
 step "fault soak, 2 minutes (bench/chaos.mjs --seed 36)" \
   node bench/chaos.mjs --minutes 2 --seed 36 --ledger pg
 

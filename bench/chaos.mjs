@@ -589,7 +589,9 @@ async function probe(from) {
     if (got.every(Boolean)) return { ms: Math.max(...got) - from, origin: got[0] - from, edge: got[1] - from };
     await sleep(50);
   }
-  return { ms: null };
+  // Past the limit: what one lane managed is still worth a figure.
+  const got = FAST.map((n) => subs.find((s) => s.name === n).receipts.get(id)?.first ?? 0);
+  return { ms: null, origin: got[0] ? got[0] - from : null, edge: got[1] ? got[1] - from : null };
 }
 
 const faults = [];
@@ -780,7 +782,7 @@ while (Date.now() < faultsEnd) {
   note(`fault ${kind} ends (${target}${detail ? `, ${detail}` : ''})`);
   const p = await probe(end);
   const recoveryMs = p.ms;
-  note(`recovered from ${kind} in ${recoveryMs === null ? `more than ${PROBE_LIMIT_MS} ms` : `${recoveryMs} ms (origin lane ${p.origin} ms, edge lane ${p.edge} ms)`}`);
+  note(`recovered from ${kind} in ${recoveryMs === null ? `more than ${PROBE_LIMIT_MS} ms` : `${recoveryMs} ms`} (origin lane ${p.origin ?? 'none'} ms, edge lane ${p.edge ?? 'none'} ms)`);
   faults.push({ kind, target, detail, start, end, recoveredAt: recoveryMs === null ? null : end + recoveryMs, recoveryMs, lanes: p });
   await sleep(MINUTES < 5 ? between(rng.faults, 1000, 3000) : between(rng.faults, scaled(20_000, 2000), scaled(60_000, 6000)));
 }
@@ -900,7 +902,7 @@ for (const [id, e] of acked) {
   for (const name of FAST) {
     const first = subs.find((s) => s.name === name).receipts.get(id)?.first;
     if (!first) continue;
-    (lat[phaseOf(e.ack)] ??= []).push(Math.max(0, first - e.ack));
+    (lat[`${phaseOf(e.ack)} ${name === 'fast_o' ? 'origin' : 'edge'}`] ??= []).push(Math.max(0, first - e.ack));
   }
 }
 const pct = (xs, p) => xs[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
@@ -959,10 +961,10 @@ out.push(`delivered per subscriber: ${Object.entries(delivered).map(([k, v]) => 
 out.push(`lost: ${lost} (must be 0); dead as expected (away): ${deadAsExpected}`);
 out.push(`duplicates: ${duplicates} (bound ${duplicateBound}: ${countedFaults} faults that can cut a send from its record × ${inFlightMax} sends in flight at most)`);
 out.push(`arrivals over a strict partner's advertised rate: ${overLimit} (must be 0); worst window excess strict_o ${summary.strictWorstExcess.strict_o}, strict_e ${summary.strictWorstExcess.strict_e} (slack ${STRICT_SLACK})`);
-out.push('ingest → delivery (fast subscribers), by phase:');
-for (const [phase, l] of Object.entries(latency)) out.push(`  ${phase.padEnd(13)} n ${String(l.n).padStart(7)}  p50 ${String(l.p50).padStart(6)} ms  p99 ${String(l.p99).padStart(6)} ms`);
+out.push('ingest → delivery (fast subscribers), by phase and lane:');
+for (const [phase, l] of Object.entries(latency)) out.push(`  ${phase.padEnd(20)} n ${String(l.n).padStart(7)}  p50 ${String(l.p50).padStart(6)} ms  p99 ${String(l.p99).padStart(6)} ms`);
 out.push('faults (recovery: from the fault’s end until a probe reached both fast subscribers):');
-for (const f of summary.faults) out.push(`  ${String(f.at_s).padStart(7)} s  ${f.kind.padEnd(13)} ${f.target}${f.detail ? ` (${f.detail})` : ''}: lasted ${f.lasted_ms} ms, recovery ${f.recovery_ms === null ? 'none' : `${f.recovery_ms} ms (origin lane ${f.origin_lane_ms}, edge lane ${f.edge_lane_ms})`}`);
+for (const f of summary.faults) out.push(`  ${String(f.at_s).padStart(7)} s  ${f.kind.padEnd(13)} ${f.target}${f.detail ? ` (${f.detail})` : ''}: lasted ${f.lasted_ms} ms, recovery ${f.recovery_ms === null ? `none within ${PROBE_LIMIT_MS} ms` : `${f.recovery_ms} ms`} (origin lane ${f.origin_lane_ms ?? 'none'}, edge lane ${f.edge_lane_ms ?? 'none'})`);
 out.push(`drain: ${drainMs} ms`);
 if (growth.rss && growth.ledger) {
   out.push(`RSS per daemon, mean of the first → last third of the run: ${growth.rss.first_mb} → ${growth.rss.last_mb} MB; ledger ${growth.ledger.first_mb} → ${growth.ledger.last_mb} MB (sent deliveries kept ${RETAIN})`);

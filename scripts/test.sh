@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and test: formatting, clippy (native and wasm), the Rust unit and integration
-# tests, then the end-to-end tests against the built Worker (wrangler dev) and the origin daemon.
+# tests, then the end-to-end tests against the built Worker (wrangler dev) and the origin daemon,
+# then a short fault soak (bench/chaos.mjs).
 # Stops at the first failure. CI runs exactly this (via .ci/run).
 #
 #   bash scripts/test.sh
@@ -50,6 +51,14 @@ export FANOUT_SKIP_BUILD=1
 # and a file whose tests are done exits even if something it started is still running, so a run
 # ends, red or green, instead of waiting for CI's time limit.
 step "end-to-end tests (node --test)" npm run --silent test:e2e
+# The fault soak, short, with a fixed seed (bench/chaos.mjs; about 2.5 minutes in all): two
+# daemons on a throwaway PostgreSQL, the Worker, the outbox and every kind of subscriber under
+# the faults seed 36 orders first (a cut network, an edge restart, a PostgreSQL restart, kill -9,
+# SIGSTOP; as many as two minutes hold). It exits 1 on a lost event, an arrival over a strict
+# partner's rate, duplicates over their bound, or a ledger that does not drain, printing the
+# seed and the history around it.
+step "fault soak, 2 minutes (bench/chaos.mjs --seed 36)" \
+  node bench/chaos.mjs --minutes 2 --seed 36 --ledger pg
 
 current_step=""
 printf '\n==> all checks and tests passed in %ss\n' "$((SECONDS - started))"

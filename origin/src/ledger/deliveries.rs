@@ -56,8 +56,31 @@ pub struct DeliveryView {
     /// Its `webhook-sequence`: its subscriber's count of deliveries, fixed at ingest.
     #[serde(default)]
     pub sequence: u64,
+    /// An ordered delivery's `webhook-ordering-key` (ordering by key) and
+    /// `webhook-previous-sequence` (`crate::ordering`); `held`: waiting behind its key's head
+    /// (pending, with no due time of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_sequence: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<Vec<AttemptRecordView>>,
+}
+
+impl DeliveryView {
+    /// Its ordering fields from the stored key, previous sequence and due time.
+    pub fn ordered(mut self, key: Option<String>, previous: Option<i64>) -> Self {
+        if let Some(order) = crate::model::Order::of(key, previous) {
+            (self.ordering_key, self.previous_sequence) = order.headers();
+        }
+        if self.next_attempt_at_ms == Some(crate::ordering::HELD_MS) {
+            self.next_attempt_at_ms = None;
+            self.held = true;
+        }
+        self
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

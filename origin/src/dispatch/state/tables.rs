@@ -95,6 +95,7 @@ fn claimed(rowid: i64) -> Claimed {
         attempt: 1,
         sequence: rowid as u64,
         received_ms: 0,
+        order: None,
     }
 }
 

@@ -8,7 +8,7 @@ use tokio_postgres::types::ToSql;
 
 use super::ledger::PgLedger;
 use super::listen::{notify_payload, DUE_CHANNEL};
-use crate::ledger::fanout::{candidates, Selector};
+use crate::ledger::fanout::{candidates, ordering_keys, Selector};
 use crate::ledger::{sequence, Ingested, LedgerError, NewEvent};
 
 impl PgLedger {
@@ -47,7 +47,10 @@ impl PgLedger {
         let subs = candidates(
             sub_rows
                 .iter()
-                .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+                .map(|r| {
+                    let (id, types, filter) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+                    Ok((id, types, filter, r.try_get(3)?, r.try_get(4)?))
+                })
                 .collect::<Result<_, LedgerError>>()?,
         );
         let fresh: HashSet<String> = fresh_rows
@@ -58,6 +61,7 @@ impl PgLedger {
         let mut pair_subs: Vec<&str> = Vec::new();
         let mut pair_events: Vec<&str> = Vec::new();
         let mut is_new = Vec::with_capacity(events.len());
+        let mut keys: Vec<Option<String>> = Vec::new();
         let mut selector = Selector::new(&subs);
         for e in events {
             let new = fresh_left.remove(&e.id);
@@ -65,7 +69,9 @@ impl PgLedger {
             if !new {
                 continue;
             }
-            for &i in selector.select(e) {
+            let to = selector.select(e);
+            ordering_keys(&subs, e, to, &mut keys);
+            for &i in to {
                 pair_subs.push(&subs[i].id);
                 pair_events.push(&e.id);
             }
@@ -79,6 +85,11 @@ impl PgLedger {
         } else {
             insert_deliveries(&tx, &pair_subs, &pair_events, &counts, &touched, now_ms).await?
         };
+        // Ordered deliveries linked to their keys (`ordered.rs`): held behind a key's head.
+        let ordered: Vec<(&str, &str, String)> = (pair_subs.iter().zip(&pair_events).zip(keys))
+            .filter_map(|((s, e), k)| Some((*s, *e, k?)))
+            .collect();
+        super::ordered::link(&tx, &ordered).await?;
         tx.commit().await?;
         self.growth
             .inserted(created.values().map(|n| i64::from(*n)).sum());
@@ -147,7 +158,8 @@ async fn insert_deliveries(
 
 /// Ingest's statements (prepared once per connection).
 pub(super) const INGEST_SUBSCRIBERS: &str =
-    "SELECT id, event_types, filter FROM subscribers WHERE deleted_ms IS NULL ORDER BY id";
+    "SELECT id, event_types, filter, ordering, ordering_key FROM subscribers
+     WHERE deleted_ms IS NULL ORDER BY id";
 pub(super) const INGEST_EVENTS: &str = "INSERT INTO events (id, type, body, received_ms)
      SELECT id, type, body, $4 FROM unnest($1::text[], $2::text[], $3::text[])
          WITH ORDINALITY AS u(id, type, body, n) ORDER BY n

@@ -206,6 +206,7 @@ mod ingest;
 mod leases;
 mod ledger;
 pub mod listen;
+mod ordered;
 mod retention;
 mod rows;
 mod schema;

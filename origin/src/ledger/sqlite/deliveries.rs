@@ -8,6 +8,7 @@ use super::customers::delivery_owner;
 use super::ingest::ingest;
 use super::leases::id_list;
 use super::ledger::Ledger;
+use super::ordered;
 use super::subscribers::{get_subscriber, visible_subscriber};
 use crate::ledger::deliveries::{
     AttemptRecordView, Deliveries, DeliveryFilter, DeliveryView, Ingested, NewEvent, ReplayStep,
@@ -16,6 +17,7 @@ use crate::ledger::error::{test_too_soon, LedgerError};
 use crate::ledger::filter::{self, Arg, Dialect};
 use crate::ledger::scope;
 use crate::model::{delivery_public_id, AttemptOutcome, Lane, Status};
+use crate::ordering::HELD_MS;
 
 /// A filter's arguments as SQLite values.
 fn values(args: Vec<Arg>) -> Vec<rusqlite::types::Value> {
@@ -30,7 +32,8 @@ fn values(args: Vec<Arg>) -> Vec<rusqlite::types::Value> {
 
 const DELIVERY_COLUMNS: &str =
     "d.id, d.subscriber_id, d.event_id, COALESCE(e.type, ''), d.status, \
-     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms, d.sequence";
+     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms, d.sequence, \
+     d.ordering_key, d.previous_sequence";
 
 /// A text column that must hold one of an enum's names.
 fn enum_column<T>(r: &Row<'_>, i: usize, parse: fn(&str) -> Option<T>) -> rusqlite::Result<T> {
@@ -59,8 +62,12 @@ fn delivery_from_row(r: &Row<'_>) -> rusqlite::Result<DeliveryView> {
         created_at_ms: r.get(8)?,
         updated_at_ms: r.get(9)?,
         sequence: r.get::<_, i64>(10)?.max(0) as u64,
+        ordering_key: None,
+        previous_sequence: None,
+        held: false,
         attempts: None,
-    })
+    }
+    .ordered(r.get(11)?, r.get(12)?))
 }
 
 /// The `WHERE` clause of a delivery filter and its arguments (`filter.rs`).
@@ -191,12 +198,17 @@ pub fn replay_one(c: &Connection, rowid: i64, now_ms: i64) -> Result<String, Led
     }
     get_subscriber(c, &sub)
         .map_err(|_| LedgerError::Conflict(format!("subscriber {sub} has been removed")))?;
+    // A held delivery stays held; an ended one of an ordered key rejoins its key.
     c.execute(
-        "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?2,
-             last_error = NULL, updated_ms = ?2
+        "UPDATE deliveries SET status = 'pending', attempts = 0, last_error = NULL, updated_ms = ?2,
+             next_attempt_ms = CASE WHEN next_attempt_ms = ?3 AND status = 'pending' THEN ?3
+                                    ELSE ?2 END
          WHERE id = ?1",
-        params![rowid, now_ms],
+        params![rowid, now_ms, HELD_MS],
     )?;
+    if status != "pending" {
+        ordered::rejoin(c, &[rowid], now_ms)?;
+    }
     Ok(sub)
 }
 
@@ -245,15 +257,28 @@ pub fn replay_step(
         }
         None => replayable_ids(c, f)?,
     };
+    // Replayed deliveries of ordered keys rejoin their keys (`ordered::rejoin`).
+    let mut keyed: Vec<i64> = Vec::new();
     let mut subs: Vec<String> = c
         .prepare_cached(
             "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?1,
                  last_error = NULL, updated_ms = ?1
              WHERE id IN (SELECT value FROM json_each(?2)) AND status IN ('sent', 'dead')
-             RETURNING subscriber_id",
+             RETURNING subscriber_id, id, ordering_key IS NOT NULL",
         )?
-        .query_map(params![now_ms, id_list(ids.iter().copied())], |r| r.get(0))?
+        .query_map(params![now_ms, id_list(ids.iter().copied())], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?
+        .filter_map(|row: rusqlite::Result<(String, i64, bool)>| match row {
+            Ok((sub, id, true)) => {
+                keyed.push(id);
+                Some(Ok(sub))
+            }
+            Ok((sub, _, false)) => Some(Ok(sub)),
+            Err(e) => Some(Err(e)),
+        })
         .collect::<Result<_, _>>()?;
+    ordered::rejoin(c, &keyed, now_ms)?;
     let replayed = subs.len() as u64;
     subs.sort();
     subs.dedup();

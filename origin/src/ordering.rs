@@ -33,7 +33,7 @@ use serde_json::Value;
 pub const HELD_MS: i64 = i64::MAX;
 
 /// A subscriber's ordering.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Ordering {
     /// Deliveries go as the limiter allows, several at once.
@@ -61,6 +61,19 @@ impl Ordering {
             "key" => Some(Ordering::Key),
             _ => None,
         }
+    }
+}
+
+/// Read by name, refused with a message naming the field (`serde`'s own names the variants
+/// only).
+impl<'de> Deserialize<'de> for Ordering {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ordering::parse(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "ordering {s:?} is unknown: it is \"none\", \"subscriber\" or \"key\""
+            ))
+        })
     }
 }
 

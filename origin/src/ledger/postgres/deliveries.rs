@@ -13,7 +13,7 @@ use crate::ledger::{DeliveryFilter, DeliveryView, Ingested, LedgerError, NewEven
 use crate::model::{delivery_public_id, AttemptOutcome, Lane, Status};
 
 use super::rows::*;
-use crate::ledger::deliveries::{Deliveries, ReplayStep};
+use crate::ledger::deliveries::{Deliveries, HeldKey, ReplayStep};
 use crate::ledger::scope;
 
 impl PgLedger {
@@ -410,6 +410,16 @@ impl Deliveries for PgLedger {
     ) -> Result<String, LedgerError> {
         self.replay_one_scoped(rowid, now_ms, scope.as_deref())
             .await
+    }
+
+    async fn held_keys(
+        &self,
+        subscriber: String,
+        limit: usize,
+        scope: Option<String>,
+    ) -> Result<Vec<HeldKey>, LedgerError> {
+        scope::visible(scope.as_deref(), self.get_subscriber(&subscriber).await?)?;
+        PgLedger::held_keys(self, &subscriber, limit).await
     }
 
     async fn replay_step(

@@ -11,9 +11,12 @@ use std::collections::BTreeMap;
 use deadpool_postgres::Transaction;
 use tokio_postgres::types::ToSql;
 
+use super::ledger::PgLedger;
 use super::listen::{notify_payload, DUE_CHANNEL};
+use crate::ledger::deliveries::{HeldKey, HELD_COUNT_MAX};
 use crate::ledger::LedgerError;
-use crate::ordering::{chain, HELD_MS};
+use crate::model::delivery_public_id;
+use crate::ordering::{chain, header_value, HELD_MS};
 
 /// Create the rows of keys `($1[k], $2[k])` that have none yet, in key order.
 const KEYS_CREATE: &str = "INSERT INTO ordering_keys (subscriber_id, key, last)
@@ -195,6 +198,61 @@ pub(super) async fn rejoin(
         .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
         .collect::<Result<_, LedgerError>>()?;
     release(tx, &keys, now_ms).await
+}
+
+/// Of subscriber `$1`'s keys in key order, those with a held delivery, with their head and
+/// next held delivery; at most `$2` (as SQLite's `ordered::held_keys`).
+const HELD_KEYS: &str = "SELECT k.key,
+         (SELECT h.id FROM deliveries h
+          WHERE h.subscriber_id = k.subscriber_id AND h.ordering_key = k.key
+            AND h.next_attempt_ms < 9223372036854775807
+            AND h.ordering_key IS NOT NULL AND h.status IN ('pending', 'in_flight')
+          LIMIT 1),
+         n.id, n.updated_ms,
+         (SELECT COUNT(*) FROM (
+              SELECT 1 FROM deliveries h
+              WHERE h.subscriber_id = k.subscriber_id AND h.ordering_key = k.key
+                AND h.next_attempt_ms = 9223372036854775807
+                AND h.ordering_key IS NOT NULL AND h.status IN ('pending', 'in_flight')
+              LIMIT $3) c)
+     FROM ordering_keys k
+     JOIN deliveries n ON n.id = (
+         SELECT h.id FROM deliveries h
+         WHERE h.subscriber_id = k.subscriber_id AND h.ordering_key = k.key
+           AND h.next_attempt_ms = 9223372036854775807
+           AND h.ordering_key IS NOT NULL AND h.status IN ('pending', 'in_flight')
+         ORDER BY h.sequence LIMIT 1)
+     WHERE k.subscriber_id = $1 ORDER BY k.key LIMIT $2";
+
+impl PgLedger {
+    /// `Deliveries::held_keys` (the subscriber's visibility checked by the caller).
+    pub(super) async fn held_keys(
+        &self,
+        sub: &str,
+        limit: usize,
+    ) -> Result<Vec<HeldKey>, LedgerError> {
+        let rows = {
+            let c = self.client().await?;
+            c.query(HELD_KEYS, &[&sub, &(limit as i64), &HELD_COUNT_MAX])
+                .await?
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let key: String = r.try_get(0)?;
+            let head: Option<i64> = r.try_get(1)?;
+            out.push(HeldKey {
+                ordering_key: header_value(&key),
+                head: match head {
+                    Some(h) => Some(self.get_delivery(h).await?),
+                    None => None,
+                },
+                held: r.try_get::<_, i64>(4)?.max(0) as u64,
+                held_since_ms: r.try_get(3)?,
+                next: delivery_public_id(r.try_get(2)?),
+            });
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@ use super::ledger::Ledger;
 use super::ordered;
 use super::subscribers::{get_subscriber, visible_subscriber};
 use crate::ledger::deliveries::{
-    AttemptRecordView, Deliveries, DeliveryFilter, DeliveryView, Ingested, NewEvent, ReplayStep,
+    AttemptRecordView, Deliveries, DeliveryFilter, DeliveryView, HeldKey, Ingested, NewEvent,
+    ReplayStep,
 };
 use crate::ledger::error::{test_too_soon, LedgerError};
 use crate::ledger::filter::{self, Arg, Dialect};
@@ -401,6 +402,19 @@ impl Deliveries for Ledger {
                 delivery_owner(c, rowid)?.as_deref(),
             )?;
             replay_one(c, rowid, now_ms)
+        })
+        .await
+    }
+
+    async fn held_keys(
+        &self,
+        subscriber: String,
+        limit: usize,
+        scope: Option<String>,
+    ) -> Result<Vec<HeldKey>, LedgerError> {
+        self.read(move |c| {
+            visible_subscriber(c, &subscriber, scope.as_deref())?;
+            ordered::held_keys(c, &subscriber, limit)
         })
         .await
     }

@@ -365,10 +365,17 @@ async fn two_postgres_daemons_never_have_two_of_one_key_in_flight() {
             .filter(|(p, _)| p.ends_with(id))
             .map(|(_, s)| s.clone())
             .collect();
-        assert_eq!(mine.len(), 200, "{id}: each event once");
         one_at_a_time(id, &mine, |s| s.key.clone().unwrap());
-        let mut last: BTreeMap<String, u64> = BTreeMap::new();
+        // At least once: a redelivery (the same id again) adds nothing to the chain.
+        let mut once: Vec<&Seen> = Vec::new();
         for s in &mine {
+            if !once.iter().any(|o| o.id == s.id) {
+                once.push(s);
+            }
+        }
+        assert_eq!(once.len(), 200, "{id}: every event");
+        let mut last: BTreeMap<String, u64> = BTreeMap::new();
+        for s in once {
             let key = s.key.clone().unwrap();
             assert_eq!(
                 s.previous,

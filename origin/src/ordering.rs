@@ -154,6 +154,10 @@ pub fn header_value(stored: &str) -> Option<String> {
     Some(out)
 }
 
+/// A key's stored state (its last sequence, whether it has deliveries outstanding), and a
+/// delivery's place in its key (its previous sequence, whether it is held): one shape.
+pub type Link = (Option<i64>, bool);
+
 /// How one ingest chains its ordered deliveries, given in fan-out order as `(key, sequence)`
 /// (the key naming subscriber and key), with each key's stored state: its last sequence and
 /// whether it has outstanding deliveries. Returns each delivery's previous sequence and
@@ -161,8 +165,8 @@ pub fn header_value(stored: &str) -> Option<String> {
 /// ingest), and each key's new last sequence.
 pub fn chain<K: Ord + Clone>(
     deliveries: &[(K, i64)],
-    stored: &BTreeMap<K, (Option<i64>, bool)>,
-) -> (Vec<(Option<i64>, bool)>, BTreeMap<K, i64>) {
+    stored: &BTreeMap<K, Link>,
+) -> (Vec<Link>, BTreeMap<K, i64>) {
     let mut state = stored.clone();
     let out = deliveries
         .iter()
@@ -244,7 +248,8 @@ mod tests {
     fn keys_and_headers_table() {
         let body: Value =
             serde_json::json!({"video_id": "v_1", "n": 42, "s": "42", "o": {"a": 1}, "u": "é\n%"});
-        let rows: &[(Ordering, Option<&str>, Option<&str>, Option<&str>)] = &[
+        type Row<'a> = (Ordering, Option<&'a str>, Option<&'a str>, Option<&'a str>);
+        let rows: &[Row] = &[
             (Ordering::None, None, None, None),
             (Ordering::Subscriber, None, Some(""), None),
             (

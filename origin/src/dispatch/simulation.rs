@@ -192,6 +192,7 @@ impl Ledger {
         Recorded {
             claims,
             notices: Vec::new(),
+            due: Vec::new(),
         }
     }
 }

@@ -78,5 +78,7 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         customer: None,
         filter: None,
         payload: Default::default(),
+        ordering: Default::default(),
+        ordering_key: None,
     }
 }

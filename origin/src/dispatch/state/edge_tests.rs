@@ -128,6 +128,7 @@ fn relaunch(state: &mut State, rows: &[Claimed], now: i64) -> Vec<(usize, usize)
             not_before_ms: None,
         }],
         notices: vec![],
+        due: vec![],
     };
     on(state, Event::Recorded(recorded), now)
         .iter()

@@ -82,6 +82,7 @@ impl Ledger {
         Event::Recorded(Recorded {
             claims,
             notices: turn.notices,
+            due: vec![],
         })
     }
 }
@@ -230,6 +231,8 @@ fn sub(id: &str, max_in_flight: u32, customer: Option<&str>) -> (Subscriber, Lim
         customer: customer.map(str::to_string),
         filter: None,
         payload: Default::default(),
+        ordering: Default::default(),
+        ordering_key: None,
     };
     (s, LimiterState::default())
 }
@@ -568,6 +571,7 @@ fn one_turn_at_a_time_table() {
                 not_before_ms: None,
             }],
             notices: vec![],
+            due: vec![],
         })
     };
     let script = vec![

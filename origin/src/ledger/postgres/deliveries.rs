@@ -147,7 +147,7 @@ impl PgLedger {
         )
         .await?;
         if status != Status::Pending.as_str() {
-            super::ordered::rejoin(&tx, &[rowid], now_ms).await?;
+            super::ordered::rejoin(tx, &[rowid], now_ms).await?;
         }
         tx.execute(
             "SELECT pg_notify($1, $2)",

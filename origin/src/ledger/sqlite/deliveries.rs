@@ -10,6 +10,7 @@ use super::leases::id_list;
 use super::ledger::Ledger;
 use super::ordered;
 use super::subscribers::{get_subscriber, visible_subscriber};
+use crate::ledger::deliveries::HELD_COUNT_MAX;
 use crate::ledger::deliveries::{
     AttemptRecordView, Deliveries, DeliveryFilter, DeliveryView, HeldKey, Ingested, NewEvent,
     ReplayStep,
@@ -18,7 +19,7 @@ use crate::ledger::error::{test_too_soon, LedgerError};
 use crate::ledger::filter::{self, Arg, Dialect};
 use crate::ledger::scope;
 use crate::model::{delivery_public_id, AttemptOutcome, Lane, Status};
-use crate::ordering::HELD_MS;
+use crate::ordering::{header_value, HELD_MS};
 
 /// A filter's arguments as SQLite values.
 fn values(args: Vec<Arg>) -> Vec<rusqlite::types::Value> {
@@ -270,13 +271,12 @@ pub fn replay_step(
         .query_map(params![now_ms, id_list(ids.iter().copied())], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })?
-        .filter_map(|row: rusqlite::Result<(String, i64, bool)>| match row {
-            Ok((sub, id, true)) => {
+        .map(|row: rusqlite::Result<(String, i64, bool)>| {
+            let (sub, id, ordered) = row?;
+            if ordered {
                 keyed.push(id);
-                Some(Ok(sub))
             }
-            Ok((sub, _, false)) => Some(Ok(sub)),
-            Err(e) => Some(Err(e)),
+            Ok::<_, rusqlite::Error>(sub)
         })
         .collect::<Result<_, _>>()?;
     ordered::rejoin(c, &keyed, now_ms)?;
@@ -357,6 +357,57 @@ fn unfinished(status: &str) -> bool {
     )
 }
 
+/// Ordered keys held back (`crate::ordering`, `ordered.rs`). The statement behind
+/// [`held_keys`]: of subscriber `?1`'s keys in key order, those with a
+/// held delivery (due at `?2`), with their head and next held delivery; at most `?3`.
+const HELD_KEYS: &str = "SELECT k.key,
+         (SELECT h.id FROM deliveries h
+          WHERE h.subscriber_id = k.subscriber_id AND h.ordering_key = k.key
+            AND h.next_attempt_ms < ?2
+            AND h.ordering_key IS NOT NULL AND h.status IN ('pending', 'in_flight')
+          LIMIT 1),
+         n.id, n.updated_ms
+     FROM ordering_keys k
+     JOIN deliveries n ON n.id = (
+         SELECT h.id FROM deliveries h
+         WHERE h.subscriber_id = k.subscriber_id AND h.ordering_key = k.key
+           AND h.next_attempt_ms = ?2
+           AND h.ordering_key IS NOT NULL AND h.status IN ('pending', 'in_flight')
+         ORDER BY h.sequence LIMIT 1)
+     WHERE k.subscriber_id = ?1 ORDER BY k.key LIMIT ?3";
+
+/// How many deliveries of key (`?1`, `?2`) are held (due at `?3`), up to `?4`.
+const HELD_COUNT: &str = "SELECT COUNT(*) FROM (
+         SELECT 1 FROM deliveries
+         WHERE subscriber_id = ?1 AND ordering_key = ?2 AND next_attempt_ms = ?3
+           AND ordering_key IS NOT NULL AND status IN ('pending', 'in_flight')
+         LIMIT ?4)";
+
+/// `Deliveries::held_keys` on one connection (the subscriber's visibility checked by the
+/// caller).
+pub fn held_keys(c: &Connection, sub: &str, limit: usize) -> Result<Vec<HeldKey>, LedgerError> {
+    let rows: Vec<(String, Option<i64>, i64, i64)> = c
+        .prepare_cached(HELD_KEYS)?
+        .query_map(params![sub, HELD_MS, limit as i64], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut count = c.prepare_cached(HELD_COUNT)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (key, head, next, since) in rows {
+        let held: i64 =
+            count.query_row(params![sub, key, HELD_MS, HELD_COUNT_MAX], |r| r.get(0))?;
+        out.push(HeldKey {
+            ordering_key: header_value(&key),
+            head: head.map(|h| get_delivery(c, h)).transpose()?,
+            held: held.max(0) as u64,
+            held_since_ms: since,
+            next: delivery_public_id(next),
+        });
+    }
+    Ok(out)
+}
+
 impl Deliveries for Ledger {
     async fn ingest(
         &self,
@@ -414,7 +465,7 @@ impl Deliveries for Ledger {
     ) -> Result<Vec<HeldKey>, LedgerError> {
         self.read(move |c| {
             visible_subscriber(c, &subscriber, scope.as_deref())?;
-            ordered::held_keys(c, &subscriber, limit)
+            held_keys(c, &subscriber, limit)
         })
         .await
     }

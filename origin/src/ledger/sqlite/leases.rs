@@ -179,10 +179,23 @@ pub fn apply(
         };
         i += 1;
     }
-    // The attempts, in order, by chunks of rows.
+    insert_attempts(c, outcomes, &applied)?;
+    store_limiters(c, limiters)?;
+    if ended.is_empty() {
+        return Ok(Vec::new());
+    }
+    ordered::release(c, &ended, now_ms)
+}
+
+/// The attempts of the outcomes that were `applied`, in order, by chunks of rows.
+fn insert_attempts(
+    c: &Connection,
+    outcomes: &[Outcome],
+    applied: &[bool],
+) -> Result<(), LedgerError> {
     let recorded: Vec<(i64, &AttemptRecord)> = outcomes
         .iter()
-        .zip(&applied)
+        .zip(applied)
         .filter(|(_, applied)| **applied)
         .filter_map(|(o, _)| o.attempt.as_ref().map(|a| (o.rowid, a)))
         .collect();
@@ -214,11 +227,7 @@ pub fn apply(
         }
         st.execute(args.as_slice())?;
     }
-    store_limiters(c, limiters)?;
-    if ended.is_empty() {
-        return Ok(Vec::new());
-    }
-    ordered::release(c, &ended, now_ms)
+    Ok(())
 }
 
 /// At start-up every lease belongs to a previous process (one daemon owns a ledger): all of

@@ -8,15 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rusqlite::{params, Connection};
 
-use super::deliveries::get_delivery;
-use super::leases::id_list;
-use crate::ledger::deliveries::{HeldKey, HELD_COUNT_MAX};
 use crate::ledger::error::LedgerError;
-use crate::model::delivery_public_id;
-use crate::ordering::{chain, header_value, HELD_MS};
+use crate::ordering::{chain, HELD_MS};
 
 /// An ordered delivery's place in its key: its previous sequence and whether it is held.
-pub type Link = (Option<i64>, bool);
+pub use crate::ordering::Link;
 
 /// Link an ingest's ordered deliveries, `(subscriber, key, sequence)` in fan-out order, before
 /// any of them is inserted, and move each key's last sequence.
@@ -29,9 +25,8 @@ pub fn link(c: &Connection, ordered: &[(&str, &str, i64)]) -> Result<Vec<Link>, 
     )?;
     let mut stored: BTreeMap<(&str, &str), (Option<i64>, bool)> = BTreeMap::new();
     for (s, k, _) in ordered {
-        if !stored.contains_key(&(*s, *k)) {
-            let state = read.query_row(params![s, k], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            stored.insert((*s, *k), state);
+        if let std::collections::btree_map::Entry::Vacant(slot) = stored.entry((*s, *k)) {
+            slot.insert(read.query_row(params![s, k], |r| Ok((r.get(0)?, r.get(1)?)))?);
         }
     }
     let keyed: Vec<((&str, &str), i64)> = ordered.iter().map(|(s, k, n)| ((*s, *k), *n)).collect();
@@ -114,59 +109,15 @@ pub fn rejoin(c: &Connection, rowids: &[i64], now_ms: i64) -> Result<Vec<String>
                AND ordering_key IS NOT NULL AND status = 'pending'
              RETURNING subscriber_id, ordering_key",
         )?
-        .query_map(params![id_list(rowids.iter().copied()), HELD_MS], |r| {
+        .query_map(params![json_ids(rowids), HELD_MS], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })?
         .collect::<Result<_, _>>()?;
     release(c, &keys, now_ms)
 }
 
-/// The statement behind [`held_keys`]: of subscriber `?1`'s keys in key order, those with a
-/// held delivery (due at `?2`), with their head and next held delivery; at most `?3`.
-const HELD_KEYS: &str = "SELECT k.key,
-         (SELECT h.id FROM deliveries h
-          WHERE h.subscriber_id = k.subscriber_id AND h.ordering_key = k.key
-            AND h.next_attempt_ms < ?2
-            AND h.ordering_key IS NOT NULL AND h.status IN ('pending', 'in_flight')
-          LIMIT 1),
-         n.id, n.updated_ms
-     FROM ordering_keys k
-     JOIN deliveries n ON n.id = (
-         SELECT h.id FROM deliveries h
-         WHERE h.subscriber_id = k.subscriber_id AND h.ordering_key = k.key
-           AND h.next_attempt_ms = ?2
-           AND h.ordering_key IS NOT NULL AND h.status IN ('pending', 'in_flight')
-         ORDER BY h.sequence LIMIT 1)
-     WHERE k.subscriber_id = ?1 ORDER BY k.key LIMIT ?3";
-
-/// How many deliveries of key (`?1`, `?2`) are held (due at `?3`), up to `?4`.
-const HELD_COUNT: &str = "SELECT COUNT(*) FROM (
-         SELECT 1 FROM deliveries
-         WHERE subscriber_id = ?1 AND ordering_key = ?2 AND next_attempt_ms = ?3
-           AND ordering_key IS NOT NULL AND status IN ('pending', 'in_flight')
-         LIMIT ?4)";
-
-/// `Deliveries::held_keys` on one connection (the subscriber's visibility checked by the
-/// caller).
-pub fn held_keys(c: &Connection, sub: &str, limit: usize) -> Result<Vec<HeldKey>, LedgerError> {
-    let rows: Vec<(String, Option<i64>, i64, i64)> = c
-        .prepare_cached(HELD_KEYS)?
-        .query_map(params![sub, HELD_MS, limit as i64], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-        })?
-        .collect::<Result<_, _>>()?;
-    let mut count = c.prepare_cached(HELD_COUNT)?;
-    let mut out = Vec::with_capacity(rows.len());
-    for (key, head, next, since) in rows {
-        let held: i64 =
-            count.query_row(params![sub, key, HELD_MS, HELD_COUNT_MAX], |r| r.get(0))?;
-        out.push(HeldKey {
-            ordering_key: header_value(&key),
-            head: head.map(|h| get_delivery(c, h)).transpose()?,
-            held: held.max(0) as u64,
-            held_since_ms: since,
-            next: delivery_public_id(next),
-        });
-    }
-    Ok(out)
+/// Row ids as a JSON array, for `id IN (SELECT value FROM json_each(?))`.
+fn json_ids(rowids: &[i64]) -> String {
+    let ids: Vec<String> = rowids.iter().map(i64::to_string).collect();
+    format!("[{}]", ids.join(","))
 }

@@ -6,7 +6,8 @@
 //   FANOUT_BIN=target/release/fanout node bench/origin.mjs [--rounds 3] [--only ingest,story,lanes]
 //       [--ingest-seconds 5] [--batch-connections 4] [--single-connections 16]
 //       [--story-events 12000] [--no-story-alone] [--origin-events 10000] [--edge-events 4000]
-//       [--json out.json] [--filtered]
+//       [--json out.json] [--filtered] [--order-events 20000] [--order-keys 10000]
+//   --only ordering: one subscriber's deliveries unordered vs ordered by key (the ratio).
 //
 // Three parts, each with a fresh daemon (release binary, fresh SQLite file) per measurement:
 //   ingest  POST /v1/events, fan-out to 5 subscribers, from bench/ingest (a Rust HTTP/1.1 client,
@@ -53,6 +54,10 @@ const { values: opts } = parseArgs({
     'story-rounds': { type: 'string', default: '1' },
     'origin-events': { type: 'string', default: '10000' },
     'edge-events': { type: 'string', default: '4000' },
+    // --only ordering: one subscriber's delivery, unordered and ordered by a key over
+    // --order-keys keys, in alternating order (issue 24: ordered ≥ 0.8× unordered).
+    'order-events': { type: 'string', default: '20000' },
+    'order-keys': { type: 'string', default: '10000' },
     // Another `fanout` binary (e.g. an older commit's release build) measured beside this one in
     // the ingest and lanes parts, in alternating order, for a before/after ratio.
     baseline: { type: 'string' },
@@ -557,6 +562,44 @@ async function sinkAlone(sink) {
   return { n, secs, rate };
 }
 
+// ---------- part 4: ordered by key vs unordered, one subscriber ----------
+
+/** One subscriber on the origin lane drains `events` (over `keys` keys at `/data/key`),
+ *  unordered or ordered by that key: deliveries/s recorded sent. */
+async function orderingOnce(sink, ordered, events, keys) {
+  const o = await origin();
+  try {
+    const id = ordered ? 'ordered' : 'unordered';
+    await addSubscriber(o, {
+      id,
+      url: `${sink.url}/order/${id}`,
+      event_types: ['video.*'],
+      ...HELD,
+      max_in_flight: 100,
+      lane: 'origin',
+      ...(ordered ? { ordering: 'key', ordering_key: '/data/key' } : {}),
+    });
+    const evs = makeEvents(events, `evt_${id}`).map((e, i) => ({ ...e, data: { ...e.data, key: `k${i % keys}` } }));
+    await postEvents(o, evs, 100, 4);
+    await sleep(500); // a burst of 1: one delivery may already be out
+    const before = sentTotal(await scrape(o));
+    const started = performance.now();
+    await patchSubscriber(o, id, FAST);
+    let m = null;
+    const drained = await until(async () => {
+      m = await scrape(o);
+      return sentTotal(m) >= events;
+    }, DRAIN_LIMIT_MS, 10);
+    const secs = (performance.now() - started) / 1000;
+    const res = { ordered, events, keys, drained: !!drained, rate: (sentTotal(m) - before) / secs, seconds: secs };
+    log(`  ${ordered ? `ordered by key (${keys} keys)` : 'unordered'}: ${res.rate.toFixed(0).padStart(6)} deliveries/s ` +
+      `(${events} in ${secs.toFixed(2)} s)${res.drained ? '' : ' — DID NOT DRAIN'}`);
+    return res;
+  } finally {
+    await o.stop();
+  }
+}
+
 // ---------- main ----------
 
 const median = (xs) => {
@@ -589,7 +632,7 @@ async function main() {
     const both = [{ build: 'current', bin: null }, { build: 'baseline', bin: BASELINE }];
     return round % 2 ? both.reverse() : both;
   };
-  const results = { baseline: BASELINE, edgeRunner: EDGE_RUNNER, ingest: [], story: [], lanes: [], sink: [], when: new Date().toISOString(), cpus: (await import('node:os')).cpus().length };
+  const results = { baseline: BASELINE, edgeRunner: EDGE_RUNNER, ingest: [], story: [], lanes: [], sink: [], ordering: [], when: new Date().toISOString(), cpus: (await import('node:os')).cpus().length };
   try {
     if (ONLY.has('ingest')) {
       log(`\n== ingest: ${INGEST_S} s per measurement, ${ROUNDS} round(s)`);
@@ -608,6 +651,14 @@ async function main() {
         results.sink.push(await sinkAlone(sink));
         for (const b of builds(r)) results.lanes.push(await laneOnce(sink, edge, 'origin', ORIGIN_EVENTS, b));
         results.lanes.push(await laneOnce(sink, edge, 'edge', EDGE_EVENTS));
+      }
+    }
+    if (ONLY.has('ordering')) {
+      const n = clampInt(opts['order-events'], 100, 1_000_000);
+      const keys = clampInt(opts['order-keys'], 1, 1_000_000);
+      log(`\n== ordering: ${n} deliveries to one subscriber, unordered vs ordered by key over ${keys} keys, ${ROUNDS} round(s)`);
+      for (let r = 0; r < ROUNDS; r++) {
+        for (const ordered of r % 2 ? [true, false] : [false, true]) results.ordering.push(await orderingOnce(sink, ordered, n, keys));
       }
     }
     if (ONLY.has('story')) {
@@ -693,6 +744,17 @@ function report(results) {
     p(`  origin lane: peak RSS ${mib(lane('origin', 'rssPeak'))}; writer ${fmt(lane('origin', 'writerCores'), 2)} cores; ` +
       `daemon threads waited for a CPU ${fmt(lane('origin', 'daemonWaitShare') * 100)}% of their runnable time; machine ${fmt(lane('origin', 'machine') * 100)}% busy`);
     p(`  target origin lane ≥ 10,000 deliveries/s: ${verdict(o >= 10_000)} (${fmt(o)})\n`);
+  }
+  if (results.ordering.length) {
+    const rate = (ordered) => median(results.ordering.filter((r) => r.ordered === ordered).map((r) => r.rate));
+    const [u, k] = [rate(false), rate(true)];
+    const { events, keys } = results.ordering[0];
+    p(`Ordered delivery, one subscriber on the origin lane, ${events} deliveries (max_in_flight 100)`);
+    p('| delivery                          | deliveries/s |');
+    p('|-----------------------------------|-------------:|');
+    p(`| unordered                         | ${fmt(u).padStart(12)} |`);
+    p(`| ordered by key (${String(keys).padEnd(6)} keys)       | ${fmt(k).padStart(12)} |`);
+    p(`  ordered ÷ unordered: ${fmt(k / u, 2)}×; target ≥ 0.8×: ${verdict(k / u >= 0.8)}; every run drained: ${results.ordering.every((r) => r.drained) ? 'yes' : 'NO'}\n`);
   }
   if (results.baseline) {
     p(`This build ÷ baseline (${results.baseline}), same rounds, alternating order`);

@@ -39,7 +39,7 @@ step "clippy (wasm32, fanout-core + Worker)" \
   cargo clippy --target wasm32-unknown-unknown -p fanout-core -- -D warnings
 step "rust tests (unit + integration)" cargo test --workspace
 step "the daemon's integration tests again, on a PostgreSQL ledger" \
-  env FANOUT_TEST_LEDGER=postgres cargo test -p fanout-origin --test daemon --test alerts --test operators --test customers --test tenants --test filters
+  env FANOUT_TEST_LEDGER=postgres cargo test -p fanout-origin --test daemon --test alerts --test operators --test customers --test tenants --test filters --test ordering
 step "build origin binary for the e2e tests" cargo build -p fanout-origin
 step "build the Worker (worker-build --release)" bash scripts/build-worker.sh
 step "deploy dry run (wrangler bundle, gzipped size within the Free plan's 3 MiB)" \

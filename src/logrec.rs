@@ -76,6 +76,8 @@ mod tests {
             attempt: 2,
             body: "{\"email\":\"jane@example.com\"}".into(),
             sequence: Some(7),
+            ordering_key: None,
+            previous_sequence: None,
         };
         let r = DeliveryResult::Failed {
             id: "dlv_1".into(),
@@ -101,6 +103,8 @@ mod tests {
             attempt: 1,
             body: "{\"email\":\"jane@example.com\",\"note\":\"a\\nb\"}".into(),
             sequence: None,
+            ordering_key: None,
+            previous_sequence: None,
         };
         let deliveries = [d("a"), d("b"), d("c")];
         let results = [

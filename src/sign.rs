@@ -17,6 +17,9 @@ pub const HEADER_LEGACY: &str = "x-fanout-signature";
 /// The subscriber's count of deliveries in fan-out order (from 1, gap-free): not signed, like
 /// the id and timestamp it travels beside.
 pub const HEADER_SEQUENCE: &str = "webhook-sequence";
+/// An ordered delivery's key (ordering by key) and the sequence of its key's previous delivery.
+pub const HEADER_ORDERING_KEY: &str = "webhook-ordering-key";
+pub const HEADER_PREVIOUS_SEQUENCE: &str = "webhook-previous-sequence";
 /// How far a signed timestamp may be from now, either way.
 pub const TOLERANCE_SECS: i64 = 300;
 /// Most signatures [`verify`] looks at in one `webhook-signature` header; more is refused

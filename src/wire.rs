@@ -96,6 +96,9 @@ pub struct SubscriberSpec {
     pub legacy_signature: bool,
 }
 
+/// The longest `ordering_key` a delivery may carry (a header value).
+pub const MAX_ORDERING_KEY_BYTES: usize = 4096;
+
 /// One delivery of one event to one subscriber.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -112,6 +115,12 @@ pub struct Delivery {
     /// deploy the Worker first, then the origin (an older Worker refuses the unknown field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence: Option<u64>,
+    /// An ordered delivery's `webhook-ordering-key` (visible ASCII, as the origin encoded it)
+    /// and `webhook-previous-sequence`; absent for unordered ones (and a key's first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_sequence: Option<u64>,
 }
 
 /// The body of `POST /v1/deliveries`.
@@ -346,6 +355,14 @@ impl DeliveryBatch {
             if d.sequence == Some(0) {
                 return Err(BatchError::Invalid(format!(
                     "delivery {}: sequence starts at 1",
+                    d.id
+                )));
+            }
+            if d.ordering_key.as_ref().is_some_and(|k| {
+                k.len() > MAX_ORDERING_KEY_BYTES || !k.bytes().all(|b| (0x20..0x7f).contains(&b))
+            }) {
+                return Err(BatchError::Invalid(format!(
+                    "delivery {}: ordering_key must be at most {MAX_ORDERING_KEY_BYTES} bytes of visible ASCII",
                     d.id
                 )));
             }

@@ -22,6 +22,7 @@ pub mod ledger;
 pub mod load;
 pub mod metrics;
 pub mod model;
+pub mod ordering;
 pub mod outbound;
 pub mod outbox;
 pub mod pages;

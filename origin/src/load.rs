@@ -340,6 +340,8 @@ async fn one_call(
                         event_type: "load.test".into(),
                         attempt: 1,
                         sequence: Some(n + 1),
+                        ordering_key: None,
+                        previous_sequence: None,
                     }
                 })
                 .collect();

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::ordering::Ordering;
 pub use crate::payload::Payload;
 
 /// Ids are validated by the shared core, so the edge accepts every id the origin does.
@@ -229,6 +230,10 @@ pub struct Subscriber {
     pub filter: Option<serde_json::Value>,
     /// Its webhooks' body: the event's, or a thin notice (`crate::payload`).
     pub payload: Payload,
+    /// One delivery at a time per subscriber or per key (`crate::ordering`), and for `key`
+    /// the JSON Pointer into the event that names it.
+    pub ordering: Ordering,
+    pub ordering_key: Option<String>,
 }
 
 /// Why and since when a subscriber gets nothing sent.
@@ -377,6 +382,11 @@ pub struct SubscriberView {
     /// `full` (the event's body) or `thin` (`{"id","type","timestamp"}` and `url`).
     #[serde(default)]
     pub payload: Payload,
+    /// `none`, `subscriber` or `key` (`crate::ordering`), with `ordering_key` for `key`.
+    #[serde(default)]
+    pub ordering: Ordering,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
@@ -403,6 +413,8 @@ impl SubscriberView {
             customer: s.customer.clone(),
             filter: s.filter.clone(),
             payload: s.payload,
+            ordering: s.ordering,
+            ordering_key: s.ordering_key.clone(),
             secret,
         }
     }
@@ -437,6 +449,32 @@ pub struct Claimed {
     pub sequence: u64,
     /// When the ledger received its event (a thin body's `timestamp`).
     pub received_ms: i64,
+    /// Its place in an ordered key (`crate::ordering`), `None` when unordered.
+    pub order: Option<Order>,
+}
+
+/// An ordered delivery's key as stored (`crate::ordering::key_of`) and the sequence of the
+/// key's previous delivery (`webhook-previous-sequence`; `None` for the key's first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Order {
+    pub key: String,
+    pub previous: Option<u64>,
+}
+
+impl Order {
+    /// From the stored columns: a key (NULL: unordered) and the previous sequence.
+    pub fn of(key: Option<String>, previous: Option<i64>) -> Option<Order> {
+        key.map(|key| Order {
+            key,
+            previous: previous.map(|p| p.max(0) as u64),
+        })
+    }
+
+    /// The headers it adds to a webhook: `webhook-ordering-key` (for `key` ordering) and
+    /// `webhook-previous-sequence` (when the key had a delivery before).
+    pub fn headers(&self) -> (Option<String>, Option<u64>) {
+        (crate::ordering::header_value(&self.key), self.previous)
+    }
 }
 
 /// What one subscriber's claim leased.

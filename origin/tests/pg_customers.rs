@@ -52,6 +52,8 @@ fn owned(id: &str, customer: &str) -> Definition {
         customer: Some(customer.into()),
         filter: None,
         payload: Default::default(),
+        ordering: Default::default(),
+        ordering_key: None,
     }
 }
 

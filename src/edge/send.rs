@@ -118,6 +118,12 @@ fn js_batch<'a>(
             if let Some(sequence) = d.sequence {
                 own.push((sign::HEADER_SEQUENCE, sequence.to_string()));
             }
+            if let Some(key) = &d.ordering_key {
+                own.push((sign::HEADER_ORDERING_KEY, key.clone()));
+            }
+            if let Some(previous) = d.previous_sequence {
+                own.push((sign::HEADER_PREVIOUS_SEQUENCE, previous.to_string()));
+            }
             JsItem {
                 headers: JsHeaders { common, own },
                 body: &d.body,

@@ -36,6 +36,7 @@ const PORTAL_ROUTES: &[(Method, &str)] = &[
     (Method::GET, "/v1/subscribers/{id}"),
     (Method::PATCH, "/v1/subscribers/{id}"),
     (Method::POST, "/v1/subscribers/{id}/rotate-secret"),
+    (Method::GET, "/v1/subscribers/{id}/held"),
     (Method::GET, "/v1/deliveries"),
     (Method::GET, "/v1/deliveries/{id}"),
     (Method::POST, "/v1/deliveries/{id}/replay"),

@@ -72,6 +72,7 @@ fn subscriber_routes() -> Router<AppState> {
         .route("/v1/subscribers/{id}/rotate-secret", post(rotate_secret))
         .route("/v1/subscribers/{id}/secret", get(get_secrets))
         .route("/v1/subscribers/{id}/test", post(send_test))
+        .route("/v1/subscribers/{id}/held", get(get_held))
 }
 
 fn delivery_routes() -> Router<AppState> {

@@ -80,6 +80,7 @@ mod tests {
             "DELETE /v1/subscribers/{id}",
             "POST /v1/subscribers/{id}/rotate-secret",
             "GET /v1/subscribers/{id}/secret",
+            "GET /v1/subscribers/{id}/held",
             "GET /v1/deliveries",
             "GET /v1/deliveries/{id}",
             "POST /v1/deliveries/{id}/replay",

@@ -11,7 +11,7 @@ use super::auth::Principal;
 use super::body::present;
 use super::error::ApiError;
 use crate::model::{
-    validate_id, validate_pattern, Disabled, Lane, Limits, Payload, Subscriber,
+    validate_id, validate_pattern, Disabled, Lane, Limits, Ordering, Payload, Subscriber,
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC, DEFAULT_TIMEOUT_MS,
 };
 
@@ -62,6 +62,12 @@ pub struct SubscriberInput {
     /// `full` (default) or `thin`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub payload: Option<Payload>,
+    /// `none` (default), `subscriber` or `key` (`crate::ordering`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ordering: Option<Ordering>,
+    /// For `ordering: "key"`: a JSON Pointer into the event (`/video_id`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
 }
 
 /// `"disabled": false` in a creation body, the only value it may have there: a subscriber is
@@ -111,6 +117,9 @@ pub struct SubscriberPatch {
     #[serde(default, deserialize_with = "present")]
     pub filter: Option<Option<serde_json::Value>>,
     pub payload: Option<Payload>,
+    /// A new ordering; leaving `key` drops the pointer. Applies to events ingested after it.
+    pub ordering: Option<Ordering>,
+    pub ordering_key: Option<String>,
 }
 
 impl SubscriberPatch {
@@ -131,8 +140,10 @@ impl SubscriberPatch {
             customer,
             filter,
             payload,
+            ordering,
+            ordering_key,
         } = self;
-        let set: [(&'static str, bool); 13] = [
+        let set: [(&'static str, bool); 15] = [
             ("id", id.is_some()),
             ("url", url.is_some()),
             ("event_types", event_types.is_some()),
@@ -146,6 +157,8 @@ impl SubscriberPatch {
             ("customer", customer.is_some()),
             ("filter", filter.is_some()),
             ("payload", payload.is_some()),
+            ("ordering", ordering.is_some()),
+            ("ordering_key", ordering_key.is_some()),
         ];
         set.into_iter()
             .filter(|(_, on)| *on)
@@ -225,6 +238,9 @@ pub fn subscriber_from(
     }
     validate_customer_ref(&input.customer)?;
     validate_filter(&input.filter)?;
+    let ordering = input.ordering.unwrap_or_default();
+    crate::ordering::validate(ordering, input.ordering_key.as_deref())
+        .map_err(ApiError::Invalid)?;
     Ok((
         Subscriber {
             id,
@@ -240,6 +256,8 @@ pub fn subscriber_from(
             customer: input.customer.flatten(),
             filter: input.filter.flatten(),
             payload: input.payload.unwrap_or_default(),
+            ordering,
+            ordering_key: input.ordering_key,
         },
         input.secret,
     ))
@@ -286,6 +304,17 @@ pub fn patched(
     if let Some(p) = input.payload {
         s.payload = p;
     }
+    if let Some(o) = input.ordering {
+        // Another ordering keeps the pointer only if it is `key` again (or a new one is given).
+        if o != Ordering::Key {
+            s.ordering_key = None;
+        }
+        s.ordering = o;
+    }
+    if input.ordering_key.is_some() {
+        s.ordering_key = input.ordering_key;
+    }
+    crate::ordering::validate(s.ordering, s.ordering_key.as_deref()).map_err(ApiError::Invalid)?;
     validate_customer_ref(&input.customer)?;
     if let Some(c) = input.customer {
         s.customer = c;

@@ -199,6 +199,27 @@ pub(super) async fn get_secrets(
     Ok((NO_STORE, Json(SecretsView::of(&sub, now))))
 }
 
+/// How many held keys `GET /v1/subscribers/{id}/held` lists (the first, in key order).
+const HELD_KEYS_LISTED: usize = 100;
+
+/// `GET /v1/subscribers/{id}/held`: its ordered keys that hold deliveries back
+/// (`crate::ordering`), each with its head (why), since when, how many wait and which goes
+/// next; the first 100 in key order (`truncated` when there may be more).
+pub(super) async fn get_held(
+    State(state): State<AppState>,
+    who: Principal,
+    PathId(id): PathId,
+) -> Result<impl IntoResponse, ApiError> {
+    let keys = state
+        .ledger
+        .held_keys(id.clone(), HELD_KEYS_LISTED + 1, who.scope())
+        .await
+        .map_err(|e| unknown_subscriber(e, &id))?;
+    let truncated = keys.len() > HELD_KEYS_LISTED;
+    let keys: Vec<_> = keys.into_iter().take(HELD_KEYS_LISTED).collect();
+    Ok(Json(json!({ "keys": keys, "truncated": truncated })))
+}
+
 /// The event type of a test event (`POST /v1/subscribers/{id}/test`).
 pub const TEST_EVENT_TYPE: &str = "fanout.test";
 

@@ -251,6 +251,9 @@ mod tests {
             created_at_ms: 0,
             updated_at_ms: 0,
             sequence: 4,
+            ordering_key: None,
+            previous_sequence: None,
+            held: false,
             attempts: None,
         };
         let v = DeliveryList {

@@ -241,6 +241,8 @@ mod tests {
             customer: None,
             filter: None,
             payload: Default::default(),
+            ordering: Default::default(),
+            ordering_key: None,
             secret: None,
         }
     }

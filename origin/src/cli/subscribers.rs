@@ -4,7 +4,7 @@ use clap::{Args, Subcommand};
 
 use super::client::{encode, print, view, Client, ClientArgs, ClientError};
 use crate::api::views::{Deleted, SubscriberInput, SubscriberList, SubscriberView};
-use crate::model::{Lane, Payload};
+use crate::model::{Lane, Ordering, Payload};
 use crate::term::human_number;
 
 #[derive(Debug, Subcommand)]
@@ -57,6 +57,10 @@ fn parse_lane(s: &str) -> Result<Lane, String> {
     Lane::parse(s).ok_or_else(|| format!("{s:?} is not a lane: edge, origin or auto"))
 }
 
+fn parse_ordering(s: &str) -> Result<Ordering, String> {
+    Ordering::parse(s).ok_or_else(|| format!("{s:?} is not an ordering: none, subscriber or key"))
+}
+
 fn parse_payload(s: &str) -> Result<Payload, String> {
     Payload::parse(s).ok_or_else(|| format!("{s:?} is not a payload: full or thin"))
 }
@@ -94,6 +98,12 @@ pub struct SubscriberAdd {
     /// full (the event's body) or thin ({"id","type","timestamp"} and the --event-url)
     #[arg(long, value_parser = parse_payload)]
     pub payload: Option<Payload>,
+    /// none, subscriber (one delivery at a time) or key (one at a time per --ordering-key)
+    #[arg(long, value_parser = parse_ordering)]
+    pub ordering: Option<Ordering>,
+    /// With --ordering key: a JSON Pointer into the event naming the key, e.g. /video_id
+    #[arg(long)]
+    pub ordering_key: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -133,6 +143,8 @@ async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
         customer: a.customer.map(Some),
         filter: a.filter.map(Some),
         payload: a.payload,
+        ordering: a.ordering,
+        ordering_key: a.ordering_key,
         ..SubscriberInput::default()
     };
     let body = serde_json::to_vec(&input).map_err(|e| ClientError::Input(e.to_string()))?;

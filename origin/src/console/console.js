@@ -142,6 +142,11 @@
     $('#cus-table tbody').replaceChildren(...cs.map(customerRow));
     $('#customers').hidden = cs.length === 0;
     subscribers = data.subscribers ?? [];
+    // Ordered subscribers: the keys their failing heads hold back (GET …/held).
+    await Promise.all(subscribers.filter((s) => s.ordering && s.ordering !== 'none').map(async (s) => {
+      s.held = (await api('GET', `/v1/subscribers/${encodeURIComponent(s.id)}/held`)).keys ?? [];
+    }));
+    if ($('#subscribers-view').hidden) return;
     const body = $('#sub-table tbody');
     body.replaceChildren(...subscribers.map(subscriberRow));
     $('#sub-empty').hidden = subscribers.length > 0;
@@ -212,7 +217,8 @@
       h('td', null, h('div', { class: 'id' }, s.id), healthLines(s), h('div', { class: 'muted small url' }, s.url),
         h('div', { class: 'muted small' }, s.event_types.join(', ')),
         s.filter ? h('div', { class: 'muted small filter', 'data-field': 'filter', title: 'Content filter' }, `filter: ${filterText(s.filter)}`) : null),
-      h('td', null, h('div', null, s.lane), h('div', { class: 'muted small', 'data-field': 'payload' }, `${s.payload} payload`)),
+      h('td', null, h('div', null, s.lane), h('div', { class: 'muted small', 'data-field': 'payload' }, `${s.payload} payload`),
+        s.ordering && s.ordering !== 'none' ? orderingLines(s) : null),
       h('td', { class: 'num' }, fmtNum(s.rate_per_sec, 3)),
       h('td', { class: 'num' }, fmtNum(s.burst)),
       h('td', { class: 'num' }, fmtNum(st.tokens, 1)),
@@ -233,6 +239,16 @@
           : h('button', { type: 'button', class: 'quiet', 'data-action': 'disable', onclick: (ev) => setDisabled(s, true, ev.currentTarget) }, 'Disable'),
         h('button', { type: 'button', class: 'danger', 'data-action': 'delete', onclick: (ev) => deleteSubscriber(s, ev.currentTarget) }, 'Delete'))),
     );
+  }
+
+  /** An ordered subscriber's ordering, and each key a head holds back: the head (why), since when. */
+  function orderingLines(s) {
+    const by = s.ordering === 'key' ? `ordered by ${s.ordering_key}` : 'ordered, one at a time';
+    return h('div', { class: 'muted small', 'data-field': 'ordering' }, by,
+      ...(s.held ?? []).map((k) => h('div', { class: 'warn', 'data-field': 'held' },
+        `${k.ordering_key != null ? `key ${k.ordering_key}` : 'all'}: ${fmtNum(k.held)} held since ${fmtTime(k.held_since_ms)} behind `,
+        k.head ? deliveryLink(k.head.id) : k.next,
+        k.head ? ` (${k.head.status}, ${fmtNum(k.head.attempt_count)} attempts${k.head.last_error ? `: ${k.head.last_error}` : ''})` : '')));
   }
 
   function customerRow(c) {
@@ -554,7 +570,9 @@
       ...field('Event', `${d.event_id} (${d.event_type})`),
       ...field('Sequence', fmtNum(d.sequence), 'sequence'),
       ...field('Attempts', fmtNum(d.attempt_count), 'attempt_count'),
-      ...field('Next attempt', d.next_attempt_at_ms != null ? fmtTime(d.next_attempt_at_ms) : '—'),
+      ...field('Next attempt', d.held ? 'held behind its key’s head' : d.next_attempt_at_ms != null ? fmtTime(d.next_attempt_at_ms) : '—', 'next_attempt'),
+      ...(d.ordering_key != null ? field('Ordering key', d.ordering_key, 'ordering_key') : []),
+      ...(d.previous_sequence != null ? field('Previous sequence', fmtNum(d.previous_sequence), 'previous_sequence') : []),
       ...field('Last error', d.last_error ?? '—'),
       ...field('Created', fmtTime(d.created_at_ms)),
       ...field('Updated', fmtTime(d.updated_at_ms)),

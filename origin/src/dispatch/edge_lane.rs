@@ -348,6 +348,8 @@ mod tests {
                 attempt: 1,
                 body: format!("{{\"n\":{i},\"s\":\"\\\"quoted\\\" ü\"}}"),
                 sequence: (i > 1).then_some(i as u64),
+                ordering_key: None,
+                previous_sequence: None,
             })
             .collect();
         let spec_json = encode_spec(&spec).unwrap();

@@ -403,6 +403,8 @@ fn log_outcome(sub: &str, meta: &Meta, result: &DeliveryResult) {
             attempt: meta.attempt,
             body: String::new(),
             sequence: None,
+            ordering_key: None,
+            previous_sequence: None,
         };
         tracing::debug!(target: "fanout::delivery", "{}", LogRecord::new(sub, &d, result).to_json());
     }

@@ -19,7 +19,7 @@ use super::executor::{Clock, Dispatcher};
 use super::origin_lane;
 use super::vocab::{Event, Lane, Meta, Target};
 use crate::ledger::DispatchLedger;
-use crate::model::{active_secrets, delivery_public_id, Claimed};
+use crate::model::{active_secrets, delivery_public_id, Claimed, Order};
 use crate::outbound::Signer;
 use crate::payload::{thin_body, EventUrl, Payload};
 
@@ -89,6 +89,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
                             signer: &signer,
                             timeout_ms: target.limits.timeout_ms,
                             sequence: d.sequence,
+                            order: d.order.as_ref().map(Order::headers),
                         };
                         let result = origin_lane::deliver(&out, &send, body).await;
                         let latency_ms = Some(started.elapsed().as_millis() as u64);
@@ -133,6 +134,8 @@ impl<L: DispatchLedger> Dispatcher<L> {
         for mut d in claimed {
             let meta = Meta::of(&d);
             let body = body_of(target.payload, &mut d, self.cfg.event_url.as_ref());
+            let (ordering_key, previous_sequence) =
+                d.order.as_ref().map_or((None, None), Order::headers);
             let delivery = Delivery {
                 id: delivery_public_id(d.rowid),
                 event_id: d.event_id,
@@ -140,6 +143,8 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 attempt: d.attempt,
                 body,
                 sequence: (d.sequence > 0).then_some(d.sequence),
+                ordering_key,
+                previous_sequence,
             };
             match edge_lane::encode_delivery(&delivery) {
                 Ok(json) => {

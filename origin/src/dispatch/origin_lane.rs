@@ -25,6 +25,9 @@ pub struct Outgoing<'a> {
     pub timeout_ms: u64,
     /// Its `webhook-sequence` (0: none stored, no header).
     pub sequence: u64,
+    /// An ordered delivery's `webhook-ordering-key` and `webhook-previous-sequence`
+    /// (`model::Order::headers`).
+    pub order: Option<(Option<String>, Option<u64>)>,
 }
 
 /// Send one delivery: the attempt made, with its result as the edge would report it.
@@ -38,10 +41,14 @@ pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> Attempte
         );
     };
     let started = Instant::now();
-    let extra: Vec<(&'static str, String)> = (s.sequence > 0)
+    let mut extra: Vec<(&'static str, String)> = (s.sequence > 0)
         .then(|| (sign::HEADER_SEQUENCE, s.sequence.to_string()))
         .into_iter()
         .collect();
+    if let Some((key, previous)) = &s.order {
+        extra.extend(key.clone().map(|k| (sign::HEADER_ORDERING_KEY, k)));
+        extra.extend(previous.map(|p| (sign::HEADER_PREVIOUS_SEQUENCE, p.to_string())));
+    }
     let sent = out
         .post_signed(
             Trust::Subscriber,

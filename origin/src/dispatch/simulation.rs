@@ -170,6 +170,7 @@ impl Ledger {
                     attempt,
                     sequence: rowid as u64,
                     received_ms: 0,
+                    order: None,
                 });
             }
             let next_due_ms = self.next_due();
@@ -191,6 +192,7 @@ impl Ledger {
         Recorded {
             claims,
             notices: Vec::new(),
+            due: Vec::new(),
         }
     }
 }

@@ -53,6 +53,9 @@ pub struct Target {
     pub customer: Option<Arc<str>>,
     /// Its webhooks' body: the event's or a thin one (`crate::payload`).
     pub payload: Payload,
+    /// Ordered (`crate::ordering`): a delivery that ends releases its key's next one, so a
+    /// result asks for a claim at once, recorded in the same turn (no wait for a wake-up).
+    pub ordered: bool,
 }
 
 /// A delivery out for sending, minus its body: what its result is recorded against.

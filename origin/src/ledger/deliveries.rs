@@ -56,8 +56,31 @@ pub struct DeliveryView {
     /// Its `webhook-sequence`: its subscriber's count of deliveries, fixed at ingest.
     #[serde(default)]
     pub sequence: u64,
+    /// An ordered delivery's `webhook-ordering-key` (ordering by key) and
+    /// `webhook-previous-sequence` (`crate::ordering`); `held`: waiting behind its key's head
+    /// (pending, with no due time of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_sequence: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<Vec<AttemptRecordView>>,
+}
+
+impl DeliveryView {
+    /// Its ordering fields from the stored key, previous sequence and due time.
+    pub fn ordered(mut self, key: Option<String>, previous: Option<i64>) -> Self {
+        if let Some(order) = crate::model::Order::of(key, previous) {
+            (self.ordering_key, self.previous_sequence) = order.headers();
+        }
+        if self.next_attempt_at_ms == Some(crate::ordering::HELD_MS) {
+            self.next_attempt_at_ms = None;
+            self.held = true;
+        }
+        self
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -71,6 +94,26 @@ pub struct AttemptRecordView {
     pub response_body: Option<String>,
     pub error: Option<String>,
 }
+
+/// An ordered key of a subscriber that holds deliveries back (`GET /v1/subscribers/{id}/held`):
+/// its head (the one delivery of the key outstanding: why the others wait, in its status,
+/// attempts and last error), how many wait behind it and since when, and which goes next.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldKey {
+    /// `webhook-ordering-key` (`None` for ordering by subscriber).
+    pub ordering_key: Option<String>,
+    /// `None` only for a moment, between a head's end and the release of the next.
+    pub head: Option<DeliveryView>,
+    /// Deliveries held behind the head, counted up to [`HELD_COUNT_MAX`].
+    pub held: u64,
+    /// When the next to go was held (its creation, or its replay).
+    pub held_since_ms: i64,
+    /// The delivery that goes once the head ends.
+    pub next: String,
+}
+
+/// How far [`HeldKey::held`] counts (the count is a read of the index, bounded).
+pub const HELD_COUNT_MAX: i64 = 10_000;
 
 /// What one step of a bulk replay did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,6 +175,15 @@ pub trait Deliveries {
         &self,
         filter: DeliveryFilter,
     ) -> impl Future<Output = Result<u64, LedgerError>> + Send;
+
+    /// The first `limit` ordered keys of `subscriber` (in key order) that hold deliveries
+    /// back, if `scope` sees the subscriber.
+    fn held_keys(
+        &self,
+        subscriber: String,
+        limit: usize,
+        scope: Option<String>,
+    ) -> impl Future<Output = Result<Vec<HeldKey>, LedgerError>> + Send;
 
     /// Store a test event and a delivery of it to live subscriber `subscriber` alone, if
     /// `scope` sees it. Returns the delivery's row id.

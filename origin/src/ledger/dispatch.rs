@@ -69,6 +69,9 @@ pub struct Recorded {
     pub claims: Vec<Claim>,
     /// The turn's notices followed by the dead-count alerts it crossed: raise them now.
     pub notices: Vec<Notice>,
+    /// Subscribers whose held deliveries this turn's outcomes made due now (an ordered key's
+    /// head ended, `crate::ordering`): the dispatcher looks at them at once, not at a backoff.
+    pub due: Vec<String>,
 }
 
 /// A turn that was not recorded: nothing of it was written, and it comes back whole so the

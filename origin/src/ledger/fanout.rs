@@ -17,6 +17,7 @@ use serde_json::Value;
 use super::deliveries::NewEvent;
 use crate::event_filter::{Filter, FilterCache, Projection};
 use crate::model::any_type_matches;
+use crate::ordering::Ordering;
 
 /// A live subscriber as ingest sees it.
 #[derive(Debug)]
@@ -24,18 +25,25 @@ pub struct Candidate {
     pub id: String,
     patterns: Vec<String>,
     filter: Option<Arc<Filter>>,
+    /// Its ordering (`crate::ordering`) and, for `key`, the pointer.
+    ordering: Ordering,
+    ordering_key: Option<String>,
 }
+
+/// A subscriber row as ingest reads it: id, event types (JSON), filter (JSON text), ordering
+/// and ordering key.
+pub type CandidateRow = (String, String, Option<String>, String, Option<String>);
 
 /// Compiled filters by text, shared by every ledger of the process (the key is the text).
 static FILTERS: LazyLock<Mutex<FilterCache>> = LazyLock::new(Default::default);
 
-/// The candidates from the rows ingest read: id, event types (JSON) and filter (JSON text).
+/// The candidates from the rows ingest read ([`CandidateRow`]).
 /// Event types that do not decode match nothing; a filter that no longer compiles (stored by a
 /// version with other rules) lets every event through, with a warning, rather than lose one.
-pub fn candidates(rows: Vec<(String, String, Option<String>)>) -> Vec<Candidate> {
+pub fn candidates(rows: Vec<CandidateRow>) -> Vec<Candidate> {
     let mut cache = FILTERS.lock().unwrap_or_else(|p| p.into_inner());
     rows.into_iter()
-        .map(|(id, types, filter)| {
+        .map(|(id, types, filter, ordering, ordering_key)| {
             let filter = filter.and_then(|text| match cache.get(&text) {
                 Ok(f) => f,
                 Err(e) => {
@@ -48,9 +56,35 @@ pub fn candidates(rows: Vec<(String, String, Option<String>)>) -> Vec<Candidate>
                 patterns: serde_json::from_str(&types).unwrap_or_default(),
                 id,
                 filter,
+                ordering: Ordering::parse(&ordering).unwrap_or_default(),
+                ordering_key,
             }
         })
         .collect()
+}
+
+/// Push the ordering key (`crate::ordering::key_of`) of event `e`'s delivery to each of `to`
+/// (indexes into `subs`), in order, onto `out`: `None` for an unordered subscriber. The body is
+/// parsed once, and only when one of them orders by a key.
+pub fn ordering_keys(
+    subs: &[Candidate],
+    e: &NewEvent,
+    to: &[usize],
+    out: &mut Vec<Option<String>>,
+) {
+    if to.iter().all(|&i| subs[i].ordering == Ordering::None) {
+        out.resize(out.len() + to.len(), None);
+        return;
+    }
+    let body: Option<Value> = to
+        .iter()
+        .any(|&i| subs[i].ordering == Ordering::Key)
+        .then(|| serde_json::from_str(&e.body).ok())
+        .flatten();
+    out.extend(to.iter().map(|&i| {
+        let s = &subs[i];
+        crate::ordering::key_of(s.ordering, s.ordering_key.as_deref(), body.as_ref())
+    }));
 }
 
 /// Chooses each event's subscribers among the candidates.
@@ -119,6 +153,8 @@ mod tests {
                 id.to_string(),
                 types.to_string(),
                 filter.map(str::to_string),
+                "none".to_string(),
+                None,
             )
         };
         let subs = candidates(vec![

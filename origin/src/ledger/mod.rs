@@ -31,7 +31,8 @@ mod write_state;
 
 pub use customers::Customers;
 pub use deliveries::{
-    AttemptRecordView, Deliveries, DeliveryFilter, DeliveryView, Ingested, NewEvent, ReplayStep,
+    AttemptRecordView, Deliveries, DeliveryFilter, DeliveryView, HeldKey, Ingested, NewEvent,
+    ReplayStep,
 };
 pub use dispatch::{Announcement, DispatchLedger, Recorded, Turn, TurnError};
 pub use error::{DriverError, LedgerError, Unavailable};
@@ -77,5 +78,7 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         customer: None,
         filter: None,
         payload: Default::default(),
+        ordering: Default::default(),
+        ordering_key: None,
     }
 }

@@ -14,7 +14,9 @@ use fanout_core::breaker::BreakerConfig;
 use fanout_core::limiter::LimiterState;
 
 use super::customers::Customers;
-use super::deliveries::{Deliveries, DeliveryFilter, DeliveryView, Ingested, NewEvent, ReplayStep};
+use super::deliveries::{
+    Deliveries, DeliveryFilter, DeliveryView, HeldKey, Ingested, NewEvent, ReplayStep,
+};
 use super::dispatch::Announcement;
 use super::dispatch::{DispatchLedger, Recorded, Turn, TurnError};
 use super::error::LedgerError;
@@ -217,6 +219,7 @@ impl Deliveries for Store {
         fn replay_one(&self, rowid: i64, now_ms: i64, scope: Option<String>) -> Result<String, LedgerError>;
         fn replay_step(&self, filter: DeliveryFilter, now_ms: i64) -> Result<ReplayStep, LedgerError>;
         fn count_replayable(&self, filter: DeliveryFilter) -> Result<u64, LedgerError>;
+        fn held_keys(&self, subscriber: String, limit: usize, scope: Option<String>) -> Result<Vec<HeldKey>, LedgerError>;
         fn ingest_test(&self, subscriber: String, event: NewEvent, now_ms: i64, scope: Option<String>)
             -> Result<i64, LedgerError>;
     }

@@ -88,6 +88,10 @@
   async function loadEndpoints() {
     const data = await call('GET', '/v1/subscribers?stats=true');
     endpoints = data.subscribers;
+    // Ordered endpoints: the keys a failing delivery holds back (GET …/held).
+    await Promise.all(endpoints.filter((s) => s.ordering && s.ordering !== 'none').map(async (s) => {
+      s.held = (await call('GET', `/v1/subscribers/${encodeURIComponent(s.id)}/held`)).keys ?? [];
+    }));
     const now = Date.now();
     const box = $('#endpoints');
     box.replaceChildren(
@@ -108,6 +112,14 @@
             h('span', null, 'delivered ', h('b', { 'data-field': 'sent' }, st.sent ?? 0)),
           ),
           st.last_error ? h('div', { class: 'muted small' }, `Last error: ${st.last_error}`) : null,
+          s.ordering && s.ordering !== 'none'
+            ? h('div', { class: 'muted small', 'data-field': 'ordering' },
+              s.ordering === 'key' ? `In order per ${s.ordering_key}` : 'In order, one at a time',
+              ...(s.held ?? []).map((k) => h('div', { 'data-field': 'held' },
+                `${k.ordering_key != null ? `Key ${k.ordering_key}` : 'All'}: ${k.held} waiting since ${fmtTime(k.held_since_ms)} behind `,
+                k.head ? h('a', { href: '#', onclick: (ev) => { ev.preventDefault(); openDelivery(k.head.id); } }, k.head.id) : k.next,
+                k.head?.last_error ? ` (${k.head.last_error})` : '')))
+            : null,
           filterEditor(s),
           h(
             'div',
@@ -243,6 +255,9 @@
         ...fact('Attempts', String(d.attempt_count)),
         ...fact('Created', fmtTime(d.created_at_ms)),
         ...(d.next_attempt_at_ms ? fact('Next attempt', fmtTime(d.next_attempt_at_ms)) : []),
+        ...(d.held ? fact('Next attempt', 'waiting for the delivery before it (in order)') : []),
+        ...(d.ordering_key != null ? fact('Ordering key', d.ordering_key) : []),
+        ...(d.previous_sequence != null ? fact('Previous sequence', String(d.previous_sequence)) : []),
       );
       $('#replay-one').hidden = d.status === 'in_flight';
       $('#attempts').replaceChildren(

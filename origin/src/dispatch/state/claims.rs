@@ -161,6 +161,7 @@ impl State {
             effects.push(Effect::Raise(recorded.notices));
         }
         let breaker = self.cfg.breaker;
+        let released = recorded.due;
         for claim in recorded.claims {
             let Some(st) = self.subs.get_mut(claim.subscriber_id.as_str()) else {
                 continue;
@@ -235,6 +236,8 @@ impl State {
         // goes back whole.
         self.release_reservations();
         self.forget_removed();
+        // An ordered key's next delivery went due with its head's result: ask for it now.
+        self.on_due(&released, now);
         effects.extend(self.watch(now));
         effects
     }

@@ -128,6 +128,7 @@ fn relaunch(state: &mut State, rows: &[Claimed], now: i64) -> Vec<(usize, usize)
             not_before_ms: None,
         }],
         notices: vec![],
+        due: vec![],
     };
     on(state, Event::Recorded(recorded), now)
         .iter()
@@ -196,6 +197,7 @@ fn edge_refusals_split_then_count_attempts() {
             attempt: m.attempt,
             sequence: 1,
             received_ms: 0,
+            order: None,
         })
         .collect();
     on(&mut state, edge_failed("a", &metas, refused()), 10);

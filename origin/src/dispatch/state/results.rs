@@ -126,6 +126,13 @@ impl State {
                 // A `rate` deferral keeps the token our pacing took for it: the origin stays a
                 // token behind the edge instead of ahead of it, so it never churns calls the
                 // edge can only defer.
+                if st.target.ordered
+                    && matches!(transition, Transition::Sent | Transition::Dead { .. })
+                {
+                    // Its key's next delivery is released by the turn that records this: the
+                    // same turn claims it.
+                    st.due_at(now);
+                }
             }
             let attempt = attempt_record(&result, meta.attempt, lane, at_ms, meta.latency_ms);
             self.push_outcome(

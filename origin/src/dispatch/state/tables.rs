@@ -82,6 +82,7 @@ impl Ledger {
         Event::Recorded(Recorded {
             claims,
             notices: turn.notices,
+            due: vec![],
         })
     }
 }
@@ -95,6 +96,7 @@ fn claimed(rowid: i64) -> Claimed {
         attempt: 1,
         sequence: rowid as u64,
         received_ms: 0,
+        order: None,
     }
 }
 
@@ -229,6 +231,8 @@ fn sub(id: &str, max_in_flight: u32, customer: Option<&str>) -> (Subscriber, Lim
         customer: customer.map(str::to_string),
         filter: None,
         payload: Default::default(),
+        ordering: Default::default(),
+        ordering_key: None,
     };
     (s, LimiterState::default())
 }
@@ -567,6 +571,7 @@ fn one_turn_at_a_time_table() {
                 not_before_ms: None,
             }],
             notices: vec![],
+            due: vec![],
         })
     };
     let script = vec![

@@ -47,6 +47,7 @@ impl Queue {
                         attempt: 1,
                         sequence: 1,
                         received_ms: 0,
+                        order: None,
                     }
                 })
                 .collect();
@@ -60,6 +61,7 @@ impl Queue {
         Recorded {
             claims,
             notices: turn.notices.clone(),
+            due: vec![],
         }
     }
 }
@@ -176,6 +178,7 @@ fn the_watchdog_reports_readiness_never_acted_on() {
             not_before_ms: Some(at),
         }],
         notices: vec![],
+        due: vec![],
     };
     let mut state = State::new(settings(100));
     on(
@@ -307,6 +310,7 @@ fn a_claim_the_shared_limiter_refused_waits_for_it() {
             not_before_ms: Some(510),
         }],
         notices: vec![],
+        due: vec![],
     };
     assert!(on(&mut state, Event::Recorded(refused), 10).is_empty());
     for now in [20, 200, 509] {

@@ -22,7 +22,8 @@ mod rows;
 use rows::copy_filters;
 pub use rows::Copied;
 use rows::{
-    copy_attempts, copy_deliveries, copy_events, copy_secrets, copy_sequences, copy_subscribers,
+    copy_attempts, copy_deliveries, copy_events, copy_ordering, copy_secrets, copy_sequences,
+    copy_subscribers,
 };
 
 /// Copy the SQLite ledger at `from` into the empty PostgreSQL ledger at `to` (created and
@@ -62,8 +63,8 @@ pub async fn copy_sqlite_to_pg(
     let tx = client.transaction().await?;
     // Nobody else writes while we check and copy.
     tx.batch_execute(
-        "LOCK TABLE subscribers, subscriber_secrets, events, deliveries, attempts, sequences
-         IN EXCLUSIVE MODE",
+        "LOCK TABLE subscribers, subscriber_secrets, events, deliveries, attempts, sequences,
+             ordering_keys IN EXCLUSIVE MODE",
     )
     .await?;
     let occupied: bool = tx
@@ -107,6 +108,7 @@ pub async fn copy_sqlite_to_pg(
 
     copy_deliveries(&src, &tx, now_ms, &mut done, &mut progress).await?;
     copy_sequences(&src, &tx).await?;
+    copy_ordering(&src, &tx).await?;
 
     copy_attempts(&src, &tx, &mut done, &mut progress).await?;
 

@@ -390,3 +390,64 @@ pub(super) async fn copy_filters(
     .await?;
     Ok(())
 }
+
+/// Ordered delivery (`crate::ordering`; a ledger from before it has none): each subscriber's
+/// ordering, each ordered delivery's key and previous sequence (held ones come over held:
+/// their due time is copied as it is), and each key's last sequence.
+pub(super) async fn copy_ordering(
+    src: &Connection,
+    tx: &Transaction<'_>,
+) -> Result<(), LedgerError> {
+    if !has_column(src, "deliveries", "ordering_key")? {
+        return Ok(());
+    }
+    let mut st =
+        src.prepare("SELECT id, ordering, ordering_key FROM subscribers WHERE ordering <> 'none'")?;
+    let subs: Vec<(String, String, Option<String>)> = st
+        .query_map([], |r| r.try_into())?
+        .collect::<Result<_, _>>()?;
+    let ids: Vec<&str> = subs.iter().map(|s| s.0.as_str()).collect();
+    let orderings: Vec<&str> = subs.iter().map(|s| s.1.as_str()).collect();
+    let pointers: Vec<Option<&str>> = subs.iter().map(|s| s.2.as_deref()).collect();
+    tx.execute(
+        "UPDATE subscribers s SET ordering = u.o, ordering_key = u.k
+         FROM unnest($1::text[], $2::text[], $3::text[]) AS u(id, o, k) WHERE s.id = u.id",
+        &[&ids, &orderings, &pointers],
+    )
+    .await?;
+    let mut after = 0i64;
+    loop {
+        let mut st = src.prepare_cached(
+            "SELECT id, ordering_key, previous_sequence FROM deliveries
+             WHERE id > ?1 AND ordering_key IS NOT NULL ORDER BY id LIMIT ?2",
+        )?;
+        let page: Vec<(i64, String, Option<i64>)> = st
+            .query_map([after, CHUNK], |r| r.try_into())?
+            .collect::<Result<_, _>>()?;
+        let Some(last) = page.last() else { break };
+        after = last.0;
+        let ids: Vec<i64> = page.iter().map(|d| d.0).collect();
+        let keys: Vec<&str> = page.iter().map(|d| d.1.as_str()).collect();
+        let previous: Vec<Option<i64>> = page.iter().map(|d| d.2).collect();
+        tx.execute(
+            "UPDATE deliveries d SET ordering_key = u.k, previous_sequence = u.p
+             FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS u(id, k, p) WHERE d.id = u.id",
+            &[&ids, &keys, &previous],
+        )
+        .await?;
+    }
+    let mut st = src.prepare("SELECT subscriber_id, key, last FROM ordering_keys")?;
+    let rows: Vec<(String, String, i64)> = st
+        .query_map([], |r| r.try_into())?
+        .collect::<Result<_, _>>()?;
+    let subs: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    let keys: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+    let lasts: Vec<i64> = rows.iter().map(|r| r.2).collect();
+    tx.execute(
+        "INSERT INTO ordering_keys (subscriber_id, key, last)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])",
+        &[&subs, &keys, &lasts],
+    )
+    .await?;
+    Ok(())
+}

@@ -13,7 +13,7 @@ use crate::ledger::{DeliveryFilter, DeliveryView, Ingested, LedgerError, NewEven
 use crate::model::{delivery_public_id, AttemptOutcome, Lane, Status};
 
 use super::rows::*;
-use crate::ledger::deliveries::{Deliveries, ReplayStep};
+use crate::ledger::deliveries::{Deliveries, HeldKey, ReplayStep};
 use crate::ledger::scope;
 
 impl PgLedger {
@@ -136,13 +136,19 @@ impl PgLedger {
                 "subscriber {sub} has been removed"
             )));
         }
+        // A held delivery stays held; an ended one of an ordered key rejoins its key.
         tx.execute(
-            "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = $2,
-                 last_error = NULL, updated_ms = $2
+            "UPDATE deliveries SET status = 'pending', attempts = 0, last_error = NULL,
+                 updated_ms = $2,
+                 next_attempt_ms = CASE WHEN next_attempt_ms = $3 AND status = 'pending'
+                                        THEN $3 ELSE $2 END
              WHERE id = $1",
-            &[&rowid, &now_ms],
+            &[&rowid, &now_ms, &crate::ordering::HELD_MS],
         )
         .await?;
+        if status != Status::Pending.as_str() {
+            super::ordered::rejoin(tx, &[rowid], now_ms).await?;
+        }
         tx.execute(
             "SELECT pg_notify($1, $2)",
             &[&DUE_CHANNEL, &notify_payload(std::slice::from_ref(&sub))],
@@ -192,10 +198,18 @@ impl PgLedger {
                      last_error = NULL, updated_ms = $1
                  WHERE id IN (SELECT id FROM deliveries WHERE id = ANY($2)
                               AND status IN ('sent', 'dead') FOR UPDATE SKIP LOCKED)
-                 RETURNING subscriber_id",
+                 RETURNING subscriber_id, id, ordering_key IS NOT NULL",
                 &[&now_ms, &ids],
             )
             .await?;
+        // Replayed deliveries of ordered keys rejoin their keys (`ordered::rejoin`).
+        let mut keyed: Vec<i64> = Vec::new();
+        for r in &rows {
+            if r.try_get::<_, bool>(2)? {
+                keyed.push(r.try_get(1)?);
+            }
+        }
+        super::ordered::rejoin(&tx, &keyed, now_ms).await?;
         let replayed = rows.len() as u64;
         let mut subs: Vec<String> = rows
             .iter()
@@ -244,7 +258,8 @@ impl PgLedger {
 
 pub(super) const DELIVERY_COLUMNS: &str =
     "d.id, d.subscriber_id, d.event_id, COALESCE(e.type, ''), d.status, \
-     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms, d.sequence";
+     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms, d.sequence, \
+     d.ordering_key, d.previous_sequence";
 
 pub(super) fn delivery_from_row(r: &Row) -> Result<DeliveryView, LedgerError> {
     let status = enum_column(r, 4, Status::parse)?;
@@ -261,8 +276,12 @@ pub(super) fn delivery_from_row(r: &Row) -> Result<DeliveryView, LedgerError> {
         created_at_ms: r.try_get(8)?,
         updated_at_ms: r.try_get(9)?,
         sequence: r.try_get::<_, i64>(10)?.max(0) as u64,
+        ordering_key: None,
+        previous_sequence: None,
+        held: false,
         attempts: None,
-    })
+    }
+    .ordered(r.try_get(11)?, r.try_get(12)?))
 }
 
 /// `WHERE …` for what a bulk replay with this filter replays (`filter.rs`).
@@ -391,6 +410,16 @@ impl Deliveries for PgLedger {
     ) -> Result<String, LedgerError> {
         self.replay_one_scoped(rowid, now_ms, scope.as_deref())
             .await
+    }
+
+    async fn held_keys(
+        &self,
+        subscriber: String,
+        limit: usize,
+        scope: Option<String>,
+    ) -> Result<Vec<HeldKey>, LedgerError> {
+        scope::visible(scope.as_deref(), self.get_subscriber(&subscriber).await?)?;
+        PgLedger::held_keys(self, &subscriber, limit).await
     }
 
     async fn replay_step(

@@ -156,6 +156,7 @@ impl PgLedger {
         Ok(Recorded {
             claims: in_order(&asks, claims, now),
             notices,
+            due: applied.released,
         })
     }
 

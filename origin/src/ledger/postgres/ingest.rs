@@ -15,7 +15,7 @@ use tokio_postgres::types::ToSql;
 
 use super::ledger::PgLedger;
 use super::listen::{notify_payload, DUE_CHANNEL};
-use crate::ledger::fanout::{candidates, Selector};
+use crate::ledger::fanout::{candidates, ordering_keys, Selector};
 use crate::ledger::{sequence, Ingested, LedgerError, NewEvent};
 
 impl PgLedger {
@@ -62,7 +62,10 @@ impl PgLedger {
         let subs = candidates(
             sub_rows
                 .iter()
-                .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+                .map(|r| {
+                    let (id, types, filter) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+                    Ok((id, types, filter, r.try_get(3)?, r.try_get(4)?))
+                })
                 .collect::<Result<_, LedgerError>>()?,
         );
         let fresh: HashSet<String> = fresh_rows
@@ -73,6 +76,7 @@ impl PgLedger {
         let mut pair_subs: Vec<&str> = Vec::new();
         let mut pair_events: Vec<&str> = Vec::new();
         let mut is_new = Vec::with_capacity(events.len());
+        let mut keys: Vec<Option<String>> = Vec::new();
         let mut selector = Selector::new(&subs);
         for e in events {
             let new = fresh_left.remove(&e.id);
@@ -80,7 +84,9 @@ impl PgLedger {
             if !new {
                 continue;
             }
-            for &i in selector.select(e) {
+            let to = selector.select(e);
+            ordering_keys(&subs, e, to, &mut keys);
+            for &i in to {
                 pair_subs.push(&subs[i].id);
                 pair_events.push(&e.id);
             }
@@ -89,14 +95,29 @@ impl PgLedger {
         // counters of (`ledger::sequence`), locking their rows in that order until the commit.
         let counts = sequence::tally(&pair_subs);
         let touched: Vec<String> = counts.iter().map(|(s, _)| s.to_string()).collect();
+        // Ordered deliveries are linked to their keys (`ordered.rs`, held behind a key's head)
+        // before the commit; without any, the commit goes with the deliveries' insert.
+        let ordered: Vec<(&str, &str, String)> = (pair_subs.iter().zip(&pair_events).zip(keys))
+            .filter_map(|((s, e), k)| Some((*s, *e, k?)))
+            .collect();
         let created = if pair_subs.is_empty() {
+            tx.batch_execute("COMMIT").await?;
             HashMap::new()
         } else {
-            insert_deliveries(tx, &pair_subs, &pair_events, &counts, &touched, now_ms).await?
+            let deliveries = Fanned {
+                subs: &pair_subs,
+                events: &pair_events,
+                counts: &counts,
+                touched: &touched,
+            };
+            let commit = ordered.is_empty();
+            let created = insert_deliveries(tx, deliveries, now_ms, commit).await?;
+            if !commit {
+                super::ordered::link(tx, &ordered).await?;
+                tx.batch_execute("COMMIT").await?;
+            }
+            created
         };
-        if pair_subs.is_empty() {
-            tx.batch_execute("COMMIT").await?;
-        }
         self.growth
             .inserted(created.values().map(|n| i64::from(*n)).sum());
         let mut seen: HashSet<&str> = HashSet::new();
@@ -120,20 +141,33 @@ impl PgLedger {
     }
 }
 
-/// Insert a fan-out's deliveries (`subs[k]` × `events[k]`, in order) with their sequence
-/// numbers (`counts`: each subscriber's, in id order), announce `touched` and commit,
-/// pipelined: the counters' rows are locked from the insert to the commit, one round trip.
+/// A fan-out's deliveries: `subs[k]` × `events[k]`, in order; `counts`, each subscriber's, in
+/// id order; `touched`, those subscribers, to announce.
+struct Fanned<'a> {
+    subs: &'a [&'a str],
+    events: &'a [&'a str],
+    counts: &'a [(&'a str, i64)],
+    touched: &'a [String],
+}
+
+/// Insert a fan-out's deliveries with their sequence numbers, announce the subscribers and,
+/// when `commit`, commit, pipelined: the counters' rows are locked from the insert to the
+/// commit, one round trip.
 /// Returns the deliveries created per event: all of them (the events are new, so no delivery
 /// of theirs can exist; one that did would fail the insert, and the commit with it, rather
 /// than leave its number unused).
 async fn insert_deliveries(
     tx: &deadpool_postgres::ClientWrapper,
-    subs: &[&str],
-    events: &[&str],
-    counts: &[(&str, i64)],
-    touched: &[String],
+    fanned: Fanned<'_>,
     now_ms: i64,
+    commit: bool,
 ) -> Result<HashMap<String, u32>, LedgerError> {
+    let Fanned {
+        subs,
+        events,
+        counts,
+        touched,
+    } = fanned;
     let count_subs: Vec<&str> = counts.iter().map(|(s, _)| *s).collect();
     let count_ns: Vec<i64> = counts.iter().map(|(_, n)| *n).collect();
     let back = sequence::from_end(subs);
@@ -146,12 +180,22 @@ async fn insert_deliveries(
         &[&subs, &events, &now_ms, &count_subs, &count_ns, &back];
     let notify_args: &[&(dyn ToSql + Sync)] = &[&DUE_CHANNEL, &payload];
     // In this order: a failed insert turns the COMMIT into a rollback.
-    let (rows, _, ()) = tokio::try_join!(
-        biased;
-        tx.query(&insert, insert_args),
-        tx.execute(&notify, notify_args),
-        tx.batch_execute("COMMIT"),
-    )?;
+    let rows = if commit {
+        let (rows, _, ()) = tokio::try_join!(
+            biased;
+            tx.query(&insert, insert_args),
+            tx.execute(&notify, notify_args),
+            tx.batch_execute("COMMIT"),
+        )?;
+        rows
+    } else {
+        let (rows, _) = tokio::try_join!(
+            biased;
+            tx.query(&insert, insert_args),
+            tx.execute(&notify, notify_args),
+        )?;
+        rows
+    };
     let mut created: HashMap<String, u32> = HashMap::new();
     for r in rows {
         *created.entry(r.try_get(0)?).or_default() += 1;
@@ -161,7 +205,8 @@ async fn insert_deliveries(
 
 /// Ingest's statements (prepared once per connection).
 pub(super) const INGEST_SUBSCRIBERS: &str =
-    "SELECT id, event_types, filter FROM subscribers WHERE deleted_ms IS NULL ORDER BY id";
+    "SELECT id, event_types, filter, ordering, ordering_key FROM subscribers
+     WHERE deleted_ms IS NULL ORDER BY id";
 pub(super) const INGEST_EVENTS: &str = "INSERT INTO events (id, type, body, received_ms)
      SELECT id, type, body, $4 FROM unnest($1::text[], $2::text[], $3::text[])
          WITH ORDINALITY AS u(id, type, body, n) ORDER BY n

@@ -16,6 +16,7 @@ use super::ledger::PgLedger;
 use super::shared::{grant_shared, shared_wait};
 use crate::ledger::{Claimed, LedgerError, Outcome, Transition};
 use crate::model::Limits;
+use crate::model::Order;
 
 use super::rows::*;
 
@@ -64,6 +65,8 @@ pub struct Applied {
     /// Deliveries whose result was ignored: their lease had expired and been taken over (or
     /// the delivery was removed with its subscriber) — another daemon owns them now.
     pub stale: Vec<i64>,
+    /// Subscribers whose held deliveries became due: an ordered key's head ended.
+    pub released: Vec<String>,
 }
 
 // The hot path's statements, prepared once per connection (`prepare_cached`): a turn sends
@@ -104,17 +107,19 @@ pub(super) const CLAIM_LEASE: &str =
                    FOR UPDATE SKIP LOCKED) c))
        AND e.id = d.event_id
      RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts, d.next_attempt_ms,
-         d.sequence, e.received_ms";
+         d.sequence, e.received_ms, d.ordering_key, d.previous_sequence";
 
 /// Shared limiter states back in their (locked) rows.
 pub(super) const STORE_LIMITERS: &str = "UPDATE subscribers s SET limiter = u.l
      FROM unnest($1::text[], $2::text[]) AS u(id, l) WHERE s.id = u.id";
 
-/// When each subscriber's earliest pending delivery is due: one index probe each.
+/// When each subscriber's earliest pending delivery is due: one index probe each (held
+/// deliveries, due at `ordering::HELD_MS`, are not due).
 pub(super) const CLAIM_NEXT_DUE: &str = "SELECT w.sub, n.due FROM unnest($1::text[]) AS w(sub)
      CROSS JOIN LATERAL (
          SELECT next_attempt_ms AS due FROM deliveries
          WHERE subscriber_id = w.sub AND status = 'pending'
+           AND next_attempt_ms < 9223372036854775807
          ORDER BY next_attempt_ms LIMIT 1) n";
 
 /// Results of deliveries still leased to `$9` (under lease `$2[k]` when not null), and the
@@ -128,7 +133,7 @@ pub(super) const RECORD_OUTCOMES: &str = "WITH done AS (
                      $6::text[], $7::bool[]) AS u(id, lease, status, spent, next, err, keep)
          WHERE d.id = u.id AND d.status = 'in_flight' AND d.lease_owner = $9
            AND (u.lease IS NULL OR d.lease_expires_ms = u.lease)
-         RETURNING d.id),
+         RETURNING d.id, d.subscriber_id, d.status, d.ordering_key),
      tried AS (
          INSERT INTO attempts (delivery_id, attempt, at_ms, lane, outcome, status, latency_ms,
              response_body, error)
@@ -140,7 +145,9 @@ pub(super) const RECORD_OUTCOMES: &str = "WITH done AS (
                                   error, ord)
          WHERE x.delivery IN (SELECT id FROM done)
          ORDER BY x.ord)
-     SELECT id FROM done";
+     SELECT id, subscriber_id, status IN ('sent', 'dead') AND ordering_key IS NOT NULL,
+         ordering_key
+     FROM done";
 
 /// The most asked of each subscriber (once each, in id order).
 pub(super) fn wanted_of(wants: &[(String, usize)]) -> BTreeMap<&str, usize> {
@@ -281,6 +288,7 @@ impl PgLedger {
                         attempt: (r.try_get::<_, i32>(5)?.max(0) as u32).saturating_add(1),
                         sequence: r.try_get::<_, i64>(7)?.max(0) as u64,
                         received_ms: r.try_get(8)?,
+                        order: Order::of(r.try_get(9)?, r.try_get(10)?),
                     },
                 ));
             }
@@ -454,7 +462,7 @@ impl PgLedger {
             }
         }
         let st = tx.prepare_cached(RECORD_OUTCOMES).await?;
-        let recorded: HashSet<i64> = tx
+        let done = tx
             .query(
                 &st,
                 &[
@@ -478,16 +486,22 @@ impl PgLedger {
                     &a_error,
                 ],
             )
-            .await?
-            .iter()
-            .map(|r| r.try_get(0))
-            .collect::<Result<_, _>>()?;
+            .await?;
+        let mut recorded: HashSet<i64> = HashSet::with_capacity(done.len());
+        let mut ended: Vec<(String, String)> = Vec::new();
+        for r in &done {
+            recorded.insert(r.try_get(0)?);
+            if r.try_get::<_, bool>(2)? {
+                ended.push((r.try_get(1)?, r.try_get(3)?));
+            }
+        }
         Ok(Applied {
             recorded: recorded.len(),
             stale: ids
                 .into_iter()
                 .filter(|id| !recorded.contains(id))
                 .collect(),
+            released: super::ordered::release(tx, &ended, now_ms).await?,
         })
     }
 
@@ -524,7 +538,8 @@ impl PgLedger {
             .query(
                 "SELECT s.id, LEAST(
                      (SELECT MIN(d.next_attempt_ms) FROM deliveries d
-                      WHERE d.subscriber_id = s.id AND d.status = 'pending'),
+                      WHERE d.subscriber_id = s.id AND d.status = 'pending'
+                        AND d.next_attempt_ms < 9223372036854775807),
                      (SELECT MIN(d.lease_expires_ms) FROM deliveries d
                       WHERE d.subscriber_id = s.id AND d.status = 'in_flight'))
                  FROM subscribers s WHERE s.deleted_ms IS NULL ORDER BY s.id",

@@ -207,6 +207,7 @@ mod ingest;
 mod leases;
 mod ledger;
 pub mod listen;
+mod ordered;
 mod retention;
 mod rows;
 mod schema;

@@ -293,6 +293,22 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE subscribers ADD COLUMN payload TEXT NOT NULL DEFAULT 'full'
         CHECK (payload IN ('full', 'thin'));
     "#,
+    // 11: ordered delivery (issue 24, as the SQLite ledger's migration of the same name).
+    r#"
+    ALTER TABLE subscribers ADD COLUMN ordering TEXT NOT NULL DEFAULT 'none'
+        CHECK (ordering IN ('none', 'subscriber', 'key'));
+    ALTER TABLE subscribers ADD COLUMN ordering_key TEXT;
+    ALTER TABLE deliveries ADD COLUMN ordering_key TEXT;
+    ALTER TABLE deliveries ADD COLUMN previous_sequence BIGINT;
+    CREATE TABLE ordering_keys (
+        subscriber_id TEXT NOT NULL,
+        key           TEXT NOT NULL,
+        last          BIGINT NOT NULL,
+        PRIMARY KEY (subscriber_id, key)
+    );
+    CREATE INDEX deliveries_ordered ON deliveries(subscriber_id, ordering_key, next_attempt_ms, sequence)
+        WHERE ordering_key IS NOT NULL AND status IN ('pending', 'in_flight');
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

@@ -8,14 +8,18 @@ use super::customers::delivery_owner;
 use super::ingest::ingest;
 use super::leases::id_list;
 use super::ledger::Ledger;
+use super::ordered;
 use super::subscribers::{get_subscriber, visible_subscriber};
+use crate::ledger::deliveries::HELD_COUNT_MAX;
 use crate::ledger::deliveries::{
-    AttemptRecordView, Deliveries, DeliveryFilter, DeliveryView, Ingested, NewEvent, ReplayStep,
+    AttemptRecordView, Deliveries, DeliveryFilter, DeliveryView, HeldKey, Ingested, NewEvent,
+    ReplayStep,
 };
 use crate::ledger::error::{test_too_soon, LedgerError};
 use crate::ledger::filter::{self, Arg, Dialect};
 use crate::ledger::scope;
 use crate::model::{delivery_public_id, AttemptOutcome, Lane, Status};
+use crate::ordering::{header_value, HELD_MS};
 
 /// A filter's arguments as SQLite values.
 fn values(args: Vec<Arg>) -> Vec<rusqlite::types::Value> {
@@ -30,7 +34,8 @@ fn values(args: Vec<Arg>) -> Vec<rusqlite::types::Value> {
 
 const DELIVERY_COLUMNS: &str =
     "d.id, d.subscriber_id, d.event_id, COALESCE(e.type, ''), d.status, \
-     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms, d.sequence";
+     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms, d.sequence, \
+     d.ordering_key, d.previous_sequence";
 
 /// A text column that must hold one of an enum's names.
 fn enum_column<T>(r: &Row<'_>, i: usize, parse: fn(&str) -> Option<T>) -> rusqlite::Result<T> {
@@ -59,8 +64,12 @@ fn delivery_from_row(r: &Row<'_>) -> rusqlite::Result<DeliveryView> {
         created_at_ms: r.get(8)?,
         updated_at_ms: r.get(9)?,
         sequence: r.get::<_, i64>(10)?.max(0) as u64,
+        ordering_key: None,
+        previous_sequence: None,
+        held: false,
         attempts: None,
-    })
+    }
+    .ordered(r.get(11)?, r.get(12)?))
 }
 
 /// The `WHERE` clause of a delivery filter and its arguments (`filter.rs`).
@@ -191,12 +200,17 @@ pub fn replay_one(c: &Connection, rowid: i64, now_ms: i64) -> Result<String, Led
     }
     get_subscriber(c, &sub)
         .map_err(|_| LedgerError::Conflict(format!("subscriber {sub} has been removed")))?;
+    // A held delivery stays held; an ended one of an ordered key rejoins its key.
     c.execute(
-        "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?2,
-             last_error = NULL, updated_ms = ?2
+        "UPDATE deliveries SET status = 'pending', attempts = 0, last_error = NULL, updated_ms = ?2,
+             next_attempt_ms = CASE WHEN next_attempt_ms = ?3 AND status = 'pending' THEN ?3
+                                    ELSE ?2 END
          WHERE id = ?1",
-        params![rowid, now_ms],
+        params![rowid, now_ms, HELD_MS],
     )?;
+    if status != "pending" {
+        ordered::rejoin(c, &[rowid], now_ms)?;
+    }
     Ok(sub)
 }
 
@@ -245,15 +259,27 @@ pub fn replay_step(
         }
         None => replayable_ids(c, f)?,
     };
+    // Replayed deliveries of ordered keys rejoin their keys (`ordered::rejoin`).
+    let mut keyed: Vec<i64> = Vec::new();
     let mut subs: Vec<String> = c
         .prepare_cached(
             "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?1,
                  last_error = NULL, updated_ms = ?1
              WHERE id IN (SELECT value FROM json_each(?2)) AND status IN ('sent', 'dead')
-             RETURNING subscriber_id",
+             RETURNING subscriber_id, id, ordering_key IS NOT NULL",
         )?
-        .query_map(params![now_ms, id_list(ids.iter().copied())], |r| r.get(0))?
+        .query_map(params![now_ms, id_list(ids.iter().copied())], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?
+        .map(|row: rusqlite::Result<(String, i64, bool)>| {
+            let (sub, id, ordered) = row?;
+            if ordered {
+                keyed.push(id);
+            }
+            Ok::<_, rusqlite::Error>(sub)
+        })
         .collect::<Result<_, _>>()?;
+    ordered::rejoin(c, &keyed, now_ms)?;
     let replayed = subs.len() as u64;
     subs.sort();
     subs.dedup();
@@ -331,6 +357,57 @@ fn unfinished(status: &str) -> bool {
     )
 }
 
+/// Ordered keys held back (`crate::ordering`, `ordered.rs`). The statement behind
+/// [`held_keys`]: of subscriber `?1`'s keys in key order, those with a
+/// held delivery (due at `?2`), with their head and next held delivery; at most `?3`.
+const HELD_KEYS: &str = "SELECT k.key,
+         (SELECT h.id FROM deliveries h
+          WHERE h.subscriber_id = k.subscriber_id AND h.ordering_key = k.key
+            AND h.next_attempt_ms < ?2
+            AND h.ordering_key IS NOT NULL AND h.status IN ('pending', 'in_flight')
+          LIMIT 1),
+         n.id, n.updated_ms
+     FROM ordering_keys k
+     JOIN deliveries n ON n.id = (
+         SELECT h.id FROM deliveries h
+         WHERE h.subscriber_id = k.subscriber_id AND h.ordering_key = k.key
+           AND h.next_attempt_ms = ?2
+           AND h.ordering_key IS NOT NULL AND h.status IN ('pending', 'in_flight')
+         ORDER BY h.sequence LIMIT 1)
+     WHERE k.subscriber_id = ?1 ORDER BY k.key LIMIT ?3";
+
+/// How many deliveries of key (`?1`, `?2`) are held (due at `?3`), up to `?4`.
+const HELD_COUNT: &str = "SELECT COUNT(*) FROM (
+         SELECT 1 FROM deliveries
+         WHERE subscriber_id = ?1 AND ordering_key = ?2 AND next_attempt_ms = ?3
+           AND ordering_key IS NOT NULL AND status IN ('pending', 'in_flight')
+         LIMIT ?4)";
+
+/// `Deliveries::held_keys` on one connection (the subscriber's visibility checked by the
+/// caller).
+pub fn held_keys(c: &Connection, sub: &str, limit: usize) -> Result<Vec<HeldKey>, LedgerError> {
+    let rows: Vec<(String, Option<i64>, i64, i64)> = c
+        .prepare_cached(HELD_KEYS)?
+        .query_map(params![sub, HELD_MS, limit as i64], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut count = c.prepare_cached(HELD_COUNT)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (key, head, next, since) in rows {
+        let held: i64 =
+            count.query_row(params![sub, key, HELD_MS, HELD_COUNT_MAX], |r| r.get(0))?;
+        out.push(HeldKey {
+            ordering_key: header_value(&key),
+            head: head.map(|h| get_delivery(c, h)).transpose()?,
+            held: held.max(0) as u64,
+            held_since_ms: since,
+            next: delivery_public_id(next),
+        });
+    }
+    Ok(out)
+}
+
 impl Deliveries for Ledger {
     async fn ingest(
         &self,
@@ -376,6 +453,19 @@ impl Deliveries for Ledger {
                 delivery_owner(c, rowid)?.as_deref(),
             )?;
             replay_one(c, rowid, now_ms)
+        })
+        .await
+    }
+
+    async fn held_keys(
+        &self,
+        subscriber: String,
+        limit: usize,
+        scope: Option<String>,
+    ) -> Result<Vec<HeldKey>, LedgerError> {
+        self.read(move |c| {
+            visible_subscriber(c, &subscriber, scope.as_deref())?;
+            held_keys(c, &subscriber, limit)
         })
         .await
     }

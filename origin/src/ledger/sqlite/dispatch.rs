@@ -117,9 +117,11 @@ impl DispatchLedger for Ledger {
 /// [`DispatchLedger::record_turn`] on one connection, inside the caller's transaction.
 fn record_turn_sql(c: &rusqlite::Connection, turn: &Turn) -> Result<Recorded, LedgerError> {
     let now = turn.now_ms;
-    if !turn.outcomes.is_empty() {
-        apply(c, &turn.outcomes, &[], now)?;
-    }
+    let due = if turn.outcomes.is_empty() {
+        Vec::new()
+    } else {
+        apply(c, &turn.outcomes, &[], now)?
+    };
     if !turn.health.is_empty() {
         apply_health(c, &turn.health)?;
     }
@@ -129,7 +131,11 @@ fn record_turn_sql(c: &rusqlite::Connection, turn: &Turn) -> Result<Recorded, Le
     }
     let asks = turn.asks();
     let claims = claim(c, &asks, &turn.limiters, now, turn.lease_until_ms)?;
-    Ok(Recorded { claims, notices })
+    Ok(Recorded {
+        claims,
+        notices,
+        due,
+    })
 }
 
 #[cfg(test)]

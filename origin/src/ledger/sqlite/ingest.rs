@@ -8,9 +8,10 @@ use std::collections::HashSet;
 
 use rusqlite::Connection;
 
+use super::ordered;
 use crate::ledger::deliveries::{Ingested, NewEvent};
 use crate::ledger::error::LedgerError;
-use crate::ledger::fanout::{candidates, Candidate, Selector};
+use crate::ledger::fanout::{candidates, ordering_keys, Candidate, Selector};
 use crate::ledger::sequence;
 
 /// Rows per multi-row `INSERT`: ingest and the attempts of a dispatcher turn go in as a few
@@ -75,9 +76,12 @@ pub fn ingest(
     let now_ms = latest.map_or(now_ms, |t| t.max(now_ms));
     let subs = candidates(
         c.prepare_cached(
-            "SELECT id, event_types, filter FROM subscribers WHERE deleted_ms IS NULL",
+            "SELECT id, event_types, filter, ordering, ordering_key FROM subscribers
+             WHERE deleted_ms IS NULL",
         )?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?
         .collect::<Result<_, _>>()?,
     );
     // The ids stored by this call. A repeated id within the call is new only the first time.
@@ -108,6 +112,7 @@ pub fn ingest(
     // once, before the deliveries go in.
     let mut parts: Vec<Option<std::ops::Range<usize>>> = Vec::with_capacity(events.len());
     let mut fan_out: Vec<usize> = Vec::new();
+    let mut keys: Vec<Option<String>> = Vec::new();
     let mut selector = Selector::new(&subs);
     for e in events {
         if !fresh.remove(&e.id) {
@@ -115,10 +120,13 @@ pub fn ingest(
             continue;
         }
         let from = fan_out.len();
-        fan_out.extend_from_slice(selector.select(e));
+        let to = selector.select(e);
+        ordering_keys(&subs, e, to, &mut keys);
+        fan_out.extend_from_slice(to);
         parts.push(Some(from..fan_out.len()));
     }
     let numbers = reserve_sequences(c, |i| subs[i].id.as_str(), &fan_out)?;
+    let links = link_ordered(c, &subs, &fan_out, &keys, &numbers)?;
     let mut touched = vec![false; subs.len()];
     let mut out = Vec::with_capacity(events.len());
     for (e, part) in events.iter().zip(parts) {
@@ -127,7 +135,13 @@ pub fn ingest(
         for &i in &fan_out[idx.clone()] {
             touched[i] = true;
         }
-        let created = insert_deliveries(c, &subs, e, &fan_out[idx.clone()], &numbers[idx], now_ms)?;
+        let part = Part {
+            to: &fan_out[idx.clone()],
+            numbers: &numbers[idx.clone()],
+            keys: &keys[idx.clone()],
+            links: &links[idx],
+        };
+        let created = insert_deliveries(c, &subs, e, &part, now_ms)?;
         out.push(Ingested {
             id: e.id.clone(),
             deliveries: created,
@@ -142,11 +156,79 @@ pub fn ingest(
     Ok((out, touched))
 }
 
-/// One new event's deliveries to `to` (indexes into `subs`) numbered `numbers`, by statements
-/// of up to `ROWS_PER_INSERT` rows. Returns how many were created: all of them (a new event has
-/// no delivery yet); one that was not would leave its number unused, so that is an error and
-/// nothing of the call is kept.
+/// One new event's part of the fan-out: its subscribers (indexes into the candidates), their
+/// numbers, keys and links (`None` for unordered).
+struct Part<'a> {
+    to: &'a [usize],
+    numbers: &'a [i64],
+    keys: &'a [Option<String>],
+    links: &'a [Option<ordered::Link>],
+}
+
+/// The ordered deliveries of the fan-out linked to their keys (`ordered::link`), before any is
+/// inserted: `None` for each unordered one.
+fn link_ordered(
+    c: &Connection,
+    subs: &[Candidate],
+    fan_out: &[usize],
+    keys: &[Option<String>],
+    numbers: &[i64],
+) -> Result<Vec<Option<ordered::Link>>, LedgerError> {
+    let mut out = vec![None; fan_out.len()];
+    let at: Vec<usize> = (0..fan_out.len()).filter(|&k| keys[k].is_some()).collect();
+    if at.is_empty() {
+        return Ok(out);
+    }
+    let ordered: Vec<(&str, &str, i64)> = at
+        .iter()
+        .map(|&k| {
+            (
+                subs[fan_out[k]].id.as_str(),
+                keys[k].as_deref().unwrap_or(""),
+                numbers[k],
+            )
+        })
+        .collect();
+    for (k, l) in at.into_iter().zip(ordered::link(c, &ordered)?) {
+        out[k] = Some(l);
+    }
+    Ok(out)
+}
+
+/// One new event's deliveries ([`Part`]): the unordered ones by statements of up to
+/// `ROWS_PER_INSERT` rows, the ordered ones with their keys (`ordered::insert`). Returns how
+/// many were created: all of them (a new event has no delivery yet); one that was not would
+/// leave its number unused, so that is an error and nothing of the call is kept.
 fn insert_deliveries(
+    c: &Connection,
+    subs: &[Candidate],
+    e: &NewEvent,
+    part: &Part<'_>,
+    now_ms: i64,
+) -> Result<u32, LedgerError> {
+    if part.keys.iter().all(Option::is_none) {
+        return insert_plain(c, subs, e, part.to, part.numbers, now_ms);
+    }
+    let mut rows = Vec::new();
+    for k in 0..part.to.len() {
+        if let (Some(key), Some(link)) = (&part.keys[k], part.links[k]) {
+            rows.push((
+                subs[part.to[k]].id.as_str(),
+                part.numbers[k],
+                key.as_str(),
+                link,
+            ));
+        }
+    }
+    let n = ordered::insert(c, &e.id, &rows, now_ms)?;
+    let plain = (0..part.to.len()).filter(|&k| part.keys[k].is_none());
+    let (to, numbers): (Vec<usize>, Vec<i64>) =
+        plain.map(|k| (part.to[k], part.numbers[k])).unzip();
+    Ok(n + insert_plain(c, subs, e, &to, &numbers, now_ms)?)
+}
+
+/// Unordered deliveries of one event to `to`, numbered `numbers` (see [`insert_deliveries`]).
+fn insert_plain(
     c: &Connection,
     subs: &[Candidate],
     e: &NewEvent,

@@ -3,12 +3,14 @@
 //! transaction; `dispatch.rs` strings them into a turn.
 
 use fanout_core::limiter::LimiterState;
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use super::ingest::{multi_row_sql, ROWS_PER_INSERT};
 use super::limiters::store_limiters;
+use super::ordered;
 use crate::ledger::error::LedgerError;
-use crate::model::{AttemptRecord, Claim, Claimed, Outcome, Transition};
+use crate::model::{AttemptRecord, Claim, Claimed, Order, Outcome, Transition};
+use crate::ordering::HELD_MS;
 
 /// Lease up to `limit` due deliveries of each subscriber until `lease_until_ms`, oldest due
 /// first, and store the limiter states that granted them.
@@ -20,7 +22,8 @@ pub fn claim(
     lease_until_ms: i64,
 ) -> Result<Vec<Claim>, LedgerError> {
     let mut select = c.prepare_cached(
-        "SELECT d.id, d.event_id, e.type, e.body, d.attempts, d.sequence, e.received_ms
+        "SELECT d.id, d.event_id, e.type, e.body, d.attempts, d.sequence, e.received_ms,
+             d.ordering_key, d.previous_sequence
          FROM deliveries d JOIN events e ON e.id = d.event_id
          WHERE d.subscriber_id = ?1 AND d.status = 'pending' AND d.next_attempt_ms <= ?2
          ORDER BY d.next_attempt_ms, d.id LIMIT ?3",
@@ -31,7 +34,8 @@ pub fn claim(
          WHERE id IN (SELECT value FROM json_each(?1))",
     )?;
     let mut next = c.prepare_cached(
-        "SELECT MIN(next_attempt_ms) FROM deliveries WHERE subscriber_id = ?1 AND status = 'pending'",
+        "SELECT MIN(next_attempt_ms) FROM deliveries
+         WHERE subscriber_id = ?1 AND status = 'pending' AND next_attempt_ms < ?2",
     )?;
     let mut out = Vec::with_capacity(wants.len());
     for (sub, limit) in wants {
@@ -48,6 +52,7 @@ pub fn claim(
                         attempt: r.get::<_, u32>(4)?.saturating_add(1),
                         sequence: r.get::<_, i64>(5)?.max(0) as u64,
                         received_ms: r.get(6)?,
+                        order: Order::of(r.get(7)?, r.get(8)?),
                     })
                 })?
                 .collect::<Result<_, _>>()?
@@ -56,7 +61,7 @@ pub fn claim(
             let ids = id_list(claimed.iter().map(|d| d.rowid));
             lease.execute(params![ids, lease_until_ms, now_ms])?;
         }
-        let next_due_ms: Option<i64> = next.query_row([sub], |r| r.get(0))?;
+        let next_due_ms: Option<i64> = next.query_row(params![sub, HELD_MS], |r| r.get(0))?;
         out.push(Claim {
             subscriber_id: sub.clone(),
             claimed,
@@ -84,19 +89,21 @@ pub(super) fn id_list(ids: impl Iterator<Item = i64>) -> String {
 
 /// Record a batch of outcomes (and the limiter states they produced) in one go. An outcome
 /// applies only to a delivery still `in_flight` (its lease), and its attempt is recorded only
-/// then: recording the same outcomes twice counts them once.
+/// then: recording the same outcomes twice counts them once. An ordered delivery that ends
+/// (`sent`, `dead`) releases its key's next held one (`ordered::release`): returns the
+/// subscribers that got work due so.
 pub fn apply(
     c: &Connection,
     outcomes: &[Outcome],
     limiters: &[(String, LimiterState)],
     now_ms: i64,
-) -> Result<(), LedgerError> {
+) -> Result<Vec<String>, LedgerError> {
     // Sent is by far the commonest outcome: a run of them is one statement.
     let mut sent = c.prepare_cached(
         "UPDATE deliveries SET status = 'sent', attempts = attempts + 1, lease_expires_ms = NULL,
              last_error = NULL, updated_ms = ?2
          WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'in_flight'
-         RETURNING id",
+         RETURNING id, subscriber_id, ordering_key",
     )?;
     let mut retry = c.prepare_cached(
         "UPDATE deliveries SET status = 'pending', attempts = attempts + 1, next_attempt_ms = ?2,
@@ -106,7 +113,8 @@ pub fn apply(
     let mut dead = c.prepare_cached(
         "UPDATE deliveries SET status = 'dead', attempts = attempts + ?4, lease_expires_ms = NULL,
              last_error = ?2, updated_ms = ?3
-         WHERE id = ?1 AND status = 'in_flight'",
+         WHERE id = ?1 AND status = 'in_flight'
+         RETURNING subscriber_id, ordering_key",
     )?;
     let mut defer = c.prepare_cached(
         "UPDATE deliveries SET status = 'pending', next_attempt_ms = ?2, lease_expires_ms = NULL,
@@ -116,6 +124,8 @@ pub fn apply(
     // The outcomes that found their delivery in flight (the others were already recorded, or
     // the delivery was taken away: removed subscriber, expired lease).
     let mut applied = vec![false; outcomes.len()];
+    // The keys of ordered deliveries that ended.
+    let mut ended: Vec<(String, String)> = Vec::new();
     // In order: consecutive Sent outcomes are updated together.
     let mut i = 0;
     while i < outcomes.len() {
@@ -127,9 +137,21 @@ pub fn apply(
                     .take_while(|o| o.transition == Transition::Sent)
                     .count();
                 let ids = id_list(outcomes[i..i + run].iter().map(|o| o.rowid));
-                let hit: std::collections::HashSet<i64> = sent
-                    .query_map(params![ids, now_ms], |r| r.get(0))?
-                    .collect::<Result<_, _>>()?;
+                let mut hit = std::collections::HashSet::new();
+                let rows = sent.query_map(params![ids, now_ms], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get(1)?,
+                        r.get::<_, Option<String>>(2)?,
+                    ))
+                })?;
+                for row in rows {
+                    let (id, sub, key) = row?;
+                    hit.insert(id);
+                    if let Some(key) = key {
+                        ended.push((sub, key));
+                    }
+                }
                 for k in i..i + run {
                     applied[k] = hit.contains(&outcomes[k].rowid);
                 }
@@ -140,12 +162,16 @@ pub fn apply(
                 applied[i] = retry.execute(params![o.rowid, at_ms, error, now_ms])? > 0
             }
             Transition::Dead { reason } => {
-                applied[i] = dead.execute(params![
-                    o.rowid,
-                    reason,
-                    now_ms,
-                    i64::from(o.attempt.is_some())
-                ])? > 0
+                let spent = i64::from(o.attempt.is_some());
+                let row: Option<(String, Option<String>)> = dead
+                    .query_row(params![o.rowid, reason, now_ms, spent], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
+                    .optional()?;
+                applied[i] = row.is_some();
+                if let Some((sub, Some(key))) = row {
+                    ended.push((sub, key));
+                }
             }
             Transition::Defer { at_ms } => {
                 applied[i] = defer.execute(params![o.rowid, at_ms, now_ms])? > 0
@@ -153,10 +179,23 @@ pub fn apply(
         };
         i += 1;
     }
-    // The attempts, in order, by chunks of rows.
+    insert_attempts(c, outcomes, &applied)?;
+    store_limiters(c, limiters)?;
+    if ended.is_empty() {
+        return Ok(Vec::new());
+    }
+    ordered::release(c, &ended, now_ms)
+}
+
+/// The attempts of the outcomes that were `applied`, in order, by chunks of rows.
+fn insert_attempts(
+    c: &Connection,
+    outcomes: &[Outcome],
+    applied: &[bool],
+) -> Result<(), LedgerError> {
     let recorded: Vec<(i64, &AttemptRecord)> = outcomes
         .iter()
-        .zip(&applied)
+        .zip(applied)
         .filter(|(_, applied)| **applied)
         .filter_map(|(o, _)| o.attempt.as_ref().map(|a| (o.rowid, a)))
         .collect();
@@ -188,7 +227,6 @@ pub fn apply(
         }
         st.execute(args.as_slice())?;
     }
-    store_limiters(c, limiters)?;
     Ok(())
 }
 
@@ -227,10 +265,11 @@ pub fn release_expired_leases(c: &Connection, now_ms: i64) -> Result<Vec<String>
 pub fn due_summary(c: &Connection) -> Result<Vec<(String, i64)>, LedgerError> {
     let mut st = c.prepare_cached(
         "SELECT s.id, (SELECT MIN(d.next_attempt_ms) FROM deliveries d
-                       WHERE d.subscriber_id = s.id AND d.status = 'pending')
+                       WHERE d.subscriber_id = s.id AND d.status = 'pending'
+                         AND d.next_attempt_ms < ?1)
          FROM subscribers s WHERE s.deleted_ms IS NULL",
     )?;
-    let rows = st.query_map([], |r| {
+    let rows = st.query_map([HELD_MS], |r| {
         Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
     })?;
     let mut out = Vec::new();

@@ -29,6 +29,7 @@ mod ingest;
 mod leases;
 mod ledger;
 mod limiters;
+mod ordered;
 pub mod owner;
 #[cfg(test)]
 mod plans;

@@ -242,6 +242,27 @@ const MIGRATIONS: &[Migration] = &[
     ALTER TABLE subscribers ADD COLUMN payload TEXT NOT NULL DEFAULT 'full'
         CHECK (payload IN ('full', 'thin'));
     "#),
+    // 11: ordered delivery (issue 24, `crate::ordering`): a subscriber's `ordering` and
+    // `ordering_key` (a JSON Pointer); each delivery's key (NULL: unordered) and the sequence
+    // of its key's previous delivery; `ordering_keys` holds each key's last sequence (and is
+    // the row that serialises a key's ingest and release on PostgreSQL). A held delivery is
+    // `pending` due at `ordering::HELD_MS`; `deliveries_ordered` finds a key's head and its
+    // next held delivery by one probe each, and holds no unordered delivery.
+    Sql(r#"
+    ALTER TABLE subscribers ADD COLUMN ordering TEXT NOT NULL DEFAULT 'none'
+        CHECK (ordering IN ('none', 'subscriber', 'key'));
+    ALTER TABLE subscribers ADD COLUMN ordering_key TEXT;
+    ALTER TABLE deliveries ADD COLUMN ordering_key TEXT;
+    ALTER TABLE deliveries ADD COLUMN previous_sequence INTEGER;
+    CREATE TABLE ordering_keys (
+        subscriber_id TEXT NOT NULL,
+        key           TEXT NOT NULL,
+        last          INTEGER NOT NULL,
+        PRIMARY KEY (subscriber_id, key)
+    ) WITHOUT ROWID;
+    CREATE INDEX deliveries_ordered ON deliveries(subscriber_id, ordering_key, next_attempt_ms, sequence)
+        WHERE ordering_key IS NOT NULL AND status IN ('pending', 'in_flight');
+    "#),
 ];
 
 /// Rows copied by one statement when a migration rebuilds a table; its progress is logged

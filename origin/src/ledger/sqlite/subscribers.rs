@@ -15,12 +15,12 @@ use crate::ledger::error::{id_still_holds_history, rotation_too_soon, LedgerErro
 use crate::ledger::scope;
 use crate::ledger::subscribers::{SubscriberCounts, Subscribers};
 use crate::model::{
-    rotation_wait_ms, Disabled, Health, Lane, Limits, Payload, StoredSecret, Subscriber,
+    rotation_wait_ms, Disabled, Health, Lane, Limits, Ordering, Payload, StoredSecret, Subscriber,
 };
 
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms, customer, disabled_by_operator, filter, payload";
+     failing_since_ms, customer, disabled_by_operator, filter, payload, ordering, ordering_key";
 
 fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
     let types: String = r.get(2)?;
@@ -57,6 +57,8 @@ fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
         customer: r.get(14)?,
         filter: filter_from_column(r.get(16)?),
         payload: Payload::parse(&r.get::<_, String>(17)?).unwrap_or_default(),
+        ordering: Ordering::parse(&r.get::<_, String>(18)?).unwrap_or_default(),
+        ordering_key: r.get(19)?,
     })
 }
 
@@ -105,7 +107,7 @@ pub fn list_subscribers(c: &Connection) -> Result<Vec<Subscriber>, LedgerError> 
 /// What `create_subscriber` and `update_subscriber` both bind, in one order: ?1 id, ?2 url,
 /// ?3 event_types (JSON), ?4 rate_per_sec, ?5 burst, ?6 max_in_flight, ?7 timeout_ms, ?8 lane,
 /// ?9 legacy_signature, ?10 the time of the change, ?11 customer, ?12 filter (JSON or NULL),
-/// ?13 payload.
+/// ?13 payload, ?14 ordering, ?15 ordering_key.
 fn definition_params<'a>(
     s: &'a Subscriber,
     event_types_json: &'a str,
@@ -125,6 +127,8 @@ fn definition_params<'a>(
         s.customer.as_deref(),
         filter_column(s),
         s.payload.as_str(),
+        s.ordering.as_str(),
+        s.ordering_key.as_deref(),
     )
 }
 
@@ -165,8 +169,8 @@ pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result
     c.prepare_cached(
         "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
              timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
-             payload)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13)",
+             payload, ordering, ordering_key)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14, ?15)",
     )?
     .execute(definition_params(s, &event_types_json(s), s.created_ms))?;
     c.prepare_cached(
@@ -191,7 +195,8 @@ pub fn update_subscriber(c: &Connection, s: &Subscriber) -> Result<(), LedgerErr
         .prepare_cached(
             "UPDATE subscribers SET url = ?2, event_types = ?3, rate_per_sec = ?4, burst = ?5,
                  max_in_flight = ?6, timeout_ms = ?7, lane = ?8, legacy_signature = ?9,
-                 updated_ms = ?10, customer = ?11, filter = ?12, payload = ?13
+                 updated_ms = ?10, customer = ?11, filter = ?12, payload = ?13, ordering = ?14,
+                 ordering_key = ?15
              WHERE id = ?1 AND deleted_ms IS NULL",
         )?
         .execute(definition_params(s, &event_types_json(s), s.updated_ms))?;

@@ -76,6 +76,7 @@ mod tests {
             attempt: 2,
             body: "{\"email\":\"jane@example.com\"}".into(),
             sequence: Some(7),
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         };
         let r = DeliveryResult::Failed {
             id: "dlv_1".into(),
@@ -101,6 +102,7 @@ mod tests {
             attempt: 1,
             body: "{\"email\":\"jane@example.com\",\"note\":\"a\\nb\"}".into(),
             sequence: None,
+            traceparent: None,
         };
         let deliveries = [d("a"), d("b"), d("c")];
         let results = [

@@ -32,6 +32,7 @@ pub mod retention;
 pub mod server;
 pub mod term;
 pub mod time;
+pub mod trace;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -53,6 +54,8 @@ pub enum RunError {
     Http(#[from] reqwest::Error),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    #[error("OpenTelemetry: {0}")]
+    Telemetry(#[from] trace::TelemetryError),
     /// The dispatcher ended while the daemon was serving: the daemon stops rather than accept
     /// events it would never send.
     #[error("the dispatcher stopped: {0}")]
@@ -152,6 +155,7 @@ fn heard(announced: Announcement) -> dispatch::Control {
 fn dispatch_config(
     cfg: &Config,
     heartbeat: dispatch::Heartbeat,
+    telemetry: trace::Telemetry,
 ) -> Result<DispatchConfig, RunError> {
     let outbound = outbound::Outbound::new(cfg.allow_loopback)?;
     let edge = cfg
@@ -173,11 +177,12 @@ fn dispatch_config(
         alerter: alert::Alerter::start(cfg.alert.clone(), outbound.clone()),
         outbound,
         heartbeat,
+        telemetry,
     })
 }
 
 /// The API's settings from the configuration.
-fn api_config(cfg: &Config, portal_key: Vec<u8>) -> api::ApiConfig {
+fn api_config(cfg: &Config, portal_key: Vec<u8>, telemetry: trace::Telemetry) -> api::ApiConfig {
     api::ApiConfig {
         api_token: cfg.api_token.clone(),
         allow_loopback: cfg.allow_loopback,
@@ -188,6 +193,7 @@ fn api_config(cfg: &Config, portal_key: Vec<u8>) -> api::ApiConfig {
         portal_key,
         portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
         breaker: cfg.breaker,
+        telemetry,
     }
 }
 
@@ -229,9 +235,10 @@ async fn serve(
     // The dispatcher's liveness (unix ms of its loop's last turn), for `/healthz`.
     let heartbeat = dispatch::Heartbeat::default();
     let health = health::Health::new(store.write_state(), heartbeat.clone());
+    let telemetry = trace::Telemetry::from_env()?;
     let dispatcher = Dispatcher::new(
         store.clone(),
-        dispatch_config(&cfg, heartbeat)?,
+        dispatch_config(&cfg, heartbeat, telemetry.clone())?,
         metrics.clone(),
     );
     let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -261,7 +268,7 @@ async fn serve(
     let state = api::AppState::new(
         store,
         control_tx,
-        api_config(&cfg, portal_key),
+        api_config(&cfg, portal_key, telemetry.clone()),
         metrics,
         health.clone(),
     );
@@ -271,6 +278,7 @@ async fn serve(
         lock = lock.as_deref().unwrap_or("(none: a shared PostgreSQL ledger)"),
         outbox = cfg.outbox.as_ref().map(|o| format!("{} ({})", o.at.redacted(), o.table)).unwrap_or_else(|| "(none)".into()),
         edge = cfg.edge.as_ref().map(|(u, _)| redact::url(u)).unwrap_or_else(|| "(none: origin lane only)".into()),
+        otlp = if telemetry.is_on() { "exporting spans" } else { "(off)" },
         "fanout serving"
     );
     // The server stops on `shutdown` or when the dispatcher ends, whichever comes first.
@@ -325,5 +333,6 @@ async fn serve(
             tracing::error!(error = %e, "the outbox task failed");
         }
     }
+    telemetry.shutdown().await;
     Ok(failed)
 }

@@ -340,6 +340,7 @@ async fn one_call(
                         event_type: "load.test".into(),
                         attempt: 1,
                         sequence: Some(n + 1),
+                        traceparent: None,
                     }
                 })
                 .collect();

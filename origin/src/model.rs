@@ -229,6 +229,8 @@ pub struct Subscriber {
     pub filter: Option<serde_json::Value>,
     /// Its webhooks' body: the event's, or a thin notice (`crate::payload`).
     pub payload: Payload,
+    /// Its webhooks carry `traceparent` (`crate::trace`).
+    pub propagate_trace: bool,
 }
 
 /// Why and since when a subscriber gets nothing sent.
@@ -377,6 +379,9 @@ pub struct SubscriberView {
     /// `full` (the event's body) or `thin` (`{"id","type","timestamp"}` and `url`).
     #[serde(default)]
     pub payload: Payload,
+    /// Its webhooks carry the event's W3C `traceparent`.
+    #[serde(default)]
+    pub propagate_trace: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
@@ -403,6 +408,7 @@ impl SubscriberView {
             customer: s.customer.clone(),
             filter: s.filter.clone(),
             payload: s.payload,
+            propagate_trace: s.propagate_trace,
             secret,
         }
     }
@@ -437,6 +443,8 @@ pub struct Claimed {
     pub sequence: u64,
     /// When the ledger received its event (a thin body's `timestamp`).
     pub received_ms: i64,
+    /// Its event's stored `traceparent` (`crate::trace`), if it arrived with one.
+    pub traceparent: Option<String>,
 }
 
 /// What one subscriber's claim leased.

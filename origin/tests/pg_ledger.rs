@@ -49,6 +49,7 @@ fn sub(id: &str, types: &[&str], rate: f64, burst: u32, max_in_flight: u32) -> S
         customer: None,
         filter: None,
         payload: Default::default(),
+        propagate_trace: false,
     }
 }
 
@@ -57,6 +58,7 @@ fn ev(id: &str, ty: &str) -> NewEvent {
         id: id.into(),
         event_type: ty.into(),
         body: format!("{{\"id\":\"{id}\"}}"),
+        traceparent: None,
     }
 }
 

@@ -118,6 +118,9 @@ fn js_batch<'a>(
             if let Some(sequence) = d.sequence {
                 own.push((sign::HEADER_SEQUENCE, sequence.to_string()));
             }
+            if let Some(tp) = &d.traceparent {
+                own.push(("traceparent", tp.clone()));
+            }
             JsItem {
                 headers: JsHeaders { common, own },
                 body: &d.body,

@@ -62,6 +62,9 @@ pub struct SubscriberInput {
     /// `full` (default) or `thin`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub payload: Option<Payload>,
+    /// Its webhooks carry the event's `traceparent` (`crate::trace`); default `false`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub propagate_trace: Option<bool>,
 }
 
 /// `"disabled": false` in a creation body, the only value it may have there: a subscriber is
@@ -111,6 +114,7 @@ pub struct SubscriberPatch {
     #[serde(default, deserialize_with = "present")]
     pub filter: Option<Option<serde_json::Value>>,
     pub payload: Option<Payload>,
+    pub propagate_trace: Option<bool>,
 }
 
 impl SubscriberPatch {
@@ -131,8 +135,9 @@ impl SubscriberPatch {
             customer,
             filter,
             payload,
+            propagate_trace,
         } = self;
-        let set: [(&'static str, bool); 13] = [
+        let set: [(&'static str, bool); 14] = [
             ("id", id.is_some()),
             ("url", url.is_some()),
             ("event_types", event_types.is_some()),
@@ -146,6 +151,7 @@ impl SubscriberPatch {
             ("customer", customer.is_some()),
             ("filter", filter.is_some()),
             ("payload", payload.is_some()),
+            ("propagate_trace", propagate_trace.is_some()),
         ];
         set.into_iter()
             .filter(|(_, on)| *on)
@@ -240,6 +246,7 @@ pub fn subscriber_from(
             customer: input.customer.flatten(),
             filter: input.filter.flatten(),
             payload: input.payload.unwrap_or_default(),
+            propagate_trace: input.propagate_trace.unwrap_or(false),
         },
         input.secret,
     ))
@@ -285,6 +292,9 @@ pub fn patched(
     }
     if let Some(p) = input.payload {
         s.payload = p;
+    }
+    if let Some(p) = input.propagate_trace {
+        s.propagate_trace = p;
     }
     validate_customer_ref(&input.customer)?;
     if let Some(c) = input.customer {

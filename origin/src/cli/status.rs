@@ -241,6 +241,7 @@ mod tests {
             customer: None,
             filter: None,
             payload: Default::default(),
+            propagate_trace: false,
             secret: None,
         }
     }

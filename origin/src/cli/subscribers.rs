@@ -94,6 +94,9 @@ pub struct SubscriberAdd {
     /// full (the event's body) or thin ({"id","type","timestamp"} and the --event-url)
     #[arg(long, value_parser = parse_payload)]
     pub payload: Option<Payload>,
+    /// Send each webhook the W3C traceparent its event arrived with (OpenTelemetry)
+    #[arg(long)]
+    pub propagate_trace: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -133,6 +136,7 @@ async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
         customer: a.customer.map(Some),
         filter: a.filter.map(Some),
         payload: a.payload,
+        propagate_trace: a.propagate_trace.then_some(true),
         ..SubscriberInput::default()
     };
     let body = serde_json::to_vec(&input).map_err(|e| ClientError::Input(e.to_string()))?;

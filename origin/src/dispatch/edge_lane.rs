@@ -348,6 +348,7 @@ mod tests {
                 attempt: 1,
                 body: format!("{{\"n\":{i},\"s\":\"\\\"quoted\\\" ü\"}}"),
                 sequence: (i > 1).then_some(i as u64),
+                traceparent: None,
             })
             .collect();
         let spec_json = encode_spec(&spec).unwrap();

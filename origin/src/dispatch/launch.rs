@@ -22,6 +22,7 @@ use crate::ledger::DispatchLedger;
 use crate::model::{active_secrets, delivery_public_id, Claimed};
 use crate::outbound::Signer;
 use crate::payload::{thin_body, EventUrl, Payload};
+use crate::trace::{self, AttemptSpan};
 
 impl<L: DispatchLedger> Dispatcher<L> {
     /// Start sending leased deliveries by the lane the state chose.
@@ -76,12 +77,24 @@ impl<L: DispatchLedger> Dispatcher<L> {
                     let signer = signer.clone();
                     let url = url.clone();
                     let clock = self.clock.clone();
+                    let telemetry = self.cfg.telemetry.clone();
                     let body = body_of(target.payload, &mut d, self.cfg.event_url.as_ref());
                     tokio::spawn(async move {
                         let mut unreported =
                             Unreported::new(&done, &target.id, Lane::Origin, vec![Meta::of(&d)]);
                         let id = delivery_public_id(d.rowid);
                         let started = std::time::Instant::now();
+                        let span = telemetry.attempt(&trace::Attempt {
+                            event_id: &d.event_id,
+                            subscriber_id: &target.id,
+                            delivery_id: &id,
+                            host: (*url).as_ref().and_then(|u| u.host_str()),
+                            port: (*url).as_ref().and_then(|u| u.port_or_known_default()),
+                            attempt: d.attempt,
+                            stored: d.traceparent.as_deref(),
+                            lane: "origin",
+                        });
+                        let traceparent = propagated(&target, span.as_ref(), &d);
                         let send = origin_lane::Outgoing {
                             delivery_id: &id,
                             event_id: &d.event_id,
@@ -89,8 +102,12 @@ impl<L: DispatchLedger> Dispatcher<L> {
                             signer: &signer,
                             timeout_ms: target.limits.timeout_ms,
                             sequence: d.sequence,
+                            traceparent: traceparent.as_deref(),
                         };
                         let result = origin_lane::deliver(&out, &send, body).await;
+                        if let Some(span) = span {
+                            span.finish(&result.result);
+                        }
                         let latency_ms = Some(started.elapsed().as_millis() as u64);
                         if let Some(meta) = unreported.take().pop() {
                             let _ = done.send(Event::Results {
@@ -117,6 +134,13 @@ impl<L: DispatchLedger> Dispatcher<L> {
     ) {
         let mut metas = Vec::with_capacity(claimed.len());
         let mut parts = Vec::with_capacity(claimed.len());
+        // Each delivery's attempt span (when exporting), beside its meta.
+        let mut spans: Vec<Option<AttemptSpan>> = Vec::with_capacity(claimed.len());
+        let telemetry = &self.cfg.telemetry;
+        let url = telemetry
+            .is_on()
+            .then(|| url::Url::parse(&target.url).ok())
+            .flatten();
         let mut unsendable: Vec<(Meta, String)> = Vec::new();
         let spec_json = match edge_lane::encode_spec(&spec) {
             Ok(j) => j,
@@ -133,20 +157,39 @@ impl<L: DispatchLedger> Dispatcher<L> {
         for mut d in claimed {
             let meta = Meta::of(&d);
             let body = body_of(target.payload, &mut d, self.cfg.event_url.as_ref());
+            let id = delivery_public_id(d.rowid);
+            let span = telemetry.attempt(&trace::Attempt {
+                event_id: &d.event_id,
+                subscriber_id: &target.id,
+                delivery_id: &id,
+                host: url.as_ref().and_then(|u| u.host_str()),
+                port: url.as_ref().and_then(|u| u.port_or_known_default()),
+                attempt: d.attempt,
+                stored: d.traceparent.as_deref(),
+                lane: "edge",
+            });
+            let traceparent = propagated(target, span.as_ref(), &d);
             let delivery = Delivery {
-                id: delivery_public_id(d.rowid),
+                id,
                 event_id: d.event_id,
                 event_type: d.event_type,
                 attempt: d.attempt,
                 body,
                 sequence: (d.sequence > 0).then_some(d.sequence),
+                traceparent,
             };
             match edge_lane::encode_delivery(&delivery) {
                 Ok(json) => {
                     metas.push(meta);
                     parts.push(json);
+                    spans.push(span);
                 }
-                Err(e) => unsendable.push((meta, format!("the delivery cannot be encoded: {e}"))),
+                Err(e) => {
+                    if let Some(span) = span {
+                        span.unsent("unsendable");
+                    }
+                    unsendable.push((meta, format!("the delivery cannot be encoded: {e}")))
+                }
             }
         }
         let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
@@ -157,6 +200,9 @@ impl<L: DispatchLedger> Dispatcher<L> {
             edge_lane::EDGE_MAX_BYTES,
         );
         for i in too_big {
+            if let Some(span) = spans[i].take() {
+                span.unsent("unsendable");
+            }
             unsendable.push((
                 metas[i].clone(),
                 format!(
@@ -179,6 +225,8 @@ impl<L: DispatchLedger> Dispatcher<L> {
             let refs: Vec<&[u8]> = call.iter().map(|&i| parts[i].as_slice()).collect();
             let body = edge_lane::batch_body(&spec_json, &refs);
             let items: Vec<Meta> = call.iter().map(|&i| metas[i].clone()).collect();
+            let call_spans: Vec<Option<AttemptSpan>> =
+                call.iter().map(|&i| spans[i].take()).collect();
             let edge = edge.clone();
             let done = self.done_tx.clone();
             let sub = target.id.clone();
@@ -194,23 +242,44 @@ impl<L: DispatchLedger> Dispatcher<L> {
                     Ok(results) => {
                         let ids: Vec<String> =
                             items.iter().map(|m| delivery_public_id(m.rowid)).collect();
+                        let results = pair_results(&ids, results);
+                        for (span, r) in call_spans.into_iter().zip(&results) {
+                            if let Some(span) = span {
+                                span.finish(&r.result);
+                            }
+                        }
                         Event::Results {
                             sub,
                             lane: Lane::Edge,
-                            items: items.into_iter().zip(pair_results(&ids, results)).collect(),
+                            items: items.into_iter().zip(results).collect(),
                             at_ms: clock(),
                         }
                     }
-                    Err(error) => Event::EdgeFailed {
-                        sub,
-                        items,
-                        failure: edge_failure(&error),
-                    },
+                    Err(error) => {
+                        for span in call_spans.into_iter().flatten() {
+                            span.unsent("edge_failed");
+                        }
+                        Event::EdgeFailed {
+                            sub,
+                            items,
+                            failure: edge_failure(&error),
+                        }
+                    }
                 };
                 let _ = done.send(event);
             });
         }
     }
+}
+
+/// The `traceparent` a webhook carries: none unless its subscriber has `propagate_trace`;
+/// then the attempt's span as parent when exporting, else the context stored with the event.
+fn propagated(target: &Target, span: Option<&AttemptSpan>, d: &Claimed) -> Option<String> {
+    if !target.propagate_trace {
+        return None;
+    }
+    span.map(|s| s.traceparent().to_string())
+        .or_else(|| d.traceparent.clone())
 }
 
 /// The body a delivery's webhook carries, whichever lane sends it: its event's stored body

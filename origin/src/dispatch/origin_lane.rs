@@ -25,6 +25,8 @@ pub struct Outgoing<'a> {
     pub timeout_ms: u64,
     /// Its `webhook-sequence` (0: none stored, no header).
     pub sequence: u64,
+    /// Its `traceparent` header (`crate::trace`): only for a subscriber with `propagate_trace`.
+    pub traceparent: Option<&'a str>,
 }
 
 /// Send one delivery: the attempt made, with its result as the edge would report it.
@@ -41,6 +43,7 @@ pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> Attempte
     let extra: Vec<(&'static str, String)> = (s.sequence > 0)
         .then(|| (sign::HEADER_SEQUENCE, s.sequence.to_string()))
         .into_iter()
+        .chain(s.traceparent.map(|t| ("traceparent", t.to_string())))
         .collect();
     let sent = out
         .post_signed(

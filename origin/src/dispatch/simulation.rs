@@ -170,6 +170,7 @@ impl Ledger {
                     attempt,
                     sequence: rowid as u64,
                     received_ms: 0,
+                    traceparent: None,
                 });
             }
             let next_due_ms = self.next_due();

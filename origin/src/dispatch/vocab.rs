@@ -53,6 +53,8 @@ pub struct Target {
     pub customer: Option<Arc<str>>,
     /// Its webhooks' body: the event's or a thin one (`crate::payload`).
     pub payload: Payload,
+    /// Its webhooks carry `traceparent` (`crate::trace`).
+    pub propagate_trace: bool,
 }
 
 /// A delivery out for sending, minus its body: what its result is recorded against.

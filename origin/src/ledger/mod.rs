@@ -50,6 +50,7 @@ pub(crate) fn test_events(n: usize) -> Vec<NewEvent> {
             id: format!("e{i}"),
             event_type: "t".into(),
             body: "{}".into(),
+            traceparent: None,
         })
         .collect()
 }
@@ -77,5 +78,6 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         customer: None,
         filter: None,
         payload: Default::default(),
+        propagate_trace: false,
     }
 }

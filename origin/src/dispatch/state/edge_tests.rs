@@ -196,6 +196,7 @@ fn edge_refusals_split_then_count_attempts() {
             attempt: m.attempt,
             sequence: 1,
             received_ms: 0,
+            traceparent: None,
         })
         .collect();
     on(&mut state, edge_failed("a", &metas, refused()), 10);

@@ -92,6 +92,7 @@ impl State {
             secrets: s.secrets,
             customer: s.customer.as_deref().map(Arc::from),
             payload: s.payload,
+            propagate_trace: s.propagate_trace,
         });
         let warn = no_edge.then(|| target.id.clone());
         match self.subs.get_mut(target.id.as_ref()) {

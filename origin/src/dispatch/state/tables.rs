@@ -95,6 +95,7 @@ fn claimed(rowid: i64) -> Claimed {
         attempt: 1,
         sequence: rowid as u64,
         received_ms: 0,
+        traceparent: None,
     }
 }
 
@@ -229,6 +230,7 @@ fn sub(id: &str, max_in_flight: u32, customer: Option<&str>) -> (Subscriber, Lim
         customer: customer.map(str::to_string),
         filter: None,
         payload: Default::default(),
+        propagate_trace: false,
     };
     (s, LimiterState::default())
 }

@@ -47,6 +47,7 @@ impl Queue {
                         attempt: 1,
                         sequence: 1,
                         received_ms: 0,
+                        traceparent: None,
                     }
                 })
                 .collect();

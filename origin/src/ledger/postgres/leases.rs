@@ -104,7 +104,7 @@ pub(super) const CLAIM_LEASE: &str =
                    FOR UPDATE SKIP LOCKED) c))
        AND e.id = d.event_id
      RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts, d.next_attempt_ms,
-         d.sequence, e.received_ms";
+         d.sequence, e.received_ms, e.traceparent";
 
 /// Shared limiter states back in their (locked) rows.
 pub(super) const STORE_LIMITERS: &str = "UPDATE subscribers s SET limiter = u.l
@@ -281,6 +281,7 @@ impl PgLedger {
                         attempt: (r.try_get::<_, i32>(5)?.max(0) as u32).saturating_add(1),
                         sequence: r.try_get::<_, i64>(7)?.max(0) as u64,
                         received_ms: r.try_get(8)?,
+                        traceparent: r.try_get(9)?,
                     },
                 ));
             }

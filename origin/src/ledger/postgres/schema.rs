@@ -293,6 +293,12 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE subscribers ADD COLUMN payload TEXT NOT NULL DEFAULT 'full'
         CHECK (payload IN ('full', 'thin'));
     "#,
+    // OpenTelemetry (issue 26, `crate::trace`): the W3C `traceparent` an event arrived with
+    // (NULL: none); whether a subscriber's webhooks carry one.
+    r#"
+    ALTER TABLE events ADD COLUMN traceparent TEXT;
+    ALTER TABLE subscribers ADD COLUMN propagate_trace BOOLEAN NOT NULL DEFAULT FALSE;
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

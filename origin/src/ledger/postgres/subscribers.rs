@@ -145,8 +145,8 @@ impl PgLedger {
             .execute(
                 "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
                      timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
-                     payload)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13)",
+                     payload, propagate_trace)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14)",
                 &[
                     &s.id,
                     &s.url,
@@ -161,6 +161,7 @@ impl PgLedger {
                     &s.customer,
                     &filter_column(s),
                     &s.payload.as_str(),
+                    &s.propagate_trace,
                 ],
             )
             .await;
@@ -197,7 +198,8 @@ impl PgLedger {
             .execute(
                 "UPDATE subscribers SET url = $2, event_types = $3, rate_per_sec = $4, burst = $5,
                      max_in_flight = $6, timeout_ms = $7, lane = $8, legacy_signature = $9,
-                     updated_ms = $10, customer = $11, filter = $12, payload = $13
+                     updated_ms = $10, customer = $11, filter = $12, payload = $13,
+                     propagate_trace = $14
                  WHERE id = $1 AND deleted_ms IS NULL",
                 &[
                     &s.id,
@@ -213,6 +215,7 @@ impl PgLedger {
                     &s.customer,
                     &filter_column(s),
                     &s.payload.as_str(),
+                    &s.propagate_trace,
                 ],
             )
             .await?;

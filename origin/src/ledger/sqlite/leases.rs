@@ -20,7 +20,8 @@ pub fn claim(
     lease_until_ms: i64,
 ) -> Result<Vec<Claim>, LedgerError> {
     let mut select = c.prepare_cached(
-        "SELECT d.id, d.event_id, e.type, e.body, d.attempts, d.sequence, e.received_ms
+        "SELECT d.id, d.event_id, e.type, e.body, d.attempts, d.sequence, e.received_ms,
+                e.traceparent
          FROM deliveries d JOIN events e ON e.id = d.event_id
          WHERE d.subscriber_id = ?1 AND d.status = 'pending' AND d.next_attempt_ms <= ?2
          ORDER BY d.next_attempt_ms, d.id LIMIT ?3",
@@ -48,6 +49,7 @@ pub fn claim(
                         attempt: r.get::<_, u32>(4)?.saturating_add(1),
                         sequence: r.get::<_, i64>(5)?.max(0) as u64,
                         received_ms: r.get(6)?,
+                        traceparent: r.get(7)?,
                     })
                 })?
                 .collect::<Result<_, _>>()?

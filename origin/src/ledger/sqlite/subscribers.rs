@@ -20,7 +20,7 @@ use crate::model::{
 
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms, customer, disabled_by_operator, filter, payload";
+     failing_since_ms, customer, disabled_by_operator, filter, payload, propagate_trace";
 
 fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
     let types: String = r.get(2)?;
@@ -57,6 +57,7 @@ fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
         customer: r.get(14)?,
         filter: filter_from_column(r.get(16)?),
         payload: Payload::parse(&r.get::<_, String>(17)?).unwrap_or_default(),
+        propagate_trace: r.get(18)?,
     })
 }
 
@@ -105,7 +106,7 @@ pub fn list_subscribers(c: &Connection) -> Result<Vec<Subscriber>, LedgerError> 
 /// What `create_subscriber` and `update_subscriber` both bind, in one order: ?1 id, ?2 url,
 /// ?3 event_types (JSON), ?4 rate_per_sec, ?5 burst, ?6 max_in_flight, ?7 timeout_ms, ?8 lane,
 /// ?9 legacy_signature, ?10 the time of the change, ?11 customer, ?12 filter (JSON or NULL),
-/// ?13 payload.
+/// ?13 payload, ?14 propagate_trace.
 fn definition_params<'a>(
     s: &'a Subscriber,
     event_types_json: &'a str,
@@ -125,6 +126,7 @@ fn definition_params<'a>(
         s.customer.as_deref(),
         filter_column(s),
         s.payload.as_str(),
+        s.propagate_trace,
     )
 }
 
@@ -165,8 +167,8 @@ pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result
     c.prepare_cached(
         "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
              timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
-             payload)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13)",
+             payload, propagate_trace)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14)",
     )?
     .execute(definition_params(s, &event_types_json(s), s.created_ms))?;
     c.prepare_cached(
@@ -191,7 +193,8 @@ pub fn update_subscriber(c: &Connection, s: &Subscriber) -> Result<(), LedgerErr
         .prepare_cached(
             "UPDATE subscribers SET url = ?2, event_types = ?3, rate_per_sec = ?4, burst = ?5,
                  max_in_flight = ?6, timeout_ms = ?7, lane = ?8, legacy_signature = ?9,
-                 updated_ms = ?10, customer = ?11, filter = ?12, payload = ?13
+                 updated_ms = ?10, customer = ?11, filter = ?12, payload = ?13,
+                 propagate_trace = ?14
              WHERE id = ?1 AND deleted_ms IS NULL",
         )?
         .execute(definition_params(s, &event_types_json(s), s.updated_ms))?;

@@ -19,6 +19,7 @@ fn ev(id: &str, ty: &str) -> NewEvent {
         id: id.into(),
         event_type: ty.into(),
         body: format!("{{\"id\":\"{id}\"}}"),
+        traceparent: None,
     }
 }
 

@@ -91,6 +91,7 @@ pub async fn run(
     let portal_key = store
         .portal_key(portal_key_bytes()?.to_vec(), time::now_ms())
         .await?;
+    let telemetry = trace::Telemetry::from_env()?;
     let failed = serve(
         cfg,
         listener,
@@ -98,8 +99,11 @@ pub async fn run(
         store.clone(),
         portal_key,
         held.lock(),
+        telemetry.clone(),
     )
     .await?;
+    // The spans still queued leave before the daemon does.
+    telemetry.shutdown().await;
     // Wait for the ledger to finish everything queued before this point.
     store.close().await?;
     // On SQLite the owner lock is a descriptor of the database file: closing it also drops the
@@ -222,6 +226,7 @@ async fn serve(
     store: Store,
     portal_key: Vec<u8>,
     lock: Option<String>,
+    telemetry: trace::Telemetry,
 ) -> Result<Option<String>, RunError> {
     let now = time::now_ms();
     let released = store.release_all_leases(now).await?;
@@ -235,7 +240,6 @@ async fn serve(
     // The dispatcher's liveness (unix ms of its loop's last turn), for `/healthz`.
     let heartbeat = dispatch::Heartbeat::default();
     let health = health::Health::new(store.write_state(), heartbeat.clone());
-    let telemetry = trace::Telemetry::from_env()?;
     let dispatcher = Dispatcher::new(
         store.clone(),
         dispatch_config(&cfg, heartbeat, telemetry.clone())?,
@@ -333,6 +337,5 @@ async fn serve(
             tracing::error!(error = %e, "the outbox task failed");
         }
     }
-    telemetry.shutdown().await;
     Ok(failed)
 }

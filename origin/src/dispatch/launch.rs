@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use super::edge_lane::{self, edge_failure, pair_results, EdgeClient};
 use super::executor::{Clock, Dispatcher};
 use super::origin_lane;
-use super::vocab::{Event, Lane, Meta, Target};
+use super::vocab::{Attempted, Event, Lane, Meta, Target};
 use crate::ledger::DispatchLedger;
 use crate::model::{active_secrets, delivery_public_id, Claimed};
 use crate::outbound::Signer;
@@ -84,17 +84,8 @@ impl<L: DispatchLedger> Dispatcher<L> {
                             Unreported::new(&done, &target.id, Lane::Origin, vec![Meta::of(&d)]);
                         let id = delivery_public_id(d.rowid);
                         let started = std::time::Instant::now();
-                        let span = telemetry.attempt(&trace::Attempt {
-                            event_id: &d.event_id,
-                            subscriber_id: &target.id,
-                            delivery_id: &id,
-                            host: (*url).as_ref().and_then(|u| u.host_str()),
-                            port: (*url).as_ref().and_then(|u| u.port_or_known_default()),
-                            attempt: d.attempt,
-                            stored: d.traceparent.as_deref(),
-                            lane: "origin",
-                        });
-                        let traceparent = propagated(&target, span.as_ref(), &d);
+                        let (span, traceparent) =
+                            traced(&telemetry, &target, (*url).as_ref(), &d, &id, "origin");
                         let send = origin_lane::Outgoing {
                             delivery_id: &id,
                             event_id: &d.event_id,
@@ -123,6 +114,15 @@ impl<L: DispatchLedger> Dispatcher<L> {
         }
     }
 
+    /// The subscriber's URL for its attempt spans' `server.address`: parsed only when exporting.
+    fn span_url(&self, target: &Target) -> Option<url::Url> {
+        self.cfg
+            .telemetry
+            .is_on()
+            .then(|| url::Url::parse(&target.url).ok())
+            .flatten()
+    }
+
     /// Encode each delivery once, cut the calls by encoded length, and send them all at once.
     fn launch_edge(
         &self,
@@ -134,13 +134,8 @@ impl<L: DispatchLedger> Dispatcher<L> {
     ) {
         let mut metas = Vec::with_capacity(claimed.len());
         let mut parts = Vec::with_capacity(claimed.len());
-        // Each delivery's attempt span (when exporting), beside its meta.
         let mut spans: Vec<Option<AttemptSpan>> = Vec::with_capacity(claimed.len());
-        let telemetry = &self.cfg.telemetry;
-        let url = telemetry
-            .is_on()
-            .then(|| url::Url::parse(&target.url).ok())
-            .flatten();
+        let (telemetry, url) = (&self.cfg.telemetry, self.span_url(target));
         let mut unsendable: Vec<(Meta, String)> = Vec::new();
         let spec_json = match edge_lane::encode_spec(&spec) {
             Ok(j) => j,
@@ -158,17 +153,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
             let meta = Meta::of(&d);
             let body = body_of(target.payload, &mut d, self.cfg.event_url.as_ref());
             let id = delivery_public_id(d.rowid);
-            let span = telemetry.attempt(&trace::Attempt {
-                event_id: &d.event_id,
-                subscriber_id: &target.id,
-                delivery_id: &id,
-                host: url.as_ref().and_then(|u| u.host_str()),
-                port: url.as_ref().and_then(|u| u.port_or_known_default()),
-                attempt: d.attempt,
-                stored: d.traceparent.as_deref(),
-                lane: "edge",
-            });
-            let traceparent = propagated(target, span.as_ref(), &d);
+            let (span, traceparent) = traced(telemetry, target, url.as_ref(), &d, &id, "edge");
             let delivery = Delivery {
                 id,
                 event_id: d.event_id,
@@ -185,9 +170,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
                     spans.push(span);
                 }
                 Err(e) => {
-                    if let Some(span) = span {
-                        span.unsent("unsendable");
-                    }
+                    end_spans(vec![span], None);
                     unsendable.push((meta, format!("the delivery cannot be encoded: {e}")))
                 }
             }
@@ -200,9 +183,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
             edge_lane::EDGE_MAX_BYTES,
         );
         for i in too_big {
-            if let Some(span) = spans[i].take() {
-                span.unsent("unsendable");
-            }
+            end_spans(vec![spans[i].take()], None);
             unsendable.push((
                 metas[i].clone(),
                 format!(
@@ -238,33 +219,21 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 let wait = edge_lane::call_timeout(unreported.items.len(), timeout_ms);
                 let result = edge.send(body, &call_id, wait).await;
                 let items = unreported.take();
+                let ids: Vec<String> = items.iter().map(|m| delivery_public_id(m.rowid)).collect();
+                let result = result.map(|r| pair_results(&ids, r));
+                end_spans(call_spans, result.as_deref().ok());
                 let event = match result {
-                    Ok(results) => {
-                        let ids: Vec<String> =
-                            items.iter().map(|m| delivery_public_id(m.rowid)).collect();
-                        let results = pair_results(&ids, results);
-                        for (span, r) in call_spans.into_iter().zip(&results) {
-                            if let Some(span) = span {
-                                span.finish(&r.result);
-                            }
-                        }
-                        Event::Results {
-                            sub,
-                            lane: Lane::Edge,
-                            items: items.into_iter().zip(results).collect(),
-                            at_ms: clock(),
-                        }
-                    }
-                    Err(error) => {
-                        for span in call_spans.into_iter().flatten() {
-                            span.unsent("edge_failed");
-                        }
-                        Event::EdgeFailed {
-                            sub,
-                            items,
-                            failure: edge_failure(&error),
-                        }
-                    }
+                    Ok(results) => Event::Results {
+                        sub,
+                        lane: Lane::Edge,
+                        items: items.into_iter().zip(results).collect(),
+                        at_ms: clock(),
+                    },
+                    Err(error) => Event::EdgeFailed {
+                        sub,
+                        items,
+                        failure: edge_failure(&error),
+                    },
                 };
                 let _ = done.send(event);
             });
@@ -272,14 +241,45 @@ impl<L: DispatchLedger> Dispatcher<L> {
     }
 }
 
-/// The `traceparent` a webhook carries: none unless its subscriber has `propagate_trace`;
-/// then the attempt's span as parent when exporting, else the context stored with the event.
-fn propagated(target: &Target, span: Option<&AttemptSpan>, d: &Claimed) -> Option<String> {
-    if !target.propagate_trace {
-        return None;
+/// A delivery's attempt span (when exporting) and the `traceparent` its webhook carries: none
+/// unless its subscriber has `propagate_trace`; then the attempt's span as parent when
+/// exporting, else the context stored with the event.
+fn traced(
+    telemetry: &trace::Telemetry,
+    target: &Target,
+    url: Option<&url::Url>,
+    d: &Claimed,
+    delivery_id: &str,
+    lane: &'static str,
+) -> (Option<AttemptSpan>, Option<String>) {
+    let span = telemetry.attempt(&trace::Attempt {
+        event_id: &d.event_id,
+        subscriber_id: &target.id,
+        delivery_id,
+        host: url.and_then(|u| u.host_str()),
+        port: url.and_then(|u| u.port_or_known_default()),
+        attempt: d.attempt,
+        stored: d.traceparent.as_deref(),
+        lane,
+    });
+    let traceparent = target.propagate_trace.then(|| {
+        span.as_ref()
+            .map(|s| s.traceparent().to_string())
+            .or_else(|| d.traceparent.clone())
+    });
+    (span, traceparent.flatten())
+}
+
+/// End attempt spans with each delivery's result, or as unsent when there is none (the call
+/// failed, or the delivery could not be put in one).
+fn end_spans(spans: Vec<Option<AttemptSpan>>, results: Option<&[Attempted]>) {
+    for (i, span) in spans.into_iter().enumerate() {
+        match (span, results.and_then(|r| r.get(i))) {
+            (Some(span), Some(r)) => span.finish(&r.result),
+            (Some(span), None) => span.unsent("unsent"),
+            (None, _) => {}
+        }
     }
-    span.map(|s| s.traceparent().to_string())
-        .or_else(|| d.traceparent.clone())
 }
 
 /// The body a delivery's webhook carries, whichever lane sends it: its event's stored body

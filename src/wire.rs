@@ -535,7 +535,8 @@ mod tests {
             b.to_string()
         };
         let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let rows: &[(Option<&str>, Result<Option<&str>, &str>)] = &[
+        type Row<'a> = (Option<&'a str>, Result<Option<&'a str>, &'a str>);
+        let rows: &[Row] = &[
             (None, Ok(None)),
             (Some(good), Ok(Some(good))),
             (

@@ -13,6 +13,7 @@ pub mod limits;
 pub mod logrec;
 pub mod retry;
 pub mod sign;
+pub mod traceparent;
 pub mod wire;
 
 #[cfg(target_arch = "wasm32")]

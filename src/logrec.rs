@@ -78,6 +78,7 @@ mod tests {
             sequence: Some(7),
             ordering_key: None,
             previous_sequence: None,
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         };
         let r = DeliveryResult::Failed {
             id: "dlv_1".into(),
@@ -105,6 +106,7 @@ mod tests {
             sequence: None,
             ordering_key: None,
             previous_sequence: None,
+            traceparent: None,
         };
         let deliveries = [d("a"), d("b"), d("c")];
         let results = [

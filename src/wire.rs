@@ -121,6 +121,10 @@ pub struct Delivery {
     pub ordering_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_sequence: Option<u64>,
+    /// The W3C `traceparent` the webhook carries (`crate::traceparent`): present only for a
+    /// subscriber with `propagate_trace`. Optional on the wire like `sequence`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// The body of `POST /v1/deliveries`.
@@ -366,6 +370,14 @@ impl DeliveryBatch {
                     d.id
                 )));
             }
+            if let Some(tp) = &d.traceparent {
+                if crate::traceparent::TraceParent::parse(tp).is_none() {
+                    return Err(BatchError::Invalid(format!(
+                        "delivery {}: traceparent is not a W3C trace context",
+                        d.id
+                    )));
+                }
+            }
             if d.body.len() > MAX_BODY_BYTES {
                 return Err(BatchError::TooLarge(format!(
                     "delivery {}: body is {} bytes; the limit is {MAX_BODY_BYTES}",
@@ -525,6 +537,45 @@ mod tests {
                     assert!(msg.contains(want), "{seq:?}: {msg}")
                 }
                 (got, want) => panic!("{seq:?}: got {got:?}, expected {want:?}"),
+            }
+        }
+    }
+
+    /// `traceparent` is optional both ways, and when present a valid W3C trace context.
+    #[test]
+    fn traceparent_on_the_wire_table() {
+        let with = |tp: Option<&str>| {
+            let mut b: serde_json::Value = serde_json::from_str(&batch_json("s")).unwrap();
+            if let Some(tp) = tp {
+                b["deliveries"][0]["traceparent"] = tp.into();
+            }
+            b.to_string()
+        };
+        let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        type Row<'a> = (Option<&'a str>, Result<Option<&'a str>, &'a str>);
+        let rows: &[Row] = &[
+            (None, Ok(None)),
+            (Some(good), Ok(Some(good))),
+            (
+                Some("00-xyz"),
+                Err("traceparent is not a W3C trace context"),
+            ),
+            (
+                Some("a\r\nb"),
+                Err("traceparent is not a W3C trace context"),
+            ),
+        ];
+        for (tp, expected) in rows {
+            match (DeliveryBatch::parse(with(*tp).as_bytes(), false), expected) {
+                (Ok(b), Ok(want)) => {
+                    assert_eq!(b.deliveries[0].traceparent.as_deref(), *want, "{tp:?}");
+                    let again = serde_json::to_string(&b.deliveries[0]).unwrap();
+                    assert_eq!(again.contains("traceparent"), want.is_some(), "{again}");
+                }
+                (Err(BatchError::Invalid(msg)), Err(want)) => {
+                    assert!(msg.contains(want), "{tp:?}: {msg}")
+                }
+                (got, want) => panic!("{tp:?}: got {got:?}, expected {want:?}"),
             }
         }
     }

@@ -66,6 +66,7 @@ pub fn parse_event(
         id,
         event_type,
         body: text.to_string(),
+        traceparent: None,
     })
 }
 

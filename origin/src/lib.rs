@@ -33,6 +33,7 @@ pub mod retention;
 pub mod server;
 pub mod term;
 pub mod time;
+pub mod trace;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -54,6 +55,8 @@ pub enum RunError {
     Http(#[from] reqwest::Error),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    #[error("OpenTelemetry: {0}")]
+    Telemetry(#[from] trace::TelemetryError),
     /// The dispatcher ended while the daemon was serving: the daemon stops rather than accept
     /// events it would never send.
     #[error("the dispatcher stopped: {0}")]
@@ -89,6 +92,7 @@ pub async fn run(
     let portal_key = store
         .portal_key(portal_key_bytes()?.to_vec(), time::now_ms())
         .await?;
+    let telemetry = trace::Telemetry::from_env()?;
     let failed = serve(
         cfg,
         listener,
@@ -96,8 +100,11 @@ pub async fn run(
         store.clone(),
         portal_key,
         held.lock(),
+        telemetry.clone(),
     )
     .await?;
+    // The spans still queued leave before the daemon does.
+    telemetry.shutdown().await;
     // Wait for the ledger to finish everything queued before this point.
     store.close().await?;
     // On SQLite the owner lock is a descriptor of the database file: closing it also drops the
@@ -153,6 +160,7 @@ fn heard(announced: Announcement) -> dispatch::Control {
 fn dispatch_config(
     cfg: &Config,
     heartbeat: dispatch::Heartbeat,
+    telemetry: trace::Telemetry,
 ) -> Result<DispatchConfig, RunError> {
     let outbound = outbound::Outbound::new(cfg.allow_loopback)?;
     let edge = cfg
@@ -174,11 +182,12 @@ fn dispatch_config(
         alerter: alert::Alerter::start(cfg.alert.clone(), outbound.clone()),
         outbound,
         heartbeat,
+        telemetry,
     })
 }
 
 /// The API's settings from the configuration.
-fn api_config(cfg: &Config, portal_key: Vec<u8>) -> api::ApiConfig {
+fn api_config(cfg: &Config, portal_key: Vec<u8>, telemetry: trace::Telemetry) -> api::ApiConfig {
     api::ApiConfig {
         api_token: cfg.api_token.clone(),
         allow_loopback: cfg.allow_loopback,
@@ -189,6 +198,7 @@ fn api_config(cfg: &Config, portal_key: Vec<u8>) -> api::ApiConfig {
         portal_key,
         portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
         breaker: cfg.breaker,
+        telemetry,
     }
 }
 
@@ -217,6 +227,7 @@ async fn serve(
     store: Store,
     portal_key: Vec<u8>,
     lock: Option<String>,
+    telemetry: trace::Telemetry,
 ) -> Result<Option<String>, RunError> {
     let now = time::now_ms();
     let released = store.release_all_leases(now).await?;
@@ -232,7 +243,7 @@ async fn serve(
     let health = health::Health::new(store.write_state(), heartbeat.clone());
     let dispatcher = Dispatcher::new(
         store.clone(),
-        dispatch_config(&cfg, heartbeat)?,
+        dispatch_config(&cfg, heartbeat, telemetry.clone())?,
         metrics.clone(),
     );
     let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -262,7 +273,7 @@ async fn serve(
     let state = api::AppState::new(
         store,
         control_tx,
-        api_config(&cfg, portal_key),
+        api_config(&cfg, portal_key, telemetry.clone()),
         metrics,
         health.clone(),
     );
@@ -272,6 +283,7 @@ async fn serve(
         lock = lock.as_deref().unwrap_or("(none: a shared PostgreSQL ledger)"),
         outbox = cfg.outbox.as_ref().map(|o| format!("{} ({})", o.at.redacted(), o.table)).unwrap_or_else(|| "(none)".into()),
         edge = cfg.edge.as_ref().map(|(u, _)| redact::url(u)).unwrap_or_else(|| "(none: origin lane only)".into()),
+        otlp = if telemetry.is_on() { "exporting spans" } else { "(off)" },
         "fanout serving"
     );
     // The server stops on `shutdown` or when the dispatcher ends, whichever comes first.

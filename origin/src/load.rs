@@ -342,6 +342,7 @@ async fn one_call(
                         sequence: Some(n + 1),
                         ordering_key: None,
                         previous_sequence: None,
+                        traceparent: None,
                     }
                 })
                 .collect();

@@ -234,6 +234,8 @@ pub struct Subscriber {
     /// the JSON Pointer into the event that names it.
     pub ordering: Ordering,
     pub ordering_key: Option<String>,
+    /// Its webhooks carry `traceparent` (`crate::trace`).
+    pub propagate_trace: bool,
 }
 
 /// Why and since when a subscriber gets nothing sent.
@@ -387,6 +389,9 @@ pub struct SubscriberView {
     pub ordering: Ordering,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordering_key: Option<String>,
+    /// Its webhooks carry the event's W3C `traceparent`.
+    #[serde(default)]
+    pub propagate_trace: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
@@ -415,6 +420,7 @@ impl SubscriberView {
             payload: s.payload,
             ordering: s.ordering,
             ordering_key: s.ordering_key.clone(),
+            propagate_trace: s.propagate_trace,
             secret,
         }
     }
@@ -451,6 +457,8 @@ pub struct Claimed {
     pub received_ms: i64,
     /// Its place in an ordered key (`crate::ordering`), `None` when unordered.
     pub order: Option<Order>,
+    /// Its event's stored `traceparent` (`crate::trace`), if it arrived with one.
+    pub traceparent: Option<String>,
 }
 
 /// An ordered delivery's key as stored (`crate::ordering::key_of`) and the sequence of the

@@ -54,6 +54,7 @@ fn owned(id: &str, customer: &str) -> Definition {
         payload: Default::default(),
         ordering: Default::default(),
         ordering_key: None,
+        propagate_trace: false,
     }
 }
 

@@ -51,6 +51,7 @@ fn sub(id: &str, types: &[&str], rate: f64, burst: u32, max_in_flight: u32) -> S
         payload: Default::default(),
         ordering: Default::default(),
         ordering_key: None,
+        propagate_trace: false,
     }
 }
 
@@ -59,6 +60,7 @@ fn ev(id: &str, ty: &str) -> NewEvent {
         id: id.into(),
         event_type: ty.into(),
         body: format!("{{\"id\":\"{id}\"}}"),
+        traceparent: None,
     }
 }
 
@@ -2164,4 +2166,31 @@ async fn a_queue_that_outgrows_its_statistics_is_analyzed_and_turns_read_it_by_i
     );
     let bad = bad_plans(&c, &statements, false, turn_plan_problems).await;
     assert!(bad.is_empty(), "{}", bad.join("\n\n"));
+}
+
+/// The `traceparent` an event arrived with comes back with each claim of its deliveries (the
+/// attempt's span joins the producer's trace, also on a retry or a replay); none stays none.
+#[tokio::test]
+async fn an_events_traceparent_comes_back_with_its_claims() {
+    let server = PgServer::start();
+    let l = ledgers(&server, "tp", 1).await;
+    l[0].create_subscriber(&sub("a", &["*"], 1000.0, 1000, 100), "s")
+        .await
+        .unwrap();
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traced = NewEvent {
+        traceparent: Some(tp.into()),
+        ..ev("e1", "t")
+    };
+    l[0].ingest(vec![traced, ev("e2", "t")], 0).await.unwrap();
+    let c = l[0]
+        .claim(&[("a".into(), 10)], BREAKER, 10, LEASE)
+        .await
+        .unwrap();
+    let got: Vec<(&str, Option<&str>)> = c[0]
+        .claimed
+        .iter()
+        .map(|d| (d.event_id.as_str(), d.traceparent.as_deref()))
+        .collect();
+    assert_eq!(got, [("e1", Some(tp)), ("e2", None)]);
 }

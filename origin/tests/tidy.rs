@@ -1464,3 +1464,41 @@ fn the_sleep_check_catches_a_guessed_wait() {
         ["origin/tests/x.rs:2", "tests/y.test.mjs:2"]
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// OpenTelemetry is named only by the daemon's `trace.rs`: not by the core, not by the Worker,
+// not by another module of the daemon (they speak `crate::trace`).
+// ---------------------------------------------------------------------------------------------
+
+/// The one file, under the repository, that may name `opentelemetry`.
+const TELEMETRY: &str = "origin/src/trace.rs";
+
+/// Files (paths from the repository's root) that name `opentelemetry` in code, besides
+/// [`TELEMETRY`].
+fn telemetry_out_of_place(files: &[(String, String)]) -> Vec<String> {
+    files
+        .iter()
+        .filter(|(p, t)| p != TELEMETRY && strip_comments(t).contains("opentelemetry"))
+        .map(|(p, _)| p.clone())
+        .collect()
+}
+
+#[test]
+fn only_trace_rs_names_opentelemetry() {
+    let found = telemetry_out_of_place(&crate_sources());
+    assert!(
+        found.is_empty(),
+        "opentelemetry named outside {TELEMETRY} (use crate::trace): {found:?}"
+    );
+    let caught = telemetry_out_of_place(&[
+        (
+            "src/wire.rs".to_string(),
+            "use opentelemetry::trace::Span;".to_string(),
+        ),
+        (
+            TELEMETRY.to_string(),
+            "use opentelemetry::KeyValue;".to_string(),
+        ),
+    ]);
+    assert_eq!(caught, ["src/wire.rs"]);
+}

@@ -124,6 +124,9 @@ fn js_batch<'a>(
             if let Some(previous) = d.previous_sequence {
                 own.push((sign::HEADER_PREVIOUS_SEQUENCE, previous.to_string()));
             }
+            if let Some(tp) = &d.traceparent {
+                own.push(("traceparent", tp.clone()));
+            }
             JsItem {
                 headers: JsHeaders { common, own },
                 body: &d.body,

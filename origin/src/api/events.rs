@@ -19,6 +19,7 @@ use crate::event_input::EventError;
 use crate::ledger::Deliveries as _;
 use crate::ledger::NewEvent;
 use crate::time::now_ms;
+use fanout_core::traceparent::TraceParent;
 
 /// Most events in one `POST /v1/events`.
 pub const MAX_EVENTS_PER_REQUEST: usize = 10_000;
@@ -65,14 +66,41 @@ pub fn parse_events(
     }
 }
 
+/// `POST /v1/events` within its span (`crate::trace`): a valid `traceparent` header makes it
+/// part of the producer's trace; an invalid one is ignored (a trace context is advice, never a
+/// reason to refuse an event).
 pub(super) async fn post_events(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
+    let incoming = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceParent::parse);
+    let span = state.cfg.telemetry.ingest(incoming);
+    let answer = ingest(&state, &headers, body, span.stored()).await;
+    span.end(match &answer {
+        Ok(_) => StatusCode::ACCEPTED.as_u16(),
+        Err(e) => e.status_and_code().0.as_u16(),
+    });
+    answer.map(|body| (StatusCode::ACCEPTED, Json(body)))
+}
+
+async fn ingest(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    traceparent: Option<&str>,
+) -> Result<serde_json::Value, ApiError> {
     let limit = MAX_REQUEST_BYTES.max(state.cfg.max_event_bytes);
-    let bytes = read_body(&state.cfg, &headers, body, limit).await?;
-    let (events, is_array) = parse_events(&bytes, state.cfg.max_event_bytes)?;
+    let bytes = read_body(&state.cfg, headers, body, limit).await?;
+    let (mut events, is_array) = parse_events(&bytes, state.cfg.max_event_bytes)?;
+    if let Some(tp) = traceparent {
+        for e in &mut events {
+            e.traceparent = Some(tp.to_string());
+        }
+    }
     let now = now_ms();
     let (results, touched) = state.ledger.ingest(events, now).await?;
     let dups = results.iter().filter(|r| r.duplicate).count() as u64;
@@ -87,13 +115,12 @@ pub(super) async fn post_events(
     if !touched.is_empty() {
         state.tell(Control::Due(touched));
     }
-    let body = if is_array {
+    Ok(if is_array {
         serde_json::to_value(views::IngestedBatch { events: results })
     } else {
         serde_json::to_value(&results[0])
     }
-    .unwrap_or_default();
-    Ok((StatusCode::ACCEPTED, Json(body)))
+    .unwrap_or_default())
 }
 
 #[cfg(test)]

@@ -88,6 +88,7 @@ mod tests {
                 portal_key: vec![7; 32],
                 breaker: Default::default(),
                 portal_frame_ancestors: "'none'".into(),
+                telemetry: Default::default(),
             },
             Arc::new(Metrics::new(false)),
             health.clone(),

@@ -27,6 +27,8 @@ pub struct ApiConfig {
     pub portal_frame_ancestors: String,
     /// The breakers' settings, for the views of their state.
     pub breaker: fanout_core::breaker::BreakerConfig,
+    /// The ingest spans (`crate::trace`; off unless an OTLP endpoint is set).
+    pub telemetry: crate::trace::Telemetry,
 }
 
 #[derive(Debug, Clone)]

@@ -68,6 +68,9 @@ pub struct SubscriberInput {
     /// For `ordering: "key"`: a JSON Pointer into the event (`/video_id`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ordering_key: Option<String>,
+    /// Its webhooks carry the event's `traceparent` (`crate::trace`); default `false`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub propagate_trace: Option<bool>,
 }
 
 /// `"disabled": false` in a creation body, the only value it may have there: a subscriber is
@@ -120,6 +123,7 @@ pub struct SubscriberPatch {
     /// A new ordering; leaving `key` drops the pointer. Applies to events ingested after it.
     pub ordering: Option<Ordering>,
     pub ordering_key: Option<String>,
+    pub propagate_trace: Option<bool>,
 }
 
 impl SubscriberPatch {
@@ -142,8 +146,9 @@ impl SubscriberPatch {
             payload,
             ordering,
             ordering_key,
+            propagate_trace,
         } = self;
-        let set: [(&'static str, bool); 15] = [
+        let set: [(&'static str, bool); 16] = [
             ("id", id.is_some()),
             ("url", url.is_some()),
             ("event_types", event_types.is_some()),
@@ -159,6 +164,7 @@ impl SubscriberPatch {
             ("payload", payload.is_some()),
             ("ordering", ordering.is_some()),
             ("ordering_key", ordering_key.is_some()),
+            ("propagate_trace", propagate_trace.is_some()),
         ];
         set.into_iter()
             .filter(|(_, on)| *on)
@@ -258,6 +264,7 @@ pub fn subscriber_from(
             payload: input.payload.unwrap_or_default(),
             ordering,
             ordering_key: input.ordering_key,
+            propagate_trace: input.propagate_trace.unwrap_or(false),
         },
         input.secret,
     ))
@@ -315,6 +322,9 @@ pub fn patched(
         s.ordering_key = input.ordering_key;
     }
     crate::ordering::validate(s.ordering, s.ordering_key.as_deref()).map_err(ApiError::Invalid)?;
+    if let Some(p) = input.propagate_trace {
+        s.propagate_trace = p;
+    }
     validate_customer_ref(&input.customer)?;
     if let Some(c) = input.customer {
         s.customer = c;

@@ -238,6 +238,7 @@ fn test_event(subscriber: &str, now: i64, random: [u8; 8]) -> NewEvent {
         id,
         event_type: TEST_EVENT_TYPE.into(),
         body,
+        traceparent: None,
     }
 }
 

@@ -243,6 +243,7 @@ mod tests {
             payload: Default::default(),
             ordering: Default::default(),
             ordering_key: None,
+            propagate_trace: false,
             secret: None,
         }
     }

@@ -104,6 +104,9 @@ pub struct SubscriberAdd {
     /// With --ordering key: a JSON Pointer into the event naming the key, e.g. /video_id
     #[arg(long)]
     pub ordering_key: Option<String>,
+    /// Send each webhook the W3C traceparent its event arrived with (OpenTelemetry)
+    #[arg(long)]
+    pub propagate_trace: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -145,6 +148,7 @@ async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
         payload: a.payload,
         ordering: a.ordering,
         ordering_key: a.ordering_key,
+        propagate_trace: a.propagate_trace.then_some(true),
         ..SubscriberInput::default()
     };
     let body = serde_json::to_vec(&input).map_err(|e| ClientError::Input(e.to_string()))?;

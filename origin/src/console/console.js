@@ -218,7 +218,8 @@
         h('div', { class: 'muted small' }, s.event_types.join(', ')),
         s.filter ? h('div', { class: 'muted small filter', 'data-field': 'filter', title: 'Content filter' }, `filter: ${filterText(s.filter)}`) : null),
       h('td', null, h('div', null, s.lane), h('div', { class: 'muted small', 'data-field': 'payload' }, `${s.payload} payload`),
-        s.ordering && s.ordering !== 'none' ? orderingLines(s) : null),
+        s.ordering && s.ordering !== 'none' ? orderingLines(s) : null,
+        s.propagate_trace ? h('div', { class: 'muted small', 'data-field': 'propagate_trace', title: 'Webhooks carry the producer\'s traceparent' }, 'traceparent') : null),
       h('td', { class: 'num' }, fmtNum(s.rate_per_sec, 3)),
       h('td', { class: 'num' }, fmtNum(s.burst)),
       h('td', { class: 'num' }, fmtNum(st.tokens, 1)),
@@ -339,6 +340,7 @@
       form.elements.legacy_signature.checked = sub.legacy_signature;
       form.elements.filter.value = sub.filter ? JSON.stringify(sub.filter, null, 2) : '';
       form.elements.payload.value = sub.payload;
+      form.elements.propagate_trace.checked = sub.propagate_trace;
     }
     form.hidden = false;
     (sub ? form.elements.url : form.elements.id).focus();
@@ -354,6 +356,7 @@
       lane: f.lane.value,
       legacy_signature: f.legacy_signature.checked,
       payload: f.payload.value,
+      propagate_trace: f.propagate_trace.checked,
     };
     if (!editing) body.id = f.id.value.trim();
     // Emptied while editing: `null` removes the filter.

@@ -350,6 +350,7 @@ mod tests {
                 sequence: (i > 1).then_some(i as u64),
                 ordering_key: None,
                 previous_sequence: None,
+                traceparent: None,
             })
             .collect();
         let spec_json = encode_spec(&spec).unwrap();

@@ -66,6 +66,8 @@ pub struct DispatchConfig {
     pub outbound: Outbound,
     /// Beaten by the executor's loop.
     pub heartbeat: Heartbeat,
+    /// The attempt spans (`crate::trace`; off unless an OTLP endpoint is set).
+    pub telemetry: crate::trace::Telemetry,
 }
 
 /// The clock the executor reads (unix ms on the ledger's clock): [`now_ms`], or in tests one
@@ -405,6 +407,7 @@ fn log_outcome(sub: &str, meta: &Meta, result: &DeliveryResult) {
             sequence: None,
             ordering_key: None,
             previous_sequence: None,
+            traceparent: None,
         };
         tracing::debug!(target: "fanout::delivery", "{}", LogRecord::new(sub, &d, result).to_json());
     }
@@ -442,6 +445,7 @@ mod tests {
             alerter: Alerter::log_only(),
             outbound: Outbound::new(false).expect("an HTTP client"),
             heartbeat: Heartbeat::default(),
+            telemetry: Default::default(),
         }
     }
 
@@ -467,6 +471,7 @@ mod tests {
                     id: "evt_1".into(),
                     event_type: "t".into(),
                     body: "{}".into(),
+                    traceparent: None,
                 };
                 ingest(c, &[event], start_ms)?;
                 Ok(())

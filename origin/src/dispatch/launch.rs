@@ -17,11 +17,12 @@ use tokio::sync::mpsc;
 use super::edge_lane::{self, edge_failure, pair_results, EdgeClient};
 use super::executor::{Clock, Dispatcher};
 use super::origin_lane;
-use super::vocab::{Event, Lane, Meta, Target};
+use super::vocab::{Attempted, Event, Lane, Meta, Target};
 use crate::ledger::DispatchLedger;
 use crate::model::{active_secrets, delivery_public_id, Claimed, Order};
 use crate::outbound::Signer;
 use crate::payload::{thin_body, EventUrl, Payload};
+use crate::trace::{self, AttemptSpan};
 
 impl<L: DispatchLedger> Dispatcher<L> {
     /// Start sending leased deliveries by the lane the state chose.
@@ -76,12 +77,15 @@ impl<L: DispatchLedger> Dispatcher<L> {
                     let signer = signer.clone();
                     let url = url.clone();
                     let clock = self.clock.clone();
+                    let telemetry = self.cfg.telemetry.clone();
                     let body = body_of(target.payload, &mut d, self.cfg.event_url.as_ref());
                     tokio::spawn(async move {
                         let mut unreported =
                             Unreported::new(&done, &target.id, Lane::Origin, vec![Meta::of(&d)]);
                         let id = delivery_public_id(d.rowid);
                         let started = std::time::Instant::now();
+                        let (span, traceparent) =
+                            traced(&telemetry, &target, (*url).as_ref(), &d, &id, "origin");
                         let send = origin_lane::Outgoing {
                             delivery_id: &id,
                             event_id: &d.event_id,
@@ -90,8 +94,12 @@ impl<L: DispatchLedger> Dispatcher<L> {
                             timeout_ms: target.limits.timeout_ms,
                             sequence: d.sequence,
                             order: d.order.as_ref().map(Order::headers),
+                            traceparent: traceparent.as_deref(),
                         };
                         let result = origin_lane::deliver(&out, &send, body).await;
+                        if let Some(span) = span {
+                            span.finish(&result.result);
+                        }
                         let latency_ms = Some(started.elapsed().as_millis() as u64);
                         if let Some(meta) = unreported.take().pop() {
                             let _ = done.send(Event::Results {
@@ -107,6 +115,15 @@ impl<L: DispatchLedger> Dispatcher<L> {
         }
     }
 
+    /// The subscriber's URL for its attempt spans' `server.address`: parsed only when exporting.
+    fn span_url(&self, target: &Target) -> Option<url::Url> {
+        self.cfg
+            .telemetry
+            .is_on()
+            .then(|| url::Url::parse(&target.url).ok())
+            .flatten()
+    }
+
     /// Encode each delivery once, cut the calls by encoded length, and send them all at once.
     fn launch_edge(
         &self,
@@ -118,6 +135,8 @@ impl<L: DispatchLedger> Dispatcher<L> {
     ) {
         let mut metas = Vec::with_capacity(claimed.len());
         let mut parts = Vec::with_capacity(claimed.len());
+        let mut spans: Vec<Option<AttemptSpan>> = Vec::with_capacity(claimed.len());
+        let (telemetry, url) = (&self.cfg.telemetry, self.span_url(target));
         let mut unsendable: Vec<(Meta, String)> = Vec::new();
         let spec_json = match edge_lane::encode_spec(&spec) {
             Ok(j) => j,
@@ -136,8 +155,10 @@ impl<L: DispatchLedger> Dispatcher<L> {
             let body = body_of(target.payload, &mut d, self.cfg.event_url.as_ref());
             let (ordering_key, previous_sequence) =
                 d.order.as_ref().map_or((None, None), Order::headers);
+            let id = delivery_public_id(d.rowid);
+            let (span, traceparent) = traced(telemetry, target, url.as_ref(), &d, &id, "edge");
             let delivery = Delivery {
-                id: delivery_public_id(d.rowid),
+                id,
                 event_id: d.event_id,
                 event_type: d.event_type,
                 attempt: d.attempt,
@@ -145,13 +166,18 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 sequence: (d.sequence > 0).then_some(d.sequence),
                 ordering_key,
                 previous_sequence,
+                traceparent,
             };
             match edge_lane::encode_delivery(&delivery) {
                 Ok(json) => {
                     metas.push(meta);
                     parts.push(json);
+                    spans.push(span);
                 }
-                Err(e) => unsendable.push((meta, format!("the delivery cannot be encoded: {e}"))),
+                Err(e) => {
+                    end_spans(vec![span], None);
+                    unsendable.push((meta, format!("the delivery cannot be encoded: {e}")))
+                }
             }
         }
         let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
@@ -162,6 +188,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
             edge_lane::EDGE_MAX_BYTES,
         );
         for i in too_big {
+            end_spans(vec![spans[i].take()], None);
             unsendable.push((
                 metas[i].clone(),
                 format!(
@@ -184,6 +211,8 @@ impl<L: DispatchLedger> Dispatcher<L> {
             let refs: Vec<&[u8]> = call.iter().map(|&i| parts[i].as_slice()).collect();
             let body = edge_lane::batch_body(&spec_json, &refs);
             let items: Vec<Meta> = call.iter().map(|&i| metas[i].clone()).collect();
+            let call_spans: Vec<Option<AttemptSpan>> =
+                call.iter().map(|&i| spans[i].take()).collect();
             let edge = edge.clone();
             let done = self.done_tx.clone();
             let sub = target.id.clone();
@@ -195,17 +224,16 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 let wait = edge_lane::call_timeout(unreported.items.len(), timeout_ms);
                 let result = edge.send(body, &call_id, wait).await;
                 let items = unreported.take();
+                let ids: Vec<String> = items.iter().map(|m| delivery_public_id(m.rowid)).collect();
+                let result = result.map(|r| pair_results(&ids, r));
+                end_spans(call_spans, result.as_deref().ok());
                 let event = match result {
-                    Ok(results) => {
-                        let ids: Vec<String> =
-                            items.iter().map(|m| delivery_public_id(m.rowid)).collect();
-                        Event::Results {
-                            sub,
-                            lane: Lane::Edge,
-                            items: items.into_iter().zip(pair_results(&ids, results)).collect(),
-                            at_ms: clock(),
-                        }
-                    }
+                    Ok(results) => Event::Results {
+                        sub,
+                        lane: Lane::Edge,
+                        items: items.into_iter().zip(results).collect(),
+                        at_ms: clock(),
+                    },
                     Err(error) => Event::EdgeFailed {
                         sub,
                         items,
@@ -214,6 +242,47 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 };
                 let _ = done.send(event);
             });
+        }
+    }
+}
+
+/// A delivery's attempt span (when exporting) and the `traceparent` its webhook carries: none
+/// unless its subscriber has `propagate_trace`; then the attempt's span as parent when
+/// exporting, else the context stored with the event.
+fn traced(
+    telemetry: &trace::Telemetry,
+    target: &Target,
+    url: Option<&url::Url>,
+    d: &Claimed,
+    delivery_id: &str,
+    lane: &'static str,
+) -> (Option<AttemptSpan>, Option<String>) {
+    let span = telemetry.attempt(&trace::Attempt {
+        event_id: &d.event_id,
+        subscriber_id: &target.id,
+        delivery_id,
+        host: url.and_then(|u| u.host_str()),
+        port: url.and_then(|u| u.port_or_known_default()),
+        attempt: d.attempt,
+        stored: d.traceparent.as_deref(),
+        lane,
+    });
+    let traceparent = target.propagate_trace.then(|| {
+        span.as_ref()
+            .map(|s| s.traceparent().to_string())
+            .or_else(|| d.traceparent.clone())
+    });
+    (span, traceparent.flatten())
+}
+
+/// End attempt spans with each delivery's result, or as unsent when there is none (the call
+/// failed, or the delivery could not be put in one).
+fn end_spans(spans: Vec<Option<AttemptSpan>>, results: Option<&[Attempted]>) {
+    for (i, span) in spans.into_iter().enumerate() {
+        match (span, results.and_then(|r| r.get(i))) {
+            (Some(span), Some(r)) => span.finish(&r.result),
+            (Some(span), None) => span.unsent("unsent"),
+            (None, _) => {}
         }
     }
 }

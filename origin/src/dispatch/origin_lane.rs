@@ -28,6 +28,8 @@ pub struct Outgoing<'a> {
     /// An ordered delivery's `webhook-ordering-key` and `webhook-previous-sequence`
     /// (`model::Order::headers`).
     pub order: Option<(Option<String>, Option<u64>)>,
+    /// Its `traceparent` header (`crate::trace`): only for a subscriber with `propagate_trace`.
+    pub traceparent: Option<&'a str>,
 }
 
 /// Send one delivery: the attempt made, with its result as the edge would report it.
@@ -44,6 +46,7 @@ pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> Attempte
     let mut extra: Vec<(&'static str, String)> = (s.sequence > 0)
         .then(|| (sign::HEADER_SEQUENCE, s.sequence.to_string()))
         .into_iter()
+        .chain(s.traceparent.map(|t| ("traceparent", t.to_string())))
         .collect();
     if let Some((key, previous)) = &s.order {
         extra.extend(key.clone().map(|k| (sign::HEADER_ORDERING_KEY, k)));

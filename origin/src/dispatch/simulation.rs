@@ -171,6 +171,7 @@ impl Ledger {
                     sequence: rowid as u64,
                     received_ms: 0,
                     order: None,
+                    traceparent: None,
                 });
             }
             let next_due_ms = self.next_due();

@@ -56,6 +56,8 @@ pub struct Target {
     /// Ordered (`crate::ordering`): a delivery that ends releases its key's next one, so a
     /// result asks for a claim at once, recorded in the same turn (no wait for a wake-up).
     pub ordered: bool,
+    /// Its webhooks carry `traceparent` (`crate::trace`).
+    pub propagate_trace: bool,
 }
 
 /// A delivery out for sending, minus its body: what its result is recorded against.

@@ -14,6 +14,9 @@ pub struct NewEvent {
     pub id: String,
     pub event_type: String,
     pub body: String,
+    /// The W3C `traceparent` it arrived with (`fanout_core::traceparent`, version 00), kept so
+    /// that its attempts and replays join the producer's trace (`crate::trace`).
+    pub traceparent: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

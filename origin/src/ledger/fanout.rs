@@ -168,6 +168,7 @@ mod tests {
             id: "e".into(),
             event_type: ty.into(),
             body: body.into(),
+            traceparent: None,
         };
         let mut s = Selector::new(&subs);
         let names =

@@ -51,6 +51,7 @@ pub(crate) fn test_events(n: usize) -> Vec<NewEvent> {
             id: format!("e{i}"),
             event_type: "t".into(),
             body: "{}".into(),
+            traceparent: None,
         })
         .collect()
 }
@@ -80,5 +81,6 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         payload: Default::default(),
         ordering: Default::default(),
         ordering_key: None,
+        propagate_trace: false,
     }
 }

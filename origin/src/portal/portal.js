@@ -104,6 +104,7 @@
           h('div', { class: 'endpoint-head' }, h('strong', null, s.id), h('span', { class: `health ${hl.key}`, 'data-health': hl.key }, hl.text)),
           h('div', { class: 'url muted' }, s.url),
           h('div', { class: 'muted small', 'data-field': 'payload' }, s.payload === 'thin' ? 'Thin payloads: id, type, time and link' : 'Full payloads'),
+          s.propagate_trace ? h('div', { class: 'muted small', 'data-field': 'propagate_trace' }, 'Webhooks carry the sender\'s traceparent (W3C Trace Context)') : null,
           h(
             'div',
             { class: 'counts' },

@@ -198,6 +198,7 @@ fn edge_refusals_split_then_count_attempts() {
             sequence: 1,
             received_ms: 0,
             order: None,
+            traceparent: None,
         })
         .collect();
     on(&mut state, edge_failed("a", &metas, refused()), 10);

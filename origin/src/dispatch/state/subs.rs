@@ -93,6 +93,7 @@ impl State {
             customer: s.customer.as_deref().map(Arc::from),
             payload: s.payload,
             ordered: s.ordering != crate::ordering::Ordering::None,
+            propagate_trace: s.propagate_trace,
         });
         let warn = no_edge.then(|| target.id.clone());
         match self.subs.get_mut(target.id.as_ref()) {

@@ -97,6 +97,7 @@ fn claimed(rowid: i64) -> Claimed {
         sequence: rowid as u64,
         received_ms: 0,
         order: None,
+        traceparent: None,
     }
 }
 
@@ -233,6 +234,7 @@ fn sub(id: &str, max_in_flight: u32, customer: Option<&str>) -> (Subscriber, Lim
         payload: Default::default(),
         ordering: Default::default(),
         ordering_key: None,
+        propagate_trace: false,
     };
     (s, LimiterState::default())
 }

@@ -48,6 +48,7 @@ impl Queue {
                         sequence: 1,
                         received_ms: 0,
                         order: None,
+                        traceparent: None,
                     }
                 })
                 .collect();

@@ -20,6 +20,7 @@ mod customers;
 mod rows;
 
 use rows::copy_filters;
+use rows::copy_propagate_trace;
 pub use rows::Copied;
 use rows::{
     copy_attempts, copy_deliveries, copy_events, copy_ordering, copy_secrets, copy_sequences,
@@ -104,6 +105,7 @@ pub async fn copy_sqlite_to_pg(
     .await?;
     progress(&format!("customers: {}", done.customers));
 
+    copy_propagate_trace(&src, &tx).await?;
     copy_events(&src, &tx, &mut done, &mut progress).await?;
 
     copy_deliveries(&src, &tx, now_ms, &mut done, &mut progress).await?;

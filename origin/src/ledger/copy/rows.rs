@@ -99,6 +99,27 @@ pub(super) async fn copy_subscribers(
     Ok(())
 }
 
+/// Which subscribers' webhooks carry `traceparent` (after `copy_subscribers`; a ledger from
+/// before OpenTelemetry has none).
+pub(super) async fn copy_propagate_trace(
+    src: &Connection,
+    tx: &Transaction<'_>,
+) -> Result<(), LedgerError> {
+    if !has_column(src, "subscribers", "propagate_trace")? {
+        return Ok(());
+    }
+    let ids: Vec<String> = src
+        .prepare("SELECT id FROM subscribers WHERE propagate_trace")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    tx.execute(
+        "UPDATE subscribers SET propagate_trace = TRUE WHERE id = ANY($1)",
+        &[&ids],
+    )
+    .await?;
+    Ok(())
+}
+
 /// The subscribers' secrets.
 pub(super) async fn copy_secrets(
     src: &Connection,
@@ -138,13 +159,19 @@ pub(super) async fn copy_events(
     progress: &mut impl FnMut(&str),
 ) -> Result<(), LedgerError> {
     let total: i64 = src.query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))?;
+    // A ledger from before OpenTelemetry: no event carries a trace.
+    let traceparent = if has_column(src, "events", "traceparent")? {
+        "traceparent"
+    } else {
+        "NULL"
+    };
     let mut after = 0i64;
     loop {
-        let mut st = src.prepare_cached(
-            "SELECT rowid, id, type, body, received_ms FROM events WHERE rowid > ?1
-             ORDER BY rowid LIMIT ?2",
-        )?;
-        let page: Vec<(i64, String, String, String, i64)> = st
+        let mut st = src.prepare_cached(&format!(
+            "SELECT rowid, id, type, body, received_ms, {traceparent} FROM events
+             WHERE rowid > ?1 ORDER BY rowid LIMIT ?2"
+        ))?;
+        let page: Vec<(i64, String, String, String, i64, Option<String>)> = st
             .query_map([after, CHUNK], |r| r.try_into())?
             .collect::<Result<_, _>>()?;
         let Some(last) = page.last() else { break };
@@ -153,10 +180,11 @@ pub(super) async fn copy_events(
         let types: Vec<&str> = page.iter().map(|e| e.2.as_str()).collect();
         let bodies: Vec<&str> = page.iter().map(|e| e.3.as_str()).collect();
         let at: Vec<i64> = page.iter().map(|e| e.4).collect();
+        let traces: Vec<Option<&str>> = page.iter().map(|e| e.5.as_deref()).collect();
         tx.execute(
-            "INSERT INTO events (id, type, body, received_ms)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])",
-            &[&ids, &types, &bodies, &at],
+            "INSERT INTO events (id, type, body, received_ms, traceparent)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])",
+            &[&ids, &types, &bodies, &at, &traces],
         )
         .await?;
         done.events += page.len() as u64;

@@ -56,7 +56,9 @@ impl PgLedger {
             tx.prepare_cached(INGEST_SUBSCRIBERS),
             tx.prepare_cached(INGEST_EVENTS),
         )?;
-        let insert_args: &[&(dyn ToSql + Sync)] = &[&ids, &types, &bodies, &now_ms];
+        let traceparents: Vec<Option<&str>> =
+            events.iter().map(|e| e.traceparent.as_deref()).collect();
+        let insert_args: &[&(dyn ToSql + Sync)] = &[&ids, &types, &bodies, &now_ms, &traceparents];
         let (sub_rows, fresh_rows) =
             tokio::try_join!(tx.query(&list, &[]), tx.query(&insert, insert_args))?;
         let subs = candidates(
@@ -207,9 +209,10 @@ async fn insert_deliveries(
 pub(super) const INGEST_SUBSCRIBERS: &str =
     "SELECT id, event_types, filter, ordering, ordering_key FROM subscribers
      WHERE deleted_ms IS NULL ORDER BY id";
-pub(super) const INGEST_EVENTS: &str = "INSERT INTO events (id, type, body, received_ms)
-     SELECT id, type, body, $4 FROM unnest($1::text[], $2::text[], $3::text[])
-         WITH ORDINALITY AS u(id, type, body, n) ORDER BY n
+pub(super) const INGEST_EVENTS: &str =
+    "INSERT INTO events (id, type, body, received_ms, traceparent)
+     SELECT id, type, body, $4, tp FROM unnest($1::text[], $2::text[], $3::text[], $5::text[])
+         WITH ORDINALITY AS u(id, type, body, tp, n) ORDER BY n
      ON CONFLICT (id) DO NOTHING RETURNING id";
 /// The deliveries (`$1` subscribers, `$2` events, in fan-out order) with their sequence
 /// numbers: the counters of `$4` (subscribers in id order, each once) move by `$5` (their

@@ -107,7 +107,7 @@ pub(super) const CLAIM_LEASE: &str =
                    FOR UPDATE SKIP LOCKED) c))
        AND e.id = d.event_id
      RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts, d.next_attempt_ms,
-         d.sequence, e.received_ms, d.ordering_key, d.previous_sequence";
+         d.sequence, e.received_ms, d.ordering_key, d.previous_sequence, e.traceparent";
 
 /// Shared limiter states back in their (locked) rows.
 pub(super) const STORE_LIMITERS: &str = "UPDATE subscribers s SET limiter = u.l
@@ -289,6 +289,7 @@ impl PgLedger {
                         sequence: r.try_get::<_, i64>(7)?.max(0) as u64,
                         received_ms: r.try_get(8)?,
                         order: Order::of(r.try_get(9)?, r.try_get(10)?),
+                        traceparent: r.try_get(11)?,
                     },
                 ));
             }

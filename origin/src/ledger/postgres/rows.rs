@@ -39,7 +39,8 @@ pub(super) const RELEASE_TRIES: u32 = 5;
 pub(super) const SUBSCRIBER_COLUMNS: &str =
     "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms, customer, disabled_by_operator, filter, payload, ordering, ordering_key";
+     failing_since_ms, customer, disabled_by_operator, filter, payload, ordering, ordering_key,
+     propagate_trace";
 
 /// A text column holding one of an enum's names.
 pub(super) fn enum_column<T>(
@@ -87,6 +88,7 @@ pub(super) fn subscriber_from_row(r: &Row) -> Result<Subscriber, LedgerError> {
         payload: enum_column(r, 17, Payload::parse)?,
         ordering: enum_column(r, 18, crate::ordering::Ordering::parse)?,
         ordering_key: r.try_get(19)?,
+        propagate_trace: r.try_get(20)?,
     })
 }
 

@@ -309,6 +309,12 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX deliveries_ordered ON deliveries(subscriber_id, ordering_key, next_attempt_ms, sequence)
         WHERE ordering_key IS NOT NULL AND status IN ('pending', 'in_flight');
     "#,
+    // OpenTelemetry (issue 26, `crate::trace`): the W3C `traceparent` an event arrived with
+    // (NULL: none); whether a subscriber's webhooks carry one.
+    r#"
+    ALTER TABLE events ADD COLUMN traceparent TEXT;
+    ALTER TABLE subscribers ADD COLUMN propagate_trace BOOLEAN NOT NULL DEFAULT FALSE;
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

@@ -145,8 +145,8 @@ impl PgLedger {
             .execute(
                 "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
                      timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
-                     payload, ordering, ordering_key)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14, $15)",
+                     payload, ordering, ordering_key, propagate_trace)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14, $15, $16)",
                 &[
                     &s.id,
                     &s.url,
@@ -163,6 +163,7 @@ impl PgLedger {
                     &s.payload.as_str(),
                     &s.ordering.as_str(),
                     &s.ordering_key,
+                    &s.propagate_trace,
                 ],
             )
             .await;
@@ -200,7 +201,7 @@ impl PgLedger {
                 "UPDATE subscribers SET url = $2, event_types = $3, rate_per_sec = $4, burst = $5,
                      max_in_flight = $6, timeout_ms = $7, lane = $8, legacy_signature = $9,
                      updated_ms = $10, customer = $11, filter = $12, payload = $13,
-                     ordering = $14, ordering_key = $15
+                     ordering = $14, ordering_key = $15, propagate_trace = $16
                  WHERE id = $1 AND deleted_ms IS NULL",
                 &[
                     &s.id,
@@ -218,6 +219,7 @@ impl PgLedger {
                     &s.payload.as_str(),
                     &s.ordering.as_str(),
                     &s.ordering_key,
+                    &s.propagate_trace,
                 ],
             )
             .await?;

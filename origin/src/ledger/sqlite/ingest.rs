@@ -88,18 +88,19 @@ pub fn ingest(
     let mut fresh: HashSet<String> = HashSet::with_capacity(events.len());
     for chunk in events.chunks(ROWS_PER_INSERT) {
         let sql = multi_row_sql(
-            "INSERT OR IGNORE INTO events (id, type, body, received_ms)",
+            "INSERT OR IGNORE INTO events (id, type, body, traceparent, received_ms)",
             chunk.len(),
-            3,
-            &format!(", ?{}", chunk.len() * 3 + 1),
+            4,
+            &format!(", ?{}", chunk.len() * 4 + 1),
             "RETURNING id",
         );
         let mut st = c.prepare_cached(&sql)?;
-        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * 3 + 1);
+        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * 4 + 1);
         for e in chunk {
             args.push(&e.id);
             args.push(&e.event_type);
             args.push(&e.body);
+            args.push(&e.traceparent);
         }
         args.push(&now_ms);
         let ids = st.query_map(args.as_slice(), |r| r.get::<_, String>(0))?;

@@ -23,7 +23,7 @@ pub fn claim(
 ) -> Result<Vec<Claim>, LedgerError> {
     let mut select = c.prepare_cached(
         "SELECT d.id, d.event_id, e.type, e.body, d.attempts, d.sequence, e.received_ms,
-             d.ordering_key, d.previous_sequence
+             d.ordering_key, d.previous_sequence, e.traceparent
          FROM deliveries d JOIN events e ON e.id = d.event_id
          WHERE d.subscriber_id = ?1 AND d.status = 'pending' AND d.next_attempt_ms <= ?2
          ORDER BY d.next_attempt_ms, d.id LIMIT ?3",
@@ -53,6 +53,7 @@ pub fn claim(
                         sequence: r.get::<_, i64>(5)?.max(0) as u64,
                         received_ms: r.get(6)?,
                         order: Order::of(r.get(7)?, r.get(8)?),
+                        traceparent: r.get(9)?,
                     })
                 })?
                 .collect::<Result<_, _>>()?

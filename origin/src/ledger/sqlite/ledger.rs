@@ -292,6 +292,7 @@ mod tests {
                 id: format!("e{i}"),
                 event_type: "t".into(),
                 body: "{}".into(),
+                traceparent: None,
             }];
             ledger.tx(move |c| ingest(c, &events, 0)).await.unwrap();
             assert!(
@@ -321,6 +322,7 @@ mod tests {
                     id: format!("e{kept}_{i}"),
                     event_type: "t".into(),
                     body: format!("{{\"pad\":\"{}\"}}", "x".repeat(2000)),
+                    traceparent: None,
                 })
                 .collect();
             match ledger.tx(move |c| ingest(c, &events, 0)).await {
@@ -352,6 +354,7 @@ mod tests {
             id: "after".into(),
             event_type: "t".into(),
             body: "{}".into(),
+            traceparent: None,
         }];
         ledger.tx(move |c| ingest(c, &events, 0)).await.unwrap();
         let stored: i64 = ledger

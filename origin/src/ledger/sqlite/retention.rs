@@ -430,6 +430,7 @@ mod tests {
                 id: format!("x{i}"),
                 event_type: "t".into(),
                 body: "{}".into(),
+                traceparent: None,
             })
             .collect();
         // No subscriber: events only, received at 0..4 (x4 at t=4 is not old at cut-off 4).

@@ -263,6 +263,13 @@ const MIGRATIONS: &[Migration] = &[
     CREATE INDEX deliveries_ordered ON deliveries(subscriber_id, ordering_key, next_attempt_ms, sequence)
         WHERE ordering_key IS NOT NULL AND status IN ('pending', 'in_flight');
     "#),
+    // OpenTelemetry (issue 26, `crate::trace`): the W3C `traceparent` an event arrived with
+    // (NULL: none), so its attempts and replays join the producer's trace; whether a
+    // subscriber's webhooks carry one.
+    Sql(r#"
+    ALTER TABLE events ADD COLUMN traceparent TEXT;
+    ALTER TABLE subscribers ADD COLUMN propagate_trace INTEGER NOT NULL DEFAULT 0;
+    "#),
 ];
 
 /// Rows copied by one statement when a migration rebuilds a table; its progress is logged

@@ -20,7 +20,8 @@ use crate::model::{
 
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms, customer, disabled_by_operator, filter, payload, ordering, ordering_key";
+     failing_since_ms, customer, disabled_by_operator, filter, payload, ordering, ordering_key,
+     propagate_trace";
 
 fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
     let types: String = r.get(2)?;
@@ -59,6 +60,7 @@ fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
         payload: Payload::parse(&r.get::<_, String>(17)?).unwrap_or_default(),
         ordering: Ordering::parse(&r.get::<_, String>(18)?).unwrap_or_default(),
         ordering_key: r.get(19)?,
+        propagate_trace: r.get(20)?,
     })
 }
 
@@ -107,7 +109,7 @@ pub fn list_subscribers(c: &Connection) -> Result<Vec<Subscriber>, LedgerError> 
 /// What `create_subscriber` and `update_subscriber` both bind, in one order: ?1 id, ?2 url,
 /// ?3 event_types (JSON), ?4 rate_per_sec, ?5 burst, ?6 max_in_flight, ?7 timeout_ms, ?8 lane,
 /// ?9 legacy_signature, ?10 the time of the change, ?11 customer, ?12 filter (JSON or NULL),
-/// ?13 payload, ?14 ordering, ?15 ordering_key.
+/// ?13 payload, ?14 ordering, ?15 ordering_key, ?16 propagate_trace.
 fn definition_params<'a>(
     s: &'a Subscriber,
     event_types_json: &'a str,
@@ -129,6 +131,7 @@ fn definition_params<'a>(
         s.payload.as_str(),
         s.ordering.as_str(),
         s.ordering_key.as_deref(),
+        s.propagate_trace,
     )
 }
 
@@ -169,8 +172,8 @@ pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result
     c.prepare_cached(
         "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
              timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
-             payload, ordering, ordering_key)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14, ?15)",
+             payload, ordering, ordering_key, propagate_trace)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
     )?
     .execute(definition_params(s, &event_types_json(s), s.created_ms))?;
     c.prepare_cached(
@@ -196,7 +199,7 @@ pub fn update_subscriber(c: &Connection, s: &Subscriber) -> Result<(), LedgerErr
             "UPDATE subscribers SET url = ?2, event_types = ?3, rate_per_sec = ?4, burst = ?5,
                  max_in_flight = ?6, timeout_ms = ?7, lane = ?8, legacy_signature = ?9,
                  updated_ms = ?10, customer = ?11, filter = ?12, payload = ?13, ordering = ?14,
-                 ordering_key = ?15
+                 ordering_key = ?15, propagate_trace = ?16
              WHERE id = ?1 AND deleted_ms IS NULL",
         )?
         .execute(definition_params(s, &event_types_json(s), s.updated_ms))?;

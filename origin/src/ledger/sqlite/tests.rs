@@ -19,6 +19,7 @@ fn ev(id: &str, ty: &str) -> NewEvent {
         id: id.into(),
         event_type: ty.into(),
         body: format!("{{\"id\":\"{id}\"}}"),
+        traceparent: None,
     }
 }
 
@@ -362,4 +363,25 @@ fn large_batches_span_chunks_in_order() {
         .map(|(k, &id)| (id, k as i64, format!("r{k}")))
         .collect();
     assert_eq!(recorded, expected);
+}
+
+/// The `traceparent` an event arrived with comes back with each claim of its deliveries;
+/// none stays none.
+#[test]
+fn an_events_traceparent_comes_back_with_its_claims() {
+    let c = db();
+    create_subscriber(&c, &sub("a", &["*"]), "s").unwrap();
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traced = NewEvent {
+        traceparent: Some(tp.into()),
+        ..ev("e1", "t")
+    };
+    ingest(&c, &[traced, ev("e2", "t")], 0).unwrap();
+    let claims = claim(&c, &[("a".into(), 5)], &[], 10, 1000).unwrap();
+    let got: Vec<(&str, Option<&str>)> = claims[0]
+        .claimed
+        .iter()
+        .map(|d| (d.event_id.as_str(), d.traceparent.as_deref()))
+        .collect();
+    assert_eq!(got, [("e1", Some(tp)), ("e2", None)]);
 }

@@ -177,14 +177,19 @@ impl PgLedger {
     }
 
     /// What retention has done, in total, and the oldest finished deliveries it kept: keyed
-    /// lookups only (the oldest by the age indexes' first entry).
+    /// lookups only (the oldest by the age indexes' first entry). The oldest are asked for in
+    /// age order with a LIMIT, not as `MIN(updated_ms)`: where the planner guesses that a
+    /// status has one row (a table not yet analyzed, whose guess falls as its rows widen), it
+    /// plans a MIN as an aggregate over the whole of another index of that status.
     pub async fn retention_report(&self) -> Result<RetentionReport, LedgerError> {
         let c = self.client().await?;
         let row = c
             .query_one(
                 "SELECT
-                     (SELECT MIN(updated_ms) FROM deliveries WHERE status = 'sent'),
-                     (SELECT MIN(updated_ms) FROM deliveries WHERE status = 'dead'),
+                     (SELECT updated_ms FROM deliveries WHERE status = 'sent'
+                      ORDER BY updated_ms LIMIT 1),
+                     (SELECT updated_ms FROM deliveries WHERE status = 'dead'
+                      ORDER BY updated_ms LIMIT 1),
                      (SELECT value FROM retention WHERE key = 'removed_sent'),
                      (SELECT value FROM retention WHERE key = 'removed_dead'),
                      (SELECT value FROM retention WHERE key = 'removed_attempts'),

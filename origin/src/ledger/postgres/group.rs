@@ -20,7 +20,6 @@ use std::sync::Mutex;
 
 use tokio::sync::oneshot;
 
-use super::ledger::PgLedger;
 use crate::ledger::{Ingested, LedgerError, NewEvent};
 
 /// An ingest's answer: each event's outcome and the subscribers that got work.
@@ -33,10 +32,10 @@ const RUNNERS: usize = 2;
 const GROUP_EVENTS: usize = 4_000;
 
 /// One call waiting for its transaction.
-struct Waiter {
-    events: Vec<NewEvent>,
-    now_ms: i64,
-    reply: oneshot::Sender<Outcome>,
+pub(super) struct Waiter {
+    pub(super) events: Vec<NewEvent>,
+    pub(super) now_ms: i64,
+    pub(super) reply: oneshot::Sender<Outcome>,
 }
 
 /// The ingests waiting for the next transaction, and how many runners are taking them.
@@ -59,7 +58,7 @@ impl IngestQueue {
 
     /// Queue a call; true when fewer than [`RUNNERS`] runners are taking calls, so the caller
     /// must start one.
-    fn push(&self, w: Waiter) -> bool {
+    pub(super) fn push(&self, w: Waiter) -> bool {
         let mut q = self.lock();
         q.waiting.push_back(w);
         let start = q.running < RUNNERS;
@@ -71,7 +70,7 @@ impl IngestQueue {
 
     /// The next group: the oldest call and those after it while the group stays within
     /// [`GROUP_EVENTS`]; empty (and the runner stops) when none waits.
-    fn take(&self) -> Vec<Waiter> {
+    pub(super) fn take(&self) -> Vec<Waiter> {
         let mut q = self.lock();
         let mut group = Vec::new();
         let mut events = 0;
@@ -86,78 +85,6 @@ impl IngestQueue {
             q.running = q.running.saturating_sub(1);
         }
         group
-    }
-}
-
-impl PgLedger {
-    /// Store events and fan each out to every live subscriber whose patterns and filter match,
-    /// in a transaction shared with the ingests that wait meanwhile (the module doc); announce
-    /// the subscribers that got work to every listening daemon (on commit). Returns the
-    /// per-event outcome and those subscribers. A server without room is noted for `/healthz`.
-    pub async fn ingest(&self, events: Vec<NewEvent>, now_ms: i64) -> Outcome {
-        let (reply, answer) = oneshot::channel();
-        let waiter = Waiter {
-            events,
-            now_ms,
-            reply,
-        };
-        if self.ingests.push(waiter) {
-            let runner = self.clone();
-            tokio::spawn(async move { runner.run_ingests().await });
-        }
-        // The runner answers every call it takes; no answer means it is gone with the runtime.
-        answer.await.unwrap_or(Err(LedgerError::Closed))
-    }
-
-    async fn run_ingests(&self) {
-        loop {
-            let group = self.ingests.take();
-            if group.is_empty() {
-                return;
-            }
-            self.ingest_group(group).await;
-        }
-    }
-
-    async fn ingest_group(&self, group: Vec<Waiter>) {
-        let now_ms = group.iter().map(|w| w.now_ms).max().unwrap_or_default();
-        let mut all = Vec::new();
-        let mut calls = Vec::with_capacity(group.len());
-        for w in group {
-            calls.push((w.events.len(), w.now_ms, w.reply));
-            all.extend(w.events);
-        }
-        if calls.len() == 1 {
-            let r = self.ingest_observed(&all, now_ms).await;
-            if let Some((_, _, reply)) = calls.pop() {
-                let _ = reply.send(r);
-            }
-            return;
-        }
-        match self.ingest_observed(&all, now_ms).await {
-            Ok((outcomes, touched)) => {
-                let mut outcomes = outcomes.into_iter();
-                for (len, _, reply) in calls {
-                    let mine = outcomes.by_ref().take(len).collect();
-                    let _ = reply.send(Ok((mine, touched.clone())));
-                }
-            }
-            Err(_) => {
-                let mut rest = all;
-                for (len, now_ms, reply) in calls {
-                    let tail = rest.split_off(len);
-                    let mine = std::mem::replace(&mut rest, tail);
-                    let _ = reply.send(self.ingest_observed(&mine, now_ms).await);
-                }
-            }
-        }
-    }
-
-    /// One transaction of ingest; a server without room is noted for `/healthz`.
-    async fn ingest_observed(&self, events: &[NewEvent], now_ms: i64) -> Outcome {
-        let r = self.ingest_events(events, now_ms).await;
-        self.writes.observe(&r);
-        r
     }
 }
 

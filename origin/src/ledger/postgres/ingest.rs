@@ -11,12 +11,86 @@
 
 use std::collections::{HashMap, HashSet};
 
+use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 
+use super::group::{Outcome, Waiter};
 use super::ledger::PgLedger;
 use super::listen::{notify_payload, DUE_CHANNEL};
 use crate::ledger::fanout::{candidates, ordering_keys, Selector};
 use crate::ledger::{sequence, Ingested, LedgerError, NewEvent};
+
+impl PgLedger {
+    /// Store events and fan each out to every live subscriber whose patterns and filter match,
+    /// in a transaction shared with the ingests that wait meanwhile (the module doc); announce
+    /// the subscribers that got work to every listening daemon (on commit). Returns the
+    /// per-event outcome and those subscribers. A server without room is noted for `/healthz`.
+    pub async fn ingest(&self, events: Vec<NewEvent>, now_ms: i64) -> Outcome {
+        let (reply, answer) = oneshot::channel();
+        let waiter = Waiter {
+            events,
+            now_ms,
+            reply,
+        };
+        if self.ingests.push(waiter) {
+            let runner = self.clone();
+            tokio::spawn(async move { runner.run_ingests().await });
+        }
+        // The runner answers every call it takes; no answer means it is gone with the runtime.
+        answer.await.unwrap_or(Err(LedgerError::Closed))
+    }
+
+    async fn run_ingests(&self) {
+        loop {
+            let group = self.ingests.take();
+            if group.is_empty() {
+                return;
+            }
+            self.ingest_group(group).await;
+        }
+    }
+
+    async fn ingest_group(&self, group: Vec<Waiter>) {
+        let now_ms = group.iter().map(|w| w.now_ms).max().unwrap_or_default();
+        let mut all = Vec::new();
+        let mut calls = Vec::with_capacity(group.len());
+        for w in group {
+            calls.push((w.events.len(), w.now_ms, w.reply));
+            all.extend(w.events);
+        }
+        if calls.len() == 1 {
+            let r = self.ingest_observed(&all, now_ms).await;
+            if let Some((_, _, reply)) = calls.pop() {
+                let _ = reply.send(r);
+            }
+            return;
+        }
+        match self.ingest_observed(&all, now_ms).await {
+            Ok((outcomes, touched)) => {
+                let mut outcomes = outcomes.into_iter();
+                for (len, _, reply) in calls {
+                    let mine = outcomes.by_ref().take(len).collect();
+                    let _ = reply.send(Ok((mine, touched.clone())));
+                }
+            }
+            Err(_) => {
+                let mut rest = all;
+                for (len, now_ms, reply) in calls {
+                    let tail = rest.split_off(len);
+                    let mine = std::mem::replace(&mut rest, tail);
+                    let _ = reply.send(self.ingest_observed(&mine, now_ms).await);
+                }
+            }
+        }
+    }
+
+    /// One transaction of ingest; a server without room is noted for `/healthz`.
+    async fn ingest_observed(&self, events: &[NewEvent], now_ms: i64) -> Outcome {
+        let r = self.ingest_events(events, now_ms).await;
+        self.writes.observe(&r);
+        r
+    }
+}
 
 impl PgLedger {
     /// One transaction of ingest (`group.rs` decides which calls share it): the events stored

@@ -52,6 +52,7 @@ fn owned(id: &str, customer: &str) -> Definition {
         customer: Some(customer.into()),
         filter: None,
         payload: Default::default(),
+        signature: Default::default(),
     }
 }
 

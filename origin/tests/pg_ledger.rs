@@ -49,6 +49,7 @@ fn sub(id: &str, types: &[&str], rate: f64, burst: u32, max_in_flight: u32) -> S
         customer: None,
         filter: None,
         payload: Default::default(),
+        signature: Default::default(),
     }
 }
 

@@ -241,6 +241,8 @@ mod tests {
             customer: None,
             filter: None,
             payload: Default::default(),
+            signature: Default::default(),
+            public_key: None,
             secret: None,
         }
     }

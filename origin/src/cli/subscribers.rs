@@ -327,10 +327,12 @@ mod tests {
                 SecretView {
                     secret: "whsec_new".into(),
                     expires_at_ms: None,
+                    public_key: None,
                 },
                 SecretView {
                     secret: "whsec_old".into(),
                     expires_at_ms: Some(1_700_000_000_000),
+                    public_key: None,
                 },
             ],
         };

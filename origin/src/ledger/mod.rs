@@ -77,5 +77,6 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         customer: None,
         filter: None,
         payload: Default::default(),
+        signature: Default::default(),
     }
 }

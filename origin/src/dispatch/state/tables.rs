@@ -229,6 +229,7 @@ fn sub(id: &str, max_in_flight: u32, customer: Option<&str>) -> (Subscriber, Lim
         customer: customer.map(str::to_string),
         filter: None,
         payload: Default::default(),
+        signature: Default::default(),
     };
     (s, LimiterState::default())
 }

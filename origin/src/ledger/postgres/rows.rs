@@ -7,7 +7,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use crate::ledger::LedgerError;
-use crate::model::{Disabled, Health, Lane, Limits, Payload, Subscriber};
+use crate::model::{Disabled, Health, Lane, Limits, Payload, Scheme, Subscriber};
 
 pub(super) type Param = Box<dyn ToSql + Sync + Send>;
 
@@ -39,7 +39,7 @@ pub(super) const RELEASE_TRIES: u32 = 5;
 pub(super) const SUBSCRIBER_COLUMNS: &str =
     "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms, customer, disabled_by_operator, filter, payload";
+     failing_since_ms, customer, disabled_by_operator, filter, payload, signature";
 
 /// A text column holding one of an enum's names.
 pub(super) fn enum_column<T>(
@@ -85,6 +85,7 @@ pub(super) fn subscriber_from_row(r: &Row) -> Result<Subscriber, LedgerError> {
         customer: r.try_get(14)?,
         filter: crate::ledger::subscribers::filter_from_column(r.try_get(16)?),
         payload: enum_column(r, 17, Payload::parse)?,
+        signature: enum_column(r, 18, Scheme::parse)?,
     })
 }
 

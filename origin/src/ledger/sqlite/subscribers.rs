@@ -11,16 +11,17 @@ use super::customers::check_customer_exists;
 use super::health::set_disabled;
 use super::ledger::Ledger;
 use super::status::subscriber_counts;
+use crate::keyring::NewSecret;
 use crate::ledger::error::{id_still_holds_history, rotation_too_soon, LedgerError};
 use crate::ledger::scope;
 use crate::ledger::subscribers::{SubscriberCounts, Subscribers};
 use crate::model::{
-    rotation_wait_ms, Disabled, Health, Lane, Limits, Payload, StoredSecret, Subscriber,
+    rotation_wait_ms, Disabled, Health, Lane, Limits, Payload, Scheme, StoredSecret, Subscriber,
 };
 
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms, customer, disabled_by_operator, filter, payload";
+     failing_since_ms, customer, disabled_by_operator, filter, payload, signature";
 
 fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
     let types: String = r.get(2)?;
@@ -57,12 +58,13 @@ fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
         customer: r.get(14)?,
         filter: filter_from_column(r.get(16)?),
         payload: Payload::parse(&r.get::<_, String>(17)?).unwrap_or_default(),
+        signature: Scheme::parse(&r.get::<_, String>(18)?).unwrap_or_default(),
     })
 }
 
 fn load_secrets(c: &Connection, id: &str) -> Result<Vec<StoredSecret>, LedgerError> {
     let mut st = c.prepare_cached(
-        "SELECT secret, created_ms, expires_ms FROM subscriber_secrets
+        "SELECT secret, created_ms, expires_ms, signing_key FROM subscriber_secrets
          WHERE subscriber_id = ?1 ORDER BY created_ms DESC, rowid DESC",
     )?;
     let rows = st.query_map([id], |r| {
@@ -70,6 +72,7 @@ fn load_secrets(c: &Connection, id: &str) -> Result<Vec<StoredSecret>, LedgerErr
             secret: r.get(0)?,
             created_ms: r.get(1)?,
             expires_ms: r.get(2)?,
+            signing_key: r.get(3)?,
         })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
@@ -105,7 +108,7 @@ pub fn list_subscribers(c: &Connection) -> Result<Vec<Subscriber>, LedgerError> 
 /// What `create_subscriber` and `update_subscriber` both bind, in one order: ?1 id, ?2 url,
 /// ?3 event_types (JSON), ?4 rate_per_sec, ?5 burst, ?6 max_in_flight, ?7 timeout_ms, ?8 lane,
 /// ?9 legacy_signature, ?10 the time of the change, ?11 customer, ?12 filter (JSON or NULL),
-/// ?13 payload.
+/// ?13 payload, ?14 signature.
 fn definition_params<'a>(
     s: &'a Subscriber,
     event_types_json: &'a str,
@@ -125,6 +128,7 @@ fn definition_params<'a>(
         s.customer.as_deref(),
         filter_column(s),
         s.payload.as_str(),
+        s.signature.as_str(),
     )
 }
 
@@ -135,8 +139,13 @@ fn event_types_json(s: &Subscriber) -> String {
 }
 
 /// Insert a new subscriber (or bring back a removed one under the same id) with its first
-/// secret.
-pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result<(), LedgerError> {
+/// secret (and signing key).
+pub fn create_subscriber(
+    c: &Connection,
+    s: &Subscriber,
+    secret: impl Into<NewSecret>,
+) -> Result<(), LedgerError> {
+    let secret = secret.into();
     let existing: Option<(Option<i64>, Option<String>)> = c
         .prepare_cached("SELECT deleted_ms, customer FROM subscribers WHERE id = ?1")?
         .query_row([&s.id], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -165,14 +174,11 @@ pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result
     c.prepare_cached(
         "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
              timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
-             payload)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13)",
+             payload, signature)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14)",
     )?
     .execute(definition_params(s, &event_types_json(s), s.created_ms))?;
-    c.prepare_cached(
-        "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES (?1, ?2, ?3)",
-    )?
-    .execute(params![s.id, secret, s.created_ms])?;
+    insert_secret(c, &s.id, &secret, s.created_ms)?;
     Ok(())
 }
 
@@ -191,13 +197,39 @@ pub fn update_subscriber(c: &Connection, s: &Subscriber) -> Result<(), LedgerErr
         .prepare_cached(
             "UPDATE subscribers SET url = ?2, event_types = ?3, rate_per_sec = ?4, burst = ?5,
                  max_in_flight = ?6, timeout_ms = ?7, lane = ?8, legacy_signature = ?9,
-                 updated_ms = ?10, customer = ?11, filter = ?12, payload = ?13
+                 updated_ms = ?10, customer = ?11, filter = ?12, payload = ?13,
+                 signature = ?14
              WHERE id = ?1 AND deleted_ms IS NULL",
         )?
         .execute(definition_params(s, &event_types_json(s), s.updated_ms))?;
     if n == 0 {
         return Err(LedgerError::NotFound(format!("subscriber {}", s.id)));
     }
+    // A generation given its first signing key by the change (a switch to Ed25519).
+    for g in &s.secrets {
+        if let Some(key) = &g.signing_key {
+            c.prepare_cached(
+                "UPDATE subscriber_secrets SET signing_key = ?3
+                 WHERE subscriber_id = ?1 AND secret = ?2 AND signing_key IS NULL",
+            )?
+            .execute(params![s.id, g.secret, key])?;
+        }
+    }
+    Ok(())
+}
+
+/// One generation of a subscriber's secrets: the HMAC secret and its signing key.
+fn insert_secret(
+    c: &Connection,
+    id: &str,
+    secret: &NewSecret,
+    now_ms: i64,
+) -> Result<(), LedgerError> {
+    c.prepare_cached(
+        "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms, signing_key)
+         VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![id, secret.secret, now_ms, secret.signing_key])?;
     Ok(())
 }
 
@@ -226,10 +258,11 @@ pub fn delete_subscriber(c: &Connection, id: &str, now_ms: i64) -> Result<u64, L
 pub fn rotate_secret(
     c: &Connection,
     id: &str,
-    secret: &str,
+    secret: impl Into<NewSecret>,
     now_ms: i64,
     grace_ms: i64,
 ) -> Result<(), LedgerError> {
+    let secret = secret.into();
     get_subscriber(c, id)?;
     let (current_ms, rotated_before): (Option<i64>, bool) = c
         .prepare_cached(
@@ -252,10 +285,7 @@ pub fn rotate_secret(
          WHERE subscriber_id = ?1 AND expires_ms IS NULL",
         params![id, now_ms + grace_ms],
     )?;
-    c.execute(
-        "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES (?1, ?2, ?3)",
-        params![id, secret, now_ms],
-    )?;
+    insert_secret(c, id, &secret, now_ms)?;
     c.execute(
         "UPDATE subscribers SET updated_ms = ?2 WHERE id = ?1",
         params![id, now_ms],
@@ -285,11 +315,11 @@ impl Subscribers for Ledger {
     async fn create_subscriber(
         &self,
         s: Subscriber,
-        secret: String,
+        secret: NewSecret,
     ) -> Result<Subscriber, LedgerError> {
         self.tx(move |c| {
             check_customer_exists(c, s.customer.as_deref())?;
-            create_subscriber(c, &s, &secret)?;
+            create_subscriber(c, &s, secret)?;
             get_subscriber(c, &s.id)
         })
         .await
@@ -352,14 +382,14 @@ impl Subscribers for Ledger {
     async fn rotate_secret(
         &self,
         id: String,
-        secret: String,
+        secret: NewSecret,
         now_ms: i64,
         grace_ms: i64,
         scope: Option<String>,
     ) -> Result<(), LedgerError> {
         self.tx(move |c| {
             visible_subscriber(c, &id, scope.as_deref())?;
-            rotate_secret(c, &id, &secret, now_ms, grace_ms)
+            rotate_secret(c, &id, secret, now_ms, grace_ms)
         })
         .await
     }

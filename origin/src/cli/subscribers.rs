@@ -4,7 +4,7 @@ use clap::{Args, Subcommand};
 
 use super::client::{encode, print, view, Client, ClientArgs, ClientError};
 use crate::api::views::{Deleted, SubscriberInput, SubscriberList, SubscriberView};
-use crate::model::{Lane, Payload};
+use crate::model::{Lane, Payload, Scheme};
 use crate::term::human_number;
 
 #[derive(Debug, Subcommand)]
@@ -57,6 +57,10 @@ fn parse_lane(s: &str) -> Result<Lane, String> {
     Lane::parse(s).ok_or_else(|| format!("{s:?} is not a lane: edge, origin or auto"))
 }
 
+fn parse_signature(s: &str) -> Result<Scheme, String> {
+    Scheme::parse(s).ok_or_else(|| format!("{s:?} is not a signature scheme: hmac, ed25519 or both"))
+}
+
 fn parse_payload(s: &str) -> Result<Payload, String> {
     Payload::parse(s).ok_or_else(|| format!("{s:?} is not a payload: full or thin"))
 }
@@ -94,6 +98,9 @@ pub struct SubscriberAdd {
     /// full (the event's body) or thin ({"id","type","timestamp"} and the --event-url)
     #[arg(long, value_parser = parse_payload)]
     pub payload: Option<Payload>,
+    /// hmac (v1, the default), ed25519 (v1a, verified with the public key it prints) or both
+    #[arg(long, value_parser = parse_signature)]
+    pub signature: Option<Scheme>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -133,6 +140,7 @@ async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
         customer: a.customer.map(Some),
         filter: a.filter.map(Some),
         payload: a.payload,
+        signature: a.signature,
         ..SubscriberInput::default()
     };
     let body = serde_json::to_vec(&input).map_err(|e| ClientError::Input(e.to_string()))?;
@@ -147,8 +155,9 @@ async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
     Ok(())
 }
 
-/// What `fanout subscriber add` tells a person (pure): one line about the subscriber, then
-/// its secret alone on the last line (shown here once), so `| tail -n 1` takes it.
+/// What `fanout subscriber add` tells a person (pure): one line about the subscriber, for an
+/// Ed25519 scheme the public key its receiver verifies with, then its secret alone on the last
+/// line (shown here once), so `| tail -n 1` takes it.
 pub fn added_lines(v: &SubscriberView) -> String {
     let mut out = format!(
         "added subscriber {}: {} -> {} (lane {}, {}/s, burst {}, {} in flight{})\n",
@@ -163,6 +172,12 @@ pub fn added_lines(v: &SubscriberView) -> String {
             .as_ref()
             .map_or(String::new(), |c| format!(", customer {c}")),
     );
+    if let (true, Some(key)) = (v.signature.ed25519(), &v.public_key) {
+        out.push_str(&format!(
+            "it signs with {} (v1a): verify with its public key\n{key}\n",
+            v.signature.as_str()
+        ));
+    }
     if let Some(secret) = &v.secret {
         out.push_str(&format!(
             "its signing secret (`fanout subscriber secret {}` prints it again):\n{secret}\n",
@@ -300,6 +315,11 @@ mod tests {
             secret: None,
             ..created.clone()
         };
+        let asymmetric = SubscriberView {
+            signature: Scheme::Both,
+            public_key: Some("whpk_abc".into()),
+            ..created.clone()
+        };
         let cases: &[(&SubscriberView, &str)] = &[
             (
                 &created,
@@ -312,6 +332,15 @@ mod tests {
                 &owned,
                 "added subscriber partner: video.*,order.paid -> https://partner.example/hooks \
                  (lane edge, 2.5/s, burst 5, 8 in flight, customer acme)\n",
+            ),
+            (
+                &asymmetric,
+                "added subscriber partner: video.*,order.paid -> https://partner.example/hooks \
+                 (lane edge, 2.5/s, burst 5, 8 in flight)\n\
+                 it signs with both (v1a): verify with its public key\n\
+                 whpk_abc\n\
+                 its signing secret (`fanout subscriber secret partner` prints it again):\n\
+                 whsec_abc\n",
             ),
         ];
         for (view, expected) in cases {

@@ -212,7 +212,9 @@
       h('td', null, h('div', { class: 'id' }, s.id), healthLines(s), h('div', { class: 'muted small url' }, s.url),
         h('div', { class: 'muted small' }, s.event_types.join(', ')),
         s.filter ? h('div', { class: 'muted small filter', 'data-field': 'filter', title: 'Content filter' }, `filter: ${filterText(s.filter)}`) : null),
-      h('td', null, h('div', null, s.lane), h('div', { class: 'muted small', 'data-field': 'payload' }, `${s.payload} payload`)),
+      h('td', null, h('div', null, s.lane), h('div', { class: 'muted small', 'data-field': 'payload' }, `${s.payload} payload`),
+        h('div', { class: 'muted small', 'data-field': 'signature' }, `signs ${s.signature}`),
+        s.public_key && s.signature !== 'hmac' ? h('div', { class: 'muted small key', 'data-field': 'public_key', title: 'Ed25519 public key: verifies the v1a signatures' }, s.public_key) : null),
       h('td', { class: 'num' }, fmtNum(s.rate_per_sec, 3)),
       h('td', { class: 'num' }, fmtNum(s.burst)),
       h('td', { class: 'num' }, fmtNum(st.tokens, 1)),
@@ -323,6 +325,7 @@
       form.elements.legacy_signature.checked = sub.legacy_signature;
       form.elements.filter.value = sub.filter ? JSON.stringify(sub.filter, null, 2) : '';
       form.elements.payload.value = sub.payload;
+      form.elements.signature.value = sub.signature;
     }
     form.hidden = false;
     (sub ? form.elements.url : form.elements.id).focus();
@@ -338,6 +341,7 @@
       lane: f.lane.value,
       legacy_signature: f.legacy_signature.checked,
       payload: f.payload.value,
+      signature: f.signature.value,
     };
     if (!editing) body.id = f.id.value.trim();
     // Emptied while editing: `null` removes the filter.

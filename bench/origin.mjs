@@ -7,6 +7,7 @@
 //       [--ingest-seconds 5] [--batch-connections 4] [--single-connections 16]
 //       [--story-events 12000] [--no-story-alone] [--origin-events 10000] [--edge-events 4000]
 //       [--json out.json] [--filtered]
+//   FANOUT_BIN=target/release/fanout node bench/origin.mjs --only signatures [--rounds 3]
 //
 // Three parts, each with a fresh daemon (release binary, fresh SQLite file) per measurement:
 //   ingest  POST /v1/events, fan-out to 5 subscribers, from bench/ingest (a Rust HTTP/1.1 client,
@@ -23,6 +24,9 @@
 //           client. The backlog is ingested while the subscribers are held (0.001/s), then all
 //           five are released at once (PATCH rate 1e6/s); the clock stops when the ledger (GET
 //           /metrics, fanout_deliveries{status="sent"}) has recorded every delivery as sent.
+//   signatures  the lanes part's origin-lane measurement for subscribers signing with HMAC (v1)
+//           and with Ed25519 (v1a), in alternating order: deliveries/s and daemon CPU µs per
+//           delivery of each, and the ed25519 ÷ hmac ratio (target ≥ 0.8×; issue 25).
 // With --filtered, every ingest measurement is made twice, in alternating order: with the five
 // subscribers unfiltered and with each holding a content filter of 5 conditions that every event
 // matches (so both make the same deliveries), for the filtered ÷ unfiltered ratio.
@@ -479,7 +483,7 @@ async function story(edge, { withPartner, run = 0 }) {
 
 // ---------- part 3: origin lane vs edge lane vs the sink alone ----------
 
-async function laneOnce(sink, edge, lane, events, { build = 'current', bin = null } = {}) {
+async function laneOnce(sink, edge, lane, events, { build = 'current', bin = null, signature = 'hmac' } = {}) {
   const o = await origin({ edge: lane === 'edge' ? edge : null, bin });
   try {
     const ids = [];
@@ -493,6 +497,7 @@ async function laneOnce(sink, edge, lane, events, { build = 'current', bin = nul
         ...HELD,
         max_in_flight: lane === 'edge' ? 500 : 100,
         lane,
+        ...(signature === 'hmac' ? {} : { signature }),
       });
     }
     await postEvents(o, makeEvents(events, `evt_${lane}`), 100, 4);
@@ -518,6 +523,7 @@ async function laneOnce(sink, edge, lane, events, { build = 'current', bin = nul
     const res = {
       build,
       lane,
+      signature,
       expected,
       drained: !!reached && !!recorded,
       recorded: sentTotal(m) - before,
@@ -538,7 +544,7 @@ async function laneOnce(sink, edge, lane, events, { build = 'current', bin = nul
       rssPeak: vm(o.pid, 'VmHWM'),
     };
     log(
-      `  ${build === 'baseline' ? '[baseline] ' : ''}${lane} lane: ${res.rate.toFixed(0).padStart(6)} deliveries/s (${res.recorded} recorded sent, ${got} at the sink, ` +
+      `  ${build === 'baseline' ? '[baseline] ' : ''}${lane} lane${signature === 'hmac' ? '' : ` (${signature})`}: ${res.rate.toFixed(0).padStart(6)} deliveries/s (${res.recorded} recorded sent, ${got} at the sink, ` +
         `in ${secs.toFixed(2)} s; daemon ${res.daemonCores.toFixed(2)} cores, writer ${res.writerCores.toFixed(2)}; ` +
         `${res.daemonUsPerDelivery.toFixed(1)} µs daemon CPU/delivery, writer ${res.writerUsPerDelivery.toFixed(1)}; ` +
         `daemon threads waited for a CPU ${(res.daemonWaitShare * 100).toFixed(0)}% of their runnable time; ` +
@@ -589,7 +595,7 @@ async function main() {
     const both = [{ build: 'current', bin: null }, { build: 'baseline', bin: BASELINE }];
     return round % 2 ? both.reverse() : both;
   };
-  const results = { baseline: BASELINE, edgeRunner: EDGE_RUNNER, ingest: [], story: [], lanes: [], sink: [], when: new Date().toISOString(), cpus: (await import('node:os')).cpus().length };
+  const results = { baseline: BASELINE, edgeRunner: EDGE_RUNNER, ingest: [], story: [], lanes: [], sink: [], signatures: [], when: new Date().toISOString(), cpus: (await import('node:os')).cpus().length };
   try {
     if (ONLY.has('ingest')) {
       log(`\n== ingest: ${INGEST_S} s per measurement, ${ROUNDS} round(s)`);
@@ -608,6 +614,14 @@ async function main() {
         results.sink.push(await sinkAlone(sink));
         for (const b of builds(r)) results.lanes.push(await laneOnce(sink, edge, 'origin', ORIGIN_EVENTS, b));
         results.lanes.push(await laneOnce(sink, edge, 'edge', EDGE_EVENTS));
+      }
+    }
+    if (ONLY.has('signatures')) {
+      log(`\n== signatures: origin lane, ${ORIGIN_EVENTS} x ${SUBSCRIBERS} deliveries signed v1 (hmac) vs v1a (ed25519), ${ROUNDS} round(s)`);
+      for (let r = 0; r < ROUNDS; r++) {
+        for (const signature of r % 2 ? ['ed25519', 'hmac'] : ['hmac', 'ed25519']) {
+          results.signatures.push(await laneOnce(sink, null, 'origin', ORIGIN_EVENTS, { signature }));
+        }
       }
     }
     if (ONLY.has('story')) {
@@ -693,6 +707,18 @@ function report(results) {
     p(`  origin lane: peak RSS ${mib(lane('origin', 'rssPeak'))}; writer ${fmt(lane('origin', 'writerCores'), 2)} cores; ` +
       `daemon threads waited for a CPU ${fmt(lane('origin', 'daemonWaitShare') * 100)}% of their runnable time; machine ${fmt(lane('origin', 'machine') * 100)}% busy`);
     p(`  target origin lane ≥ 10,000 deliveries/s: ${verdict(o >= 10_000)} (${fmt(o)})\n`);
+  }
+  if (results.signatures.length) {
+    const sig = (s, k = 'rate') => median(results.signatures.filter((r) => r.signature === s).map((r) => r[k]));
+    p(`Signatures, origin lane, ${SUBSCRIBERS} subscribers → one local sink (deliveries/s recorded sent)`);
+    p('| signature          | deliveries/s | daemon CPU µs/delivery |');
+    p('|--------------------|-------------:|-----------------------:|');
+    for (const s of ['hmac', 'ed25519']) {
+      p(`| ${`${s} (${s === 'hmac' ? 'v1' : 'v1a'})`.padEnd(18)} | ${fmt(sig(s)).padStart(12)} | ${fmt(sig(s, 'daemonUsPerDelivery'), 1).padStart(22)} |`);
+    }
+    const ratio = sig('ed25519') / sig('hmac');
+    p(`  ed25519 ÷ hmac: ${fmt(ratio, 2)}×; every run drained: ${results.signatures.every((r) => r.drained) ? 'yes' : 'NO'}`);
+    p(`  target ≥ 0.8×: ${verdict(ratio >= 0.8)}\n`);
   }
   if (results.baseline) {
     p(`This build ÷ baseline (${results.baseline}), same rounds, alternating order`);

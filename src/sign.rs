@@ -825,4 +825,69 @@ mod tests {
         assert_eq!(quiet.legacy_header(body), None);
         assert!(Keys::for_scheme(Scheme::Ed25519, vec![], vec![], false).is_empty());
     }
+
+    /// README's "Ed25519 signatures" Rust verifier, word for word: it compiles and accepts
+    /// what Fanout sends (the fixed vector, and a `both` header during a rotation), and refuses
+    /// a forged body.
+    #[test]
+    fn readme_rust_verifier() {
+        use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
+        use ed25519_dalek::{Signature, VerifyingKey};
+
+        fn verify_v1a(
+            public_key: &str,
+            id: &str,
+            timestamp: &str,
+            signatures: &str,
+            body: &[u8],
+        ) -> bool {
+            let Some(raw) = public_key
+                .strip_prefix("whpk_")
+                .and_then(|k| B64.decode(k).ok())
+            else {
+                return false;
+            };
+            let Ok(key) = VerifyingKey::try_from(raw.as_slice()) else {
+                return false;
+            };
+            let msg = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body].concat();
+            signatures
+                .split(' ')
+                .filter_map(|s| s.strip_prefix("v1a,"))
+                .filter_map(|s| B64.decode(s).ok())
+                .filter_map(|s| Signature::from_slice(&s).ok())
+                .any(|sig| key.verify_strict(&msg, &sig).is_ok())
+        }
+
+        let body = SPEC_BODY.as_bytes();
+        assert!(verify_v1a(
+            RFC_PUBLIC,
+            SPEC_ID,
+            "1614265330",
+            SPEC_V1A,
+            body
+        ));
+        assert!(!verify_v1a(
+            RFC_PUBLIC,
+            SPEC_ID,
+            "1614265330",
+            SPEC_V1A,
+            b"{}"
+        ));
+        let (old, new) = (
+            SigningKey::from_seed(&[1u8; 32]).unwrap(),
+            SigningKey::from_seed(&[2u8; 32]).unwrap(),
+        );
+        let keys = Keys::for_scheme(
+            Scheme::Both,
+            vec![Secret::from_bytes(&[3u8; 32]).unwrap()],
+            vec![new, old.clone()],
+            false,
+        );
+        let header = keys.signature_header("evt_1", 1000, body);
+        let old_public = old.public_key().encode();
+        assert!(verify_v1a(&old_public, "evt_1", "1000", &header, body));
+        assert!(!verify_v1a(&old_public, "evt_1", "1001", &header, body));
+        assert!(!verify_v1a(RFC_PUBLIC, "evt_1", "1000", &header, body));
+    }
 }

@@ -58,7 +58,8 @@ fn parse_lane(s: &str) -> Result<Lane, String> {
 }
 
 fn parse_signature(s: &str) -> Result<Scheme, String> {
-    Scheme::parse(s).ok_or_else(|| format!("{s:?} is not a signature scheme: hmac, ed25519 or both"))
+    Scheme::parse(s)
+        .ok_or_else(|| format!("{s:?} is not a signature scheme: hmac, ed25519 or both"))
 }
 
 fn parse_payload(s: &str) -> Result<Payload, String> {

@@ -8,6 +8,7 @@
 //       [--story-events 12000] [--no-story-alone] [--origin-events 10000] [--edge-events 4000]
 //       [--json out.json] [--filtered] [--order-events 20000] [--order-keys 10000]
 //   --only ordering: one subscriber's deliveries unordered vs ordered by key (the ratio).
+//   FANOUT_BIN=target/release/fanout node bench/origin.mjs --only signatures [--rounds 3]
 //
 // Three parts, each with a fresh daemon (release binary, fresh SQLite file) per measurement:
 //   ingest  POST /v1/events, fan-out to 5 subscribers, from bench/ingest (a Rust HTTP/1.1 client,
@@ -24,6 +25,9 @@
 //           client. The backlog is ingested while the subscribers are held (0.001/s), then all
 //           five are released at once (PATCH rate 1e6/s); the clock stops when the ledger (GET
 //           /metrics, fanout_deliveries{status="sent"}) has recorded every delivery as sent.
+//   signatures  the lanes part's origin-lane measurement for subscribers signing with HMAC (v1)
+//           and with Ed25519 (v1a), in alternating order: deliveries/s and daemon CPU µs per
+//           delivery of each, and the ed25519 ÷ hmac ratio (target ≥ 0.8×; issue 25).
 // With --filtered, every ingest measurement is made twice, in alternating order: with the five
 // subscribers unfiltered and with each holding a content filter of 5 conditions that every event
 // matches (so both make the same deliveries), for the filtered ÷ unfiltered ratio.
@@ -484,7 +488,7 @@ async function story(edge, { withPartner, run = 0 }) {
 
 // ---------- part 3: origin lane vs edge lane vs the sink alone ----------
 
-async function laneOnce(sink, edge, lane, events, { build = 'current', bin = null } = {}) {
+async function laneOnce(sink, edge, lane, events, { build = 'current', bin = null, signature = 'hmac' } = {}) {
   const o = await origin({ edge: lane === 'edge' ? edge : null, bin });
   try {
     const ids = [];
@@ -498,6 +502,7 @@ async function laneOnce(sink, edge, lane, events, { build = 'current', bin = nul
         ...HELD,
         max_in_flight: lane === 'edge' ? 500 : 100,
         lane,
+        ...(signature === 'hmac' ? {} : { signature }),
       });
     }
     await postEvents(o, makeEvents(events, `evt_${lane}`), 100, 4);
@@ -523,6 +528,7 @@ async function laneOnce(sink, edge, lane, events, { build = 'current', bin = nul
     const res = {
       build,
       lane,
+      signature,
       expected,
       drained: !!reached && !!recorded,
       recorded: sentTotal(m) - before,
@@ -543,7 +549,7 @@ async function laneOnce(sink, edge, lane, events, { build = 'current', bin = nul
       rssPeak: vm(o.pid, 'VmHWM'),
     };
     log(
-      `  ${build === 'baseline' ? '[baseline] ' : ''}${lane} lane: ${res.rate.toFixed(0).padStart(6)} deliveries/s (${res.recorded} recorded sent, ${got} at the sink, ` +
+      `  ${build === 'baseline' ? '[baseline] ' : ''}${lane} lane${signature === 'hmac' ? '' : ` (${signature})`}: ${res.rate.toFixed(0).padStart(6)} deliveries/s (${res.recorded} recorded sent, ${got} at the sink, ` +
         `in ${secs.toFixed(2)} s; daemon ${res.daemonCores.toFixed(2)} cores, writer ${res.writerCores.toFixed(2)}; ` +
         `${res.daemonUsPerDelivery.toFixed(1)} µs daemon CPU/delivery, writer ${res.writerUsPerDelivery.toFixed(1)}; ` +
         `daemon threads waited for a CPU ${(res.daemonWaitShare * 100).toFixed(0)}% of their runnable time; ` +
@@ -632,7 +638,7 @@ async function main() {
     const both = [{ build: 'current', bin: null }, { build: 'baseline', bin: BASELINE }];
     return round % 2 ? both.reverse() : both;
   };
-  const results = { baseline: BASELINE, edgeRunner: EDGE_RUNNER, ingest: [], story: [], lanes: [], sink: [], ordering: [], when: new Date().toISOString(), cpus: (await import('node:os')).cpus().length };
+  const results = { baseline: BASELINE, edgeRunner: EDGE_RUNNER, ingest: [], story: [], lanes: [], sink: [], ordering: [], signatures: [], when: new Date().toISOString(), cpus: (await import('node:os')).cpus().length };
   try {
     if (ONLY.has('ingest')) {
       log(`\n== ingest: ${INGEST_S} s per measurement, ${ROUNDS} round(s)`);
@@ -659,6 +665,14 @@ async function main() {
       log(`\n== ordering: ${n} deliveries to one subscriber, unordered vs ordered by key over ${keys} keys, ${ROUNDS} round(s)`);
       for (let r = 0; r < ROUNDS; r++) {
         for (const ordered of r % 2 ? [true, false] : [false, true]) results.ordering.push(await orderingOnce(sink, ordered, n, keys));
+      }
+    }
+    if (ONLY.has('signatures')) {
+      log(`\n== signatures: origin lane, ${ORIGIN_EVENTS} x ${SUBSCRIBERS} deliveries signed v1 (hmac) vs v1a (ed25519), ${ROUNDS} round(s)`);
+      for (let r = 0; r < ROUNDS; r++) {
+        for (const signature of r % 2 ? ['ed25519', 'hmac'] : ['hmac', 'ed25519']) {
+          results.signatures.push(await laneOnce(sink, null, 'origin', ORIGIN_EVENTS, { signature }));
+        }
       }
     }
     if (ONLY.has('story')) {
@@ -755,6 +769,18 @@ function report(results) {
     p(`| unordered                         | ${fmt(u).padStart(12)} |`);
     p(`| ordered by key (${String(keys).padEnd(6)} keys)       | ${fmt(k).padStart(12)} |`);
     p(`  ordered ÷ unordered: ${fmt(k / u, 2)}×; target ≥ 0.8×: ${verdict(k / u >= 0.8)}; every run drained: ${results.ordering.every((r) => r.drained) ? 'yes' : 'NO'}\n`);
+  }
+  if (results.signatures.length) {
+    const sig = (s, k = 'rate') => median(results.signatures.filter((r) => r.signature === s).map((r) => r[k]));
+    p(`Signatures, origin lane, ${SUBSCRIBERS} subscribers → one local sink (deliveries/s recorded sent)`);
+    p('| signature          | deliveries/s | daemon CPU µs/delivery |');
+    p('|--------------------|-------------:|-----------------------:|');
+    for (const s of ['hmac', 'ed25519']) {
+      p(`| ${`${s} (${s === 'hmac' ? 'v1' : 'v1a'})`.padEnd(18)} | ${fmt(sig(s)).padStart(12)} | ${fmt(sig(s, 'daemonUsPerDelivery'), 1).padStart(22)} |`);
+    }
+    const ratio = sig('ed25519') / sig('hmac');
+    p(`  ed25519 ÷ hmac: ${fmt(ratio, 2)}×; every run drained: ${results.signatures.every((r) => r.drained) ? 'yes' : 'NO'}`);
+    p(`  target ≥ 0.8×: ${verdict(ratio >= 0.8)}\n`);
   }
   if (results.baseline) {
     p(`This build ÷ baseline (${results.baseline}), same rounds, alternating order`);

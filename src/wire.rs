@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::sign::{Keys, Scheme, Secret, SigningKey};
+
 /// Largest accepted `POST /v1/deliveries` request body.
 pub const MAX_REQUEST_BYTES: usize = 8 * 1024 * 1024;
 /// Most deliveries in one edge call.
@@ -94,6 +96,20 @@ pub struct SubscriberSpec {
     /// Also send `X-Fanout-Signature: sha256=<hex>` (the legacy header).
     #[serde(default)]
     pub legacy_signature: bool,
+    /// Which signatures `webhook-signature` carries: `hmac` (`v1`, absent on the wire, so a
+    /// Worker older than the field still takes an HMAC subscriber's call), `ed25519` (`v1a`)
+    /// or `both`.
+    #[serde(default, skip_serializing_if = "is_hmac")]
+    pub signature: Scheme,
+    /// Active Ed25519 signing keys (`whsk_`), newest first, each adding a `v1a` signature:
+    /// carried, like `secrets`, only inside the origin's signed call, and only when the
+    /// scheme signs with them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signing_keys: Vec<String>,
+}
+
+fn is_hmac(s: &Scheme) -> bool {
+    *s == Scheme::Hmac
 }
 
 /// The longest `ordering_key` a delivery may carry (a header value).
@@ -412,11 +428,40 @@ impl SubscriberSpec {
             ));
         }
         for s in &self.secrets {
-            crate::sign::Secret::parse(s)
+            Secret::parse(s)
                 .map_err(|e| BatchError::Invalid(format!("subscriber.secrets: {e}")))?;
+        }
+        for k in &self.signing_keys {
+            SigningKey::parse(k)
+                .map_err(|e| BatchError::Invalid(format!("subscriber.signing_keys: {e}")))?;
+        }
+        if self.signature.ed25519() && self.signing_keys.is_empty() {
+            return Err(BatchError::Invalid(format!(
+                "subscriber.signature {} needs at least one whsk_ key in subscriber.signing_keys",
+                self.signature.as_str()
+            )));
         }
         crate::endpoint::check_url(&self.url, allow_loopback)?;
         Ok(())
+    }
+}
+
+impl SubscriberSpec {
+    /// What signs this subscriber's webhooks (parsed once per call; [`SubscriberSpec::validate`]
+    /// has checked every key).
+    pub fn keys(&self) -> Keys {
+        Keys::for_scheme(
+            self.signature,
+            self.secrets
+                .iter()
+                .filter_map(|s| Secret::parse(s).ok())
+                .collect(),
+            self.signing_keys
+                .iter()
+                .filter_map(|k| SigningKey::parse(k).ok())
+                .collect(),
+            self.legacy_signature,
+        )
     }
 }
 
@@ -595,5 +640,52 @@ mod tests {
             DeliveryBatch::parse(batch_json("sub/x").as_bytes(), false),
             Err(BatchError::Invalid(_))
         ));
+    }
+
+    /// `signature` and `signing_keys` are optional both ways (an HMAC subscriber's call is the
+    /// same as before them); an Ed25519 scheme needs a key, and every key must parse.
+    #[test]
+    fn signature_scheme_on_the_wire_table() {
+        let key = "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A=";
+        let with = |scheme: Option<&str>, keys: &[&str]| {
+            let mut b: serde_json::Value = serde_json::from_str(&batch_json("s")).unwrap();
+            if let Some(s) = scheme {
+                b["subscriber"]["signature"] = s.into();
+            }
+            if !keys.is_empty() {
+                b["subscriber"]["signing_keys"] = keys.into();
+            }
+            b.to_string()
+        };
+        type Row<'a> = (
+            Option<&'a str>,
+            &'a [&'a str],
+            Result<(usize, usize), &'a str>,
+        );
+        let rows: &[Row] = &[
+            (None, &[], Ok((1, 0))),
+            (Some("hmac"), &[key], Ok((1, 0))),
+            (Some("ed25519"), &[key], Ok((0, 1))),
+            (Some("both"), &[key, key], Ok((1, 2))),
+            (Some("ed25519"), &[], Err("needs at least one whsk_ key")),
+            (Some("both"), &["whsk_AAAA"], Err("subscriber.signing_keys")),
+            (Some("rsa"), &[key], Err("malformed")),
+        ];
+        for (scheme, keys, expected) in rows {
+            let got = DeliveryBatch::parse(with(*scheme, keys).as_bytes(), false);
+            match (got, expected) {
+                (Ok(b), Ok((v1, v1a))) => {
+                    let k = b.subscriber.keys();
+                    assert_eq!((k.v1.len(), k.v1a.len()), (*v1, *v1a), "{scheme:?}");
+                    let again = serde_json::to_string(&b.subscriber).unwrap();
+                    let hmac = b.subscriber.signature == Scheme::Hmac;
+                    assert_eq!(!again.contains("\"signature\""), hmac, "{again}");
+                }
+                (Err(BatchError::Invalid(msg)), Err(want)) => {
+                    assert!(msg.contains(want), "{scheme:?}: {msg}")
+                }
+                (got, want) => panic!("{scheme:?}: got {got:?}, expected {want:?}"),
+            }
+        }
     }
 }

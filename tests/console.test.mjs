@@ -231,6 +231,19 @@ test('console: add, edit and rotate a subscriber; bulk replay a time range', asy
   view = await (await origin.api('/v1/subscribers/sub_chat')).json();
   assert.equal(view.filter, null);
 
+  // The signature scheme: switched to both in the form; the row shows it and the public key.
+  await row.getByRole('button', { name: 'Edit' }).click();
+  assert.equal(await form.locator('[name=signature]').inputValue(), 'hmac');
+  await form.locator('[name=signature]').selectOption('both');
+  await page.click('#sub-save');
+  await form.waitFor({ state: 'hidden' });
+  view = await (await origin.api('/v1/subscribers/sub_chat')).json();
+  assert.equal(view.signature, 'both');
+  assert.match(view.public_key, /^whpk_/);
+  await row.locator('[data-field=signature]', { hasText: 'signs both' }).waitFor();
+  await row.locator('[data-field=public_key]', { hasText: view.public_key }).waitFor();
+  assert.ok(!(await page.content()).includes('whsk_'), 'no private key on the page');
+
   // Rotate: a new secret, shown once, and two secrets sign during the grace period.
   await row.getByRole('button', { name: 'Rotate secret' }).click();
   await page.locator('#secret-box:not([hidden])').waitFor();

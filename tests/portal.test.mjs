@@ -278,6 +278,13 @@ async function clickThrough(t, ledger) {
   await card.locator('.save-filter').click();
   await page.locator('[data-endpoint="acme_orders"] [data-field=filter]', { hasText: '{"n":{"$gte":10}}' }).waitFor();
   assert.deepEqual((await must(origin, '/v1/subscribers/acme_orders', {}, 200)).filter, { n: { $gte: 10 } });
+  // The signature scheme: the customer switches its endpoint to Ed25519 and sees the public key.
+  await card.locator('select.signature').selectOption('ed25519');
+  const signed = page.locator('[data-endpoint="acme_orders"] [data-field=public_key]');
+  await signed.waitFor();
+  const acme = await must(origin, '/v1/subscribers/acme_orders', {}, 200);
+  assert.equal(acme.signature, 'ed25519');
+  assert.equal((await signed.textContent()).trim(), acme.public_key);
   const made = await must(origin, '/v1/events', { body: [{ id: 'evt_small', type: 'order.created', n: 3 }, { id: 'evt_big', type: 'order.created', n: 12 }] }, 202);
   assert.deepEqual(made.events.map((e) => e.deliveries), [1, 2]);
   assert.deepEqual((await deliveriesOf(origin, { subscriber: 'acme_orders', event: 'evt_small' })), []);

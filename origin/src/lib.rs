@@ -18,6 +18,7 @@ pub mod duration;
 pub mod event_filter;
 pub mod event_input;
 pub mod health;
+pub mod keyring;
 pub mod ledger;
 pub mod load;
 pub mod metrics;

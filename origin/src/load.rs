@@ -476,6 +476,8 @@ mod tests {
             max_in_flight: 64,
             timeout_ms: 10_000,
             legacy_signature: false,
+            signature: Default::default(),
+            signing_keys: Vec::new(),
         }
     }
 

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::ordering::Ordering;
 pub use crate::payload::Payload;
+pub use fanout_core::sign::Scheme;
 
 /// Ids are validated by the shared core, so the edge accepts every id the origin does.
 pub use fanout_core::wire::{validate_event_id, validate_id, validate_visible, MAX_ID_LEN};
@@ -236,6 +237,8 @@ pub struct Subscriber {
     pub ordering_key: Option<String>,
     /// Its webhooks carry `traceparent` (`crate::trace`).
     pub propagate_trace: bool,
+    /// Which signatures its webhooks carry: `v1` (HMAC), `v1a` (Ed25519) or both.
+    pub signature: Scheme,
 }
 
 /// Why and since when a subscriber gets nothing sent.
@@ -264,6 +267,10 @@ pub struct StoredSecret {
     pub created_ms: i64,
     /// When this (rotated-out) secret stops signing; `None` while it is the current one.
     pub expires_ms: Option<i64>,
+    /// The Ed25519 signing key (`whsk_`) of the same generation (`crate::keyring`): `None` in
+    /// a generation made before the scheme existed, until a switch to it gives the current
+    /// one a key.
+    pub signing_key: Option<String>,
 }
 
 impl Subscriber {
@@ -325,6 +332,25 @@ fn live_secrets(secrets: &[StoredSecret], now_ms: i64) -> Vec<&StoredSecret> {
     live
 }
 
+/// The `whpk_` public key of a stored `whsk_` signing key (`None` if it does not parse).
+pub fn public_key_of(signing_key: &str) -> Option<String> {
+    fanout_core::sign::SigningKey::parse(signing_key)
+        .ok()
+        .map(|k| k.public_key().encode())
+}
+
+/// The public key a subscriber's receivers verify `v1a` with: its current generation's, or
+/// none when that generation has no signing key (a subscriber from before the scheme that has
+/// not switched to it).
+pub fn current_public_key(secrets: &[StoredSecret]) -> Option<String> {
+    secrets
+        .iter()
+        .filter(|s| s.expires_ms.is_none())
+        .max_by_key(|s| s.created_ms)
+        .and_then(|s| s.signing_key.as_deref())
+        .and_then(public_key_of)
+}
+
 /// `GET /v1/subscribers/{id}/secret`: the secrets that sign at `now_ms`, newest first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SecretsView {
@@ -336,6 +362,9 @@ pub struct SecretView {
     pub secret: String,
     /// When a rotated-out secret stops signing; `None` for the current one.
     pub expires_at_ms: Option<i64>,
+    /// The `whpk_` public key of the same generation's Ed25519 key, if it has one.
+    #[serde(default)]
+    pub public_key: Option<String>,
 }
 
 impl SecretsView {
@@ -346,6 +375,7 @@ impl SecretsView {
                 .map(|x| SecretView {
                     secret: x.secret.clone(),
                     expires_at_ms: x.expires_ms,
+                    public_key: x.signing_key.as_deref().and_then(public_key_of),
                 })
                 .collect(),
         }
@@ -392,6 +422,13 @@ pub struct SubscriberView {
     /// Its webhooks carry the event's W3C `traceparent`.
     #[serde(default)]
     pub propagate_trace: bool,
+    /// `hmac` (`v1`), `ed25519` (`v1a`) or `both`.
+    #[serde(default)]
+    pub signature: Scheme,
+    /// The `whpk_` Ed25519 public key that verifies its `v1a` signatures (the current one);
+    /// `null` while it has none (a subscriber from before the scheme, still on `hmac`).
+    #[serde(default)]
+    pub public_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
@@ -421,6 +458,8 @@ impl SubscriberView {
             ordering: s.ordering,
             ordering_key: s.ordering_key.clone(),
             propagate_trace: s.propagate_trace,
+            signature: s.signature,
+            public_key: current_public_key(&s.secrets),
             secret,
         }
     }
@@ -809,11 +848,13 @@ mod tests {
                 secret: "old".into(),
                 created_ms: 1,
                 expires_ms: Some(100),
+                signing_key: None,
             },
             StoredSecret {
                 secret: "new".into(),
                 created_ms: 50,
                 expires_ms: None,
+                signing_key: None,
             },
         ];
         let cases: &[(i64, &[&str])] = &[

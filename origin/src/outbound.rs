@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fanout_core::endpoint::is_forbidden_ip;
-use fanout_core::sign::{self, Secret};
+use fanout_core::sign::{self, Keys, Secret};
 use fanout_core::wire::TransportError;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
@@ -88,29 +88,22 @@ pub enum Trust {
     Operator,
 }
 
-/// What signs a request: the secrets (each adds a `v1,` signature) and whether to add the
-/// legacy `X-Fanout-Signature` header (first secret).
+/// What signs a request: the shared core's [`Keys`] (each secret adds a `v1,` signature, each
+/// Ed25519 key a `v1a,` one, and the legacy `X-Fanout-Signature` header when asked for),
+/// shared by the sends of one launch.
 #[derive(Debug, Clone)]
 pub struct Signer {
-    secrets: Arc<[Secret]>,
-    legacy: bool,
+    keys: Arc<Keys>,
 }
 
 impl Signer {
-    pub fn new(secrets: Vec<Secret>, legacy: bool) -> Signer {
-        Signer {
-            secrets: secrets.into(),
-            legacy,
-        }
+    pub fn new(keys: Keys) -> Signer {
+        Signer { keys: keys.into() }
     }
 
+    /// One HMAC secret (the origin's calls to the edge, alerts).
     pub fn key(secret: Secret) -> Signer {
-        Signer::new(vec![secret], false)
-    }
-
-    /// Nothing to sign with.
-    pub fn is_empty(&self) -> bool {
-        self.secrets.is_empty()
+        Signer::new(Keys::hmac(vec![secret]))
     }
 }
 
@@ -229,7 +222,7 @@ impl Outbound {
         timeout: Duration,
     ) -> Result<reqwest::Response, SendError> {
         let body: Vec<u8> = body.into();
-        let signed = sign::sign_headers(&signer.secrets, id, now_ms().div_euclid(1000), &body);
+        let signed = sign::sign_headers(&signer.keys, id, now_ms().div_euclid(1000), &body);
         let mut req = self
             .client(trust)
             .post(url)
@@ -238,10 +231,8 @@ impl Outbound {
             .header(sign::HEADER_ID, signed.id)
             .header(sign::HEADER_TIMESTAMP, signed.timestamp)
             .header(sign::HEADER_SIGNATURE, signed.signature);
-        if signer.legacy {
-            if let Some(first) = signer.secrets.first() {
-                req = req.header(sign::HEADER_LEGACY, first.sign_legacy(&body));
-            }
+        if let Some(legacy) = signer.keys.legacy_header(&body) {
+            req = req.header(sign::HEADER_LEGACY, legacy);
         }
         for (name, value) in extra {
             req = req.header(*name, value);
@@ -302,7 +293,7 @@ mod tests {
     #[tokio::test]
     async fn real_failures_are_classified_by_type() {
         let out = Outbound::new(false).unwrap();
-        let signer = Signer::new(vec![], false);
+        let signer = Signer::new(Keys::default());
         // A port nobody listens on: bind, note it, close.
         let closed = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -480,11 +480,19 @@ async fn signing_secrets_are_shown_to_the_admin_and_once_to_the_rotating_custome
     let new = rotated["secret"].as_str().unwrap();
     let (s, during) = api.get("/v1/subscribers/a1/secret").await;
     assert_eq!(s, 200);
+    // Each generation shows its Ed25519 public key: the rotation's answer named the new one.
+    let old_key = during["secrets"][1]["public_key"].clone();
+    assert!(
+        old_key.as_str().is_some_and(|k| k.starts_with("whpk_")),
+        "{during}"
+    );
+    assert_ne!(old_key, rotated["public_key"]);
     assert_eq!(
         during,
         json!({ "secrets": [
-            { "secret": new, "expires_at_ms": null },
-            { "secret": current, "expires_at_ms": rotated["previous_secrets_expire_at_ms"] },
+            { "secret": new, "expires_at_ms": null, "public_key": rotated["public_key"] },
+            { "secret": current, "expires_at_ms": rotated["previous_secrets_expire_at_ms"],
+              "public_key": old_key },
         ] })
     );
     api.events(json!({ "id": "e2", "type": "order.created" }))

@@ -55,6 +55,7 @@ fn owned(id: &str, customer: &str) -> Definition {
         ordering: Default::default(),
         ordering_key: None,
         propagate_trace: false,
+        signature: Default::default(),
     }
 }
 

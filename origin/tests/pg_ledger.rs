@@ -52,6 +52,7 @@ fn sub(id: &str, types: &[&str], rate: f64, burst: u32, max_in_flight: u32) -> S
         ordering: Default::default(),
         ordering_key: None,
         propagate_trace: false,
+        signature: Default::default(),
     }
 }
 
@@ -862,9 +863,14 @@ async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
             sub("gone", &["*"], 5.0, 9, 3),
         );
         a.payload = fanout_origin::model::Payload::Thin;
+        a.signature = fanout_origin::model::Scheme::Both;
         ledger
             .tx(move |c| {
-                sq::create_subscriber(c, &a, "whsec_a")?;
+                let keys = fanout_origin::keyring::NewSecret {
+                    secret: "whsec_a".into(),
+                    signing_key: Some(fanout_origin::keyring::new_signing_key(&[5; 32])),
+                };
+                sq::create_subscriber(c, &a, keys)?;
                 sq::create_subscriber(c, &b, "whsec_b")?;
                 sq::ingest(c, &evs("e", n), 1)?;
                 // Dead and sent deliveries with attempts, some still in flight.
@@ -920,6 +926,12 @@ async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
     assert_eq!(subs.len(), 1, "removed subscribers stay removed");
     assert_eq!(subs[0].secrets[0].secret, "whsec_a");
     assert_eq!(subs[0].payload, fanout_origin::model::Payload::Thin);
+    // The scheme and the Ed25519 signing key come over with the secret.
+    assert_eq!(subs[0].signature, fanout_origin::model::Scheme::Both);
+    assert_eq!(
+        subs[0].secrets[0].signing_key,
+        Some(fanout_origin::keyring::new_signing_key(&[5; 32]))
+    );
     assert_eq!(
         pg.load_limiter("a", 0).await.unwrap().paused_until_ms,
         Some(123_456)

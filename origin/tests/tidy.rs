@@ -502,6 +502,7 @@ const PURE: &[&str] = &[
     "origin/src/api/subscriber_input",
     "origin/src/model",
     "origin/src/payload",
+    "origin/src/keyring",
     "origin/src/ledger/sequence",
     "origin/src/customer",
     "origin/src/alert/rules",

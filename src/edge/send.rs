@@ -16,7 +16,7 @@ use worker::js_sys;
 use worker::wasm_bindgen_futures::JsFuture;
 
 use crate::retry::{parse_retry_after, result_for, Attempt};
-use crate::sign::{self, Secret};
+use crate::sign::{self, Keys};
 use crate::wire::{Delivery, DeliveryResult, TransportError, RESPONSE_BODY_LIMIT};
 
 #[wasm_bindgen(module = "/src/edge/send.js")]
@@ -56,8 +56,8 @@ const BAD_REQUEST: i32 = -2;
 /// Where and how a batch is sent.
 pub struct Target<'a> {
     pub url: &'a str,
-    pub secrets: &'a [Secret],
-    pub legacy: bool,
+    /// The subscriber's keys as its scheme uses them (`v1`, `v1a`, the legacy header).
+    pub keys: &'a Keys,
     pub timeout_ms: u64,
     /// Sends kept open at once (`MAX_OPEN_SENDS`).
     pub max_open: u32,
@@ -105,15 +105,13 @@ fn js_batch<'a>(
         .iter()
         .map(|d| {
             let body = d.body.as_bytes();
-            let signed = sign::sign_headers(target.secrets, &d.event_id, now_secs, body);
+            let signed = sign::sign_headers(target.keys, &d.event_id, now_secs, body);
             let mut own = vec![
                 (sign::HEADER_ID, signed.id),
                 (sign::HEADER_SIGNATURE, signed.signature),
             ];
-            if target.legacy {
-                if let Some(first) = target.secrets.first() {
-                    own.push((sign::HEADER_LEGACY, first.sign_legacy(body)));
-                }
+            if let Some(legacy) = target.keys.legacy_header(body) {
+                own.push((sign::HEADER_LEGACY, legacy));
             }
             if let Some(sequence) = d.sequence {
                 own.push((sign::HEADER_SEQUENCE, sequence.to_string()));

@@ -13,7 +13,7 @@ use crate::breaker::BreakerConfig;
 use crate::bucket::Rate;
 use crate::limiter::{LimiterState, Limits};
 use crate::logrec;
-use crate::sign::{Secret, TOLERANCE_SECS};
+use crate::sign::TOLERANCE_SECS;
 use crate::wire::{BatchResponse, DeliveryBatch, DeliveryResult, ErrorBody};
 
 /// What the object stores: the limiter, and the limits it last saw (for the status view).
@@ -166,11 +166,7 @@ impl SubscriberDO {
             }
         };
         let sub = &batch.subscriber;
-        let secrets: Vec<Secret> = sub
-            .secrets
-            .iter()
-            .filter_map(|s| Secret::parse(s).ok())
-            .collect();
+        let keys = sub.keys();
         let limits = Limits {
             rate: Rate {
                 per_sec: sub.rate_per_sec,
@@ -210,8 +206,7 @@ impl SubscriberDO {
         let (to_send, to_defer) = batch.deliveries.split_at(plan.send);
         let target = send::Target {
             url: &sub.url,
-            secrets: &secrets,
-            legacy: sub.legacy_signature,
+            keys: &keys,
             timeout_ms: sub.timeout_ms,
             max_open: limits_cfg.max_open_sends,
         };

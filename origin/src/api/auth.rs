@@ -44,8 +44,9 @@ const PORTAL_ROUTES: &[(Method, &str)] = &[
     (Method::POST, "/v1/filters/test"),
 ];
 
-/// The subscriber fields a portal token may change: pause and resume, and the content filter.
-const PORTAL_PATCHABLE: &[&str] = &["disabled", "filter"];
+/// The subscriber fields a portal token may change: pause and resume, the content filter, and
+/// the signature scheme its own receiver verifies.
+const PORTAL_PATCHABLE: &[&str] = &["disabled", "filter", "signature"];
 
 impl Principal {
     /// May this principal call `method` on the route `route` (the router's pattern)?
@@ -75,8 +76,9 @@ impl Principal {
             Principal::Portal { .. } => match fields.iter().find(|f| !PORTAL_PATCHABLE.contains(f))
             {
                 Some(f) => Err(ApiError::Forbidden(format!(
-                    "a portal link may only pause and resume an endpoint (\"disabled\") and set \
-                     its filter (\"filter\"), not change {f:?}"
+                    "a portal link may only pause and resume an endpoint (\"disabled\"), set \
+                     its filter (\"filter\") and its signature scheme (\"signature\"), not \
+                     change {f:?}"
                 ))),
                 None => Ok(()),
             },
@@ -260,7 +262,9 @@ mod tests {
         };
         assert_eq!(portal.scope().as_deref(), Some("acme"));
         assert_eq!(Principal::Admin.scope(), None);
-        assert!(portal.may_patch(&["disabled", "filter"]).is_ok());
+        assert!(portal
+            .may_patch(&["disabled", "filter", "signature"])
+            .is_ok());
         assert!(portal.may_patch(&[]).is_ok());
         for f in ["url", "rate_per_sec", "customer", "event_types", "secret"] {
             assert!(

@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 use super::auth::Principal;
 use super::body::present;
 use super::error::ApiError;
+use crate::keyring::ensure_signing_key;
 use crate::model::{
-    validate_id, validate_pattern, Disabled, Lane, Limits, Ordering, Payload, Subscriber,
+    validate_id, validate_pattern, Disabled, Lane, Limits, Ordering, Payload, Scheme, Subscriber,
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_RATE_PER_SEC, DEFAULT_TIMEOUT_MS,
 };
 
@@ -71,6 +72,9 @@ pub struct SubscriberInput {
     /// Its webhooks carry the event's `traceparent` (`crate::trace`); default `false`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub propagate_trace: Option<bool>,
+    /// `hmac` (default), `ed25519` or `both`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Scheme>,
 }
 
 /// `"disabled": false` in a creation body, the only value it may have there: a subscriber is
@@ -124,6 +128,8 @@ pub struct SubscriberPatch {
     pub ordering: Option<Ordering>,
     pub ordering_key: Option<String>,
     pub propagate_trace: Option<bool>,
+    /// Switching to `ed25519` or `both` gives the current secret a signing key if it has none.
+    pub signature: Option<Scheme>,
 }
 
 impl SubscriberPatch {
@@ -147,8 +153,9 @@ impl SubscriberPatch {
             ordering,
             ordering_key,
             propagate_trace,
+            signature,
         } = self;
-        let set: [(&'static str, bool); 16] = [
+        let set: [(&'static str, bool); 17] = [
             ("id", id.is_some()),
             ("url", url.is_some()),
             ("event_types", event_types.is_some()),
@@ -165,6 +172,7 @@ impl SubscriberPatch {
             ("ordering", ordering.is_some()),
             ("ordering_key", ordering_key.is_some()),
             ("propagate_trace", propagate_trace.is_some()),
+            ("signature", signature.is_some()),
         ];
         set.into_iter()
             .filter(|(_, on)| *on)
@@ -265,18 +273,22 @@ pub fn subscriber_from(
             ordering,
             ordering_key: input.ordering_key,
             propagate_trace: input.propagate_trace.unwrap_or(false),
+            signature: input.signature.unwrap_or_default(),
         },
         input.secret,
     ))
 }
 
-/// Apply a PATCH to a subscriber (pure).
+/// Apply a PATCH to a subscriber (pure). `key_seed`: random bytes for an Ed25519 signing key,
+/// used when the PATCH switches to a scheme that signs with one and the current secret has
+/// none (the caller draws them when the PATCH names `ed25519` or `both`).
 pub fn patched(
     mut s: Subscriber,
     input: SubscriberPatch,
     allow_loopback: bool,
     now: i64,
     who: &Principal,
+    key_seed: Option<&[u8; 32]>,
 ) -> Result<Subscriber, ApiError> {
     if input.id.as_ref().is_some_and(|id| *id != s.id) {
         return Err(ApiError::Invalid("id cannot be changed".into()));
@@ -324,6 +336,12 @@ pub fn patched(
     crate::ordering::validate(s.ordering, s.ordering_key.as_deref()).map_err(ApiError::Invalid)?;
     if let Some(p) = input.propagate_trace {
         s.propagate_trace = p;
+    }
+    if let Some(scheme) = input.signature {
+        s.signature = scheme;
+        if let (true, Some(seed)) = (scheme.ed25519(), key_seed) {
+            ensure_signing_key(&mut s.secrets, seed);
+        }
     }
     validate_customer_ref(&input.customer)?;
     if let Some(c) = input.customer {
@@ -466,6 +484,7 @@ mod tests {
             false,
             1,
             &Principal::Admin,
+            None,
         );
         assert!(p.is_err());
         // Disable, then re-enable: a fresh start.
@@ -473,10 +492,10 @@ mod tests {
             disabled: Some(d),
             ..Default::default()
         };
-        let off = patched(s.clone(), toggle(true), false, 5, &Principal::Admin).unwrap();
+        let off = patched(s.clone(), toggle(true), false, 5, &Principal::Admin, None).unwrap();
         let d = off.health.disabled.clone().unwrap();
         assert_eq!((d.at_ms, d.reason.as_str()), (5, "disabled by an operator"));
-        let again = patched(off.clone(), toggle(true), false, 9, &Principal::Admin).unwrap();
+        let again = patched(off.clone(), toggle(true), false, 9, &Principal::Admin, None).unwrap();
         assert_eq!(again.health.disabled.map(|d| d.at_ms), Some(5));
         assert!(d.by_operator);
         // The customer pauses and resumes its own endpoint, but does not re-enable one the
@@ -484,22 +503,96 @@ mod tests {
         let customer = Principal::Portal {
             customer: "acme".into(),
         };
-        let paused = patched(s.clone(), toggle(true), false, 5, &customer).unwrap();
+        let paused = patched(s.clone(), toggle(true), false, 5, &customer, None).unwrap();
         assert!(!paused.health.disabled.as_ref().unwrap().by_operator);
-        let resumed = patched(paused, toggle(false), false, 6, &customer).unwrap();
+        let resumed = patched(paused, toggle(false), false, 6, &customer, None).unwrap();
         assert_eq!(resumed.health.disabled, None);
         assert!(matches!(
-            patched(off.clone(), toggle(false), false, 6, &customer),
+            patched(off.clone(), toggle(false), false, 6, &customer, None),
             Err(ApiError::Forbidden(_))
         ));
         let mut failing = off;
         failing.health.failing_since_ms = Some(2);
-        let on = patched(failing, toggle(false), false, 6, &Principal::Admin).unwrap();
+        let on = patched(failing, toggle(false), false, 6, &Principal::Admin, None).unwrap();
         assert_eq!(on.health, Default::default());
         let mut enabled_failing = s;
         enabled_failing.health.failing_since_ms = Some(2);
-        let still = patched(enabled_failing, toggle(false), false, 6, &Principal::Admin).unwrap();
+        let still = patched(
+            enabled_failing,
+            toggle(false),
+            false,
+            6,
+            &Principal::Admin,
+            None,
+        )
+        .unwrap();
         assert_eq!(still.health.failing_since_ms, Some(2));
+    }
+
+    /// A switch to a scheme that signs with Ed25519 gives the current secret a key when it has
+    /// none, and keeps the one it has; a switch back to HMAC keeps the key for later.
+    #[test]
+    fn signature_patch_table() {
+        use crate::model::StoredSecret;
+        let (mut s, _) = subscriber_from(base(), false, 0).unwrap();
+        assert_eq!(s.signature, Scheme::Hmac);
+        let generation = |created_ms, expires_ms, key: Option<&str>| StoredSecret {
+            secret: format!("whsec_{created_ms}"),
+            created_ms,
+            expires_ms,
+            signing_key: key.map(str::to_string),
+        };
+        s.secrets = vec![generation(5, None, None), generation(1, Some(90), None)];
+        let to = |scheme| SubscriberPatch {
+            signature: Some(scheme),
+            ..Default::default()
+        };
+        let seed = [7u8; 32];
+        let keys = |s: &Subscriber| -> Vec<bool> {
+            s.secrets.iter().map(|g| g.signing_key.is_some()).collect()
+        };
+        let ed = patched(
+            s.clone(),
+            to(Scheme::Ed25519),
+            false,
+            9,
+            &Principal::Admin,
+            Some(&seed),
+        )
+        .unwrap();
+        assert_eq!(
+            (ed.signature, keys(&ed)),
+            (Scheme::Ed25519, vec![true, false])
+        );
+        let made = ed.secrets[0].signing_key.clone();
+        let both = patched(
+            ed,
+            to(Scheme::Both),
+            false,
+            10,
+            &Principal::Admin,
+            Some(&[8u8; 32]),
+        )
+        .unwrap();
+        assert_eq!(both.secrets[0].signing_key, made, "an existing key is kept");
+        let back = patched(both, to(Scheme::Hmac), false, 11, &Principal::Admin, None).unwrap();
+        assert_eq!(
+            (back.signature, keys(&back)),
+            (Scheme::Hmac, vec![true, false])
+        );
+        let hmac = patched(
+            s,
+            to(Scheme::Hmac),
+            false,
+            9,
+            &Principal::Admin,
+            Some(&seed),
+        )
+        .unwrap();
+        assert_eq!(keys(&hmac), vec![false, false], "hmac makes no key");
+        let body: SubscriberPatch = serde_json::from_str(r#"{"signature":"both"}"#).unwrap();
+        assert_eq!(body.fields(), ["signature"]);
+        assert!(serde_json::from_str::<SubscriberPatch>(r#"{"signature":"rsa"}"#).is_err());
     }
 
     /// The PATCH body as a type: what it refuses, and the fields it names for the portal's rule.

@@ -21,17 +21,30 @@ use super::stats;
 use super::subscriber_input::{patched, subscriber_from, SubscriberInput, SubscriberPatch};
 use super::views;
 use crate::dispatch::Control;
+use crate::keyring::{new_signing_key, NewSecret};
 use crate::ledger::{Deliveries as _, Subscribers as _};
 use crate::ledger::{LedgerError, NewEvent};
-use crate::model::{SecretsView, SubscriberView};
+use crate::model::{public_key_of, SecretsView, SubscriberView};
 use crate::time::{now_ms, random_bytes};
 
-fn new_secret() -> Result<String, ApiError> {
-    let bytes = random_bytes::<32>()
-        .map_err(|e| ApiError::Ledger(LedgerError::Invalid(format!("no randomness: {e}"))))?;
-    Secret::from_bytes(&bytes)
-        .map(|s| s.encode())
-        .map_err(|e| ApiError::Invalid(e.to_string()))
+fn random<const N: usize>() -> Result<[u8; N], ApiError> {
+    random_bytes::<N>()
+        .map_err(|e| ApiError::Ledger(LedgerError::Invalid(format!("no randomness: {e}"))))
+}
+
+/// A new generation of keys: the given or a random HMAC secret, and a random Ed25519 signing
+/// key (made for every subscriber, so a later switch of scheme needs no new key).
+fn new_secret(given: Option<String>) -> Result<NewSecret, ApiError> {
+    let secret = match given {
+        Some(s) => s,
+        None => Secret::from_bytes(&random::<32>()?)
+            .map(|s| s.encode())
+            .map_err(|e| ApiError::Invalid(e.to_string()))?,
+    };
+    Ok(NewSecret {
+        secret,
+        signing_key: Some(new_signing_key(&random::<32>()?)),
+    })
 }
 
 fn unknown_subscriber(e: LedgerError, id: &str) -> ApiError {
@@ -50,16 +63,14 @@ pub(super) async fn create_subscriber(
     let input: SubscriberInput = parse_json(&bytes)?;
     let now = now_ms();
     let (sub, given) = subscriber_from(input, state.cfg.allow_loopback, now)?;
-    let secret = match given {
-        Some(s) => s,
-        None => new_secret()?,
-    };
-    let created = state.ledger.create_subscriber(sub, secret.clone()).await?;
+    let secret = new_secret(given)?;
+    let shown = secret.secret.clone();
+    let created = state.ledger.create_subscriber(sub, secret).await?;
     state.tell(Control::Changed(created.id.clone()));
     Ok((
         StatusCode::CREATED,
         NO_STORE,
-        Json(SubscriberView::of(&created, now, Some(secret))),
+        Json(SubscriberView::of(&created, now, Some(shown))),
     ))
 }
 
@@ -127,11 +138,17 @@ pub(super) async fn patch_subscriber(
     let allow_loopback = state.cfg.allow_loopback;
     let now = now_ms();
     let scope = who.scope();
+    // Drawn here, used only if the switch finds the current secret without a signing key.
+    let seed = match input.signature {
+        Some(scheme) if scheme.ed25519() => Some(random::<32>()?),
+        _ => None,
+    };
     let sub = state
         .ledger
         .update_subscriber(id.clone(), scope, move |current| {
             let toggled = input.disabled.is_some();
-            patched(current, input, allow_loopback, now, &who).map(|next| (next, toggled))
+            patched(current, input, allow_loopback, now, &who, seed.as_ref())
+                .map(|next| (next, toggled))
         })
         .await
         .map_err(|e| unknown_subscriber(e, &id))??;
@@ -163,12 +180,16 @@ pub(super) async fn rotate_secret(
     PathId(id): PathId,
 ) -> Result<impl IntoResponse, ApiError> {
     let now = now_ms();
-    let secret = new_secret()?;
+    let secret = new_secret(None)?;
+    let (shown, public_key) = (
+        secret.secret.clone(),
+        secret.signing_key.as_deref().and_then(public_key_of),
+    );
     let grace = state.cfg.rotation_grace_ms;
     let scope = who.scope();
     state
         .ledger
-        .rotate_secret(id.clone(), secret.clone(), now, grace, scope)
+        .rotate_secret(id.clone(), secret, now, grace, scope)
         .await
         .map_err(|e| unknown_subscriber(e, &id))?;
     state.tell(Control::Changed(id.clone()));
@@ -176,7 +197,8 @@ pub(super) async fn rotate_secret(
         NO_STORE,
         Json(views::Rotated {
             id,
-            secret,
+            secret: shown,
+            public_key,
             previous_secrets_expire_at_ms: now + grace,
         }),
     ))

@@ -28,6 +28,10 @@ pub struct Deleted {
 pub struct Rotated {
     pub id: String,
     pub secret: String,
+    /// The new generation's Ed25519 public key (`whpk_`), which verifies its `v1a`
+    /// signatures.
+    #[serde(default)]
+    pub public_key: Option<String>,
     pub previous_secrets_expire_at_ms: i64,
 }
 

@@ -106,6 +106,8 @@ pub(super) async fn load(a: LoadArgs) -> Result<(), ClientError> {
                     max_in_flight: a.max_in_flight,
                     timeout_ms: 10_000,
                     legacy_signature: false,
+                    signature: Default::default(),
+                    signing_keys: Vec::new(),
                 },
                 batch: a.batch,
             }

@@ -244,6 +244,8 @@ mod tests {
             ordering: Default::default(),
             ordering_key: None,
             propagate_trace: false,
+            signature: Default::default(),
+            public_key: None,
             secret: None,
         }
     }

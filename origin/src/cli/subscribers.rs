@@ -4,7 +4,7 @@ use clap::{Args, Subcommand};
 
 use super::client::{encode, print, view, Client, ClientArgs, ClientError};
 use crate::api::views::{Deleted, SubscriberInput, SubscriberList, SubscriberView};
-use crate::model::{Lane, Ordering, Payload};
+use crate::model::{Lane, Ordering, Payload, Scheme};
 use crate::term::human_number;
 
 #[derive(Debug, Subcommand)]
@@ -61,6 +61,11 @@ fn parse_ordering(s: &str) -> Result<Ordering, String> {
     Ordering::parse(s).ok_or_else(|| format!("{s:?} is not an ordering: none, subscriber or key"))
 }
 
+fn parse_signature(s: &str) -> Result<Scheme, String> {
+    Scheme::parse(s)
+        .ok_or_else(|| format!("{s:?} is not a signature scheme: hmac, ed25519 or both"))
+}
+
 fn parse_payload(s: &str) -> Result<Payload, String> {
     Payload::parse(s).ok_or_else(|| format!("{s:?} is not a payload: full or thin"))
 }
@@ -107,6 +112,9 @@ pub struct SubscriberAdd {
     /// Send each webhook the W3C traceparent its event arrived with (OpenTelemetry)
     #[arg(long)]
     pub propagate_trace: bool,
+    /// hmac (v1, the default), ed25519 (v1a, verified with the public key it prints) or both
+    #[arg(long, value_parser = parse_signature)]
+    pub signature: Option<Scheme>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -149,6 +157,7 @@ async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
         ordering: a.ordering,
         ordering_key: a.ordering_key,
         propagate_trace: a.propagate_trace.then_some(true),
+        signature: a.signature,
         ..SubscriberInput::default()
     };
     let body = serde_json::to_vec(&input).map_err(|e| ClientError::Input(e.to_string()))?;
@@ -163,8 +172,9 @@ async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
     Ok(())
 }
 
-/// What `fanout subscriber add` tells a person (pure): one line about the subscriber, then
-/// its secret alone on the last line (shown here once), so `| tail -n 1` takes it.
+/// What `fanout subscriber add` tells a person (pure): one line about the subscriber, for an
+/// Ed25519 scheme the public key its receiver verifies with, then its secret alone on the last
+/// line (shown here once), so `| tail -n 1` takes it.
 pub fn added_lines(v: &SubscriberView) -> String {
     let mut out = format!(
         "added subscriber {}: {} -> {} (lane {}, {}/s, burst {}, {} in flight{})\n",
@@ -179,6 +189,12 @@ pub fn added_lines(v: &SubscriberView) -> String {
             .as_ref()
             .map_or(String::new(), |c| format!(", customer {c}")),
     );
+    if let (true, Some(key)) = (v.signature.ed25519(), &v.public_key) {
+        out.push_str(&format!(
+            "it signs with {} (v1a): verify with its public key\n{key}\n",
+            v.signature.as_str()
+        ));
+    }
     if let Some(secret) = &v.secret {
         out.push_str(&format!(
             "its signing secret (`fanout subscriber secret {}` prints it again):\n{secret}\n",
@@ -316,6 +332,11 @@ mod tests {
             secret: None,
             ..created.clone()
         };
+        let asymmetric = SubscriberView {
+            signature: Scheme::Both,
+            public_key: Some("whpk_abc".into()),
+            ..created.clone()
+        };
         let cases: &[(&SubscriberView, &str)] = &[
             (
                 &created,
@@ -328,6 +349,15 @@ mod tests {
                 &owned,
                 "added subscriber partner: video.*,order.paid -> https://partner.example/hooks \
                  (lane edge, 2.5/s, burst 5, 8 in flight, customer acme)\n",
+            ),
+            (
+                &asymmetric,
+                "added subscriber partner: video.*,order.paid -> https://partner.example/hooks \
+                 (lane edge, 2.5/s, burst 5, 8 in flight)\n\
+                 it signs with both (v1a): verify with its public key\n\
+                 whpk_abc\n\
+                 its signing secret (`fanout subscriber secret partner` prints it again):\n\
+                 whsec_abc\n",
             ),
         ];
         for (view, expected) in cases {
@@ -343,10 +373,12 @@ mod tests {
                 SecretView {
                     secret: "whsec_new".into(),
                     expires_at_ms: None,
+                    public_key: None,
                 },
                 SecretView {
                     secret: "whsec_old".into(),
                     expires_at_ms: Some(1_700_000_000_000),
+                    public_key: None,
                 },
             ],
         };

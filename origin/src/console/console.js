@@ -219,7 +219,9 @@
         s.filter ? h('div', { class: 'muted small filter', 'data-field': 'filter', title: 'Content filter' }, `filter: ${filterText(s.filter)}`) : null),
       h('td', null, h('div', null, s.lane), h('div', { class: 'muted small', 'data-field': 'payload' }, `${s.payload} payload`),
         s.ordering && s.ordering !== 'none' ? orderingLines(s) : null,
-        s.propagate_trace ? h('div', { class: 'muted small', 'data-field': 'propagate_trace', title: 'Webhooks carry the producer\'s traceparent' }, 'traceparent') : null),
+        s.propagate_trace ? h('div', { class: 'muted small', 'data-field': 'propagate_trace', title: 'Webhooks carry the producer\'s traceparent' }, 'traceparent') : null,
+        h('div', { class: 'muted small', 'data-field': 'signature' }, `signs ${s.signature}`),
+        s.public_key && s.signature !== 'hmac' ? h('div', { class: 'muted small key', 'data-field': 'public_key', title: 'Ed25519 public key: verifies the v1a signatures' }, s.public_key) : null)
       h('td', { class: 'num' }, fmtNum(s.rate_per_sec, 3)),
       h('td', { class: 'num' }, fmtNum(s.burst)),
       h('td', { class: 'num' }, fmtNum(st.tokens, 1)),
@@ -341,6 +343,7 @@
       form.elements.filter.value = sub.filter ? JSON.stringify(sub.filter, null, 2) : '';
       form.elements.payload.value = sub.payload;
       form.elements.propagate_trace.checked = sub.propagate_trace;
+      form.elements.signature.value = sub.signature;
     }
     form.hidden = false;
     (sub ? form.elements.url : form.elements.id).focus();
@@ -357,6 +360,7 @@
       legacy_signature: f.legacy_signature.checked,
       payload: f.payload.value,
       propagate_trace: f.propagate_trace.checked,
+      signature: f.signature.value,
     };
     if (!editing) body.id = f.id.value.trim();
     // Emptied while editing: `null` removes the filter.

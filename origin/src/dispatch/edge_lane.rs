@@ -339,6 +339,8 @@ mod tests {
             max_in_flight: 8,
             timeout_ms: 1000,
             legacy_signature: false,
+            signature: Default::default(),
+            signing_keys: Vec::new(),
         };
         let ds: Vec<Delivery> = (1..=3)
             .map(|i| Delivery {

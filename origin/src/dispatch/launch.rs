@@ -10,7 +10,6 @@
 use std::sync::Arc;
 
 use fanout_core::endpoint::check_url;
-use fanout_core::sign::Secret;
 use fanout_core::wire::{Delivery, SubscriberSpec};
 use tokio::sync::mpsc;
 
@@ -19,7 +18,7 @@ use super::executor::{Clock, Dispatcher};
 use super::origin_lane;
 use super::vocab::{Attempted, Event, Lane, Meta, Target};
 use crate::ledger::DispatchLedger;
-use crate::model::{active_secrets, delivery_public_id, Claimed, Order};
+use crate::model::{delivery_public_id, Claimed, Order};
 use crate::outbound::Signer;
 use crate::payload::{thin_body, EventUrl, Payload};
 use crate::trace::{self, AttemptSpan};
@@ -28,11 +27,9 @@ impl<L: DispatchLedger> Dispatcher<L> {
     /// Start sending leased deliveries by the lane the state chose.
     pub(super) fn launch(&self, target: Arc<Target>, claimed: Vec<Claimed>, per_call: usize) {
         let now = (self.clock)();
-        let active = active_secrets(&target.secrets, now);
-        let secrets: Vec<Secret> = active
-            .iter()
-            .filter_map(|s| Secret::parse(s).ok())
-            .collect();
+        let keys = target
+            .keyring
+            .keys(target.signature, target.legacy_signature, now);
         let lane = target.lane;
         let unsendable = |error: &str| {
             let _ = self.done_tx.send(Event::Unsendable {
@@ -42,7 +39,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 error: error.into(),
             });
         };
-        if secrets.is_empty() {
+        if keys.is_empty() {
             // Nothing can sign these: the daemon's own failure, counted like a send's.
             unsendable("the subscriber has no usable signing secret");
             return;
@@ -54,10 +51,13 @@ impl<L: DispatchLedger> Dispatcher<L> {
                     unsendable("no edge is configured");
                     return;
                 };
+                let (secrets, signing_keys) = target.keyring.wire(target.signature, now);
                 let spec = SubscriberSpec {
                     id: target.id.to_string(),
                     url: target.url.to_string(),
-                    secrets: active,
+                    secrets,
+                    signature: target.signature,
+                    signing_keys,
                     rate_per_sec: target.limits.rate_per_sec,
                     burst: target.limits.burst,
                     max_in_flight: target.limits.max_in_flight,
@@ -67,7 +67,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 self.launch_edge(edge, &target, spec, claimed, per_call);
             }
             Lane::Origin | Lane::Auto => {
-                let signer = Signer::new(secrets, target.legacy_signature);
+                let signer = Signer::new(keys);
                 // Parsed and checked once for the whole launch; each send reuses the parse.
                 let url = Arc::new(check_url(&target.url, self.cfg.allow_loopback).ok());
                 for mut d in claimed {

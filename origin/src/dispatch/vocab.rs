@@ -15,9 +15,10 @@ use fanout_core::wire::DeliveryResult;
 
 use super::plan::attempt_of;
 use crate::alert::Notice;
+use crate::keyring::Keyring;
 pub use crate::ledger::{Recorded, Turn, TurnError};
 pub use crate::model::Lane;
-use crate::model::{Claimed, InFlight, Limits, Payload, Share, StoredSecret, Subscriber};
+use crate::model::{Claimed, InFlight, Limits, Payload, Scheme, Share, Subscriber};
 
 /// Messages to the dispatcher from the API (the executor hands each to the state as
 /// [`Event::Control`]).
@@ -48,7 +49,10 @@ pub struct Target {
     /// The lane actually used (`Edge` or `Origin`), chosen once by the state.
     pub lane: Lane,
     pub legacy_signature: bool,
-    pub secrets: Vec<StoredSecret>,
+    /// Its secrets and signing keys, parsed once when it was loaded (`crate::keyring`).
+    pub keyring: Keyring,
+    /// Which of them sign: `v1`, `v1a` or both.
+    pub signature: Scheme,
     /// Its customer, whose weight sets its group's share (`super::fair`).
     pub customer: Option<Arc<str>>,
     /// Its webhooks' body: the event's or a thin one (`crate::payload`).

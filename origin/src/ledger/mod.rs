@@ -82,5 +82,6 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         ordering: Default::default(),
         ordering_key: None,
         propagate_trace: false,
+        signature: Default::default(),
     }
 }

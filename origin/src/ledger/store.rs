@@ -29,6 +29,7 @@ use super::stats::{MetricsSnapshot, Observe};
 use super::subscribers::{SubscriberCounts, Subscribers};
 use super::write_state::WriteState;
 use crate::customer::Customer;
+use crate::keyring::NewSecret;
 use crate::model::{InFlight, Share, Subscriber};
 
 /// A ledger, whichever backend holds it. Cheap to clone.
@@ -186,11 +187,11 @@ impl DispatchLedger for Store {
 impl Subscribers for Store {
     forward! { Subscribers:
         fn subscriber(&self, id: String, scope: Option<String>) -> Result<Subscriber, LedgerError>;
-        fn create_subscriber(&self, s: Subscriber, secret: String) -> Result<Subscriber, LedgerError>;
+        fn create_subscriber(&self, s: Subscriber, secret: NewSecret) -> Result<Subscriber, LedgerError>;
         fn subscribers(&self, only: Option<String>, with_stats: bool, scope: Option<String>)
             -> Result<(Vec<Subscriber>, Option<BTreeMap<String, SubscriberCounts>>), LedgerError>;
         fn delete_subscriber(&self, id: String, now_ms: i64) -> Result<u64, LedgerError>;
-        fn rotate_secret(&self, id: String, secret: String, now_ms: i64, grace_ms: i64, scope: Option<String>)
+        fn rotate_secret(&self, id: String, secret: NewSecret, now_ms: i64, grace_ms: i64, scope: Option<String>)
             -> Result<(), LedgerError>;
     }
 

@@ -7,6 +7,7 @@ use std::future::Future;
 use fanout_core::limiter::LimiterState;
 
 use super::error::LedgerError;
+use crate::keyring::NewSecret;
 use crate::model::Subscriber;
 
 /// A subscriber's content filter as both backends store it: its JSON text, or NULL for none.
@@ -47,12 +48,12 @@ pub trait Subscribers {
         scope: Option<String>,
     ) -> impl Future<Output = Result<Subscriber, LedgerError>> + Send;
 
-    /// Create a subscriber with its first secret; returns it as stored. A customer it names
-    /// must exist (`Invalid` otherwise).
+    /// Create a subscriber with its first secret (and signing key); returns it as stored. A
+    /// customer it names must exist (`Invalid` otherwise).
     fn create_subscriber(
         &self,
         s: Subscriber,
-        secret: String,
+        secret: NewSecret,
     ) -> impl Future<Output = Result<Subscriber, LedgerError>> + Send;
 
     /// One subscriber (`only`) or every live one, those `scope` sees, with their figures when
@@ -70,7 +71,9 @@ pub trait Subscribers {
     /// Change a live subscriber `scope` sees, in one transaction: `change` gets it as stored
     /// and returns the next definition and whether its disabled state was set (or refuses with
     /// its own error, changing nothing). A customer the next definition names must exist
-    /// (`Invalid` otherwise).
+    /// (`Invalid` otherwise). A signing key the change gave a generation of its secrets that
+    /// had none (`keyring::ensure_signing_key`) is stored with it; nothing else of the secrets
+    /// changes.
     fn update_subscriber<E, F>(
         &self,
         id: String,
@@ -88,12 +91,12 @@ pub trait Subscribers {
         now_ms: i64,
     ) -> impl Future<Output = Result<u64, LedgerError>> + Send;
 
-    /// Add `secret` as the current secret of a live subscriber `scope` sees; the others keep
-    /// signing until `now + grace_ms`.
+    /// Add `secret` (with its signing key) as the current generation of a live subscriber
+    /// `scope` sees; the others keep signing until `now + grace_ms`.
     fn rotate_secret(
         &self,
         id: String,
-        secret: String,
+        secret: NewSecret,
         now_ms: i64,
         grace_ms: i64,
         scope: Option<String>,

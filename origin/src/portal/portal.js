@@ -122,6 +122,7 @@
                 k.head?.last_error ? ` (${k.head.last_error})` : '')))
             : null,
           filterEditor(s),
+          signatureEditor(s),
           h(
             'div',
             { class: 'actions' },
@@ -165,6 +166,32 @@
       window.FanoutPage.filterTester(call, () => box),
       error,
       h('div', { class: 'actions' }, h('button', { type: 'button', class: 'save-filter', onclick: save }, 'Save filter')));
+  }
+
+  /** The endpoint's signature scheme, changed in place (PATCH {"signature"}), and the Ed25519
+   *  public key its receiver verifies `v1a` signatures with. */
+  function signatureEditor(s) {
+    const pick = h('select', { class: 'signature', 'aria-label': `Signature of ${s.id}`,
+      onchange: () => setSignature(s.id, pick.value) },
+      h('option', { value: 'hmac' }, 'HMAC (v1): the signing secret'),
+      h('option', { value: 'ed25519' }, 'Ed25519 (v1a): the public key'),
+      h('option', { value: 'both' }, 'Both (v1 and v1a)'));
+    pick.value = s.signature;
+    return h('div', { class: 'signature-edit small' },
+      h('label', null, 'Signatures ', pick),
+      s.public_key && s.signature !== 'hmac'
+        ? h('div', { class: 'muted' }, 'Public key: ', h('code', { class: 'key', 'data-field': 'public_key' }, s.public_key))
+        : null);
+  }
+
+  async function setSignature(id, signature) {
+    try {
+      await call('PATCH', `/v1/subscribers/${encodeURIComponent(id)}`, { signature });
+      flash(`${id} now signs with ${signature}.`);
+      await loadEndpoints();
+    } catch (e) {
+      report(e);
+    }
   }
 
   async function setDisabled(id, disabled) {

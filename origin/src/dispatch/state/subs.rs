@@ -9,6 +9,7 @@ use fanout_core::limiter::LimiterState;
 
 use super::{owned, State, Sub};
 use crate::dispatch::vocab::{Effect, Lane, Target};
+use crate::keyring::Keyring;
 use crate::model::{InFlight, Share, Subscriber};
 
 impl State {
@@ -89,7 +90,8 @@ impl State {
             limits: s.limits,
             lane: s.lane.effective(self.cfg.edge),
             legacy_signature: s.legacy_signature,
-            secrets: s.secrets,
+            keyring: Keyring::of(&s.secrets),
+            signature: s.signature,
             customer: s.customer.as_deref().map(Arc::from),
             payload: s.payload,
             ordered: s.ordering != crate::ordering::Ordering::None,

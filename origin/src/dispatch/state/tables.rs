@@ -235,6 +235,7 @@ fn sub(id: &str, max_in_flight: u32, customer: Option<&str>) -> (Subscriber, Lim
         ordering: Default::default(),
         ordering_key: None,
         propagate_trace: false,
+        signature: Default::default(),
     };
     (s, LimiterState::default())
 }

@@ -43,10 +43,17 @@ pub(super) async fn copy_subscribers(
     } else {
         "'full'"
     };
+    // A ledger from before Ed25519 signatures: every subscriber signs with HMAC.
+    let signature = if has_column(src, "subscribers", "signature")? {
+        "signature"
+    } else {
+        "'hmac'"
+    };
     let mut st = src.prepare(&format!(
         "SELECT id, url, event_types, rate_per_sec, burst, max_in_flight, timeout_ms, lane,
              legacy_signature, limiter, created_ms, updated_ms, deleted_ms, disabled_ms,
-             disabled_reason, failing_since_ms, dead_alerted_ms, {by_operator}, {payload}
+             disabled_reason, failing_since_ms, dead_alerted_ms, {by_operator}, {payload},
+             {signature}
          FROM subscribers ORDER BY rowid"
     ))?;
     let rows = st.query_map([], |r| {
@@ -71,6 +78,7 @@ pub(super) async fn copy_subscribers(
                 r.get::<_, Option<i64>>(16)?,
                 r.get::<_, bool>(17)?,
                 r.get::<_, String>(18)?,
+                r.get::<_, String>(19)?,
             ),
         ))
     })?;
@@ -79,9 +87,9 @@ pub(super) async fn copy_subscribers(
             "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
                  timeout_ms, lane, legacy_signature, limiter, created_ms, updated_ms,
                  deleted_ms, disabled_ms, disabled_reason, failing_since_ms, dead_alerted_ms,
-                 disabled_by_operator, payload)
+                 disabled_by_operator, payload, signature)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                 $18, $19)",
+                 $18, $19, $20)",
         )
         .await?;
     for row in rows {
@@ -90,7 +98,7 @@ pub(super) async fn copy_subscribers(
             &insert,
             &[
                 &id, &url, &types, &rate, &burst, &mif, &timeout, &lane, &legacy, &limiter, &t.0,
-                &t.1, &t.2, &t.3, &t.4, &t.5, &t.6, &t.7, &t.8,
+                &t.1, &t.2, &t.3, &t.4, &t.5, &t.6, &t.7, &t.8, &t.9,
             ],
         )
         .await?;
@@ -120,30 +128,38 @@ pub(super) async fn copy_propagate_trace(
     Ok(())
 }
 
-/// The subscribers' secrets.
+/// The subscribers' secrets, with their Ed25519 signing keys.
 pub(super) async fn copy_secrets(
     src: &Connection,
     tx: &Transaction<'_>,
     done: &mut Copied,
 ) -> Result<(), LedgerError> {
-    let mut st = src.prepare(
-        "SELECT subscriber_id, secret, created_ms, expires_ms FROM subscriber_secrets
-         ORDER BY rowid",
-    )?;
+    // A ledger from before Ed25519 signatures has no signing keys.
+    let signing_key = if has_column(src, "subscriber_secrets", "signing_key")? {
+        "signing_key"
+    } else {
+        "NULL"
+    };
+    let mut st = src.prepare(&format!(
+        "SELECT subscriber_id, secret, created_ms, expires_ms, {signing_key}
+         FROM subscriber_secrets ORDER BY rowid"
+    ))?;
     let rows = st.query_map([], |r| {
         Ok((
             r.get::<_, String>(0)?,
             r.get::<_, String>(1)?,
             r.get::<_, i64>(2)?,
             r.get::<_, Option<i64>>(3)?,
+            r.get::<_, Option<String>>(4)?,
         ))
     })?;
     for row in rows {
-        let (sub, secret, created, expires) = row?;
+        let (sub, secret, created, expires, key) = row?;
         tx.execute(
-            "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms, expires_ms)
-             VALUES ($1, $2, $3, $4)",
-            &[&sub, &secret, &created, &expires],
+            "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms, expires_ms,
+                 signing_key)
+             VALUES ($1, $2, $3, $4, $5)",
+            &[&sub, &secret, &created, &expires, &key],
         )
         .await?;
         done.secrets += 1;

@@ -376,7 +376,7 @@ impl PgLedger {
     pub async fn rotate_secret_scoped(
         &self,
         id: &str,
-        secret: &str,
+        secret: &crate::keyring::NewSecret,
         now_ms: i64,
         grace_ms: i64,
         scope: Option<&str>,

@@ -7,7 +7,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use crate::ledger::LedgerError;
-use crate::model::{Disabled, Health, Lane, Limits, Payload, Subscriber};
+use crate::model::{Disabled, Health, Lane, Limits, Payload, Scheme, Subscriber};
 
 pub(super) type Param = Box<dyn ToSql + Sync + Send>;
 
@@ -40,7 +40,7 @@ pub(super) const SUBSCRIBER_COLUMNS: &str =
     "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
      failing_since_ms, customer, disabled_by_operator, filter, payload, ordering, ordering_key,
-     propagate_trace";
+     propagate_trace, signature";
 
 /// A text column holding one of an enum's names.
 pub(super) fn enum_column<T>(
@@ -89,6 +89,7 @@ pub(super) fn subscriber_from_row(r: &Row) -> Result<Subscriber, LedgerError> {
         ordering: enum_column(r, 18, crate::ordering::Ordering::parse)?,
         ordering_key: r.try_get(19)?,
         propagate_trace: r.try_get(20)?,
+        signature: enum_column(r, 21, Scheme::parse)?,
     })
 }
 

@@ -315,6 +315,14 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE events ADD COLUMN traceparent TEXT;
     ALTER TABLE subscribers ADD COLUMN propagate_trace BOOLEAN NOT NULL DEFAULT FALSE;
     "#,
+    // Ed25519 signatures (issue 25, `crate::keyring`): a subscriber's `signature` scheme, and
+    // each generation of its secrets' Ed25519 signing key (`whsk_`; NULL in generations made
+    // before, until a switch to the scheme gives the current one a key).
+    r#"
+    ALTER TABLE subscribers ADD COLUMN signature TEXT NOT NULL DEFAULT 'hmac'
+        CHECK (signature IN ('hmac', 'ed25519', 'both'));
+    ALTER TABLE subscriber_secrets ADD COLUMN signing_key TEXT;
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

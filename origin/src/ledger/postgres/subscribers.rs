@@ -10,6 +10,7 @@ use fanout_core::limiter::LimiterState;
 
 use super::ledger::PgLedger;
 use super::listen::CHANGED_CHANNEL;
+use crate::keyring::NewSecret;
 use crate::ledger::subscribers::{filter_column, SubscriberCounts};
 use crate::ledger::LedgerError;
 use crate::model::{Disabled, StoredSecret, Subscriber};
@@ -25,7 +26,8 @@ impl PgLedger {
     ) -> Result<HashMap<String, Vec<StoredSecret>>, LedgerError> {
         let rows = c
             .query(
-                "SELECT subscriber_id, secret, created_ms, expires_ms FROM subscriber_secrets
+                "SELECT subscriber_id, secret, created_ms, expires_ms, signing_key
+                 FROM subscriber_secrets
                  WHERE subscriber_id = ANY($1) ORDER BY created_ms DESC, id DESC",
                 &[&ids],
             )
@@ -36,6 +38,7 @@ impl PgLedger {
                 secret: r.try_get(1)?,
                 created_ms: r.try_get(2)?,
                 expires_ms: r.try_get(3)?,
+                signing_key: r.try_get(4)?,
             });
         }
         Ok(out)
@@ -91,8 +94,13 @@ impl PgLedger {
     }
 
     /// Insert a new subscriber (or bring back a removed one under the same id) with its first
-    /// secret.
-    pub async fn create_subscriber(&self, s: &Subscriber, secret: &str) -> Result<(), LedgerError> {
+    /// secret (and signing key).
+    pub async fn create_subscriber(
+        &self,
+        s: &Subscriber,
+        secret: impl Into<NewSecret>,
+    ) -> Result<(), LedgerError> {
+        let secret = secret.into();
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let existing = tx
@@ -145,8 +153,8 @@ impl PgLedger {
             .execute(
                 "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
                      timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
-                     payload, ordering, ordering_key, propagate_trace)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14, $15, $16)",
+                     payload, ordering, ordering_key, propagate_trace, signature)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14, $15, $16, $17)",
                 &[
                     &s.id,
                     &s.url,
@@ -164,6 +172,7 @@ impl PgLedger {
                     &s.ordering.as_str(),
                     &s.ordering_key,
                     &s.propagate_trace,
+                    &s.signature.as_str(),
                 ],
             )
             .await;
@@ -171,11 +180,7 @@ impl PgLedger {
             Err(e) if unique_violation(&e) => return Err(conflict()),
             other => other?,
         };
-        tx.execute(
-            "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES ($1, $2, $3)",
-            &[&s.id, &secret, &s.created_ms],
-        )
-        .await?;
+        insert_secret(&tx, &s.id, &secret, s.created_ms).await?;
         announce_change(&tx, &s.id).await?;
         tx.commit().await?;
         Ok(())
@@ -201,7 +206,7 @@ impl PgLedger {
                 "UPDATE subscribers SET url = $2, event_types = $3, rate_per_sec = $4, burst = $5,
                      max_in_flight = $6, timeout_ms = $7, lane = $8, legacy_signature = $9,
                      updated_ms = $10, customer = $11, filter = $12, payload = $13,
-                     ordering = $14, ordering_key = $15, propagate_trace = $16
+                     ordering = $14, ordering_key = $15, propagate_trace = $16, signature = $17
                  WHERE id = $1 AND deleted_ms IS NULL",
                 &[
                     &s.id,
@@ -220,11 +225,23 @@ impl PgLedger {
                     &s.ordering.as_str(),
                     &s.ordering_key,
                     &s.propagate_trace,
+                    &s.signature.as_str(),
                 ],
             )
             .await?;
         if n == 0 {
             return Err(LedgerError::NotFound(format!("subscriber {}", s.id)));
+        }
+        // A generation given its first signing key by the change (a switch to Ed25519).
+        for g in &s.secrets {
+            if let Some(key) = &g.signing_key {
+                tx.execute(
+                    "UPDATE subscriber_secrets SET signing_key = $3
+                     WHERE subscriber_id = $1 AND secret = $2 AND signing_key IS NULL",
+                    &[&s.id, &g.secret, key],
+                )
+                .await?;
+            }
         }
         // After the subscriber's row (locked by the update): subscriber rows first.
         super::customers::hold_customer(tx, s.customer.as_deref()).await?;
@@ -265,13 +282,13 @@ impl PgLedger {
     pub async fn rotate_secret(
         &self,
         id: &str,
-        secret: &str,
+        secret: impl Into<NewSecret>,
         now_ms: i64,
         grace_ms: i64,
     ) -> Result<(), LedgerError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        Self::rotate_secret_in(&tx, id, secret, now_ms, grace_ms).await?;
+        Self::rotate_secret_in(&tx, id, &secret.into(), now_ms, grace_ms).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -280,7 +297,7 @@ impl PgLedger {
     pub(super) async fn rotate_secret_in(
         tx: &Transaction<'_>,
         id: &str,
-        secret: &str,
+        secret: &NewSecret,
         now_ms: i64,
         grace_ms: i64,
     ) -> Result<(), LedgerError> {
@@ -324,11 +341,7 @@ impl PgLedger {
             &[&id, &until],
         )
         .await?;
-        tx.execute(
-            "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES ($1, $2, $3)",
-            &[&id, &secret, &now_ms],
-        )
-        .await?;
+        insert_secret(tx, id, secret, now_ms).await?;
         announce_change(tx, id).await?;
         Ok(())
     }
@@ -407,6 +420,22 @@ impl PgLedger {
     }
 }
 
+/// One generation of a subscriber's secrets: the HMAC secret and its signing key.
+async fn insert_secret(
+    tx: &Transaction<'_>,
+    id: &str,
+    secret: &NewSecret,
+    now_ms: i64,
+) -> Result<(), LedgerError> {
+    tx.execute(
+        "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms, signing_key)
+         VALUES ($1, $2, $3, $4)",
+        &[&id, &secret.secret, &now_ms, &secret.signing_key],
+    )
+    .await?;
+    Ok(())
+}
+
 /// Tell every daemon (on commit) that a subscriber's definition or state changed.
 pub(super) async fn announce_change(
     c: &impl deadpool_postgres::GenericClient,
@@ -430,9 +459,9 @@ impl Subscribers for PgLedger {
     async fn create_subscriber(
         &self,
         s: Subscriber,
-        secret: String,
+        secret: NewSecret,
     ) -> Result<Subscriber, LedgerError> {
-        self.create_subscriber(&s, &secret).await?;
+        self.create_subscriber(&s, secret).await?;
         self.get_subscriber(&s.id).await
     }
 
@@ -476,7 +505,7 @@ impl Subscribers for PgLedger {
     async fn rotate_secret(
         &self,
         id: String,
-        secret: String,
+        secret: NewSecret,
         now_ms: i64,
         grace_ms: i64,
         scope: Option<String>,

@@ -270,6 +270,14 @@ const MIGRATIONS: &[Migration] = &[
     ALTER TABLE events ADD COLUMN traceparent TEXT;
     ALTER TABLE subscribers ADD COLUMN propagate_trace INTEGER NOT NULL DEFAULT 0;
     "#),
+    // Ed25519 signatures (issue 25, `crate::keyring`): a subscriber's `signature` scheme, and
+    // each generation of its secrets' Ed25519 signing key (`whsk_`; NULL in generations made
+    // before, until a switch to the scheme gives the current one a key).
+    Sql(r#"
+    ALTER TABLE subscribers ADD COLUMN signature TEXT NOT NULL DEFAULT 'hmac'
+        CHECK (signature IN ('hmac', 'ed25519', 'both'));
+    ALTER TABLE subscriber_secrets ADD COLUMN signing_key TEXT;
+    "#),
 ];
 
 /// Rows copied by one statement when a migration rebuilds a table; its progress is logged

@@ -11,17 +11,19 @@ use super::customers::check_customer_exists;
 use super::health::set_disabled;
 use super::ledger::Ledger;
 use super::status::subscriber_counts;
+use crate::keyring::NewSecret;
 use crate::ledger::error::{id_still_holds_history, rotation_too_soon, LedgerError};
 use crate::ledger::scope;
 use crate::ledger::subscribers::{SubscriberCounts, Subscribers};
 use crate::model::{
-    rotation_wait_ms, Disabled, Health, Lane, Limits, Ordering, Payload, StoredSecret, Subscriber,
+    rotation_wait_ms, Disabled, Health, Lane, Limits, Ordering, Payload, Scheme, StoredSecret,
+    Subscriber,
 };
 
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
      failing_since_ms, customer, disabled_by_operator, filter, payload, ordering, ordering_key,
-     propagate_trace";
+     propagate_trace, signature";
 
 fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
     let types: String = r.get(2)?;
@@ -61,12 +63,13 @@ fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
         ordering: Ordering::parse(&r.get::<_, String>(18)?).unwrap_or_default(),
         ordering_key: r.get(19)?,
         propagate_trace: r.get(20)?,
+        signature: Scheme::parse(&r.get::<_, String>(21)?).unwrap_or_default(),
     })
 }
 
 fn load_secrets(c: &Connection, id: &str) -> Result<Vec<StoredSecret>, LedgerError> {
     let mut st = c.prepare_cached(
-        "SELECT secret, created_ms, expires_ms FROM subscriber_secrets
+        "SELECT secret, created_ms, expires_ms, signing_key FROM subscriber_secrets
          WHERE subscriber_id = ?1 ORDER BY created_ms DESC, rowid DESC",
     )?;
     let rows = st.query_map([id], |r| {
@@ -74,6 +77,7 @@ fn load_secrets(c: &Connection, id: &str) -> Result<Vec<StoredSecret>, LedgerErr
             secret: r.get(0)?,
             created_ms: r.get(1)?,
             expires_ms: r.get(2)?,
+            signing_key: r.get(3)?,
         })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
@@ -109,30 +113,33 @@ pub fn list_subscribers(c: &Connection) -> Result<Vec<Subscriber>, LedgerError> 
 /// What `create_subscriber` and `update_subscriber` both bind, in one order: ?1 id, ?2 url,
 /// ?3 event_types (JSON), ?4 rate_per_sec, ?5 burst, ?6 max_in_flight, ?7 timeout_ms, ?8 lane,
 /// ?9 legacy_signature, ?10 the time of the change, ?11 customer, ?12 filter (JSON or NULL),
-/// ?13 payload, ?14 ordering, ?15 ordering_key, ?16 propagate_trace.
+/// ?13 payload, ?14 ordering, ?15 ordering_key, ?16 propagate_trace, ?17 signature.
 fn definition_params<'a>(
     s: &'a Subscriber,
     event_types_json: &'a str,
     at_ms: i64,
 ) -> impl rusqlite::Params + 'a {
-    (
-        s.id.as_str(),
-        s.url.as_str(),
-        event_types_json,
-        s.limits.rate_per_sec,
-        s.limits.burst,
-        s.limits.max_in_flight,
-        s.limits.timeout_ms as i64,
-        s.lane.as_str(),
-        s.legacy_signature,
-        at_ms,
-        s.customer.as_deref(),
-        filter_column(s),
-        s.payload.as_str(),
-        s.ordering.as_str(),
-        s.ordering_key.as_deref(),
-        s.propagate_trace,
-    )
+    // More than the 16 a tuple binds: boxed, in this order.
+    let params: Vec<Box<dyn rusqlite::ToSql + 'a>> = vec![
+        Box::new(s.id.as_str()),
+        Box::new(s.url.as_str()),
+        Box::new(event_types_json),
+        Box::new(s.limits.rate_per_sec),
+        Box::new(s.limits.burst),
+        Box::new(s.limits.max_in_flight),
+        Box::new(s.limits.timeout_ms as i64),
+        Box::new(s.lane.as_str()),
+        Box::new(s.legacy_signature),
+        Box::new(at_ms),
+        Box::new(s.customer.as_deref()),
+        Box::new(filter_column(s)),
+        Box::new(s.payload.as_str()),
+        Box::new(s.ordering.as_str()),
+        Box::new(s.ordering_key.as_deref()),
+        Box::new(s.propagate_trace),
+        Box::new(s.signature.as_str()),
+    ];
+    rusqlite::params_from_iter(params)
 }
 
 use crate::ledger::subscribers::{filter_column, filter_from_column};
@@ -142,8 +149,13 @@ fn event_types_json(s: &Subscriber) -> String {
 }
 
 /// Insert a new subscriber (or bring back a removed one under the same id) with its first
-/// secret.
-pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result<(), LedgerError> {
+/// secret (and signing key).
+pub fn create_subscriber(
+    c: &Connection,
+    s: &Subscriber,
+    secret: impl Into<NewSecret>,
+) -> Result<(), LedgerError> {
+    let secret = secret.into();
     let existing: Option<(Option<i64>, Option<String>)> = c
         .prepare_cached("SELECT deleted_ms, customer FROM subscribers WHERE id = ?1")?
         .query_row([&s.id], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -172,14 +184,11 @@ pub fn create_subscriber(c: &Connection, s: &Subscriber, secret: &str) -> Result
     c.prepare_cached(
         "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
              timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
-             payload, ordering, ordering_key, propagate_trace)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+             payload, ordering, ordering_key, propagate_trace, signature)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
     )?
     .execute(definition_params(s, &event_types_json(s), s.created_ms))?;
-    c.prepare_cached(
-        "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES (?1, ?2, ?3)",
-    )?
-    .execute(params![s.id, secret, s.created_ms])?;
+    insert_secret(c, &s.id, &secret, s.created_ms)?;
     Ok(())
 }
 
@@ -199,13 +208,38 @@ pub fn update_subscriber(c: &Connection, s: &Subscriber) -> Result<(), LedgerErr
             "UPDATE subscribers SET url = ?2, event_types = ?3, rate_per_sec = ?4, burst = ?5,
                  max_in_flight = ?6, timeout_ms = ?7, lane = ?8, legacy_signature = ?9,
                  updated_ms = ?10, customer = ?11, filter = ?12, payload = ?13, ordering = ?14,
-                 ordering_key = ?15, propagate_trace = ?16
+                 ordering_key = ?15, propagate_trace = ?16, signature = ?17
              WHERE id = ?1 AND deleted_ms IS NULL",
         )?
         .execute(definition_params(s, &event_types_json(s), s.updated_ms))?;
     if n == 0 {
         return Err(LedgerError::NotFound(format!("subscriber {}", s.id)));
     }
+    // A generation given its first signing key by the change (a switch to Ed25519).
+    for g in &s.secrets {
+        if let Some(key) = &g.signing_key {
+            c.prepare_cached(
+                "UPDATE subscriber_secrets SET signing_key = ?3
+                 WHERE subscriber_id = ?1 AND secret = ?2 AND signing_key IS NULL",
+            )?
+            .execute(params![s.id, g.secret, key])?;
+        }
+    }
+    Ok(())
+}
+
+/// One generation of a subscriber's secrets: the HMAC secret and its signing key.
+fn insert_secret(
+    c: &Connection,
+    id: &str,
+    secret: &NewSecret,
+    now_ms: i64,
+) -> Result<(), LedgerError> {
+    c.prepare_cached(
+        "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms, signing_key)
+         VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![id, secret.secret, now_ms, secret.signing_key])?;
     Ok(())
 }
 
@@ -234,10 +268,11 @@ pub fn delete_subscriber(c: &Connection, id: &str, now_ms: i64) -> Result<u64, L
 pub fn rotate_secret(
     c: &Connection,
     id: &str,
-    secret: &str,
+    secret: impl Into<NewSecret>,
     now_ms: i64,
     grace_ms: i64,
 ) -> Result<(), LedgerError> {
+    let secret = secret.into();
     get_subscriber(c, id)?;
     let (current_ms, rotated_before): (Option<i64>, bool) = c
         .prepare_cached(
@@ -260,10 +295,7 @@ pub fn rotate_secret(
          WHERE subscriber_id = ?1 AND expires_ms IS NULL",
         params![id, now_ms + grace_ms],
     )?;
-    c.execute(
-        "INSERT INTO subscriber_secrets (subscriber_id, secret, created_ms) VALUES (?1, ?2, ?3)",
-        params![id, secret, now_ms],
-    )?;
+    insert_secret(c, id, &secret, now_ms)?;
     c.execute(
         "UPDATE subscribers SET updated_ms = ?2 WHERE id = ?1",
         params![id, now_ms],
@@ -293,11 +325,11 @@ impl Subscribers for Ledger {
     async fn create_subscriber(
         &self,
         s: Subscriber,
-        secret: String,
+        secret: NewSecret,
     ) -> Result<Subscriber, LedgerError> {
         self.tx(move |c| {
             check_customer_exists(c, s.customer.as_deref())?;
-            create_subscriber(c, &s, &secret)?;
+            create_subscriber(c, &s, secret)?;
             get_subscriber(c, &s.id)
         })
         .await
@@ -360,14 +392,14 @@ impl Subscribers for Ledger {
     async fn rotate_secret(
         &self,
         id: String,
-        secret: String,
+        secret: NewSecret,
         now_ms: i64,
         grace_ms: i64,
         scope: Option<String>,
     ) -> Result<(), LedgerError> {
         self.tx(move |c| {
             visible_subscriber(c, &id, scope.as_deref())?;
-            rotate_secret(c, &id, &secret, now_ms, grace_ms)
+            rotate_secret(c, &id, secret, now_ms, grace_ms)
         })
         .await
     }

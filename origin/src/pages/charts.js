@@ -22,6 +22,7 @@ window.FanoutCharts = (() => {
       ['deferred', 'deferred', '#b8860b'],
       ['rejected', 'rejected', '#6a1b9a'],
     ], (p, field, v) => p[field] / (v.bucket_ms / 1000)],
+    // Latencies exist only where results came in: dots, so a lone bucket shows.
     ['latency', 'Latency (ms), p50 and p99', [
       ['p50_ms', 'p50', '#1565c0'],
       ['p99_ms', 'p99', '#ad1457'],
@@ -58,7 +59,8 @@ window.FanoutCharts = (() => {
     };
   }
 
-  function chartOptions(title, series, width, view) {
+  function chartOptions(key, title, series, width, view) {
+    const dots = key === 'latency';
     const scales = { x: { time: true } };
     const axes = [{}, { scale: 'y', size: 48 }];
     if (series.some((s) => s[3] === 'age')) {
@@ -78,7 +80,7 @@ window.FanoutCharts = (() => {
         width: 1.5,
         scale: scale ?? 'y',
         spanGaps: false,
-        points: { show: false },
+        points: dots ? { show: true, size: 5, fill: colour } : { show: false },
       }))],
     };
   }
@@ -108,7 +110,7 @@ window.FanoutCharts = (() => {
 
     function draw(view) {
       for (const p of plots) p.destroy();
-      plots = CHARTS.map(([, title, series, value], i) => {
+      plots = CHARTS.map(([key, title, series, value], i) => {
         const box = boxes[i];
         const width = Math.max(240, box.clientWidth || root.clientWidth || 300);
         const xs = view.points.map((p) => p.t_ms / 1000);
@@ -117,18 +119,19 @@ window.FanoutCharts = (() => {
           return v == null ? null : v;
         }))];
         box.replaceChildren();
-        return new window.uPlot(chartOptions(title, series, width, view), data, box);
+        return new window.uPlot(chartOptions(key, title, series, width, view), data, box);
       });
     }
 
     function summarize(view) {
       const pts = view.points;
-      const p = pts[pts.length - 1];
-      if (!p) return '';
-      const secs = view.bucket_ms / 1000;
-      const rate = ((p.delivered ?? 0) / secs).toFixed(1);
-      return `Latest ${secs} s: ${rate}/s delivered, ${p.failed} failed, backlog ${p.backlog}, `
-        + `oldest pending ${Math.round(p.oldest_age_ms / 1000)} s, in flight ${p.in_flight} of ${p.cap}.`;
+      if (!pts.length) return '';
+      const sum = (f) => pts.reduce((n, p) => n + (p[f] ?? 0), 0);
+      const now = pts[pts.length - 1];
+      const span = view.window === '1d' ? 'last day' : 'last hour';
+      return `${span}: ${sum('delivered')} delivered, ${sum('failed')} failed, ${sum('deferred')} deferred; `
+        + `latest bucket: backlog ${now.backlog}, oldest pending ${Math.round(now.oldest_age_ms / 1000)} s, `
+        + `in flight ${now.in_flight} of ${now.cap}.`;
     }
 
     async function load() {

@@ -97,6 +97,7 @@ pub async fn run(
 
 /// The flush task while the daemon serves. It is stopped after the dispatcher, so the last
 /// results are flushed too.
+#[derive(Debug)]
 pub struct Running {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,

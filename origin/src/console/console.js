@@ -248,6 +248,18 @@
       allLabel: 'all subscribers',
     });
     await charts.load();
+    followCharts();
+  }
+
+  /** Redraw the charts as each 10 s bucket is flushed, while the page shows them. */
+  function followCharts() {
+    clearTimeout(pollTimer);
+    pollTimer = setTimeout(() => {
+      if ($('#charts-view').hidden) return;
+      charts.load().catch(() => {}).finally(() => {
+        if (!$('#charts-view').hidden) followCharts();
+      });
+    }, 10_000);
   }
 
   async function openCustomers() {

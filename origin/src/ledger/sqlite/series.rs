@@ -185,5 +185,13 @@ mod tests {
         assert!(read_series(&c, FINE_MS, 0, 2 * FINE_MS, None, Some("acme"))
             .unwrap()
             .is_empty());
+        // Retention: buckets before the cut-off go, in bounded steps; later ones stay.
+        let purge = super::super::retention::purge_series;
+        assert_eq!(purge(&c, FINE_MS, FINE_MS, 1).unwrap(), 1);
+        assert_eq!(purge(&c, FINE_MS, FINE_MS, 10).unwrap(), 1);
+        assert_eq!(purge(&c, FINE_MS, FINE_MS, 10).unwrap(), 0);
+        let left = read_series(&c, FINE_MS, 0, 2 * FINE_MS, None, None).unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].bucket_ms, FINE_MS);
     }
 }

@@ -352,6 +352,7 @@ async function paired(n, sink) {
     console.log(`| ${k} | ${a50.toFixed(2)} | ${b50.toFixed(2)} | ${(b50 / a50).toFixed(2)}× | ${a99.toFixed(2)} | ` +
       `${b99.toFixed(2)} | ${(b99 / a99).toFixed(2)}× |`);
   }
+  if (RATE_ROUNDS === 0) return;
   console.log(`\nrates, ${RATE_ROUNDS} rounds alternating (medians; per round in brackets):`);
   console.log('| rate | empty | big | ratio |');
   console.log('| --- | --: | --: | --: |');

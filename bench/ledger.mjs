@@ -17,6 +17,8 @@
 //   scrape   GET /metrics, 30 times: median and max
 //   stats    GET /v1/subscribers?stats=true, 30 times: median
 //   dead     GET /v1/deliveries?status=dead&limit=100, 200 times: p50 and p99
+//   series   (--paired) GET /v1/series?window=1h and 1d over the charts' buckets every
+//            ledger holds alike (seeded full: 2 h of 10 s and 2 days of 5 min, 5 subscribers)
 //   ingest   bench/ingest, 4 connections, batches of 100, fan-out 5, subscribers held: events/s
 //   origin   the five subscribers released at once (rate 1e6/s) on the backlog ingest left:
 //            origin-lane deliveries/s until bench/sink has received all of it
@@ -113,6 +115,7 @@ async function makeLedger(db, deliveries, sink) {
     if (res.status !== 201) throw new Error(`subscriber: ${res.status} ${await res.text()}`);
   }
   await o.stop();
+  seedSeries(db);
   if (deliveries === 0) return 0;
   const events = Math.ceil(deliveries / SUBSCRIBERS);
   const t0 = Date.now() - 86_400_000;
@@ -138,6 +141,20 @@ async function makeLedger(db, deliveries, sink) {
     PRAGMA journal_mode = WAL;
   `);
   return (Date.now() - started) / 1000;
+}
+
+/** The charts' buckets of the five subscribers, every one full: two hours of 10 s buckets and
+ * two days of 5 min ones (what retention keeps), the same in every ledger whatever its size. */
+function seedSeries(db) {
+  const hist = JSON.stringify(Array.from({ length: 66 }, (_, i) => (i >= 20 && i < 30 ? 10 : 0)));
+  const subs = Array.from({ length: SUBSCRIBERS }, (_, k) => `SELECT ${k} AS k`).join(' UNION ALL ');
+  const rows = (res, n) => `
+    WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < ${n - 1})
+    INSERT OR REPLACE INTO series (resolution_ms, bucket_ms, subscriber_id, delivered, failed, deferred, rejected,
+      latency, backlog, oldest_age_ms, in_flight, cap, paused, breaker_open)
+      SELECT ${res}, (${Date.now()} / ${res} - i) * ${res}, 'sub_' || s.k, 100, 1, 0, 0, '${hist}', 5, 1000, 3, 100, 0, 0
+      FROM n CROSS JOIN (${subs}) s;`;
+  sqlite(db, `BEGIN; ${rows(10_000, 720)} ${rows(300_000, 576)} COMMIT;`);
 }
 
 // ---------- measurements ----------
@@ -282,6 +299,8 @@ async function paired(n, sink) {
     scrape: (o) => fetch(`${o.url}/metrics`),
     stats: (o) => o.api('/v1/subscribers?stats=true'),
     dead: (o) => o.api('/v1/deliveries?status=dead&limit=100'),
+    'series 1h': (o) => o.api('/v1/series?window=1h'),
+    'series 1d': (o) => o.api('/v1/series?window=1d'),
   };
   const times = Object.fromEntries(Object.keys(kinds).map((k) => [k, [[], []]]));
   const rates = { ingest: [[], []], ingestP99: [[], []], origin: [[], []] };
@@ -333,6 +352,7 @@ async function paired(n, sink) {
     console.log(`| ${k} | ${a50.toFixed(2)} | ${b50.toFixed(2)} | ${(b50 / a50).toFixed(2)}× | ${a99.toFixed(2)} | ` +
       `${b99.toFixed(2)} | ${(b99 / a99).toFixed(2)}× |`);
   }
+  if (RATE_ROUNDS === 0) return;
   console.log(`\nrates, ${RATE_ROUNDS} rounds alternating (medians; per round in brackets):`);
   console.log('| rate | empty | big | ratio |');
   console.log('| --- | --: | --: | --: |');

@@ -387,6 +387,8 @@ test('console: Revoke portal links ends every link issued for that customer so f
 
   const { page, problems, dialogs } = await openPage(browser);
   await signIn(page, origin);
+  await page.locator('#subscribers-view:not([hidden])').waitFor();
+  await page.click('#nav a[data-view=customers]');
   const row = page.locator('#cus-table tr[data-customer="acme"]');
   await row.waitFor();
   await row.locator('button[data-action=revoke-links]').click();

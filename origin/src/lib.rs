@@ -31,6 +31,7 @@ pub mod payload;
 pub mod portal;
 pub mod redact;
 pub mod retention;
+pub mod series;
 pub mod server;
 pub mod term;
 pub mod time;
@@ -258,6 +259,7 @@ async fn serve(
         metrics.clone(),
         stop_rx.clone(),
     ));
+    let series_task = series::Running::start(store.clone(), metrics.clone(), cfg.breaker);
     let outbox_task = start_outbox(
         &cfg,
         outbox::Daemon {
@@ -334,6 +336,7 @@ async fn serve(
     if let Err(e) = retention_task.await {
         tracing::error!(error = %e, "the retention task failed");
     }
+    series_task.stop().await;
     if let Some(task) = outbox_task {
         if let Err(e) = task.await {
             tracing::error!(error = %e, "the outbox task failed");

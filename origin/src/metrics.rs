@@ -58,6 +58,8 @@ type ResultKey = (Arc<str>, &'static str, &'static str);
 pub struct Metrics {
     /// Results by (subscriber, lane, outcome).
     results: Mutex<BTreeMap<ResultKey, u64>>,
+    /// The charts' tallies since the last flush (`crate::series`).
+    pub series: crate::series::acc::Accumulator,
     latency: [Histogram; 2],
     edge_deferrals: [AtomicU64; 4],
     edge_configured: bool,
@@ -283,10 +285,12 @@ impl Metrics {
             DeliveryResult::Failed { latency_ms, .. } => *latency_ms,
             DeliveryResult::Rejected { .. } => None,
         };
-        if let Some(ms) = latency.or(measured_latency_ms) {
+        let latency = latency.or(measured_latency_ms);
+        if let Some(ms) = latency {
             let i = usize::from(edge);
             self.latency[i].observe(ms);
         }
+        self.series.record(subscriber, result, latency);
     }
 
     /// The whole exposition.

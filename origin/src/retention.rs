@@ -15,6 +15,7 @@ use crate::ledger::retention::{self as purge, Finished, Removed, Retention as Pu
 use crate::ledger::LedgerError;
 /// Kept with the daemon's other counters; named here too, where the task fills it.
 pub use crate::metrics::RetentionStats;
+use crate::series::buckets::{COARSE_MS, FINE_MS, KEEP_COARSE_MS, KEEP_FINE_MS};
 
 pub const DEFAULT_RETAIN_SENT_MS: i64 = 7 * 86_400_000;
 pub const DEFAULT_RETAIN_DEAD_MS: i64 = 30 * 86_400_000;
@@ -84,6 +85,8 @@ impl Retention {
 pub struct Plan {
     pub finished: Vec<(Finished, i64)>,
     pub events_before_ms: Option<i64>,
+    /// The charts' rows to trim: (bucket size, cut-off), whatever the delivery windows.
+    pub series: Vec<(i64, i64)>,
 }
 
 pub fn plan(r: &Retention, now_ms: i64) -> Plan {
@@ -98,6 +101,10 @@ pub fn plan(r: &Retention, now_ms: i64) -> Plan {
     Plan {
         finished,
         events_before_ms: cut(r.sent_ms),
+        series: vec![
+            (FINE_MS, now_ms.saturating_sub(KEEP_FINE_MS)),
+            (COARSE_MS, now_ms.saturating_sub(KEEP_COARSE_MS)),
+        ],
     }
 }
 
@@ -146,6 +153,11 @@ pub async fn pass(
             tokio::time::sleep(BETWEEN_STEPS).await;
         }
     }
+    for (resolution, cutoff) in p.series {
+        while ledger.purge_series(resolution, cutoff, MAX_BATCH).await? as usize >= MAX_BATCH {
+            tokio::time::sleep(BETWEEN_STEPS).await;
+        }
+    }
     ledger.mark_retention_run(now_ms).await?;
     Ok(total)
 }
@@ -158,9 +170,8 @@ pub async fn run(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let stats = &metrics.retention;
-    let Some(every) = retention.every() else {
-        return;
-    };
+    // Kept forever, finished deliveries are never purged, but the charts' rows still are.
+    let every = retention.every().unwrap_or(Duration::from_secs(60));
     loop {
         match pass(&ledger, &retention, crate::time::now_ms(), stats, BATCH).await {
             Ok(r) if r != Removed::default() => tracing::info!(
@@ -209,6 +220,8 @@ mod tests {
     #[test]
     fn plan_table() {
         let day = 86_400_000;
+        // The charts' rows: fine ones kept two hours, coarse ones two days.
+        let series = vec![(FINE_MS, 100 * day - 2 * 3_600_000), (COARSE_MS, 98 * day)];
         let cases: Vec<(Retention, Plan)> = vec![
             (
                 Retention::default(),
@@ -218,6 +231,7 @@ mod tests {
                         (Finished::Dead, 100 * day - 30 * day),
                     ],
                     events_before_ms: Some(93 * day),
+                    series: series.clone(),
                 },
             ),
             (
@@ -228,6 +242,7 @@ mod tests {
                 Plan {
                     finished: vec![(Finished::Dead, 99 * day)],
                     events_before_ms: None,
+                    series: series.clone(),
                 },
             ),
             (
@@ -238,6 +253,7 @@ mod tests {
                 Plan {
                     finished: vec![],
                     events_before_ms: None,
+                    series: series.clone(),
                 },
             ),
         ];

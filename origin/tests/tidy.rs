@@ -95,6 +95,16 @@ const DELETES_ALLOWED: &[(&str, &str, &str)] = &[
         "retention on PostgreSQL: the attempts of a delivery it removes",
     ),
     (
+        "ledger/sqlite/retention.rs",
+        "series",
+        "retention: the charts' buckets past their window (two hours fine, two days coarse)",
+    ),
+    (
+        "ledger/postgres/retention.rs",
+        "series",
+        "retention on PostgreSQL: as ledger/sqlite/retention.rs (the charts' buckets past their window)",
+    ),
+    (
         "ledger/postgres/retention.rs",
         "events",
         "retention on PostgreSQL: an event no delivery refers to any more",
@@ -507,6 +517,7 @@ const PURE: &[&str] = &[
     "origin/src/customer",
     "origin/src/alert/rules",
     "origin/src/cli/listen/reply",
+    "origin/src/series/buckets",
     "src/breaker",
     "src/bucket",
     "src/edge_limits",

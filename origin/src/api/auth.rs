@@ -42,6 +42,7 @@ const PORTAL_ROUTES: &[(Method, &str)] = &[
     (Method::POST, "/v1/deliveries/{id}/replay"),
     (Method::POST, "/v1/replay"),
     (Method::POST, "/v1/filters/test"),
+    (Method::GET, "/v1/series"),
 ];
 
 /// The subscriber fields a portal token may change: pause and resume, the content filter, and

@@ -1,5 +1,5 @@
 //! The HTTP API: producers' `POST /v1/events`, subscriber administration, deliveries,
-//! replay, customers and their portal links, content filters' test, health and metrics. This file only routes: each
+//! replay, customers and their portal links, content filters' test, the charts' series, health and metrics. This file only routes: each
 //! resource is one file whose handlers parse and validate (pure), apply one ledger operation,
 //! then tell the dispatcher what changed. Errors become responses in one place (`error`).
 //! The API names no ledger backend: it speaks to the ledger's contract only.
@@ -15,6 +15,7 @@ mod filters;
 mod health;
 mod openapi;
 mod portal_links;
+mod series;
 mod state;
 mod stats;
 pub(crate) mod subscriber_input;
@@ -35,6 +36,7 @@ pub fn router(state: AppState) -> Router {
         .merge(delivery_routes())
         .route("/v1/retention", get(health::retention))
         .route("/v1/outbox", get(health::outbox))
+        .route("/v1/series", get(series::series))
         .route("/v1/filters/test", post(filters::test_filter))
         .merge(customers::routes())
         .merge(portal_links::routes())

@@ -67,6 +67,11 @@ mod tests {
         let mut expected = vec![
             "GET /",
             "GET /common.js",
+            "GET /charts.js",
+            "GET /vendor/uPlot.iife.min.js",
+            "GET /vendor/uPlot.min.css",
+            "GET /vendor/uPlot.LICENSE.txt",
+            "GET /v1/series",
             "GET /console.css",
             "GET /console.js",
             "GET /healthz",

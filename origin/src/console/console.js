@@ -50,7 +50,7 @@
   // ------------------------------------------------------------------------------------------
   // Sign in / out and routing
 
-  const VIEWS = ['signin', 'subscribers', 'deliveries', 'delivery'];
+  const VIEWS = ['signin', 'subscribers', 'deliveries', 'delivery', 'charts', 'customers'];
   let pollTimer = null;
 
   function show(view) {
@@ -110,7 +110,11 @@
       ? openDelivery(decodeURIComponent(m[1]))
       : path.startsWith('/deliveries')
         ? openDeliveries(params)
-        : openSubscribers();
+        : path === '/charts'
+          ? openCharts()
+          : path === '/customers'
+            ? openCustomers()
+            : openSubscribers();
     run.catch((e) => {
       if (e.status !== 401) flash(e.message, 'error');
     });
@@ -128,19 +132,15 @@
   }
 
   async function loadSubscribers() {
-    const [data, retention, customers, outbox] = await Promise.all([
+    const [data, retention, outbox] = await Promise.all([
       api('GET', '/v1/subscribers?stats=true'),
       api('GET', '/v1/retention'),
-      api('GET', '/v1/customers'),
       api('GET', '/v1/outbox'),
     ]);
     if ($('#subscribers-view').hidden) return;
     $('#retention').textContent = retentionText(retention);
     $('#outbox').hidden = !outbox.outbox;
     $('#outbox').textContent = outbox.outbox ? outboxText(outbox) : '';
-    const cs = customers.customers ?? [];
-    $('#cus-table tbody').replaceChildren(...cs.map(customerRow));
-    $('#customers').hidden = cs.length === 0;
     subscribers = data.subscribers ?? [];
     // Ordered subscribers: the keys their failing heads hold back (GET …/held).
     await Promise.all(subscribers.filter((s) => s.ordering && s.ordering !== 'none').map(async (s) => {
@@ -254,16 +254,85 @@
         k.head ? ` (${k.head.status}, ${fmtNum(k.head.attempt_count)} attempts${k.head.last_error ? `: ${k.head.last_error}` : ''})` : '')));
   }
 
-  function customerRow(c) {
+  // ------------------------------------------------------------------------------------------
+  // Charts and customers
+
+  let charts = null;
+
+  async function openCharts() {
+    show('charts');
+    charts ??= window.FanoutCharts.mount($('#charts'), {
+      call: api,
+      subscribers: async () => (await api('GET', '/v1/subscribers')).subscribers.map((s) => s.id),
+      allLabel: 'all subscribers',
+    });
+    await charts.load();
+    followCharts();
+  }
+
+  /** Redraw the charts as each 10 s bucket is flushed, while the page shows them. */
+  function followCharts() {
+    clearTimeout(pollTimer);
+    pollTimer = setTimeout(() => {
+      if ($('#charts-view').hidden) return;
+      charts.load().catch(() => {}).finally(() => {
+        if (!$('#charts-view').hidden) followCharts();
+      });
+    }, 10_000);
+  }
+
+  async function openCustomers() {
+    show('customers');
+    await loadCustomers();
+  }
+
+  /** Each customer with its endpoints and its share of the dispatcher now: its deliveries in
+   * flight against all in flight (the fair share, `dispatch/fair.rs`, follows the weights). */
+  async function loadCustomers() {
+    const [customers, subs] = await Promise.all([api('GET', '/v1/customers'), api('GET', '/v1/subscribers?stats=true')]);
+    if ($('#customers-view').hidden) return;
+    const all = subs.subscribers ?? [];
+    const total = all.reduce((n, s) => n + (s.stats?.in_flight ?? 0), 0);
+    const cs = customers.customers ?? [];
+    $('#cus-table tbody').replaceChildren(...cs.map((c) => {
+      const own = all.filter((s) => s.customer === c.id);
+      const inFlight = own.reduce((n, s) => n + (s.stats?.in_flight ?? 0), 0);
+      return customerRow(c, own, inFlight, total);
+    }));
+    $('#cus-empty').hidden = cs.length > 0;
+    $('#cus-table').hidden = cs.length === 0;
+  }
+
+  function customerRow(c, own, inFlight, total) {
+    const share = total ? `${Math.round((100 * inFlight) / total)}%` : '0%';
     return h(
       'tr',
       { 'data-customer': c.id },
       h('td', null, h('div', { class: 'id' }, c.id)),
-      h('td', { class: 'num' }, fmtNum(c.weight)),
-      h('td', { class: 'num' }, c.max_in_flight == null ? '' : fmtNum(c.max_in_flight)),
-      h('td', { class: 'num' }, fmtNum(c.subscribers ?? 0)),
-      h('td', null, h('button', { type: 'button', class: 'danger', 'data-action': 'revoke-links', onclick: (ev) => revokeLinks(c, ev.currentTarget) }, 'Revoke portal links')),
+      h('td', { class: 'num', 'data-field': 'weight' }, fmtNum(c.weight)),
+      h('td', { class: 'num', 'data-field': 'cap' }, c.max_in_flight == null ? 'none' : fmtNum(c.max_in_flight)),
+      h('td', { class: 'small', 'data-field': 'endpoints' }, own.length ? own.map((s) => h('div', { class: 'id' }, s.id)) : h('span', { class: 'muted' }, 'none')),
+      h('td', { class: 'num', 'data-field': 'share' }, h('div', null, share), h('div', { class: 'muted small' }, `${fmtNum(inFlight)} of ${fmtNum(total)} in flight`)),
+      h('td', null, h('div', { class: 'sub-actions' },
+        h('button', { type: 'button', 'data-action': 'portal-link', onclick: (ev) => issueLink(c, ev.currentTarget) }, 'Portal link'),
+        h('button', { type: 'button', class: 'danger', 'data-action': 'revoke-links', onclick: (ev) => revokeLinks(c, ev.currentTarget) }, 'Revoke portal links'))),
     );
+  }
+
+  /** POST …/portal: a link to this customer's portal, shown once. */
+  async function issueLink(c, button) {
+    button.disabled = true;
+    try {
+      const link = await api('POST', `/v1/customers/${encodeURIComponent(c.id)}/portal`, {});
+      $('#portal-link-for').textContent = c.id;
+      $('#portal-link-until').textContent = fmtTime(link.expires_at_ms);
+      $('#portal-link-url').textContent = link.url;
+      $('#portal-link-box').hidden = false;
+    } catch (e) {
+      if (e.status !== 401) flash(e.message, 'error');
+    } finally {
+      button.disabled = false;
+    }
   }
 
   /** POST …/portal/revoke: every link issued for this customer so far stops working. */
@@ -649,6 +718,12 @@
     $('#secret-dismiss').addEventListener('click', () => {
       $('#secret-value').textContent = '';
       $('#secret-box').hidden = true;
+    });
+    $('#charts-refresh').addEventListener('click', () => charts?.load().catch((e) => flash(e.message, 'error')));
+    $('#cus-refresh').addEventListener('click', () => loadCustomers().catch((e) => flash(e.message, 'error')));
+    $('#portal-link-dismiss').addEventListener('click', () => {
+      $('#portal-link-url').textContent = '';
+      $('#portal-link-box').hidden = true;
     });
     $('#dl-filter').addEventListener('submit', onFilter);
     $('#dl-bulk').addEventListener('click', onBulkReplay);

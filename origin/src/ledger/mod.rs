@@ -23,6 +23,7 @@ pub mod postgres;
 pub mod retention;
 pub mod scope;
 pub mod sequence;
+pub mod series;
 pub mod sqlite;
 pub mod stats;
 pub mod store;

@@ -72,6 +72,15 @@ pub trait Retention {
         batch: usize,
     ) -> impl Future<Output = Result<Option<(u64, bool, Duration)>, LedgerError>> + Send;
 
+    /// One step of trimming the charts' series: up to `batch` rows of resolution
+    /// `resolution_ms` older than `cutoff_ms` removed; how many.
+    fn purge_series(
+        &self,
+        resolution_ms: i64,
+        cutoff_ms: i64,
+        batch: usize,
+    ) -> impl Future<Output = Result<u64, LedgerError>> + Send;
+
     /// Note that the retention pass run at `now_ms` has completed.
     fn mark_retention_run(
         &self,

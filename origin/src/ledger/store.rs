@@ -23,6 +23,7 @@ use super::error::LedgerError;
 use super::postgres::listen;
 use super::postgres::{PgLedger, Rounds};
 use super::retention::{Finished, Removed, Retention, RetentionReport};
+use super::series::SeriesLedger;
 use super::sqlite::owner::{OwnerLock, Taker};
 use super::sqlite::{Ledger, LedgerOptions};
 use super::stats::{MetricsSnapshot, Observe};
@@ -31,6 +32,7 @@ use super::write_state::WriteState;
 use crate::customer::Customer;
 use crate::keyring::NewSecret;
 use crate::model::{InFlight, Share, Subscriber};
+use crate::series::buckets::SeriesRow;
 
 /// A ledger, whichever backend holds it. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -259,6 +261,15 @@ impl Retention for Store {
             -> Result<Option<(Removed, Duration)>, LedgerError>;
         fn sweep_events(&self, cutoff_ms: i64, batch: usize) -> Result<Option<(u64, bool, Duration)>, LedgerError>;
         fn mark_retention_run(&self, now_ms: i64) -> Result<(), LedgerError>;
+        fn purge_series(&self, resolution_ms: i64, cutoff_ms: i64, batch: usize) -> Result<u64, LedgerError>;
+    }
+}
+
+impl SeriesLedger for Store {
+    forward! { SeriesLedger:
+        fn add_series(&self, rows: Vec<SeriesRow>) -> Result<(), LedgerError>;
+        fn read_series(&self, resolution_ms: i64, from_ms: i64, to_ms: i64, subscriber: Option<String>, scope: Option<String>)
+            -> Result<Vec<SeriesRow>, LedgerError>;
     }
 }
 

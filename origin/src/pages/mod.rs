@@ -1,6 +1,6 @@
 //! What the console's and the portal's pages share: their common script (`common.js`: the
 //! element builder, the API call, messages, time formatting, status badges), served once at
-//! `/common.js`, and the headers every page asset carries. It holds no page of its own and
+//! `/common.js`, the charts (`charts.js` over the vendored uPlot, `vendor/`, pinned, MIT), and the headers every page asset carries. It holds no page of its own and
 //! reads no ledger. The pages' Content-Security-Policy is written here once: the console's
 //! may never be framed, the portal's by the origins the operator lists.
 
@@ -10,6 +10,11 @@ use axum::routing::get;
 use axum::Router;
 
 const COMMON_JS: &str = include_str!("common.js");
+const CHARTS_JS: &str = include_str!("charts.js");
+/// uPlot 1.6.32 (MIT), vendored from its npm package's `dist/` unchanged: the charts' library.
+const UPLOT_JS: &str = include_str!("vendor/uPlot.iife.min.js");
+const UPLOT_CSS: &str = include_str!("vendor/uPlot.min.css");
+const UPLOT_LICENSE: &str = include_str!("vendor/uPlot.LICENSE");
 
 /// The pages' Content-Security-Policy when nobody may frame them: scripts, styles and API
 /// calls from this origin only, no inline script or style.
@@ -25,20 +30,33 @@ pub fn csp(ancestors: &str) -> String {
     )
 }
 
-/// `/common.js`, for any router state, with the unframed CSP (a script's own CSP governs
-/// nothing; the pages that load it keep theirs).
+/// `/common.js`, `/charts.js` and the vendored uPlot (`/vendor/…`, with its license), for any
+/// router state, with the unframed CSP (a script's own CSP governs nothing; the pages that
+/// load it keep theirs).
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    Router::new().route(
-        "/common.js",
-        get(|| async {
+    let shared = |content_type: &'static str, body: &'static str| {
+        get(move || async move {
             asset(
-                "text/javascript; charset=utf-8",
-                COMMON_JS,
+                content_type,
+                body,
                 HeaderValue::from_static(UNFRAMED_CSP),
                 false,
             )
-        }),
-    )
+        })
+    };
+    const JS: &str = "text/javascript; charset=utf-8";
+    Router::new()
+        .route("/common.js", shared(JS, COMMON_JS))
+        .route("/charts.js", shared(JS, CHARTS_JS))
+        .route("/vendor/uPlot.iife.min.js", shared(JS, UPLOT_JS))
+        .route(
+            "/vendor/uPlot.min.css",
+            shared("text/css; charset=utf-8", UPLOT_CSS),
+        )
+        .route(
+            "/vendor/uPlot.LICENSE.txt",
+            shared("text/plain; charset=utf-8", UPLOT_LICENSE),
+        )
 }
 
 /// A static page asset with its type, its CSP, and the headers every page asset carries:

@@ -406,6 +406,13 @@
       await Promise.all([loadEndpoints(), loadDeliveries()]);
       $('#endpoints-view').hidden = false;
       $('#deliveries-view').hidden = false;
+      $('#charts-view').hidden = false;
+      // This customer's endpoints only: the API scopes the series to the link's customer.
+      await window.FanoutCharts.mount($('#charts'), {
+        call,
+        subscribers: async () => endpoints.map((s) => s.id),
+        allLabel: 'all endpoints',
+      }).load();
     } catch (e) {
       if (e.status !== 401) report(e);
     }

@@ -31,7 +31,7 @@
 //! rows first, in id order; delivery rows are skipped when locked), so claims never deadlock.
 //!
 //! Files by subject: `subscribers.rs`, `deliveries.rs`, `customers.rs`, `retention.rs`,
-//! `stats.rs` (the contract's traits), `ingest.rs` (with `group.rs`, its group commit), `leases.rs` (claims and results),
+//! `series.rs` (the charts' buckets), `stats.rs` (the contract's traits), `ingest.rs` (with `group.rs`, its group commit), `leases.rs` (claims and results),
 //! `health.rs`, `dispatch.rs` (`DispatchLedger`: turns, lease renewal, the share), `rows.rs`
 //! (rows read into the contract's types), `shared.rs` (the shared limiter's
 //! arithmetic, pure), `schema.rs`; the server's own machinery: `ledger.rs` (the handle and its
@@ -211,6 +211,7 @@ mod ordered;
 mod retention;
 mod rows;
 mod schema;
+mod series;
 mod shared;
 mod statistics;
 mod stats;

@@ -302,4 +302,25 @@ impl Retention for PgLedger {
     async fn mark_retention_run(&self, now_ms: i64) -> Result<(), LedgerError> {
         self.mark_retention_run(now_ms).await
     }
+
+    /// Remove up to `batch` of the charts' rows of one resolution older than `cutoff_ms`, the
+    /// oldest first; rows another daemon's flush holds are left for the next pass.
+    async fn purge_series(
+        &self,
+        resolution_ms: i64,
+        cutoff_ms: i64,
+        batch: usize,
+    ) -> Result<u64, LedgerError> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "DELETE FROM series WHERE (resolution_ms, bucket_ms, subscriber_id) IN
+                     (SELECT resolution_ms, bucket_ms, subscriber_id FROM series
+                      WHERE resolution_ms = $1 AND bucket_ms < $2
+                      ORDER BY bucket_ms LIMIT $3 FOR UPDATE SKIP LOCKED)",
+                &[&resolution_ms, &cutoff_ms, &(batch as i64)],
+            )
+            .await?;
+        Ok(n)
+    }
 }

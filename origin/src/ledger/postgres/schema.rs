@@ -323,6 +323,27 @@ const MIGRATIONS: &[&str] = &[
         CHECK (signature IN ('hmac', 'ed25519', 'both'));
     ALTER TABLE subscriber_secrets ADD COLUMN signing_key TEXT;
     "#,
+    // 11: the charts' series (issue 26, as the SQLite ledger's migration of the same name): one
+    // row per (bucket size, bucket, subscriber), to which every daemon's flushes add.
+    r#"
+    CREATE TABLE series (
+        resolution_ms  BIGINT NOT NULL,
+        bucket_ms      BIGINT NOT NULL,
+        subscriber_id  TEXT NOT NULL,
+        delivered      BIGINT NOT NULL,
+        failed         BIGINT NOT NULL,
+        deferred       BIGINT NOT NULL,
+        rejected       BIGINT NOT NULL,
+        latency        BIGINT[] NOT NULL,
+        backlog        BIGINT NOT NULL,
+        oldest_age_ms  BIGINT NOT NULL,
+        in_flight      BIGINT NOT NULL,
+        cap            BIGINT NOT NULL,
+        paused         BIGINT NOT NULL,
+        breaker_open   BIGINT NOT NULL,
+        PRIMARY KEY (resolution_ms, bucket_ms, subscriber_id)
+    );
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

@@ -8,7 +8,7 @@
 //! Files by subject: `subscribers.rs`, `ingest.rs`, `leases.rs` (the dispatcher's writes),
 //! `deliveries.rs` (lists, replays, test events), `customers.rs`, `limiters.rs`, `health.rs`,
 //! `stats.rs`, `status.rs`,
-//! `retention.rs`, `dispatch.rs` (the contract's `DispatchLedger`), `schema.rs`; the file's own
+//! `retention.rs`, `series.rs` (the charts' buckets), `dispatch.rs` (the contract's `DispatchLedger`), `schema.rs`; the file's own
 //! machinery: `ledger.rs` (the handle), `writer.rs`, `backup.rs`, `owner.rs` (the one daemon's
 //! lock), `files.rs`, `error.rs` (rusqlite's errors into the contract's). Nothing here is
 //! PostgreSQL's, and nothing outside this folder (but the copy command) names rusqlite.
@@ -35,6 +35,7 @@ pub mod owner;
 mod plans;
 mod retention;
 mod schema;
+mod series;
 mod stats;
 mod status;
 mod subscribers;

@@ -228,6 +228,35 @@ impl Retention for Ledger {
     async fn mark_retention_run(&self, now_ms: i64) -> Result<(), LedgerError> {
         self.tx(move |c| mark_run(c, now_ms)).await
     }
+
+    async fn purge_series(
+        &self,
+        resolution_ms: i64,
+        cutoff_ms: i64,
+        batch: usize,
+    ) -> Result<u64, LedgerError> {
+        self.tx(move |c| purge_series(c, resolution_ms, cutoff_ms, batch))
+            .await
+    }
+}
+
+/// Remove up to `batch` of the charts' rows of resolution `resolution_ms` older than
+/// `cutoff_ms` (the oldest first, by the primary key).
+pub fn purge_series(
+    c: &rusqlite::Connection,
+    resolution_ms: i64,
+    cutoff_ms: i64,
+    batch: usize,
+) -> Result<u64, LedgerError> {
+    let n = c
+        .prepare_cached(
+            "DELETE FROM series WHERE (resolution_ms, bucket_ms, subscriber_id) IN
+                 (SELECT resolution_ms, bucket_ms, subscriber_id FROM series
+                  WHERE resolution_ms = ?1 AND bucket_ms < ?2
+                  ORDER BY bucket_ms LIMIT ?3)",
+        )?
+        .execute(rusqlite::params![resolution_ms, cutoff_ms, batch as i64])?;
+    Ok(n as u64)
 }
 
 #[cfg(test)]

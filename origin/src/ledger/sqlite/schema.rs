@@ -278,6 +278,28 @@ const MIGRATIONS: &[Migration] = &[
         CHECK (signature IN ('hmac', 'ed25519', 'both'));
     ALTER TABLE subscriber_secrets ADD COLUMN signing_key TEXT;
     "#),
+    // 11: the charts' series (issue 26, `crate::series`): one row per (bucket size, bucket,
+    // subscriber), added to by each flush; `latency` is the JSON array of the fixed log-scale
+    // histogram's counts. Trimmed by retention (`retention.rs`).
+    Sql(r#"
+    CREATE TABLE series (
+        resolution_ms  INTEGER NOT NULL,
+        bucket_ms      INTEGER NOT NULL,
+        subscriber_id  TEXT NOT NULL,
+        delivered      INTEGER NOT NULL,
+        failed         INTEGER NOT NULL,
+        deferred       INTEGER NOT NULL,
+        rejected       INTEGER NOT NULL,
+        latency        TEXT NOT NULL,
+        backlog        INTEGER NOT NULL,
+        oldest_age_ms  INTEGER NOT NULL,
+        in_flight      INTEGER NOT NULL,
+        cap            INTEGER NOT NULL,
+        paused         INTEGER NOT NULL,
+        breaker_open   INTEGER NOT NULL,
+        PRIMARY KEY (resolution_ms, bucket_ms, subscriber_id)
+    ) WITHOUT ROWID;
+    "#),
 ];
 
 /// Rows copied by one statement when a migration rebuilds a table; its progress is logged

@@ -1,0 +1,197 @@
+//! The charts' series on SQLite: each flush's rows added to the kept ones in one writer
+//! transaction (read, fold with `SeriesRow::absorb`, write: the one writer makes it atomic),
+//! and a window read as one range of the primary key. Trimming is `retention.rs`'s.
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use super::ledger::Ledger;
+use crate::ledger::error::LedgerError;
+use crate::ledger::series::SeriesLedger;
+use crate::series::buckets::{Counts, Gauges, SeriesRow};
+
+const COLUMNS: &str = "resolution_ms, bucket_ms, subscriber_id, delivered, failed, deferred, \
+     rejected, latency, backlog, oldest_age_ms, in_flight, cap, paused, breaker_open";
+
+fn row(r: &Row<'_>) -> rusqlite::Result<SeriesRow> {
+    let latency: String = r.get(7)?;
+    Ok(SeriesRow {
+        resolution_ms: r.get(0)?,
+        bucket_ms: r.get(1)?,
+        subscriber_id: r.get(2)?,
+        counts: Counts {
+            delivered: r.get::<_, i64>(3)? as u64,
+            failed: r.get::<_, i64>(4)? as u64,
+            deferred: r.get::<_, i64>(5)? as u64,
+            rejected: r.get::<_, i64>(6)? as u64,
+        },
+        latency: serde_json::from_str(&latency).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(7, rusqlite::types::Type::Text, Box::new(e))
+        })?,
+        gauges: Gauges {
+            backlog: r.get(8)?,
+            oldest_age_ms: r.get(9)?,
+            in_flight: r.get(10)?,
+            cap: r.get(11)?,
+            paused: r.get(12)?,
+            breaker_open: r.get(13)?,
+        },
+    })
+}
+
+/// Add `rows` to the kept ones.
+pub fn add_series(c: &Connection, rows: &[SeriesRow]) -> Result<(), LedgerError> {
+    let mut get = c.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM series
+         WHERE resolution_ms = ?1 AND bucket_ms = ?2 AND subscriber_id = ?3"
+    ))?;
+    let mut put = c.prepare_cached(&format!(
+        "INSERT OR REPLACE INTO series ({COLUMNS})
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+    ))?;
+    for new in rows {
+        let mut r = get
+            .query_row(
+                params![new.resolution_ms, new.bucket_ms, new.subscriber_id],
+                row,
+            )
+            .optional()?
+            .unwrap_or_else(|| SeriesRow {
+                counts: Counts::default(),
+                latency: Vec::new(),
+                gauges: Gauges::default(),
+                ..new.clone()
+            });
+        r.absorb(new);
+        let latency = serde_json::to_string(&r.latency)
+            .map_err(|e| LedgerError::Invalid(format!("a latency histogram: {e}")))?;
+        let n = |v: u64| v.min(i64::MAX as u64) as i64;
+        put.execute(params![
+            r.resolution_ms,
+            r.bucket_ms,
+            r.subscriber_id,
+            n(r.counts.delivered),
+            n(r.counts.failed),
+            n(r.counts.deferred),
+            n(r.counts.rejected),
+            latency,
+            r.gauges.backlog,
+            r.gauges.oldest_age_ms,
+            r.gauges.in_flight,
+            r.gauges.cap,
+            r.gauges.paused,
+            r.gauges.breaker_open,
+        ])?;
+    }
+    Ok(())
+}
+
+/// The rows of one resolution in `[from, to)`, of one subscriber or of those `scope` sees.
+pub fn read_series(
+    c: &Connection,
+    resolution_ms: i64,
+    from_ms: i64,
+    to_ms: i64,
+    subscriber: Option<&str>,
+    scope: Option<&str>,
+) -> Result<Vec<SeriesRow>, LedgerError> {
+    let mut st = c.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM series
+         WHERE resolution_ms = ?1 AND bucket_ms >= ?2 AND bucket_ms < ?3
+           AND (?4 IS NULL OR subscriber_id = ?4)
+           AND (?5 IS NULL OR subscriber_id IN
+                (SELECT id FROM subscribers WHERE customer = ?5))"
+    ))?;
+    let rows = st
+        .query_map(
+            params![resolution_ms, from_ms, to_ms, subscriber, scope],
+            row,
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows)
+}
+
+impl SeriesLedger for Ledger {
+    async fn add_series(&self, rows: Vec<SeriesRow>) -> Result<(), LedgerError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.tx(move |c| add_series(c, &rows)).await
+    }
+
+    async fn read_series(
+        &self,
+        resolution_ms: i64,
+        from_ms: i64,
+        to_ms: i64,
+        subscriber: Option<String>,
+        scope: Option<String>,
+    ) -> Result<Vec<SeriesRow>, LedgerError> {
+        self.read(move |c| {
+            read_series(
+                c,
+                resolution_ms,
+                from_ms,
+                to_ms,
+                subscriber.as_deref(),
+                scope.as_deref(),
+            )
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::sqlite::test_db;
+    use crate::series::buckets::{FINE_MS, HIST_LEN};
+
+    fn r(sub: &str, bucket: i64, delivered: u64, backlog: i64) -> SeriesRow {
+        let mut latency = vec![0; HIST_LEN];
+        latency[3] = delivered;
+        SeriesRow {
+            resolution_ms: FINE_MS,
+            bucket_ms: bucket,
+            subscriber_id: sub.into(),
+            counts: Counts {
+                delivered,
+                ..Counts::default()
+            },
+            latency,
+            gauges: Gauges {
+                backlog,
+                ..Gauges::default()
+            },
+        }
+    }
+
+    #[test]
+    fn flushes_add_up_and_a_window_is_a_range() {
+        let c = test_db();
+        add_series(&c, &[r("a", 0, 2, 5), r("b", 0, 1, 0)]).unwrap();
+        add_series(&c, &[r("a", 0, 3, 1), r("a", FINE_MS, 7, 0)]).unwrap();
+        let got = read_series(&c, FINE_MS, 0, FINE_MS, Some("a"), None).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].counts.delivered, 5);
+        assert_eq!(got[0].latency[3], 5);
+        assert_eq!(got[0].gauges.backlog, 5);
+        assert_eq!(
+            read_series(&c, FINE_MS, 0, 2 * FINE_MS, None, None)
+                .unwrap()
+                .len(),
+            3
+        );
+        // A customer sees only its own subscribers' rows.
+        assert!(read_series(&c, FINE_MS, 0, 2 * FINE_MS, None, Some("acme"))
+            .unwrap()
+            .is_empty());
+        // Retention: buckets before the cut-off go, in bounded steps; later ones stay.
+        let purge = super::super::retention::purge_series;
+        assert_eq!(purge(&c, FINE_MS, FINE_MS, 1).unwrap(), 1);
+        assert_eq!(purge(&c, FINE_MS, FINE_MS, 10).unwrap(), 1);
+        assert_eq!(purge(&c, FINE_MS, FINE_MS, 10).unwrap(), 0);
+        let left = read_series(&c, FINE_MS, 0, 2 * FINE_MS, None, None).unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].bucket_ms, FINE_MS);
+    }
+}

@@ -1,0 +1,213 @@
+// The charts and the customers page in headless Chromium (Debian's /usr/bin/chromium driven by
+// playwright-core) against the real daemon and real recording subscribers:
+// - the daemon keeps the series in its ledger (they are there after a restart); the console's
+//   charts (uPlot canvases) are drawn with data, read back pixel by pixel; the portal's charts
+//   show its customer's endpoints only (another customer's endpoint answers 404);
+// - the customers page shows each customer's weight, cap, endpoints and share, and issues a
+//   portal link with a button;
+// - at 1280 px the row buttons of the subscribers and deliveries tables sit inside their table;
+//   at 390 px no page is wider than the screen.
+// Screenshots go to $FANOUT_SCREENSHOT_DIR (default /tmp) and are checked in the test (pixels).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+
+import { chromium } from 'playwright-core';
+
+import { startOrigin, startSubscriber, waitFor } from './lib/harness.mjs';
+
+const CHROMIUM = process.env.FANOUT_CHROMIUM ?? '/usr/bin/chromium';
+const SHOTS = process.env.FANOUT_SCREENSHOT_DIR ?? '/tmp';
+
+async function launch() {
+  assert.ok(fs.existsSync(CHROMIUM), `${CHROMIUM} is missing: run bash scripts/setup.sh`);
+  return chromium.launch({
+    executablePath: CHROMIUM,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  });
+}
+
+async function openPage(browser, viewport) {
+  const context = await browser.newContext({ viewport });
+  const page = await context.newPage();
+  const problems = [];
+  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+  page.on('console', (m) => {
+    if (m.type() === 'error' && !/^Failed to load resource/.test(m.text())) problems.push(`console error: ${m.text()}`);
+  });
+  page.on('dialog', (d) => d.accept());
+  return { page, problems };
+}
+
+async function must(origin, p, opts, status) {
+  const res = await origin.api(p, opts);
+  const text = await res.text();
+  assert.equal(res.status, status, `${p}: ${text}`);
+  return text ? JSON.parse(text) : null;
+}
+
+const total = (view, field) => view.points.reduce((n, p) => n + p[field], 0);
+
+/** How many pixels of each chart canvas are close to `rgb` (the series' colour). */
+function pixelsOf(page, root, rgb) {
+  return page.evaluate(([sel, [r, g, b]]) => [...document.querySelectorAll(`${sel} .chart`)].map((box) => {
+    const canvas = box.querySelector('canvas');
+    if (!canvas || !canvas.width) return -1;
+    const d = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+    let n = 0;
+    for (let i = 0; i < d.length; i += 4) {
+      if (d[i + 3] > 200 && Math.abs(d[i] - r) < 40 && Math.abs(d[i + 1] - g) < 40 && Math.abs(d[i + 2] - b) < 40) n++;
+    }
+    return n;
+  }), [root, rgb]);
+}
+
+/** Save a screenshot and check it: a PNG of the viewport's width, not one colour. */
+async function shot(page, name) {
+  const file = path.join(SHOTS, `fanout-charts-${name}.png`);
+  const png = await page.screenshot({ path: file, fullPage: true });
+  assert.equal(png.readUInt32BE(16), page.viewportSize().width, `${name}: the screenshot is as wide as the screen`);
+  assert.ok(png.length > 5_000, `${name}: the screenshot holds more than a blank page`);
+  return file;
+}
+
+async function noOverflow(page, what) {
+  const over = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(over <= 0, `${what}: the page is ${over}px wider than the screen`);
+}
+
+/** Every button of the table's rows lies inside the table's visible box. */
+async function buttonsInside(page, table) {
+  const out = await page.evaluate((sel) => {
+    const box = document.querySelector(sel).closest('.scroll').getBoundingClientRect();
+    return [...document.querySelectorAll(`${sel} tbody button`)]
+      .map((b) => b.getBoundingClientRect())
+      .filter((r) => r.right > box.right + 0.5 || r.left < box.left - 0.5)
+      .map((r) => `${r.left}..${r.right} outside ${box.left}..${box.right}`);
+  }, table);
+  assert.deepEqual(out, [], `${table}: row buttons outside the table`);
+}
+
+test('charts: the series survive a restart, are drawn in the console and scoped in the portal; customers; layouts at 1280 and 390 px', async (t) => {
+  let n = 0;
+  const sub = await startSubscriber(() => (++n % 4 === 0 ? { status: 500, body: 'no' } : { status: 200 }));
+  const dir = fs.mkdtempSync('/tmp/fanout-charts-');
+  const db = path.join(dir, 'fanout.db');
+  let origin = await startOrigin({ db, args: ['--max-attempts', '1'] });
+  const browser = await launch();
+  t.after(async () => {
+    await browser.close();
+    await origin.stop();
+    await sub.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+  await must(origin, '/v1/customers', { body: { id: 'acme', weight: 3, max_in_flight: 5 } }, 201);
+  await must(origin, '/v1/customers', { body: { id: 'globex' } }, 201);
+  for (const [id, customer] of [['acme_orders', 'acme'], ['globex_hooks', 'globex']]) {
+    await must(origin, '/v1/subscribers', {
+      body: { id, url: `${sub.url}/${id}`, event_types: ['*'], rate_per_sec: 200, lane: 'origin', customer },
+    }, 201);
+  }
+  const events = Array.from({ length: 40 }, (_, i) => ({ id: `evt_${i}`, type: 'order.created', n: i }));
+  await must(origin, '/v1/events', { body: events }, 202);
+  // Both subscribers got every event (80 results), and a flush (every 10 s) wrote them.
+  await waitFor(() => sub.requests.length >= 80 || null, 15_000);
+  const seen = await waitFor(async () => {
+    const v = await must(origin, '/v1/series?window=1h', {}, 200);
+    return total(v, 'delivered') + total(v, 'failed') >= 80 ? v : null;
+  }, 25_000, { message: 'the series hold every result' });
+  assert.equal(seen.bucket_ms, 10_000);
+  assert.equal(seen.points.length, 360);
+  assert.equal(total(seen, 'delivered'), 60);
+  assert.equal(total(seen, 'failed'), 20);
+  assert.ok(seen.points.some((p) => p.p50_ms > 0 && p.p99_ms >= p.p50_ms), 'latency percentiles');
+  assert.ok(seen.points.some((p) => p.cap >= 16), 'the caps');
+
+  // Kept in the ledger: the same after a restart.
+  await origin.stop({ keepDb: true });
+  origin = await startOrigin({ db, apiToken: origin.token, args: ['--max-attempts', '1'] });
+  const again = await must(origin, '/v1/series?window=1h', {}, 200);
+  assert.equal(total(again, 'delivered') + total(again, 'failed'), 80);
+  const day = await must(origin, '/v1/series?window=1d&subscriber=acme_orders', {}, 200);
+  assert.equal(day.bucket_ms, 300_000);
+  assert.equal(day.points.length, 288);
+  await must(origin, '/v1/series?window=1w', {}, 400);
+
+  // The console at 1280 px: charts drawn with data, read back by pixel.
+  const { page, problems } = await openPage(browser, { width: 1280, height: 900 });
+  await page.goto(`${origin.url}/`);
+  await page.fill('#signin-token', origin.token);
+  await page.click('#signin-submit');
+  await page.locator('#sub-table tr[data-subscriber="acme_orders"]').waitFor();
+  await shot(page, 'subscribers-1280');
+  await buttonsInside(page, '#sub-table');
+  await page.click('#nav a[data-view=deliveries]');
+  await page.selectOption('#dl-filter select[name=status]', '');
+  await page.click('#dl-apply');
+  await page.locator('#dl-table tbody tr').first().waitFor();
+  await shot(page, 'deliveries-1280');
+  await buttonsInside(page, '#dl-table');
+
+  await page.click('#nav a[data-view=charts]');
+  await page.locator('#charts[data-loaded="360"]').waitFor();
+  assert.equal(await page.locator('#charts .chart canvas').count(), 4);
+  // The delivered line (#2e7d32) in the first chart, p50/p99 (#1565c0) in the second.
+  await shot(page, 'console-charts-1280');
+  const green = await pixelsOf(page, '#charts', [0x2e, 0x7d, 0x32]);
+  const blue = await pixelsOf(page, '#charts', [0x15, 0x65, 0xc0]);
+  assert.ok(green[0] > 20, `the delivered rate is drawn: ${green}`);
+  assert.ok(blue[1] > 10, `the latency is drawn: ${blue}`);
+  await page.selectOption('#charts select[data-field=subscriber]', 'acme_orders');
+  await page.locator('#charts [data-field=summary]').waitFor();
+  await page.selectOption('#charts select[data-field=window]', '1d');
+  await page.locator('#charts[data-loaded="288"]').waitFor();
+
+  // Customers: weight, cap, endpoints, share; a portal link from a button.
+  await page.click('#nav a[data-view=customers]');
+  const acme = page.locator('#cus-table tr[data-customer="acme"]');
+  await acme.waitFor();
+  assert.equal((await acme.locator('[data-field=weight]').textContent()).trim(), '3');
+  assert.equal((await acme.locator('[data-field=cap]').textContent()).trim(), '5');
+  assert.equal((await acme.locator('[data-field=endpoints]').textContent()).trim(), 'acme_orders');
+  assert.match(await acme.locator('[data-field=share]').textContent(), /^\d+%\d+ of \d+ in flight$/);
+  await buttonsInside(page, '#cus-table');
+  await acme.locator('button[data-action=portal-link]').click();
+  await page.locator('#portal-link-box:not([hidden])').waitFor();
+  const url = (await page.locator('#portal-link-url').textContent()).trim();
+  assert.match(url, /\/portal#/);
+  await shot(page, 'customers-1280');
+
+  // The same pages at 390 px: nothing wider than the screen.
+  const phone = await openPage(browser, { width: 390, height: 844 });
+  await phone.page.goto(`${origin.url}/`);
+  await phone.page.fill('#signin-token', origin.token);
+  await phone.page.click('#signin-submit');
+  await phone.page.locator('#sub-table tr[data-subscriber="acme_orders"]').waitFor();
+  await noOverflow(phone.page, 'subscribers at 390 px');
+  for (const view of ['deliveries', 'customers', 'charts']) {
+    await phone.page.click(`#nav a[data-view=${view}]`);
+    await phone.page.locator(`#${view}-view:not([hidden])`).waitFor();
+    if (view === 'charts') await phone.page.locator('#charts[data-loaded]').waitFor();
+    await noOverflow(phone.page, `${view} at 390 px`);
+    await shot(phone.page, `console-${view}-390`);
+  }
+
+  // The portal link, on a phone: the charts of acme's endpoint only.
+  const portal = await openPage(browser, { width: 390, height: 844 });
+  await portal.page.goto(url);
+  await portal.page.locator('#charts[data-loaded="360"]').waitFor();
+  assert.equal(await portal.page.locator('#charts .chart canvas').count(), 4);
+  assert.ok((await pixelsOf(portal.page, '#charts', [0x2e, 0x7d, 0x32]))[0] > 20, 'the portal draws its rate');
+  await noOverflow(portal.page, 'the portal at 390 px');
+  await shot(portal.page, 'portal-390');
+  const token = decodeURIComponent(/token=([^&]+)/.exec(new URL(url).hash)[1]);
+  const get = (q) => fetch(`${origin.url}/v1/series?${q}`, { headers: { authorization: `Bearer ${token}` } });
+  const all = await get('window=1h');
+  const scoped = { status: all.status, view: await all.json(), other: (await get('subscriber=globex_hooks')).status };
+  assert.equal(scoped.status, 200);
+  assert.equal(total(scoped.view, 'delivered') + total(scoped.view, 'failed'), 40, "acme's 40 results, not globex's");
+  assert.equal(scoped.other, 404);
+  assert.deepEqual([...problems, ...phone.problems, ...portal.problems], []);
+});

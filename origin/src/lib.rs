@@ -222,6 +222,25 @@ fn start_outbox(
     }))
 }
 
+/// The line a daemon logs once it serves: where it listens and what it reads and exports.
+fn log_serving(
+    cfg: &Config,
+    listener: &TcpListener,
+    lock: Option<&str>,
+    telemetry: &trace::Telemetry,
+) -> Result<(), RunError> {
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        db = %cfg.db.redacted(),
+        lock = lock.unwrap_or("(none: a shared PostgreSQL ledger)"),
+        outbox = cfg.outbox.as_ref().map(|o| format!("{} ({})", o.at.redacted(), o.table)).unwrap_or_else(|| "(none)".into()),
+        edge = cfg.edge.as_ref().map(|(u, _)| redact::url(u)).unwrap_or_else(|| "(none: origin lane only)".into()),
+        otlp = if telemetry.is_on() { "exporting spans" } else { "(off)" },
+        "fanout serving"
+    );
+    Ok(())
+}
+
 async fn serve(
     cfg: Config,
     listener: TcpListener,
@@ -280,15 +299,7 @@ async fn serve(
         metrics,
         health.clone(),
     );
-    tracing::info!(
-        listen = %listener.local_addr()?,
-        db = %cfg.db.redacted(),
-        lock = lock.as_deref().unwrap_or("(none: a shared PostgreSQL ledger)"),
-        outbox = cfg.outbox.as_ref().map(|o| format!("{} ({})", o.at.redacted(), o.table)).unwrap_or_else(|| "(none)".into()),
-        edge = cfg.edge.as_ref().map(|(u, _)| redact::url(u)).unwrap_or_else(|| "(none: origin lane only)".into()),
-        otlp = if telemetry.is_on() { "exporting spans" } else { "(off)" },
-        "fanout serving"
-    );
+    log_serving(&cfg, &listener, lock.as_deref(), &telemetry)?;
     // The server stops on `shutdown` or when the dispatcher ends, whichever comes first.
     let (dispatcher_gone_tx, dispatcher_gone_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(server::serve(

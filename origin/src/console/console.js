@@ -221,7 +221,7 @@
         s.ordering && s.ordering !== 'none' ? orderingLines(s) : null,
         s.propagate_trace ? h('div', { class: 'muted small', 'data-field': 'propagate_trace', title: 'Webhooks carry the producer\'s traceparent' }, 'traceparent') : null,
         h('div', { class: 'muted small', 'data-field': 'signature' }, `signs ${s.signature}`),
-        s.public_key && s.signature !== 'hmac' ? h('div', { class: 'muted small key', 'data-field': 'public_key', title: 'Ed25519 public key: verifies the v1a signatures' }, s.public_key) : null)
+        s.public_key && s.signature !== 'hmac' ? h('div', { class: 'muted small key', 'data-field': 'public_key', title: 'Ed25519 public key: verifies the v1a signatures' }, s.public_key) : null),
       h('td', { class: 'num' }, fmtNum(s.rate_per_sec, 3)),
       h('td', { class: 'num' }, fmtNum(s.burst)),
       h('td', { class: 'num' }, fmtNum(st.tokens, 1)),

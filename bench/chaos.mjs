@@ -41,8 +41,10 @@ const { values: opts } = parseArgs({
     daemons: { type: 'string', default: '2' },
     rate: { type: 'string', default: '12' },
     json: { type: 'boolean', default: false },
+    'strict-drain': { type: 'boolean', default: false },
   },
 });
+const STRICT_DRAIN = opts['strict-drain'];
 const MINUTES = Math.min(Math.max(Number(opts.minutes) || 2, 0.5), 24 * 60);
 const SEED = Number(opts.seed) >>> 0;
 const LEDGER = opts.ledger === 'sqlite' ? 'sqlite' : 'pg';
@@ -929,7 +931,11 @@ const failures = [];
 if (lost > 0) failures.push(`lost ${lost} (must be 0)`);
 if (overLimit > 0) failures.push(`${overLimit} arrivals over a strict partner's advertised rate (must be 0)`);
 if (duplicates > duplicateBound) failures.push(`duplicates ${duplicates} over the bound ${duplicateBound}`);
-if (!drained) failures.push(`the ledger did not drain in ${DRAIN_LIMIT_MS} ms: ${JSON.stringify(last)}; ${stillPending} deliveries of acknowledged events still pending`);
+// A delivery of an event no producer saw acknowledged (its POST failed or timed out in a fault
+// while the ledger still stored it) is not a promise the soak checks; one still unfinished after
+// the drain is reported (subscriber and event) for a look, and fails the run only with --strict-drain.
+if (!drained && (stillPending > 0 || STRICT_DRAIN)) failures.push(`the ledger did not drain in ${DRAIN_LIMIT_MS} ms: ${JSON.stringify(last)}; ${stillPending} deliveries of acknowledged events still pending`);
+else if (!drained) note(`WARNING: not drained, but every acknowledged event's deliveries finished; unfinished: ${[...unfinished].join(', ')}`);
 
 const summary = {
   seed: SEED,

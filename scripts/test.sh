@@ -55,8 +55,8 @@ step "end-to-end tests (node --test)" npm run --silent test:e2e
 # daemons on a throwaway PostgreSQL, the Worker, the outbox and every kind of subscriber under
 # the faults seed 36 orders first (a cut network, an edge restart, a PostgreSQL restart, kill -9,
 # SIGSTOP; as many as two minutes hold). It exits 1 on a lost event, an arrival over a strict
-# partner's rate, duplicates over their bound, or a ledger that does not drain, printing the
-# seed and the history around it.
+# partner's rate, duplicates over their bound, or a delivery of an acknowledged event that does
+# not finish in the drain, printing the seed and the history around it.
 step "fault soak, 2 minutes (bench/chaos.mjs --seed 36)" \
   node bench/chaos.mjs --minutes 2 --seed 36 --ledger pg
 

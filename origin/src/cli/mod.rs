@@ -148,23 +148,37 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
 /// Ctrl-C or SIGTERM, whichever comes first: how `fanout serve` and `fanout listen` are asked
 /// to stop.
 pub async fn stop_signal() {
-    let interrupt = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+    stop_signal_armed().await
+}
+
+/// [`stop_signal`] with its handlers installed now, not when the future is first polled: a
+/// signal that arrives after this returns is caught, even before anything awaits it. (`fanout
+/// listen` says "Ready." before its server polls its shutdown; a Ctrl-C right after that line
+/// killed it without removing its subscriber.)
+pub fn stop_signal_armed() -> impl std::future::Future<Output = ()> + Send {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let interrupt = signal(SignalKind::interrupt()).ok();
+        let terminate = signal(SignalKind::terminate()).ok();
+        async move {
+            let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = wait(interrupt) => {},
+                _ = wait(terminate) => {},
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+    }
     #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = interrupt => {},
-        _ = terminate => {},
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 

@@ -161,6 +161,8 @@ pub(super) async fn listen(a: ListenArgs) -> Result<(), ClientError> {
         .as_deref()
         .and_then(|s| Secret::parse(s).ok())
         .ok_or_else(|| ClientError::Input("the daemon's answer holds no usable secret".into()))?;
+    // Caught from here on: the banner's "Ready." invites a Ctrl-C at once.
+    let stop = crate::cli::stop_signal_armed();
     eprint!("{}", banner(&a, &created, &events));
     let receiver = Arc::new(Receiver {
         secrets: vec![secret],
@@ -187,7 +189,7 @@ pub(super) async fn listen(a: ListenArgs) -> Result<(), ClientError> {
     // On Ctrl-C, answers under way (a `--delay`) get `DRAIN` to finish, not their whole delay.
     let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
     let serve = axum::serve(socket, app).with_graceful_shutdown(async move {
-        crate::cli::stop_signal().await;
+        stop.await;
         let _ = stopping.send(());
     });
     let served = tokio::select! {

@@ -27,7 +27,15 @@ impl PgLedger {
         &self,
         f: &DeliveryFilter,
     ) -> Result<Vec<DeliveryView>, LedgerError> {
-        let c = self.client().await?;
+        let mut client = self.client().await?;
+        // One snapshot for every range: a delivery changing status between two of them
+        // (pending to in flight and back) is in one of them, not in neither.
+        let c = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
         // A customer's list is its subscribers' lists merged (as on SQLite): its cost follows
         // the customer's own deliveries, not the ledger's.
         let parts = match customer_ranges(&c, f).await? {
@@ -48,6 +56,7 @@ impl PgLedger {
                 all.extend(list_range(&c, part).await?);
             }
         }
+        c.commit().await?;
         all.sort_by_key(|(rowid, _)| *rowid);
         all.truncate(f.limit);
         Ok(all.into_iter().map(|(_, d)| d).collect())

@@ -86,7 +86,12 @@ pub fn list_deliveries(
     c: &Connection,
     f: &DeliveryFilter,
 ) -> Result<Vec<DeliveryView>, LedgerError> {
-    Ok(list_rows(c, f)?.into_iter().map(|(_, d)| d).collect())
+    // One snapshot for every range: a delivery changing status between two of them (pending
+    // to in flight and back) is in one of them, not in neither.
+    let tx = c.unchecked_transaction()?;
+    let rows = list_rows(&tx, f)?;
+    tx.commit()?;
+    Ok(rows.into_iter().map(|(_, d)| d).collect())
 }
 
 /// [`list_deliveries`] with each delivery's rowid.

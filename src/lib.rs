@@ -4,6 +4,7 @@
 //! milliseconds) and jitter are passed in, so the same code runs natively in the origin daemon
 //! and as wasm in the Worker, and is tested with plain table-driven unit tests.
 
+pub mod batch;
 pub mod breaker;
 pub mod bucket;
 pub mod edge_limits;

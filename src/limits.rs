@@ -18,6 +18,11 @@ pub const MAX_TIMEOUT_MS: u64 = 60_000;
 pub const MAX_BURST: u32 = 1_000_000;
 pub const MAX_IN_FLIGHT: u32 = 1_000_000;
 
+/// The most events one batched webhook carries (`crate::batch`).
+pub const BATCH_MAX_EVENTS: u32 = 1000;
+/// The most bytes of body one batched webhook carries.
+pub const BATCH_MAX_BYTES: u32 = 1024 * 1024;
+
 /// A limit out of its bounds: which field, and a message that names the bound.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field} {message}")]

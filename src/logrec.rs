@@ -79,6 +79,7 @@ mod tests {
             ordering_key: None,
             previous_sequence: None,
             traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            batch: None,
         };
         let r = DeliveryResult::Failed {
             id: "dlv_1".into(),
@@ -107,6 +108,7 @@ mod tests {
             ordering_key: None,
             previous_sequence: None,
             traceparent: None,
+            batch: None,
         };
         let deliveries = [d("a"), d("b"), d("c")];
         let results = [
@@ -114,6 +116,7 @@ mod tests {
                 id: "a".into(),
                 status: 204,
                 latency_ms: 3,
+                failed: Vec::new(),
             },
             DeliveryResult::Rejected {
                 id: "b".into(),

@@ -63,7 +63,10 @@ pub fn classify(attempt: &Attempt) -> Class {
             reason: "refused_url",
         },
         Attempt::Transport(
-            TransportError::Timeout | TransportError::Connect | TransportError::Redirect,
+            TransportError::Timeout
+            | TransportError::Connect
+            | TransportError::Redirect
+            | TransportError::NamedFailed,
         ) => Class::Retryable {
             retry_after_ms: None,
         },
@@ -130,6 +133,7 @@ pub fn result_for(
             id,
             status: *status,
             latency_ms,
+            failed: Vec::new(),
         },
         (Class::Permanent { reason }, Attempt::Status { status, .. }) => DeliveryResult::Rejected {
             id,
@@ -344,7 +348,8 @@ mod tests {
             DeliveryResult::Delivered {
                 id: "d".into(),
                 status: 200,
-                latency_ms: 5
+                latency_ms: 5,
+                failed: Vec::new(),
             }
         );
         let gone = result_for(

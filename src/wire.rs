@@ -141,6 +141,21 @@ pub struct Delivery {
     /// subscriber with `propagate_trace`. Optional on the wire like `sequence`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// A batched webhook (`crate::batch`): `body` is the batch's, `event_id` its own
+    /// `webhook-id`, and this names its events, whose ids a 2xx answer's `failed` list may
+    /// name. Optional on the wire like `sequence`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchMembers>,
+}
+
+/// The events one batched webhook carries, in its order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchMembers {
+    pub events: Vec<String>,
+    /// Each event's `webhook-sequence` (sent as `webhook-sequences`); empty when none is stored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sequences: Vec<u64>,
 }
 
 /// The body of `POST /v1/deliveries`.
@@ -185,6 +200,9 @@ pub enum TransportError {
     RefusedUrl,
     /// A 3xx answer: redirects are never followed.
     Redirect,
+    /// A batched webhook's 2xx answer named this event in its `failed` list
+    /// (`crate::batch`): retried like a failed attempt.
+    NamedFailed,
 }
 
 impl TransportError {
@@ -196,6 +214,7 @@ impl TransportError {
             TransportError::Tls => "tls",
             TransportError::RefusedUrl => "refused_url",
             TransportError::Redirect => "redirect",
+            TransportError::NamedFailed => "named_failed",
         }
     }
 }
@@ -208,6 +227,9 @@ pub enum DeliveryResult {
         id: String,
         status: u16,
         latency_ms: u64,
+        /// A batched webhook's events its 2xx answer named as failed (`crate::batch::failed_of`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        failed: Vec<String>,
     },
     Deferred {
         id: String,
@@ -238,6 +260,16 @@ pub enum DeliveryResult {
 }
 
 impl DeliveryResult {
+    /// Give the result another delivery's id (a batch's result handed to each of its events).
+    pub fn set_id(&mut self, to: &str) {
+        match self {
+            DeliveryResult::Delivered { id, .. }
+            | DeliveryResult::Deferred { id, .. }
+            | DeliveryResult::Failed { id, .. }
+            | DeliveryResult::Rejected { id, .. } => *id = to.to_string(),
+        }
+    }
+
     pub fn id(&self) -> &str {
         match self {
             DeliveryResult::Delivered { id, .. }
@@ -394,9 +426,31 @@ impl DeliveryBatch {
                     )));
                 }
             }
-            if d.body.len() > MAX_BODY_BYTES {
+            if let Some(b) = &d.batch {
+                if b.events.is_empty() || b.events.len() > crate::limits::BATCH_MAX_EVENTS as usize
+                {
+                    return Err(BatchError::Invalid(format!(
+                        "delivery {}: a batch carries 1 to {} events",
+                        d.id,
+                        crate::limits::BATCH_MAX_EVENTS
+                    )));
+                }
+                if !b.sequences.is_empty() && b.sequences.len() != b.events.len() {
+                    return Err(BatchError::Invalid(format!(
+                        "delivery {}: a batch's sequences are one per event",
+                        d.id
+                    )));
+                }
+            }
+            // A batch's body holds at most `max_bytes` (1 MiB), or one event alone.
+            let limit = if d.batch.is_some() {
+                crate::limits::BATCH_MAX_BYTES as usize
+            } else {
+                MAX_BODY_BYTES
+            };
+            if d.body.len() > limit {
                 return Err(BatchError::TooLarge(format!(
-                    "delivery {}: body is {} bytes; the limit is {MAX_BODY_BYTES}",
+                    "delivery {}: body is {} bytes; the limit is {limit}",
                     d.id,
                     d.body.len()
                 )));

@@ -244,6 +244,24 @@ test('console: add, edit and rotate a subscriber; bulk replay a time range', asy
   await row.locator('[data-field=public_key]', { hasText: view.public_key }).waitFor();
   assert.ok(!(await page.content()).includes('whsk_'), 'no private key on the page');
 
+  // Batching: on in the form (the row says so), then off again by emptying its events.
+  await row.getByRole('button', { name: 'Edit' }).click();
+  assert.equal(await form.locator('[name=batch_max_events]').inputValue(), '');
+  await form.locator('[name=batch_max_events]').fill('100');
+  await form.locator('[name=batch_max_wait_ms]').fill('250');
+  await page.click('#sub-save');
+  await form.waitFor({ state: 'hidden' });
+  view = await (await origin.api('/v1/subscribers/sub_chat')).json();
+  assert.deepEqual(view.batch, { max_events: 100, max_bytes: 1048576, max_wait_ms: 250 });
+  await row.locator('[data-field=batch]', { hasText: 'batches of up to 100 events, 1 MiB, wait 250 ms' }).waitFor();
+  await row.getByRole('button', { name: 'Edit' }).click();
+  assert.equal(await form.locator('[name=batch_max_events]').inputValue(), '100');
+  await form.locator('[name=batch_max_events]').fill('');
+  await page.click('#sub-save');
+  await form.waitFor({ state: 'hidden' });
+  view = await (await origin.api('/v1/subscribers/sub_chat')).json();
+  assert.equal(view.batch, null);
+
   // Rotate: a new secret, shown once, and two secrets sign during the grace period.
   await row.getByRole('button', { name: 'Rotate secret' }).click();
   await page.locator('#secret-box:not([hidden])').waitFor();

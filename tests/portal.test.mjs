@@ -285,6 +285,18 @@ async function clickThrough(t, ledger) {
   const acme = await must(origin, '/v1/subscribers/acme_orders', {}, 200);
   assert.equal(acme.signature, 'ed25519');
   assert.equal((await signed.textContent()).trim(), acme.public_key);
+  // Batching: the customer turns it on for its endpoint, then off again.
+  await card.locator('.batch-edit summary').click();
+  await card.locator('.batch-events').fill('50');
+  await card.locator('.batch-wait').fill('200');
+  await card.locator('.save-batch').click();
+  await card.locator('[data-field=batch]', { hasText: 'up to 50 events' }).waitFor();
+  assert.deepEqual((await must(origin, '/v1/subscribers/acme_orders', {}, 200)).batch, { max_events: 50, max_bytes: 1048576, max_wait_ms: 200 });
+  await card.locator('.batch-edit summary').click();
+  await card.locator('.batch-events').fill('');
+  await card.locator('.save-batch').click();
+  await card.locator('[data-field=batch]', { hasText: 'off' }).waitFor();
+  assert.equal((await must(origin, '/v1/subscribers/acme_orders', {}, 200)).batch, null);
   const made = await must(origin, '/v1/events', { body: [{ id: 'evt_small', type: 'order.created', n: 3 }, { id: 'evt_big', type: 'order.created', n: 12 }] }, 202);
   assert.deepEqual(made.events.map((e) => e.deliveries), [1, 2]);
   assert.deepEqual((await deliveriesOf(origin, { subscriber: 'acme_orders', event: 'evt_small' })), []);

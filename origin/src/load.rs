@@ -343,6 +343,7 @@ async fn one_call(
                         ordering_key: None,
                         previous_sequence: None,
                         traceparent: None,
+                        batch: None,
                     }
                 })
                 .collect();

@@ -626,6 +626,7 @@ mod tests {
             id: "d".into(),
             status: 200,
             latency_ms: ms,
+            failed: Vec::new(),
         }
     }
 

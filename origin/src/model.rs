@@ -1,6 +1,7 @@
 //! Domain types of the ledger and their pure validation: subscribers, lanes, delivery states,
 //! event-type patterns. Nothing here touches SQLite or the network.
 
+use fanout_core::batch::BatchSpec;
 use serde::{Deserialize, Serialize};
 
 pub use crate::ordering::Ordering;
@@ -239,6 +240,8 @@ pub struct Subscriber {
     pub propagate_trace: bool,
     /// Which signatures its webhooks carry: `v1` (HMAC), `v1a` (Ed25519) or both.
     pub signature: Scheme,
+    /// Several events per request (`fanout_core::batch`); `None`: one event per request.
+    pub batch: Option<BatchSpec>,
 }
 
 /// Why and since when a subscriber gets nothing sent.
@@ -429,6 +432,9 @@ pub struct SubscriberView {
     /// `null` while it has none (a subscriber from before the scheme, still on `hmac`).
     #[serde(default)]
     pub public_key: Option<String>,
+    /// `{"max_events","max_bytes","max_wait_ms"}`, or `null`: one event per request.
+    #[serde(default)]
+    pub batch: Option<BatchSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
@@ -460,6 +466,7 @@ impl SubscriberView {
             propagate_trace: s.propagate_trace,
             signature: s.signature,
             public_key: current_public_key(&s.secrets),
+            batch: s.batch,
             secret,
         }
     }

@@ -112,6 +112,22 @@ pub fn thin_body(
     serde_json::to_string(&thin).unwrap_or_default()
 }
 
+/// The length of the body a webhook of this event carries under `payload`: the stored
+/// `body`'s, or the thin one's (what a batch's `max_bytes` counts).
+pub fn body_len(
+    payload: Payload,
+    body: &str,
+    event_id: &str,
+    event_type: &str,
+    received_ms: i64,
+    event_url: Option<&EventUrl>,
+) -> usize {
+    match payload {
+        Payload::Full => body.len(),
+        Payload::Thin => thin_body(event_id, event_type, received_ms, event_url).len(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,6 +26,7 @@ fn delivered_all(batch: &DeliveryBatch) -> Answer {
             id: d.id.clone(),
             status: 200,
             latency_ms: 1,
+            failed: Vec::new(),
         })
         .collect();
     Answer::status(200).body(&json!({ "results": results }).to_string())

@@ -654,6 +654,7 @@ async fn stand_in_edge(key: Secret, burst: u64) -> (Subscriber, Arc<AtomicU64>) 
                         id: d.id.clone(),
                         status: 200,
                         latency_ms: 1,
+                        failed: Vec::new(),
                     }
                 } else {
                     DeliveryResult::Deferred {

@@ -56,6 +56,7 @@ fn owned(id: &str, customer: &str) -> Definition {
         ordering_key: None,
         propagate_trace: false,
         signature: Default::default(),
+        batch: None,
     }
 }
 

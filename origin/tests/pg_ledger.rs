@@ -53,6 +53,7 @@ fn sub(id: &str, types: &[&str], rate: f64, burst: u32, max_in_flight: u32) -> S
         ordering_key: None,
         propagate_trace: false,
         signature: Default::default(),
+        batch: None,
     }
 }
 

@@ -43,6 +43,7 @@ fn sub(id: &str, customer: Option<&str>) -> Subscriber {
         ordering_key: None,
         propagate_trace: false,
         signature: Default::default(),
+        batch: None,
     }
 }
 
@@ -55,6 +56,7 @@ fn tally(latencies: &[u64]) -> Tally {
                 id: String::new(),
                 status: 200,
                 latency_ms: ms,
+                failed: Vec::new(),
             },
             Some(ms),
         );

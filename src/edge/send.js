@@ -7,7 +7,7 @@
 // RequestInit and Request, awaiting the fetch and the body, copying the body into wasm).
 //
 // sendBatch(url, batchJson, timeoutMs, bodyLimit, maxOpen, onDone) -> Promise<void>
-//   batchJson  [{"headers": {name: value, ...}, "body": "..."}, ...]: every item is POSTed to url
+//   batchJson  [{"headers": {name: value, ...}, "body": "...", "answer": n?}, ...]: every item is POSTed to url
 //              with its headers (all of them, as one plain object: the runtime copies a record
 //              faster than it iterates pairs), redirect "manual" (a 3xx is reported as its
 //              status, Location never followed).
@@ -25,11 +25,13 @@
 //              arrives: the status decides. Its body is cancelled unread, unless it declares a
 //              content-length of at most bodyLimit: then it is drained (within the timeout, the
 //              slot held meanwhile, the result not waiting) so the connection can be reused. A
-//              subscriber that dribbles or streams gigabytes after its 200 costs nothing.
+//              subscriber that dribbles or streams gigabytes after its 200 costs nothing. An
+//              item with `answer` (a batched webhook, whose 2xx may name failed events) has up
+//              to that many bytes of its 2xx body read and handed back too.
 //   onDone(index, status, retryAfter, body, latencyMs) once per item as soon as it settles:
 //              status is the HTTP status, or CONNECT_ERROR / TIMEOUT / BAD_REQUEST below;
 //              retryAfter is the raw Retry-After header or null; body is null unless the status
-//              is an HTTP status outside 2xx; latencyMs counts from the item's own start. The
+//              is an HTTP status outside 2xx (or the item has `answer`); latencyMs counts from the item's own start. The
 //              promise resolves after the last onDone (a draining slot may outlive it) and never
 //              rejects.
 //
@@ -139,6 +141,14 @@ function startOne(url, item, bodyLimit, report, release, open, timeoutMs) {
       state.status = resp.status;
       state.retryAfter = resp.headers.get('retry-after');
       const success = resp.status >= 200 && resp.status <= 299;
+      if (success && resp.body && item.answer) {
+        // A batch's answer: its body may name the events that failed.
+        readUpTo(resp.body, item.answer, state).then(
+          (chunks) => done(resp.status, state.retryAfter, decode(chunks)),
+          () => done(resp.status, state.retryAfter, decode(state.partial)),
+        );
+        return;
+      }
       if (success && resp.body) {
         // The status decides, now. A short declared body (the usual "ok") is still drained,
         // within the item's timeout and without holding up the result, so that the

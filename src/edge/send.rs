@@ -15,6 +15,7 @@ use wasm_bindgen::prelude::{wasm_bindgen, Closure};
 use worker::js_sys;
 use worker::wasm_bindgen_futures::JsFuture;
 
+use crate::batch;
 use crate::retry::{parse_retry_after, result_for, Attempt};
 use crate::sign::{self, Keys};
 use crate::wire::{Delivery, DeliveryResult, TransportError, RESPONSE_BODY_LIMIT};
@@ -73,6 +74,9 @@ fn now_ms() -> i64 {
 struct JsItem<'a> {
     headers: JsHeaders<'a>,
     body: &'a str,
+    /// A batched webhook: read this much of a 2xx answer (its `failed` list).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    answer: Option<u32>,
 }
 
 /// The headers of one delivery: those every delivery of the batch shares, then its own.
@@ -125,9 +129,16 @@ fn js_batch<'a>(
             if let Some(tp) = &d.traceparent {
                 own.push(("traceparent", tp.clone()));
             }
+            if let Some(b) = d.batch.as_ref().filter(|b| !b.sequences.is_empty()) {
+                own.push((
+                    batch::HEADER_SEQUENCES,
+                    batch::sequences_header(&b.sequences),
+                ));
+            }
             JsItem {
                 headers: JsHeaders { common, own },
                 body: &d.body,
+                answer: d.batch.as_ref().map(|_| batch::ANSWER_LIMIT as u32),
             }
         })
         .collect()
@@ -222,7 +233,15 @@ pub async fn deliver_all(
                     latency_ms: (now_ms() - started).max(0) as u64,
                 }
             });
-            result_for(&d.id, &s.attempt, s.latency_ms, Some(&s.body))
+            let mut result = result_for(&d.id, &s.attempt, s.latency_ms, Some(&s.body));
+            if let (Some(b), DeliveryResult::Delivered { failed, .. }) = (&d.batch, &mut result) {
+                // The events its 2xx named as failed: the origin retries those alone.
+                *failed = batch::failed_of(&s.body, &b.events)
+                    .into_iter()
+                    .map(|i| b.events[i].clone())
+                    .collect();
+            }
+            result
         })
         .collect()
 }

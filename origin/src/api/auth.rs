@@ -47,7 +47,7 @@ const PORTAL_ROUTES: &[(Method, &str)] = &[
 
 /// The subscriber fields a portal token may change: pause and resume, the content filter, and
 /// the signature scheme its own receiver verifies.
-const PORTAL_PATCHABLE: &[&str] = &["disabled", "filter", "signature"];
+const PORTAL_PATCHABLE: &[&str] = &["disabled", "filter", "signature", "batch"];
 
 impl Principal {
     /// May this principal call `method` on the route `route` (the router's pattern)?
@@ -78,8 +78,8 @@ impl Principal {
             {
                 Some(f) => Err(ApiError::Forbidden(format!(
                     "a portal link may only pause and resume an endpoint (\"disabled\"), set \
-                     its filter (\"filter\") and its signature scheme (\"signature\"), not \
-                     change {f:?}"
+                     its filter (\"filter\"), its signature scheme (\"signature\") and its \
+                     batching (\"batch\"), not change {f:?}"
                 ))),
                 None => Ok(()),
             },
@@ -264,7 +264,7 @@ mod tests {
         assert_eq!(portal.scope().as_deref(), Some("acme"));
         assert_eq!(Principal::Admin.scope(), None);
         assert!(portal
-            .may_patch(&["disabled", "filter", "signature"])
+            .may_patch(&["disabled", "filter", "signature", "batch"])
             .is_ok());
         assert!(portal.may_patch(&[]).is_ok());
         for f in ["url", "rate_per_sec", "customer", "event_types", "secret"] {

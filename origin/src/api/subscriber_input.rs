@@ -3,6 +3,7 @@
 //! ([`SubscriberPatch`]: only the fields a PATCH may set, so anything else is refused by the
 //! type), their validation, and the rules of a PATCH. No I/O, no clock, no randomness.
 
+use fanout_core::batch::BatchSpec;
 use fanout_core::endpoint::check_url;
 use fanout_core::sign::Secret;
 use serde::{Deserialize, Serialize};
@@ -75,6 +76,13 @@ pub struct SubscriberInput {
     /// `hmac` (default), `ed25519` or `both`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signature: Option<Scheme>,
+    /// Several events per request (`fanout_core::batch`); `null` is one per request.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub batch: Option<Option<BatchSpec>>,
 }
 
 /// `"disabled": false` in a creation body, the only value it may have there: a subscriber is
@@ -130,6 +138,9 @@ pub struct SubscriberPatch {
     pub propagate_trace: Option<bool>,
     /// Switching to `ed25519` or `both` gives the current secret a signing key if it has none.
     pub signature: Option<Scheme>,
+    /// New batch settings; `null` goes back to one event per request.
+    #[serde(default, deserialize_with = "present")]
+    pub batch: Option<Option<BatchSpec>>,
 }
 
 impl SubscriberPatch {
@@ -154,8 +165,9 @@ impl SubscriberPatch {
             ordering_key,
             propagate_trace,
             signature,
+            batch,
         } = self;
-        let set: [(&'static str, bool); 17] = [
+        let set: [(&'static str, bool); 18] = [
             ("id", id.is_some()),
             ("url", url.is_some()),
             ("event_types", event_types.is_some()),
@@ -173,6 +185,7 @@ impl SubscriberPatch {
             ("ordering_key", ordering_key.is_some()),
             ("propagate_trace", propagate_trace.is_some()),
             ("signature", signature.is_some()),
+            ("batch", batch.is_some()),
         ];
         set.into_iter()
             .filter(|(_, on)| *on)
@@ -192,6 +205,22 @@ fn validate_customer_ref(customer: &Option<Option<String>>) -> Result<(), ApiErr
 fn validate_filter(filter: &Option<Option<serde_json::Value>>) -> Result<(), ApiError> {
     if let Some(Some(f)) = filter {
         crate::event_filter::Filter::compile(f).map_err(|e| ApiError::Invalid(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Batch settings within their bounds, and not with ordered delivery: an ordered key has one
+/// delivery out at a time, so its batches would hold one event each.
+fn validate_batch(batch: Option<BatchSpec>, ordering: Ordering) -> Result<(), ApiError> {
+    let Some(b) = batch else {
+        return Ok(());
+    };
+    b.check().map_err(|e| ApiError::Invalid(e.to_string()))?;
+    if ordering != Ordering::None {
+        return Err(ApiError::Invalid(format!(
+            "batch cannot be combined with ordering \"{}\": an ordered subscriber gets one event at a time",
+            ordering.as_str()
+        )));
     }
     Ok(())
 }
@@ -255,6 +284,8 @@ pub fn subscriber_from(
     let ordering = input.ordering.unwrap_or_default();
     crate::ordering::validate(ordering, input.ordering_key.as_deref())
         .map_err(ApiError::Invalid)?;
+    let batch = input.batch.flatten();
+    validate_batch(batch, ordering)?;
     Ok((
         Subscriber {
             id,
@@ -274,6 +305,7 @@ pub fn subscriber_from(
             ordering_key: input.ordering_key,
             propagate_trace: input.propagate_trace.unwrap_or(false),
             signature: input.signature.unwrap_or_default(),
+            batch,
         },
         input.secret,
     ))
@@ -343,6 +375,10 @@ pub fn patched(
             ensure_signing_key(&mut s.secrets, seed);
         }
     }
+    if let Some(b) = input.batch {
+        s.batch = b;
+    }
+    validate_batch(s.batch, s.ordering)?;
     validate_customer_ref(&input.customer)?;
     if let Some(c) = input.customer {
         s.customer = c;

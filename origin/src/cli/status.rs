@@ -246,6 +246,7 @@ mod tests {
             propagate_trace: false,
             signature: Default::default(),
             public_key: None,
+            batch: None,
             secret: None,
         }
     }

@@ -1,6 +1,7 @@
 //! `fanout subscriber add|list|remove|secret`, and the subscriber listing as a table (pure).
 
 use clap::{Args, Subcommand};
+use fanout_core::batch::BatchSpec;
 
 use super::client::{encode, print, view, Client, ClientArgs, ClientError};
 use crate::api::views::{Deleted, SubscriberInput, SubscriberList, SubscriberView};
@@ -115,6 +116,16 @@ pub struct SubscriberAdd {
     /// hmac (v1, the default), ed25519 (v1a, verified with the public key it prints) or both
     #[arg(long, value_parser = parse_signature)]
     pub signature: Option<Scheme>,
+    /// Batch up to this many events per request (1-1000): one signed {"events":[...]}, one
+    /// request against the rate and the in-flight cap
+    #[arg(long)]
+    pub batch_max_events: Option<u32>,
+    /// With --batch-max-events: at most this many bytes of body per request [default: 1 MiB]
+    #[arg(long, requires = "batch_max_events")]
+    pub batch_max_bytes: Option<u32>,
+    /// With --batch-max-events: wait up to this many ms for more events [default: 0]
+    #[arg(long, requires = "batch_max_events")]
+    pub batch_max_wait_ms: Option<u32>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -158,6 +169,13 @@ async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
         ordering_key: a.ordering_key,
         propagate_trace: a.propagate_trace.then_some(true),
         signature: a.signature,
+        batch: a.batch_max_events.map(|max_events| {
+            Some(BatchSpec {
+                max_events,
+                max_bytes: a.batch_max_bytes.unwrap_or(fanout_core::batch::MAX_BYTES),
+                max_wait_ms: a.batch_max_wait_ms.unwrap_or(0),
+            })
+        }),
         ..SubscriberInput::default()
     };
     let body = serde_json::to_vec(&input).map_err(|e| ClientError::Input(e.to_string()))?;
@@ -189,6 +207,12 @@ pub fn added_lines(v: &SubscriberView) -> String {
             .as_ref()
             .map_or(String::new(), |c| format!(", customer {c}")),
     );
+    if let Some(b) = &v.batch {
+        out.push_str(&format!(
+            "it gets batches of up to {} events or {} bytes, waiting up to {} ms for more\n",
+            b.max_events, b.max_bytes, b.max_wait_ms
+        ));
+    }
     if let (true, Some(key)) = (v.signature.ed25519(), &v.public_key) {
         out.push_str(&format!(
             "it signs with {} (v1a): verify with its public key\n{key}\n",

@@ -221,7 +221,8 @@
         s.ordering && s.ordering !== 'none' ? orderingLines(s) : null,
         s.propagate_trace ? h('div', { class: 'muted small', 'data-field': 'propagate_trace', title: 'Webhooks carry the producer\'s traceparent' }, 'traceparent') : null,
         h('div', { class: 'muted small', 'data-field': 'signature' }, `signs ${s.signature}`),
-        s.public_key && s.signature !== 'hmac' ? h('div', { class: 'muted small key', 'data-field': 'public_key', title: 'Ed25519 public key: verifies the v1a signatures' }, s.public_key) : null),
+        s.public_key && s.signature !== 'hmac' ? h('div', { class: 'muted small key', 'data-field': 'public_key', title: 'Ed25519 public key: verifies the v1a signatures' }, s.public_key) : null,
+        s.batch ? h('div', { class: 'muted small', 'data-field': 'batch', title: 'Batched webhooks: one request carries several events' }, batchText(s.batch)) : null),
       h('td', { class: 'num' }, fmtNum(s.rate_per_sec, 3)),
       h('td', { class: 'num' }, fmtNum(s.burst)),
       h('td', { class: 'num' }, fmtNum(st.tokens, 1)),
@@ -392,6 +393,13 @@
     }
   }
 
+  /** "batches of up to 100 events, 1 MiB, 500 ms": a subscriber's batching in a few words. */
+  function batchText(b) {
+    const bytes = b.max_bytes >= 1048576 && b.max_bytes % 1048576 === 0 ? `${b.max_bytes / 1048576} MiB`
+      : b.max_bytes >= 1024 && b.max_bytes % 1024 === 0 ? `${b.max_bytes / 1024} KiB` : `${b.max_bytes} B`;
+    return `batches of up to ${b.max_events} events, ${bytes}${b.max_wait_ms ? `, wait ${b.max_wait_ms} ms` : ''}`;
+  }
+
   function openForm(sub) {
     editing = sub;
     const form = $('#sub-form');
@@ -413,6 +421,9 @@
       form.elements.payload.value = sub.payload;
       form.elements.propagate_trace.checked = sub.propagate_trace;
       form.elements.signature.value = sub.signature;
+      form.elements.batch_max_events.value = sub.batch ? sub.batch.max_events : '';
+      form.elements.batch_max_bytes.value = sub.batch ? sub.batch.max_bytes : '';
+      form.elements.batch_max_wait_ms.value = sub.batch ? sub.batch.max_wait_ms : '';
     }
     form.hidden = false;
     (sub ? form.elements.url : form.elements.id).focus();
@@ -438,6 +449,17 @@
     for (const name of ['rate_per_sec', 'burst', 'max_in_flight', 'timeout_ms']) {
       const v = f[name].value.trim();
       if (v !== '') body[name] = Number(v);
+    }
+    // Batching: the events per request turn it on; emptied while editing, `null` turns it off.
+    const events = f.batch_max_events.value.trim();
+    if (events !== '') {
+      body.batch = { max_events: Number(events) };
+      for (const name of ['max_bytes', 'max_wait_ms']) {
+        const v = f[`batch_${name}`].value.trim();
+        if (v !== '') body.batch[name] = Number(v);
+      }
+    } else if (editing) {
+      body.batch = null;
     }
     return body;
   }

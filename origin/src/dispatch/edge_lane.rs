@@ -353,6 +353,7 @@ mod tests {
                 ordering_key: None,
                 previous_sequence: None,
                 traceparent: None,
+                batch: None,
             })
             .collect();
         let spec_json = encode_spec(&spec).unwrap();
@@ -412,6 +413,7 @@ mod tests {
                 id: "dlv_3".into(),
                 status: 200,
                 latency_ms: 1,
+                failed: Vec::new(),
             },
             DeliveryResult::Rejected {
                 id: "dlv_1".into(),
@@ -423,6 +425,7 @@ mod tests {
                 id: "dlv_99".into(),
                 status: 200,
                 latency_ms: 1,
+                failed: Vec::new(),
             },
         ];
         let paired = pair_results(&ids, results);

@@ -101,6 +101,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
             edge: cfg.edge.is_some(),
             edge_batch: cfg.edge_batch,
             max_total_in_flight: cfg.max_total_in_flight,
+            event_url: cfg.event_url.clone(),
             alert_rules: cfg.alert_rules,
         });
         let (done_tx, done_rx) = mpsc::unbounded_channel();
@@ -160,6 +161,14 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 per_call,
             } => {
                 self.launch(target, deliveries, per_call);
+                Vec::new()
+            }
+            Effect::LaunchBatches {
+                target,
+                batches,
+                per_call,
+            } => {
+                self.launch_batches(target, batches, per_call);
                 Vec::new()
             }
             Effect::Raise(notices) => {
@@ -408,6 +417,7 @@ fn log_outcome(sub: &str, meta: &Meta, result: &DeliveryResult) {
             ordering_key: None,
             previous_sequence: None,
             traceparent: None,
+            batch: None,
         };
         tracing::debug!(target: "fanout::delivery", "{}", LogRecord::new(sub, &d, result).to_json());
     }

@@ -9,8 +9,9 @@
 
 use std::sync::Arc;
 
+use fanout_core::batch;
 use fanout_core::endpoint::check_url;
-use fanout_core::wire::{Delivery, SubscriberSpec};
+use fanout_core::wire::{BatchMembers, Delivery, DeliveryResult, SubscriberSpec};
 use tokio::sync::mpsc;
 
 use super::edge_lane::{self, edge_failure, pair_results, EdgeClient};
@@ -52,18 +53,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
                     return;
                 };
                 let (secrets, signing_keys) = target.keyring.wire(target.signature, now);
-                let spec = SubscriberSpec {
-                    id: target.id.to_string(),
-                    url: target.url.to_string(),
-                    secrets,
-                    signature: target.signature,
-                    signing_keys,
-                    rate_per_sec: target.limits.rate_per_sec,
-                    burst: target.limits.burst,
-                    max_in_flight: target.limits.max_in_flight,
-                    timeout_ms: target.limits.timeout_ms,
-                    legacy_signature: target.legacy_signature,
-                };
+                let spec = subscriber_spec(&target, secrets, signing_keys);
                 self.launch_edge(edge, &target, spec, claimed, per_call);
             }
             Lane::Origin | Lane::Auto => {
@@ -95,6 +85,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
                             sequence: d.sequence,
                             order: d.order.as_ref().map(Order::headers),
                             traceparent: traceparent.as_deref(),
+                            sequences: None,
                         };
                         let result = origin_lane::deliver(&out, &send, body).await;
                         if let Some(span) = span {
@@ -124,7 +115,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
             .flatten()
     }
 
-    /// Encode each delivery once, cut the calls by encoded length, and send them all at once.
+    /// The edge lane for one-event requests: each delivery its own send.
     fn launch_edge(
         &self,
         edge: &EdgeClient,
@@ -133,50 +124,71 @@ impl<L: DispatchLedger> Dispatcher<L> {
         claimed: Vec<Claimed>,
         per_call: usize,
     ) {
-        let mut metas = Vec::with_capacity(claimed.len());
-        let mut parts = Vec::with_capacity(claimed.len());
-        let mut spans: Vec<Option<AttemptSpan>> = Vec::with_capacity(claimed.len());
         let (telemetry, url) = (&self.cfg.telemetry, self.span_url(target));
-        let mut unsendable: Vec<(Meta, String)> = Vec::new();
+        let units = claimed
+            .into_iter()
+            .map(|mut d| {
+                let meta = Meta::of(&d);
+                let body = body_of(target.payload, &mut d, self.cfg.event_url.as_ref());
+                let (ordering_key, previous_sequence) =
+                    d.order.as_ref().map_or((None, None), Order::headers);
+                let id = delivery_public_id(d.rowid);
+                let (span, traceparent) = traced(telemetry, target, url.as_ref(), &d, &id, "edge");
+                EdgeUnit {
+                    delivery: Delivery {
+                        id,
+                        event_id: d.event_id,
+                        event_type: d.event_type,
+                        attempt: d.attempt,
+                        body,
+                        sequence: (d.sequence > 0).then_some(d.sequence),
+                        ordering_key,
+                        previous_sequence,
+                        traceparent,
+                        batch: None,
+                    },
+                    metas: vec![meta],
+                    spans: vec![span],
+                }
+            })
+            .collect();
+        self.send_edge_units(edge, target, spec, units, per_call);
+    }
+
+    /// Encode each send once, cut the calls by encoded length, and send them all at once. A
+    /// send's result is its deliveries' (a batch's, handed to each of its events).
+    fn send_edge_units(
+        &self,
+        edge: &EdgeClient,
+        target: &Arc<Target>,
+        spec: SubscriberSpec,
+        units: Vec<EdgeUnit>,
+        per_call: usize,
+    ) {
         let spec_json = match edge_lane::encode_spec(&spec) {
             Ok(j) => j,
             Err(e) => {
                 let _ = self.done_tx.send(Event::Unsendable {
                     sub: target.id.clone(),
                     lane: Lane::Edge,
-                    items: claimed.iter().map(Meta::of).collect(),
+                    items: units.into_iter().flat_map(|u| u.metas).collect(),
                     error: format!("the edge call cannot be encoded: {e}"),
                 });
                 return;
             }
         };
-        for mut d in claimed {
-            let meta = Meta::of(&d);
-            let body = body_of(target.payload, &mut d, self.cfg.event_url.as_ref());
-            let (ordering_key, previous_sequence) =
-                d.order.as_ref().map_or((None, None), Order::headers);
-            let id = delivery_public_id(d.rowid);
-            let (span, traceparent) = traced(telemetry, target, url.as_ref(), &d, &id, "edge");
-            let delivery = Delivery {
-                id,
-                event_id: d.event_id,
-                event_type: d.event_type,
-                attempt: d.attempt,
-                body,
-                sequence: (d.sequence > 0).then_some(d.sequence),
-                ordering_key,
-                previous_sequence,
-                traceparent,
-            };
-            match edge_lane::encode_delivery(&delivery) {
+        let mut sends: Vec<Option<EdgeUnit>> = Vec::with_capacity(units.len());
+        let mut parts = Vec::with_capacity(units.len());
+        let mut unsendable: Vec<(Vec<Meta>, String)> = Vec::new();
+        for u in units {
+            match edge_lane::encode_delivery(&u.delivery) {
                 Ok(json) => {
-                    metas.push(meta);
                     parts.push(json);
-                    spans.push(span);
+                    sends.push(Some(u));
                 }
                 Err(e) => {
-                    end_spans(vec![span], None);
-                    unsendable.push((meta, format!("the delivery cannot be encoded: {e}")))
+                    end_spans(u.spans, None);
+                    unsendable.push((u.metas, format!("the delivery cannot be encoded: {e}")))
                 }
             }
         }
@@ -188,21 +200,23 @@ impl<L: DispatchLedger> Dispatcher<L> {
             edge_lane::EDGE_MAX_BYTES,
         );
         for i in too_big {
-            end_spans(vec![spans[i].take()], None);
-            unsendable.push((
-                metas[i].clone(),
-                format!(
-                    "the delivery encodes to {} bytes, more than an edge call may carry ({} bytes)",
-                    sizes[i],
-                    edge_lane::EDGE_MAX_BYTES
-                ),
-            ));
+            if let Some(u) = sends[i].take() {
+                end_spans(u.spans, None);
+                unsendable.push((
+                    u.metas,
+                    format!(
+                        "the delivery encodes to {} bytes, more than an edge call may carry ({} bytes)",
+                        sizes[i],
+                        edge_lane::EDGE_MAX_BYTES
+                    ),
+                ));
+            }
         }
-        for (meta, error) in unsendable {
+        for (items, error) in unsendable {
             let _ = self.done_tx.send(Event::Unsendable {
                 sub: target.id.clone(),
                 lane: Lane::Edge,
-                items: vec![meta],
+                items,
                 error,
             });
         }
@@ -210,23 +224,33 @@ impl<L: DispatchLedger> Dispatcher<L> {
         for call in calls {
             let refs: Vec<&[u8]> = call.iter().map(|&i| parts[i].as_slice()).collect();
             let body = edge_lane::batch_body(&spec_json, &refs);
-            let items: Vec<Meta> = call.iter().map(|&i| metas[i].clone()).collect();
-            let call_spans: Vec<Option<AttemptSpan>> =
-                call.iter().map(|&i| spans[i].take()).collect();
+            let units: Vec<EdgeUnit> = call.iter().filter_map(|&i| sends[i].take()).collect();
             let edge = edge.clone();
             let done = self.done_tx.clone();
             let sub = target.id.clone();
             let timeout_ms = target.limits.timeout_ms;
             let clock: Clock = self.clock.clone();
             tokio::spawn(async move {
+                let mut shapes = Vec::with_capacity(units.len());
+                let mut items = Vec::new();
+                let mut spans = Vec::new();
+                for u in units {
+                    shapes.push((
+                        u.delivery.id,
+                        u.delivery.batch.map(|b| b.events),
+                        u.metas.len(),
+                    ));
+                    items.extend(u.metas);
+                    spans.extend(u.spans);
+                }
                 let mut unreported = Unreported::new(&done, &sub, Lane::Edge, items);
                 let call_id = call_id(clock());
-                let wait = edge_lane::call_timeout(unreported.items.len(), timeout_ms);
+                let wait = edge_lane::call_timeout(shapes.len(), timeout_ms);
                 let result = edge.send(body, &call_id, wait).await;
                 let items = unreported.take();
-                let ids: Vec<String> = items.iter().map(|m| delivery_public_id(m.rowid)).collect();
-                let result = result.map(|r| pair_results(&ids, r));
-                end_spans(call_spans, result.as_deref().ok());
+                let ids: Vec<String> = shapes.iter().map(|(id, _, _)| id.clone()).collect();
+                let result = result.map(|r| each_send(&shapes, &items, pair_results(&ids, r)));
+                end_spans(spans, result.as_deref().ok());
                 let event = match result {
                     Ok(results) => Event::Results {
                         sub,
@@ -243,6 +267,278 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 let _ = done.send(event);
             });
         }
+    }
+
+    /// Start sending a batching subscriber's requests (`fanout_core::batch`), each a list of
+    /// leased deliveries, by the lane the state chose: one signed POST per request.
+    pub(super) fn launch_batches(
+        &self,
+        target: Arc<Target>,
+        batches: Vec<Vec<Claimed>>,
+        per_call: usize,
+    ) {
+        let now = (self.clock)();
+        let keys = target
+            .keyring
+            .keys(target.signature, target.legacy_signature, now);
+        let lane = target.lane;
+        let unsendable = |batches: &[Vec<Claimed>], error: &str| {
+            let _ = self.done_tx.send(Event::Unsendable {
+                sub: target.id.clone(),
+                lane,
+                items: batches.iter().flatten().map(Meta::of).collect(),
+                error: error.into(),
+            });
+        };
+        if keys.is_empty() {
+            unsendable(&batches, "the subscriber has no usable signing secret");
+            return;
+        }
+        let lane_name = if lane == Lane::Edge { "edge" } else { "origin" };
+        let span_url = self.span_url(&target);
+        let formed: Vec<Formed> = batches
+            .into_iter()
+            .map(|b| self.form(&target, b, span_url.as_ref(), lane_name))
+            .collect();
+        match lane {
+            Lane::Edge => {
+                let Some(edge) = &self.cfg.edge else {
+                    let _ = self.done_tx.send(Event::Unsendable {
+                        sub: target.id.clone(),
+                        lane,
+                        items: formed.into_iter().flat_map(|f| f.metas).collect(),
+                        error: "no edge is configured".into(),
+                    });
+                    return;
+                };
+                let (secrets, signing_keys) = target.keyring.wire(target.signature, now);
+                let spec = subscriber_spec(&target, secrets, signing_keys);
+                let units = formed.into_iter().map(Formed::edge_unit).collect();
+                self.send_edge_units(edge, &target, spec, units, per_call);
+            }
+            Lane::Origin | Lane::Auto => {
+                let signer = Signer::new(keys);
+                let url = Arc::new(check_url(&target.url, self.cfg.allow_loopback).ok());
+                for f in formed {
+                    let out = self.cfg.outbound.clone();
+                    let done = self.done_tx.clone();
+                    let target = target.clone();
+                    let signer = signer.clone();
+                    let url = url.clone();
+                    let clock = self.clock.clone();
+                    tokio::spawn(async move {
+                        let mut unreported =
+                            Unreported::new(&done, &target.id, Lane::Origin, f.metas.clone());
+                        let started = std::time::Instant::now();
+                        let send = origin_lane::Outgoing {
+                            delivery_id: &f.id,
+                            event_id: &f.webhook_id,
+                            url: (*url).as_ref(),
+                            signer: &signer,
+                            timeout_ms: target.limits.timeout_ms,
+                            sequence: f.sequences.first().copied().unwrap_or(0),
+                            order: None,
+                            traceparent: f.traceparent.as_deref(),
+                            sequences: f.sequences_header(),
+                        };
+                        let (sent, answer) = origin_lane::deliver_batch(&out, &send, f.body).await;
+                        let failed = match &sent.result {
+                            DeliveryResult::Delivered { .. } => {
+                                batch::failed_of(&answer, &f.event_ids)
+                            }
+                            _ => Vec::new(),
+                        };
+                        let metas: Vec<&Meta> = f.metas.iter().collect();
+                        let results = each_event(&sent, &metas, &failed);
+                        end_spans(f.spans, Some(&results));
+                        let latency_ms = Some(started.elapsed().as_millis() as u64);
+                        let items = unreported.take();
+                        if !items.is_empty() {
+                            let _ = done.send(Event::Results {
+                                sub: target.id.clone(),
+                                lane: Lane::Origin,
+                                items: items
+                                    .into_iter()
+                                    .map(|m| Meta { latency_ms, ..m })
+                                    .zip(results)
+                                    .collect(),
+                                at_ms: clock(),
+                            });
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// One request of a batch: its body, `webhook-id`, its events' sequences, and each event's
+    /// attempt span.
+    fn form(
+        &self,
+        target: &Target,
+        batch: Vec<Claimed>,
+        span_url: Option<&url::Url>,
+        lane: &'static str,
+    ) -> Formed {
+        let n = batch.len();
+        let mut f = Formed {
+            id: batch
+                .first()
+                .map(|d| delivery_public_id(d.rowid))
+                .unwrap_or_default(),
+            event_type: batch
+                .first()
+                .map(|d| d.event_type.clone())
+                .unwrap_or_default(),
+            attempt: batch.iter().map(|d| d.attempt).max().unwrap_or(1),
+            metas: Vec::with_capacity(n),
+            event_ids: Vec::with_capacity(n),
+            sequences: Vec::with_capacity(n),
+            spans: Vec::with_capacity(n),
+            traceparent: None,
+            webhook_id: String::new(),
+            body: String::new(),
+        };
+        let mut elements = Vec::with_capacity(n);
+        for mut d in batch {
+            f.metas.push(Meta::of(&d));
+            let id = delivery_public_id(d.rowid);
+            let (span, traceparent) = traced(&self.cfg.telemetry, target, span_url, &d, &id, lane);
+            f.spans.push(span);
+            if f.traceparent.is_none() {
+                f.traceparent = traceparent;
+            }
+            elements.push(body_of(target.payload, &mut d, self.cfg.event_url.as_ref()));
+            if d.sequence > 0 {
+                f.sequences.push(d.sequence);
+            }
+            f.event_ids.push(d.event_id);
+        }
+        if f.sequences.len() != f.event_ids.len() {
+            // Events from before sequence numbers: no sequence header at all.
+            f.sequences.clear();
+        }
+        f.webhook_id = batch::webhook_id(&f.event_ids);
+        f.body = batch::body(&elements);
+        f
+    }
+}
+
+/// A send on the edge lane: one wire delivery (a single event's, or a batch's) and the leased
+/// deliveries its result stands for, in order, with their attempt spans.
+struct EdgeUnit {
+    delivery: Delivery,
+    metas: Vec<Meta>,
+    spans: Vec<Option<AttemptSpan>>,
+}
+
+/// One batched request, formed (`Dispatcher::form`).
+struct Formed {
+    /// Its first delivery's public id: what the edge reports the request under.
+    id: String,
+    event_type: String,
+    attempt: u32,
+    metas: Vec<Meta>,
+    event_ids: Vec<String>,
+    /// Each event's `webhook-sequence`, or none at all.
+    sequences: Vec<u64>,
+    spans: Vec<Option<AttemptSpan>>,
+    traceparent: Option<String>,
+    webhook_id: String,
+    body: String,
+}
+
+impl Formed {
+    fn sequences_header(&self) -> Option<String> {
+        (!self.sequences.is_empty()).then(|| batch::sequences_header(&self.sequences))
+    }
+
+    fn edge_unit(self) -> EdgeUnit {
+        let sequence = self.sequences.first().copied();
+        EdgeUnit {
+            delivery: Delivery {
+                id: self.id,
+                event_id: self.webhook_id,
+                event_type: self.event_type,
+                attempt: self.attempt,
+                body: self.body,
+                sequence,
+                ordering_key: None,
+                previous_sequence: None,
+                traceparent: self.traceparent,
+                batch: Some(BatchMembers {
+                    events: self.event_ids,
+                    sequences: self.sequences,
+                }),
+            },
+            metas: self.metas,
+            spans: self.spans,
+        }
+    }
+}
+
+/// The results of one edge call's sends (`shapes`: each send's id, its batch's events, and
+/// how many of `items` it stands for), one per delivery of `items`: a batch's handed to each
+/// of its events, the events its 2xx named as `failed` failed.
+fn each_send(
+    shapes: &[(String, Option<Vec<String>>, usize)],
+    items: &[Meta],
+    sent: Vec<Attempted>,
+) -> Vec<Attempted> {
+    let mut members = items.iter();
+    let mut out = Vec::with_capacity(items.len());
+    for ((_, events, n), sent) in shapes.iter().zip(sent) {
+        let metas: Vec<&Meta> = members.by_ref().take(*n).collect();
+        let Some(events) = events else {
+            out.push(sent);
+            continue;
+        };
+        let failed: Vec<usize> = match &sent.result {
+            DeliveryResult::Delivered { failed, .. } => events
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| failed.contains(e))
+                .map(|(i, _)| i)
+                .collect(),
+            _ => Vec::new(),
+        };
+        out.extend(each_event(&sent, &metas, &failed));
+    }
+    out
+}
+
+/// Each event's result from its request's (`fanout_core::batch::member_results`): the attempt
+/// the request was goes with the first event only, so the limiter, the breaker and the alerts
+/// count one request once.
+fn each_event(sent: &Attempted, metas: &[&Meta], failed: &[usize]) -> Vec<Attempted> {
+    let ids: Vec<String> = metas.iter().map(|m| delivery_public_id(m.rowid)).collect();
+    batch::member_results(&sent.result, &ids, failed)
+        .into_iter()
+        .enumerate()
+        .map(|(i, result)| Attempted {
+            result,
+            attempt: if i == 0 { sent.attempt.clone() } else { None },
+        })
+        .collect()
+}
+
+/// The edge's view of a subscriber, with the secrets and keys that sign now.
+fn subscriber_spec(
+    target: &Target,
+    secrets: Vec<String>,
+    signing_keys: Vec<String>,
+) -> SubscriberSpec {
+    SubscriberSpec {
+        id: target.id.to_string(),
+        url: target.url.to_string(),
+        secrets,
+        signature: target.signature,
+        signing_keys,
+        rate_per_sec: target.limits.rate_per_sec,
+        burst: target.limits.burst,
+        max_in_flight: target.limits.max_in_flight,
+        timeout_ms: target.limits.timeout_ms,
+        legacy_signature: target.legacy_signature,
     }
 }
 

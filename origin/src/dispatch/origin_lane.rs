@@ -30,17 +30,35 @@ pub struct Outgoing<'a> {
     pub order: Option<(Option<String>, Option<u64>)>,
     /// Its `traceparent` header (`crate::trace`): only for a subscriber with `propagate_trace`.
     pub traceparent: Option<&'a str>,
+    /// A batched webhook's `webhook-sequences` (`fanout_core::batch`).
+    pub sequences: Option<String>,
 }
 
 /// Send one delivery: the attempt made, with its result as the edge would report it.
 pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> Attempted {
+    deliver_reading(out, s, body, RESPONSE_BODY_LIMIT).await.0
+}
+
+/// Send one batched webhook: the attempt made, and up to `fanout_core::batch::ANSWER_LIMIT`
+/// bytes of its answer's body (where a 2xx names the events that failed).
+pub async fn deliver_batch(out: &Outbound, s: &Outgoing<'_>, body: String) -> (Attempted, String) {
+    deliver_reading(out, s, body, fanout_core::batch::ANSWER_LIMIT).await
+}
+
+async fn deliver_reading(
+    out: &Outbound,
+    s: &Outgoing<'_>,
+    body: String,
+    limit: usize,
+) -> (Attempted, String) {
     let Some(url) = s.url.cloned() else {
-        return Attempted::made(
+        let refused = Attempted::made(
             s.delivery_id,
             Attempt::Transport(TransportError::RefusedUrl),
             0,
             None,
         );
+        return (refused, String::new());
     };
     let started = Instant::now();
     let mut extra: Vec<(&'static str, String)> = (s.sequence > 0)
@@ -51,6 +69,9 @@ pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> Attempte
     if let Some((key, previous)) = &s.order {
         extra.extend(key.clone().map(|k| (sign::HEADER_ORDERING_KEY, k)));
         extra.extend(previous.map(|p| (sign::HEADER_PREVIOUS_SEQUENCE, p.to_string())));
+    }
+    if let Some(sequences) = &s.sequences {
+        extra.push((fanout_core::batch::HEADER_SEQUENCES, sequences.clone()));
     }
     let sent = out
         .post_signed(
@@ -67,7 +88,8 @@ pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> Attempte
         Ok(r) => r,
         Err(e) => {
             let latency = started.elapsed().as_millis() as u64;
-            return Attempted::made(s.delivery_id, Attempt::Transport(e.kind), latency, None);
+            let failed = Attempted::made(s.delivery_id, Attempt::Transport(e.kind), latency, None);
+            return (failed, String::new());
         }
     };
     let status = resp.status().as_u16();
@@ -76,9 +98,9 @@ pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> Attempte
         .get("retry-after")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| parse_retry_after(v, now_ms()));
-    let body = read_prefix(resp).await;
+    let body = read_prefix(resp, limit).await;
     let latency = started.elapsed().as_millis() as u64;
-    Attempted::made(
+    let made = Attempted::made(
         s.delivery_id,
         Attempt::Status {
             status,
@@ -86,19 +108,20 @@ pub async fn deliver(out: &Outbound, s: &Outgoing<'_>, body: String) -> Attempte
         },
         latency,
         Some(&body),
-    )
+    );
+    (made, body)
 }
 
-/// The first [`RESPONSE_BODY_LIMIT`] bytes of a response body (lossy UTF-8); a body that fails
-/// mid-way keeps what arrived.
-async fn read_prefix(mut resp: reqwest::Response) -> String {
+/// The first `limit` bytes of a response body (lossy UTF-8); a body that fails mid-way keeps
+/// what arrived.
+async fn read_prefix(mut resp: reqwest::Response, limit: usize) -> String {
     let mut buf: Vec<u8> = Vec::new();
-    while buf.len() < RESPONSE_BODY_LIMIT {
+    while buf.len() < limit {
         match resp.chunk().await {
             Ok(Some(chunk)) => buf.extend_from_slice(&chunk),
             Ok(None) | Err(_) => break,
         }
     }
-    buf.truncate(RESPONSE_BODY_LIMIT);
+    buf.truncate(limit);
     String::from_utf8_lossy(&buf).into_owned()
 }

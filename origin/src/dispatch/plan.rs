@@ -233,6 +233,7 @@ mod tests {
                     id: "d".into(),
                     status: 200,
                     latency_ms: 3,
+                    failed: Vec::new(),
                 },
                 1,
                 rules,

@@ -282,6 +282,7 @@ impl Sim {
             edge: false,
             edge_batch: 100,
             max_total_in_flight: 4_096,
+            event_url: None,
             alert_rules: AlertRules::default(),
         });
         state.handle(
@@ -453,6 +454,7 @@ impl Sim {
                         id,
                         status: 200,
                         latency_ms: 1,
+                        failed: Vec::new(),
                     }
                 };
                 (o.meta, Attempted::reported(result))

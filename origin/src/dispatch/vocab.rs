@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use fanout_core::batch::BatchSpec;
 use fanout_core::breaker::BreakerState;
 use fanout_core::limiter::LimiterState;
 use fanout_core::retry::{result_for, Attempt};
@@ -62,6 +63,8 @@ pub struct Target {
     pub ordered: bool,
     /// Its webhooks carry `traceparent` (`crate::trace`).
     pub propagate_trace: bool,
+    /// Several events per request (`fanout_core::batch`); `None`: one per request.
+    pub batch: Option<BatchSpec>,
 }
 
 /// A delivery out for sending, minus its body: what its result is recorded against.
@@ -219,6 +222,13 @@ pub enum Effect {
     Launch {
         target: Arc<Target>,
         deliveries: Vec<Claimed>,
+        per_call: usize,
+    },
+    /// Send these leased deliveries of a batching subscriber by `target.lane`, each inner list
+    /// one request (`fanout_core::batch`); edge calls carry at most `per_call` requests each.
+    LaunchBatches {
+        target: Arc<Target>,
+        batches: Vec<Vec<Claimed>>,
         per_call: usize,
     },
     /// Tell the operator.

@@ -38,6 +38,11 @@ pub struct Turn {
     pub notices: Vec<Notice>,
     /// Lease up to this many due deliveries of each subscriber, oldest due first.
     pub claims: Vec<(String, usize)>,
+    /// The claimed subscribers that batch (`fanout_core::batch`), with the deliveries one
+    /// request takes: their claim is that many requests' worth, each group of this many (in
+    /// the claim's order) one request against the limiter and the in-flight cap. A ledger whose
+    /// caller keeps the only limiter (SQLite) may ignore it.
+    pub batch_per: Vec<(String, usize)>,
     pub lease_until_ms: i64,
 }
 

@@ -84,5 +84,6 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         ordering_key: None,
         propagate_trace: false,
         signature: Default::default(),
+        batch: None,
     }
 }

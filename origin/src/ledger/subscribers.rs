@@ -21,6 +21,17 @@ pub fn filter_from_column(text: Option<String>) -> Option<serde_json::Value> {
     text.map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::String(t)))
 }
 
+/// A subscriber's `batch` as its column holds it: JSON, or NULL for one event per request.
+pub fn batch_column(s: &Subscriber) -> Option<String> {
+    s.batch.map(|b| serde_json::json!(b).to_string())
+}
+
+/// A stored `batch` column back. Only the API writes it, from checked settings; a text that
+/// does not decode is read as no batching (one event per request), the safe default.
+pub fn batch_from_column(text: Option<String>) -> Option<fanout_core::batch::BatchSpec> {
+    text.and_then(|t| serde_json::from_str(&t).ok())
+}
+
 /// One subscriber's figures as the ledger holds them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SubscriberCounts {

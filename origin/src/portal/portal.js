@@ -123,6 +123,7 @@
             : null,
           filterEditor(s),
           signatureEditor(s),
+          batchEditor(s),
           h(
             'div',
             { class: 'actions' },
@@ -182,6 +183,45 @@
       s.public_key && s.signature !== 'hmac'
         ? h('div', { class: 'muted' }, 'Public key: ', h('code', { class: 'key', 'data-field': 'public_key' }, s.public_key))
         : null);
+  }
+
+  /** The endpoint's batching (PATCH {"batch"}): several events per request, `{"events": […]}`,
+   *  one request against its rate; empty events per request: one event per request. */
+  function batchEditor(s) {
+    const num = (cls, label, min, max, value, placeholder) => {
+      const input = h('input', { class: cls, type: 'number', min, max, step: 1, placeholder, 'aria-label': `${label} of ${s.id}` });
+      input.value = value ?? '';
+      return input;
+    };
+    const events = num('batch-events', 'Events per request', 1, 1000, s.batch?.max_events, 'one per request');
+    const bytes = num('batch-bytes', 'Most bytes per request', 64, 1048576, s.batch?.max_bytes, '1048576');
+    const wait = num('batch-wait', 'Most wait in ms', 0, 10000, s.batch?.max_wait_ms, '0');
+    const error = h('p', { class: 'error small', role: 'alert', hidden: true });
+    async function save() {
+      try {
+        let batch = null;
+        if (events.value.trim() !== '') {
+          batch = { max_events: Number(events.value) };
+          if (bytes.value.trim() !== '') batch.max_bytes = Number(bytes.value);
+          if (wait.value.trim() !== '') batch.max_wait_ms = Number(wait.value);
+        }
+        await call('PATCH', `/v1/subscribers/${encodeURIComponent(s.id)}`, { batch });
+        flash(batch ? `${s.id} now gets batches of up to ${batch.max_events} events.` : `${s.id} now gets one event per request.`);
+        await loadEndpoints();
+      } catch (e) {
+        error.textContent = e.message;
+        error.hidden = false;
+      }
+    }
+    return h('details', { class: 'batch-edit' },
+      h('summary', null, 'Batches: ', h('code', { 'data-field': 'batch' },
+        s.batch ? `up to ${s.batch.max_events} events, ${s.batch.max_bytes} bytes, wait ${s.batch.max_wait_ms} ms` : 'off (one event per request)')),
+      h('p', { class: 'muted small' }, 'One request carries {"events": [...]}; answer {"failed": ["evt_..."]} with a 2xx to have only those retried.'),
+      h('label', null, 'Events per request ', events),
+      h('label', null, 'Most bytes ', bytes),
+      h('label', null, 'Most wait (ms) ', wait),
+      error,
+      h('div', { class: 'actions' }, h('button', { type: 'button', class: 'save-batch', onclick: save }, 'Save batching')));
   }
 
   async function setSignature(id, signature) {

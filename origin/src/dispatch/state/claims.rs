@@ -13,8 +13,9 @@ use super::{
     LEDGER_RETRY_MAX_MS, LEDGER_RETRY_MS,
 };
 use crate::dispatch::fair;
-use crate::dispatch::vocab::{Effect, Lane, Recorded, Turn, TurnError};
-use crate::model::Claimed;
+use crate::dispatch::vocab::{Effect, Lane, Recorded, Target, Turn, TurnError};
+use crate::model::{Claimed, Outcome, Transition};
+use fanout_core::batch::BatchSpec;
 
 impl State {
     /// One turn: lease what may be sent now (when `claim`), and record what is unrecorded.
@@ -26,8 +27,18 @@ impl State {
         // and one whose claim is refused again and again stays ready since its first.
         let watched = self.watch(now);
         let mut claims: Vec<(String, usize)> = Vec::new();
+        let mut batch_per: Vec<(String, usize)> = Vec::new();
         if claim {
             claims = self.reserve(now);
+            for (id, n) in &mut claims {
+                if let Some(st) = self.subs.get(id.as_str()) {
+                    if let Some(per) = st.per_request() {
+                        // Asked in requests: each takes up to `per` deliveries.
+                        *n *= per;
+                        batch_per.push((id.clone(), per));
+                    }
+                }
+            }
         }
         let limiters: Vec<(String, LimiterState)> = self
             .subs
@@ -47,6 +58,7 @@ impl State {
             dead_threshold: self.cfg.alert_rules.dead_threshold,
             notices: std::mem::take(&mut self.notices),
             claims,
+            batch_per,
             lease_until_ms: now + LEASE_MS,
         };
         let mut effects = Vec::new();
@@ -77,6 +89,19 @@ impl State {
                 || st.removed
             {
                 continue;
+            }
+            if let (Some(b), Some(mut due)) = (st.target.batch, st.next_due) {
+                // A batch waits for more events until its oldest has waited `max_wait_ms`.
+                // Due "at 0" is a subscriber just loaded, its work unknown: it counts from now.
+                if due <= 0 && b.max_wait_ms > 0 {
+                    due = now;
+                    st.next_due = Some(now);
+                }
+                let until = due.saturating_add(i64::from(b.max_wait_ms));
+                if until > now {
+                    st.not_before = until;
+                    continue;
+                }
             }
             let limits = st.target.limits.core(breaker);
             let want = limits.max_in_flight as usize;
@@ -167,9 +192,14 @@ impl State {
                 continue;
             };
             let got = claim.claimed.len();
+            // A batching subscriber's claim is in requests: each `per` deliveries one.
+            let sends = match st.per_request() {
+                Some(per) => got.div_ceil(per),
+                None => got,
+            };
             if let Some(r) = st.reserved.take() {
                 // Commit what was leased; the rest of the reservation goes back exactly.
-                st.limiter.commit(st.target.limits.core(breaker), r, got);
+                st.limiter.commit(st.target.limits.core(breaker), r, sends);
                 st.limiter_dirty = true;
             }
             st.next_due = match claim.next_due_ms {
@@ -194,11 +224,16 @@ impl State {
                 continue;
             }
             let id = st.target.id.clone();
+            let edge_batch = self.cfg.edge_batch.max(1);
+            if let Some(per) = st.per_request() {
+                let target = st.target.clone();
+                effects.push(self.launch_batched(target, per, claim.claimed, now));
+                continue;
+            }
             st.in_flight += got as u32;
             for d in &claim.claimed {
                 self.out.insert(d.rowid, id.clone());
             }
-            let edge_batch = self.cfg.edge_batch.max(1);
             if st.target.lane != Lane::Edge || self.suspects.is_empty() {
                 effects.push(Effect::Launch {
                     target: st.target.clone(),
@@ -242,6 +277,61 @@ impl State {
         effects
     }
 
+    /// A batching subscriber's claim: cut into requests (`cut_batches`), each one slot in
+    /// flight (its first delivery in `out`, the others in `members`); what did not fit goes
+    /// back due now, no attempt spent.
+    fn launch_batched(
+        &mut self,
+        target: Arc<Target>,
+        per: usize,
+        claimed: Vec<Claimed>,
+        now: i64,
+    ) -> Effect {
+        let id = target.id.clone();
+        let edge_batch = self.cfg.edge_batch.max(1);
+        let spec = target.batch.unwrap_or(BatchSpec {
+            max_events: 1,
+            max_bytes: fanout_core::batch::MAX_BYTES,
+            max_wait_ms: 0,
+        });
+        let (batches, rest, fitted) = cut_batches(
+            spec,
+            per,
+            claimed,
+            target.payload,
+            self.cfg.event_url.as_ref(),
+        );
+        if let Some(st) = self.subs.get_mut(&id) {
+            st.batch_per = fitted;
+            st.in_flight += batches.len() as u32;
+        }
+        for b in &batches {
+            let mut rows = b.iter();
+            if let Some(lead) = rows.next() {
+                self.out.insert(lead.rowid, id.clone());
+            }
+            for d in rows {
+                self.members.insert(d.rowid, id.clone());
+            }
+        }
+        for d in rest {
+            self.push_outcome(
+                &id,
+                Outcome {
+                    rowid: d.rowid,
+                    transition: Transition::Defer { at_ms: now },
+                    attempt: None,
+                },
+            );
+        }
+        let n = batches.len();
+        Effect::LaunchBatches {
+            target,
+            batches,
+            per_call: edge_per_call(n, edge_batch),
+        }
+    }
+
     pub(super) fn on_not_recorded(&mut self, failed: TurnError, now: i64) {
         self.recording = false;
         let turn = failed.turn;
@@ -283,6 +373,58 @@ impl State {
         self.subs
             .retain(|_, s| !(s.removed && s.in_flight == 0 && s.reserved.is_none()));
     }
+}
+
+/// A batching subscriber's claim cut into requests: groups of `per` deliveries in the claim's
+/// order (the groups the ledger counted, `Turn::batch_per`), each sent as the longest run from
+/// its start that fits `max_bytes` (at least one delivery). Returns the requests, the
+/// deliveries that did not fit (they go back due now), and the deliveries per request to ask
+/// for next: what fitted when bytes bound, else `per` grown back toward `max_events`.
+pub fn cut_batches(
+    spec: BatchSpec,
+    per: usize,
+    claimed: Vec<Claimed>,
+    payload: crate::payload::Payload,
+    event_url: Option<&crate::payload::EventUrl>,
+) -> (Vec<Vec<Claimed>>, Vec<Claimed>, usize) {
+    let per = per.max(1);
+    let most = spec.max_events.max(1) as usize;
+    let mut batches = Vec::with_capacity(claimed.len().div_ceil(per));
+    let mut rest = Vec::new();
+    let mut fitted: Option<usize> = None;
+    let mut full = false;
+    let mut it = claimed.into_iter().peekable();
+    while it.peek().is_some() {
+        let group: Vec<Claimed> = it.by_ref().take(per).collect();
+        let sizes: Vec<usize> = group
+            .iter()
+            .map(|d| {
+                crate::payload::body_len(
+                    payload,
+                    &d.body,
+                    &d.event_id,
+                    &d.event_type,
+                    d.received_ms,
+                    event_url,
+                )
+            })
+            .collect();
+        let fits = spec.cut(&sizes).first().copied().unwrap_or(group.len());
+        if fits < group.len() {
+            fitted = Some(fitted.map_or(fits, |f| f.min(fits)));
+        } else if group.len() == per {
+            full = true;
+        }
+        let mut group = group;
+        rest.extend(group.split_off(fits));
+        batches.push(group);
+    }
+    let next = match fitted {
+        Some(f) => f.max(1),
+        None if full => (per * 2).min(most),
+        None => per,
+    };
+    (batches, rest, next)
 }
 
 /// Deliveries per edge call for a grant of `n`: a share of [`EDGE_CALLS_AT_ONCE`] calls, at

@@ -15,8 +15,9 @@
 //! shutdown).
 //!
 //! Invariants (each a table in `tables`):
-//! - Every leased delivery is counted in flight exactly once, from its claim to its first
-//!   result, against its subscriber's `max_in_flight` and the global cap — also when the
+//! - Every send (a leased delivery, or a batching subscriber's batch of them: one request) is
+//!   counted in flight exactly once, from its claim to its first result, against its
+//!   subscriber's `max_in_flight` and the global cap — also when the
 //!   subscriber is edited, removed or re-created meanwhile (a removed subscriber is remembered
 //!   until its last send is back) and when a result arrives late or twice.
 //! - The global in-flight budget is shared weighted between customers, round-robin within.
@@ -81,8 +82,10 @@ pub struct Settings {
     pub edge: bool,
     /// Most deliveries per edge call.
     pub edge_batch: usize,
-    /// Most deliveries in flight across all subscribers.
+    /// Most sends in flight across all subscribers (a batch is one).
     pub max_total_in_flight: usize,
+    /// `--event-url`: a thin body's `url` (its length counts toward a batch's bytes).
+    pub event_url: Option<crate::payload::EventUrl>,
     pub alert_rules: AlertRules,
 }
 
@@ -92,8 +95,12 @@ pub(super) struct Sub {
     target: Arc<Target>,
     limiter: LimiterState,
     limiter_dirty: bool,
-    /// Its deliveries out now (each also in `State::out`).
+    /// Its sends out now (each also in `State::out`; a batch is one, its other deliveries in
+    /// `State::members`).
     in_flight: u32,
+    /// A batching subscriber's deliveries per request, as last found to fit its `max_bytes`
+    /// (0: `max_events`): what a claim asks per request.
+    batch_per: usize,
     /// When its earliest pending delivery is due, if it has any.
     next_due: Option<i64>,
     /// Nothing is sent before this (rate, pause, breaker, edge trouble).
@@ -119,6 +126,15 @@ pub(super) struct Sub {
 }
 
 impl Sub {
+    /// A batching subscriber's deliveries per request now (`None`: one event per request).
+    pub(super) fn per_request(&self) -> Option<usize> {
+        let most = self.target.batch?.max_events.max(1) as usize;
+        Some(match self.batch_per {
+            0 => most,
+            n => n.min(most),
+        })
+    }
+
     pub(super) fn new(
         target: Arc<Target>,
         limiter: LimiterState,
@@ -130,6 +146,7 @@ impl Sub {
             limiter,
             limiter_dirty: false,
             in_flight: 0,
+            batch_per: 0,
             next_due: Some(0),
             not_before: 0,
             edge_failures: 0,
@@ -161,8 +178,10 @@ pub struct State {
     /// Live subscribers, by id: the round-robin order.
     order: Vec<Arc<str>>,
     rr: usize,
-    /// Every delivery out, by row id, with its subscriber.
+    /// Every send out, by the row id of its (first) delivery, with its subscriber: one slot each.
     out: HashMap<i64, Arc<str>>,
+    /// The other deliveries of each batch out, by row id, with their subscriber: no slot.
+    members: HashMap<i64, Arc<str>>,
     /// Each customer's weight and in-flight cap.
     customers: HashMap<String, (u32, Option<u32>)>,
     /// Deliveries that were in an edge call refused as a whole, by row id, with the most
@@ -207,6 +226,7 @@ impl State {
             order: Vec::new(),
             rr: 0,
             out: HashMap::new(),
+            members: HashMap::new(),
             customers: HashMap::new(),
             suspects: HashMap::new(),
             unrecorded: Vec::new(),
@@ -261,7 +281,7 @@ impl State {
         owned(self.share.as_ref(), id)
     }
 
-    /// Deliveries out now, across all subscribers.
+    /// Sends out now, across all subscribers (a batch is one).
     pub fn in_flight(&self) -> usize {
         self.out.len()
     }
@@ -408,6 +428,8 @@ impl State {
     }
 }
 
+#[cfg(test)]
+mod batch_tests;
 #[cfg(test)]
 mod edge_tests;
 #[cfg(test)]

@@ -22,7 +22,8 @@ impl State {
     /// result), which is then ignored.
     pub(super) fn returned(&mut self, rowid: i64, at_ms: i64) -> bool {
         let Some(sub) = self.out.remove(&rowid) else {
-            return false;
+            // Another delivery of a batch: its send's slot is its first delivery's.
+            return self.members.remove(&rowid).is_some();
         };
         if let Some(st) = self.subs.get_mut(&sub) {
             st.limiter

@@ -96,6 +96,7 @@ impl State {
             payload: s.payload,
             ordered: s.ordering != crate::ordering::Ordering::None,
             propagate_trace: s.propagate_trace,
+            batch: s.batch,
         });
         let warn = no_edge.then(|| target.id.clone());
         match self.subs.get_mut(target.id.as_ref()) {
@@ -112,6 +113,9 @@ impl State {
                     st.removed = false;
                     self.order.push(target.id.clone());
                     self.order.sort();
+                }
+                if st.target.batch != target.batch {
+                    st.batch_per = 0;
                 }
                 st.target = target;
                 st.health = s.health;

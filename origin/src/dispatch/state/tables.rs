@@ -137,6 +137,17 @@ fn show(effect: &Effect, now: i64) -> String {
             let rows: Vec<i64> = deliveries.iter().map(|d| d.rowid).collect();
             format!("launch {} {rows:?} per={per_call}", target.id)
         }
+        Effect::LaunchBatches {
+            target,
+            batches,
+            per_call,
+        } => {
+            let rows: Vec<Vec<i64>> = batches
+                .iter()
+                .map(|b| b.iter().map(|d| d.rowid).collect())
+                .collect();
+            format!("launch batches {} {rows:?} per={per_call}", target.id)
+        }
         Effect::Raise(notices) => {
             let kinds: Vec<&str> = notices.iter().map(|n| n.alert.kind()).collect();
             format!("raise {}", kinds.join(","))
@@ -208,6 +219,7 @@ fn settings(max_total: usize) -> Settings {
         edge: false,
         edge_batch: 100,
         max_total_in_flight: max_total,
+        event_url: None,
         alert_rules: AlertRules::default(),
     }
 }
@@ -236,6 +248,7 @@ fn sub(id: &str, max_in_flight: u32, customer: Option<&str>) -> (Subscriber, Lim
         ordering_key: None,
         propagate_trace: false,
         signature: Default::default(),
+        batch: None,
     };
     (s, LimiterState::default())
 }
@@ -266,6 +279,7 @@ fn ok(id: String) -> DeliveryResult {
         id,
         status: 200,
         latency_ms: 1,
+        failed: Vec::new(),
     }
 }
 

@@ -77,6 +77,7 @@ pub(super) fn settings(max_total: usize) -> Settings {
         edge: false,
         edge_batch: 100,
         max_total_in_flight: max_total,
+        event_url: None,
         alert_rules: AlertRules::default(),
     }
 }
@@ -128,6 +129,7 @@ pub(super) fn delivered(sub: &str, metas: &[Meta], at: i64) -> Event {
                         id: format!("dlv_{}", m.rowid),
                         status: 200,
                         latency_ms: 1,
+                        failed: Vec::new(),
                     }),
                 )
             })

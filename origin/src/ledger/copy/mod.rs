@@ -20,12 +20,12 @@ mod customers;
 mod rows;
 
 use rows::copy_filters;
-use rows::copy_propagate_trace;
 pub use rows::Copied;
 use rows::{
     copy_attempts, copy_deliveries, copy_events, copy_ordering, copy_secrets, copy_sequences,
     copy_subscribers,
 };
+use rows::{copy_batch, copy_propagate_trace};
 
 /// Copy the SQLite ledger at `from` into the empty PostgreSQL ledger at `to` (created and
 /// migrated if needed); `progress` hears a line now and then.
@@ -106,6 +106,7 @@ pub async fn copy_sqlite_to_pg(
     progress(&format!("customers: {}", done.customers));
 
     copy_propagate_trace(&src, &tx).await?;
+    copy_batch(&src, &tx).await?;
     copy_events(&src, &tx, &mut done, &mut progress).await?;
 
     copy_deliveries(&src, &tx, now_ms, &mut done, &mut progress).await?;

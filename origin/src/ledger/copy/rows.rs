@@ -128,6 +128,26 @@ pub(super) async fn copy_propagate_trace(
     Ok(())
 }
 
+/// Each subscriber's `batch` settings (after `copy_subscribers`; a ledger from before batched
+/// webhooks has none).
+pub(super) async fn copy_batch(src: &Connection, tx: &Transaction<'_>) -> Result<(), LedgerError> {
+    if !has_column(src, "subscribers", "batch")? {
+        return Ok(());
+    }
+    let rows: Vec<(String, String)> = src
+        .prepare("SELECT id, batch FROM subscribers WHERE batch IS NOT NULL")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let (ids, batches): (Vec<String>, Vec<String>) = rows.into_iter().unzip();
+    tx.execute(
+        "UPDATE subscribers s SET batch = u.b FROM unnest($1::text[], $2::text[]) AS u(id, b)
+         WHERE s.id = u.id",
+        &[&ids, &batches],
+    )
+    .await?;
+    Ok(())
+}
+
 /// The subscribers' secrets, with their Ed25519 signing keys.
 pub(super) async fn copy_secrets(
     src: &Connection,

@@ -20,7 +20,8 @@ use tokio_postgres::types::ToSql;
 use std::collections::{BTreeMap, HashMap};
 
 use super::leases::{
-    core_limits, wanted_of, PgClaim, CLAIM_COUNT, CLAIM_EXPIRE, RECORD_OUTCOMES, STORE_LIMITERS,
+    core_limits, per_of, wanted_of, PgClaim, CLAIM_COUNT, CLAIM_EXPIRE, RECORD_OUTCOMES,
+    STORE_LIMITERS,
 };
 use super::ledger::{every, PgLedger};
 use super::rows::{decode_limiter, encode_limiter};
@@ -53,7 +54,8 @@ const TURN_LOCK: &str = "SELECT id, rate_per_sec, burst, max_in_flight, limiter,
 /// as a nested loop read every leased row once per leased row (113 ms for 500). (Joined to
 /// `unnest` of the ids instead, it was planned as a loop over the ids per leased row.)
 const TURN_OPEN: &str = "SELECT e.subscriber_id,
-         (SELECT COUNT(*) FROM deliveries o
+         (SELECT COUNT(*) FILTER (WHERE o.batch_lead IS NULL OR o.batch_lead = o.id)
+          FROM deliveries o
           WHERE o.subscriber_id = e.subscriber_id AND o.status = 'in_flight')
      FROM (SELECT DISTINCT subscriber_id FROM deliveries
            WHERE id = ANY($1) AND status = 'in_flight' AND lease_owner = $2) e";
@@ -148,9 +150,21 @@ impl PgLedger {
         let claims = if asks.is_empty() {
             Vec::new()
         } else if direct {
-            Self::lease_in(&tx, owner, &wanted, claim_rows, &counted, now, lease_until).await?
+            let per = per_of(&turn.batch_per);
+            Self::lease_in(
+                &tx,
+                owner,
+                &wanted,
+                &per,
+                claim_rows,
+                &counted,
+                now,
+                lease_until,
+            )
+            .await?
         } else {
-            Self::claim_in(&tx, owner, &asks, self.breaker, now, lease_until).await?
+            let per = per_of(&turn.batch_per);
+            Self::claim_in(&tx, owner, &asks, &per, self.breaker, now, lease_until).await?
         };
         tx.commit().await?;
         Ok(Recorded {

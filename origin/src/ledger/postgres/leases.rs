@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use deadpool_postgres::Transaction;
 use fanout_core::breaker::BreakerConfig;
-use fanout_core::limiter::{LimiterState, Limits as CoreLimits};
+use fanout_core::limiter::{LimiterState, Limits as CoreLimits, Reservation};
 use fanout_core::retry::Attempt;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
@@ -87,8 +87,10 @@ pub(super) const CLAIM_EXPIRE: &str =
                     AND lease_expires_ms <= $2
                   FOR UPDATE SKIP LOCKED)";
 
-/// Their deliveries in flight, every daemon's.
-pub(super) const CLAIM_COUNT: &str = "SELECT subscriber_id, COUNT(*) FROM deliveries
+/// Their sends in flight, every daemon's: a delivery alone, or a batch's lead (its other
+/// deliveries name it in `batch_lead` and are not counted).
+pub(super) const CLAIM_COUNT: &str = "SELECT subscriber_id,
+         COUNT(*) FILTER (WHERE batch_lead IS NULL OR batch_lead = id) FROM deliveries
      WHERE subscriber_id = ANY($1) AND status = 'in_flight' GROUP BY subscriber_id";
 
 /// Up to `$2[k]` due deliveries of subscriber `$1[k]`, oldest due first, rows another
@@ -96,7 +98,7 @@ pub(super) const CLAIM_COUNT: &str = "SELECT subscriber_id, COUNT(*) FROM delive
 /// (with their event) by one statement.
 pub(super) const CLAIM_LEASE: &str =
     "UPDATE deliveries d SET status = 'in_flight', lease_owner = $3,
-         lease_expires_ms = $4, updated_ms = $5
+         lease_expires_ms = $4, updated_ms = $5, batch_lead = NULL
      FROM events e
      WHERE d.id = ANY(ARRAY(
                SELECT c.id FROM unnest($1::text[], $2::bigint[]) AS w(sub, n)
@@ -106,6 +108,26 @@ pub(super) const CLAIM_LEASE: &str =
                    ORDER BY next_attempt_ms, id LIMIT w.n
                    FOR UPDATE SKIP LOCKED) c))
        AND e.id = d.event_id
+     RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts, d.next_attempt_ms,
+         d.sequence, e.received_ms, d.ordering_key, d.previous_sequence, e.traceparent";
+
+/// [`CLAIM_LEASE`] for batching subscribers: up to `$2[k]` due deliveries of `$1[k]` in groups
+/// of `$6[k]` (in the order they are leased and returned), each delivery naming its group's
+/// first in `batch_lead` — one request each (`fanout_core::batch`, counted by [`CLAIM_COUNT`]).
+pub(super) const CLAIM_LEASE_BATCHES: &str =
+    "UPDATE deliveries d SET status = 'in_flight', lease_owner = $3,
+         lease_expires_ms = $4, updated_ms = $5, batch_lead = g.lead
+     FROM events e, (
+         SELECT c.id, first_value(c.id) OVER (
+                    PARTITION BY w.sub, (c.rn - 1) / w.per ORDER BY c.rn) AS lead
+         FROM unnest($1::text[], $2::bigint[], $6::bigint[]) AS w(sub, n, per)
+         CROSS JOIN LATERAL (
+             SELECT q.id, row_number() OVER (ORDER BY q.next_attempt_ms, q.id) AS rn
+             FROM (SELECT id, next_attempt_ms FROM deliveries
+                   WHERE subscriber_id = w.sub AND status = 'pending' AND next_attempt_ms <= $5
+                   ORDER BY next_attempt_ms, id LIMIT w.n
+                   FOR UPDATE SKIP LOCKED) q) c) g
+     WHERE d.id = g.id AND e.id = d.event_id
      RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts, d.next_attempt_ms,
          d.sequence, e.received_ms, d.ordering_key, d.previous_sequence, e.traceparent";
 
@@ -149,6 +171,40 @@ pub(super) const RECORD_OUTCOMES: &str = "WITH done AS (
          ordering_key
      FROM done";
 
+/// A claim's grants as its lease statements take them: `(ids, counts)` of the subscribers
+/// that send one delivery per request, then `(ids, deliveries, per request)` of those that
+/// batch (`per`).
+#[allow(clippy::type_complexity)]
+fn split_grants<'a>(
+    held: &'a [(String, CoreLimits, LimiterState, Reservation)],
+    per: &HashMap<&str, usize>,
+) -> (Vec<&'a str>, Vec<i64>, Vec<&'a str>, Vec<i64>, Vec<i64>) {
+    let (mut grant_ids, mut grants) = (Vec::new(), Vec::new());
+    let (mut batch_ids, mut batch_grants, mut batch_pers) = (Vec::new(), Vec::new(), Vec::new());
+    for (id, _, _, reservation) in held {
+        if reservation.granted() == 0 {
+            continue;
+        }
+        match per.get(id.as_str()) {
+            Some(&p) => {
+                batch_ids.push(id.as_str());
+                batch_grants.push((reservation.granted() * p.max(1)) as i64);
+                batch_pers.push(p.max(1) as i64);
+            }
+            None => {
+                grant_ids.push(id.as_str());
+                grants.push(reservation.granted() as i64);
+            }
+        }
+    }
+    (grant_ids, grants, batch_ids, batch_grants, batch_pers)
+}
+
+/// `Turn::batch_per` by subscriber.
+pub(super) fn per_of(batch_per: &[(String, usize)]) -> HashMap<&str, usize> {
+    batch_per.iter().map(|(id, p)| (id.as_str(), *p)).collect()
+}
+
 /// The most asked of each subscriber (once each, in id order).
 pub(super) fn wanted_of(wants: &[(String, usize)]) -> BTreeMap<&str, usize> {
     let mut wanted: BTreeMap<&str, usize> = BTreeMap::new();
@@ -181,10 +237,26 @@ impl PgLedger {
         now_ms: i64,
         lease_ms: i64,
     ) -> Result<Vec<PgClaim>, LedgerError> {
+        self.claim_batched(wants, &[], breaker, now_ms, lease_ms)
+            .await
+    }
+
+    /// [`PgLedger::claim`] where the subscribers of `batch_per` batch: each group of that many
+    /// deliveries is one request against their limiter and in-flight cap (`Turn::batch_per`).
+    pub async fn claim_batched(
+        &self,
+        wants: &[(String, usize)],
+        batch_per: &[(String, usize)],
+        breaker: BreakerConfig,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<PgClaim>, LedgerError> {
         let lease_until = now_ms.saturating_add(lease_ms);
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        let out = Self::claim_in(&tx, &self.owner, wants, breaker, now_ms, lease_until).await?;
+        let per = per_of(batch_per);
+        let out =
+            Self::claim_in(&tx, &self.owner, wants, &per, breaker, now_ms, lease_until).await?;
         tx.commit().await?;
         Ok(out)
     }
@@ -196,6 +268,7 @@ impl PgLedger {
         tx: &Transaction<'_>,
         owner: &str,
         wants: &[(String, usize)],
+        per: &HashMap<&str, usize>,
         breaker: BreakerConfig,
         now_ms: i64,
         lease_until: i64,
@@ -225,17 +298,19 @@ impl PgLedger {
             let limiter = decode_limiter(&id, raw.as_deref(), now_ms);
             live.push((id, core_limits(r, breaker)?, limiter));
         }
-        Self::lease_in(tx, owner, &wanted, live, &counted, now_ms, lease_until).await
+        Self::lease_in(tx, owner, &wanted, per, live, &counted, now_ms, lease_until).await
     }
 
     /// The rest of a claim once the subscribers' rows are locked — `live`: the live ones in id
     /// order, with their limits and shared limiter as of now — and their sends in flight
     /// counted (`counted`: the rows of `CLAIM_COUNT`, run after their expired leases went back
     /// to the queue). Two round trips.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn lease_in(
         tx: &Transaction<'_>,
         owner: &str,
         wanted: &BTreeMap<&str, usize>,
+        per: &HashMap<&str, usize>,
         live: Vec<(String, CoreLimits, LimiterState)>,
         counted: &[Row],
         now_ms: i64,
@@ -248,33 +323,31 @@ impl PgLedger {
         // 4. The shared limiter of each decides how many may go now, of what was asked and
         // what the in-flight cap leaves: reserved here, committed below to what was found.
         let mut held = Vec::with_capacity(live.len());
-        let mut grant_ids: Vec<&str> = Vec::with_capacity(live.len());
-        let mut grants: Vec<i64> = Vec::with_capacity(live.len());
+        // A batching subscriber's grant is in requests, each `per` deliveries.
+        let per_of = |id: &str| per.get(id).copied().unwrap_or(1).max(1);
         for (id, l, mut limiter) in live {
             let busy = in_flight.get(&id).copied().unwrap_or(0);
             let most = wanted.get(id.as_str()).copied().unwrap_or(0);
+            let most = most.div_ceil(per_of(&id));
             let reservation = grant_shared(&mut limiter, l, busy, most, now_ms);
             held.push((id, l, limiter, reservation));
         }
-        for (id, _, _, reservation) in &held {
-            if reservation.granted() > 0 {
-                grant_ids.push(id.as_str());
-                grants.push(reservation.granted() as i64);
-            }
-        }
+        let (grant_ids, grants, batch_ids, batch_grants, batch_pers) = split_grants(&held, per);
         // 5. Lease that many due deliveries of each to this daemon, oldest due first, rows
         // another transaction holds skipped: one statement picks, locks, leases and reads
         // them.
         let mut claimed: HashMap<String, Vec<(i64, i64, Claimed)>> = HashMap::new();
-        if !grant_ids.is_empty() {
-            let lease = tx.prepare_cached(CLAIM_LEASE).await?;
-            for r in tx
-                .query(
-                    &lease,
-                    &[&grant_ids, &grants, &owner, &lease_until, &now_ms],
-                )
-                .await?
-            {
+        let leased_rows = Self::lease_rows(
+            tx,
+            owner,
+            (&grant_ids, &grants),
+            (&batch_ids, &batch_grants, &batch_pers),
+            lease_until,
+            now_ms,
+        )
+        .await?;
+        {
+            for r in leased_rows {
                 let rowid: i64 = r.try_get(0)?;
                 let due: i64 = r.try_get(6)?;
                 claimed.entry(r.try_get(1)?).or_default().push((
@@ -299,8 +372,9 @@ impl PgLedger {
         let mut store_states: Vec<String> = Vec::with_capacity(held.len());
         for (id, l, limiter, reservation) in &mut held {
             let n = claimed.get(id.as_str()).map_or(0, Vec::len);
-            limiter.commit(*l, *reservation, n);
-            *in_flight.entry(id.clone()).or_default() += n as u32;
+            let sends = n.div_ceil(per_of(id));
+            limiter.commit(*l, *reservation, sends);
+            *in_flight.entry(id.clone()).or_default() += sends as u32;
             store_ids.push(id.as_str());
             store_states.push(encode_limiter(limiter));
         }
@@ -335,6 +409,42 @@ impl PgLedger {
             });
         }
         Ok(out)
+    }
+
+    /// Lease `grants[k]` due deliveries of `grant_ids[k]`, and of each batching subscriber
+    /// `batch_ids[k]` `batch_grants[k]` in groups of `batch_pers[k]` (each naming its first in
+    /// `batch_lead`): at most two statements, each picking, locking, leasing and reading.
+    async fn lease_rows(
+        tx: &Transaction<'_>,
+        owner: &str,
+        (grant_ids, grants): (&[&str], &[i64]),
+        (batch_ids, batch_grants, batch_pers): (&[&str], &[i64], &[i64]),
+        lease_until: i64,
+        now_ms: i64,
+    ) -> Result<Vec<Row>, LedgerError> {
+        let mut rows = Vec::new();
+        if !grant_ids.is_empty() {
+            let lease = tx.prepare_cached(CLAIM_LEASE).await?;
+            rows = tx
+                .query(
+                    &lease,
+                    &[&grant_ids, &grants, &owner, &lease_until, &now_ms],
+                )
+                .await?;
+        }
+        if !batch_ids.is_empty() {
+            let lease = tx.prepare_cached(CLAIM_LEASE_BATCHES).await?;
+            let args: &[&(dyn ToSql + Sync)] = &[
+                &batch_ids,
+                &batch_grants,
+                &owner,
+                &lease_until,
+                &now_ms,
+                &batch_pers,
+            ];
+            rows.extend(tx.query(&lease, args).await?);
+        }
+        Ok(rows)
     }
 
     /// Record results and fold their answers into the shared limiters, in one transaction.

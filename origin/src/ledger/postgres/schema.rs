@@ -344,6 +344,14 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (resolution_ms, bucket_ms, subscriber_id)
     );
     "#,
+    // 12: batched webhooks (issue 25, `fanout_core::batch`; as the SQLite ledger's migration of
+    // the same name): a subscriber's `batch` settings (JSON, NULL: one event per request), and
+    // for a leased delivery of a batching subscriber the id of its batch's first delivery, so
+    // that a claim counts a batch in flight as the one request it is (`leases.rs`).
+    r#"
+    ALTER TABLE subscribers ADD COLUMN batch TEXT;
+    ALTER TABLE deliveries ADD COLUMN batch_lead BIGINT;
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

@@ -11,7 +11,7 @@ use fanout_core::limiter::LimiterState;
 use super::ledger::PgLedger;
 use super::listen::CHANGED_CHANNEL;
 use crate::keyring::NewSecret;
-use crate::ledger::subscribers::{filter_column, SubscriberCounts};
+use crate::ledger::subscribers::{batch_column, filter_column, SubscriberCounts};
 use crate::ledger::LedgerError;
 use crate::model::{Disabled, StoredSecret, Subscriber};
 
@@ -153,8 +153,9 @@ impl PgLedger {
             .execute(
                 "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
                      timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
-                     payload, ordering, ordering_key, propagate_trace, signature)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14, $15, $16, $17)",
+                     payload, ordering, ordering_key, propagate_trace, signature, batch)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14, $15, $16,
+                     $17, $18)",
                 &[
                     &s.id,
                     &s.url,
@@ -173,6 +174,7 @@ impl PgLedger {
                     &s.ordering_key,
                     &s.propagate_trace,
                     &s.signature.as_str(),
+                    &batch_column(s),
                 ],
             )
             .await;
@@ -206,7 +208,8 @@ impl PgLedger {
                 "UPDATE subscribers SET url = $2, event_types = $3, rate_per_sec = $4, burst = $5,
                      max_in_flight = $6, timeout_ms = $7, lane = $8, legacy_signature = $9,
                      updated_ms = $10, customer = $11, filter = $12, payload = $13,
-                     ordering = $14, ordering_key = $15, propagate_trace = $16, signature = $17
+                     ordering = $14, ordering_key = $15, propagate_trace = $16, signature = $17,
+                     batch = $18
                  WHERE id = $1 AND deleted_ms IS NULL",
                 &[
                     &s.id,
@@ -226,6 +229,7 @@ impl PgLedger {
                     &s.ordering_key,
                     &s.propagate_trace,
                     &s.signature.as_str(),
+                    &batch_column(s),
                 ],
             )
             .await?;

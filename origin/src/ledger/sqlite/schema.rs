@@ -300,6 +300,11 @@ const MIGRATIONS: &[Migration] = &[
         PRIMARY KEY (resolution_ms, bucket_ms, subscriber_id)
     ) WITHOUT ROWID;
     "#),
+    // 12: batched webhooks (issue 25, `fanout_core::batch`): a subscriber's `batch` settings
+    // (JSON; NULL: one event per request).
+    Sql(r#"
+    ALTER TABLE subscribers ADD COLUMN batch TEXT;
+    "#),
 ];
 
 /// Rows copied by one statement when a migration rebuilds a table; its progress is logged

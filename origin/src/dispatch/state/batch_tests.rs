@@ -6,7 +6,7 @@ use fanout_core::limiter::LimiterState;
 use super::tests::{delivered, on, settings, subscriber, Queue};
 use super::*;
 use crate::dispatch::vocab::Meta;
-use crate::model::Claimed;
+use crate::model::{Claimed, Transition};
 
 /// A batching subscriber: its claim asks `max_events` deliveries per request its limiter
 /// grants, each request is one slot of its in-flight cap and one token, and its result (one
@@ -121,5 +121,68 @@ fn cut_batches_table() {
         rows.extend(rest.iter().map(|d| d.rowid));
         rows.sort_unstable();
         assert_eq!(rows, (1..=sizes.len() as i64).collect::<Vec<_>>());
+    }
+}
+
+/// An edge call of a batching subscriber that the edge refuses (a 4xx no retry can change) is
+/// each event's failed attempt, retried with backoff: not split and sent again at once (its
+/// batches are cut again at the next try), which would loop.
+#[test]
+fn a_refused_edge_call_of_batches_counts_attempts() {
+    use crate::dispatch::vocab::{EdgeFailure, Lane};
+    use fanout_core::batch::BatchSpec;
+    let mut state = State::new(Settings {
+        edge: true,
+        ..settings(100)
+    });
+    let mut s = subscriber("b", 4);
+    s.lane = Lane::Edge;
+    s.batch = Some(BatchSpec {
+        max_events: 5,
+        max_bytes: 1_048_576,
+        max_wait_ms: 0,
+    });
+    on(
+        &mut state,
+        Event::Loaded(vec![(s, LimiterState::default())]),
+        0,
+    );
+    let mut q = Queue::with(&[("b", 10)]);
+    let Some(Effect::Record(turn)) = on(&mut state, Event::Tick, 1).into_iter().next() else {
+        panic!("a tick records a turn");
+    };
+    let metas: Vec<Meta> = on(&mut state, Event::Recorded(q.answer(&turn)), 1)
+        .into_iter()
+        .find_map(|e| match e {
+            Effect::LaunchBatches { batches, .. } => {
+                Some(batches.iter().flatten().map(Meta::of).collect())
+            }
+            _ => None,
+        })
+        .expect("a batch launch");
+    assert_eq!(metas.len(), 10);
+    let refused = EdgeFailure::Refused {
+        status: 400,
+        error: "invalid_request: unknown field `batch`".into(),
+    };
+    on(
+        &mut state,
+        Event::EdgeFailed {
+            sub: Arc::from("b"),
+            items: metas,
+            failure: refused,
+        },
+        5,
+    );
+    assert_eq!(state.in_flight_of("b"), 0, "both requests' slots back");
+    let Some(Effect::Record(turn)) = on(&mut state, Event::Flush, 5).into_iter().next() else {
+        panic!("the outcomes are recorded");
+    };
+    assert_eq!(turn.outcomes.len(), 10);
+    for o in &turn.outcomes {
+        assert!(
+            matches!(&o.transition, Transition::Retry { at_ms, .. } if *at_ms > 5),
+            "{o:?}"
+        );
     }
 }

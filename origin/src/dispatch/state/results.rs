@@ -162,6 +162,9 @@ impl State {
         if items.is_empty() {
             return;
         }
+        // A batching subscriber's call is split by the state's next cut, not by suspects: its
+        // refused call is each event's failed attempt (backoff, dead at the limit).
+        let batching = self.subs.get(sub).is_some_and(|s| s.target.batch.is_some());
         match failure {
             EdgeFailure::Transient { .. } => {
                 let mut wait = edge_retry_ms(0);
@@ -198,7 +201,7 @@ impl State {
                     );
                 }
             }
-            EdgeFailure::Refused { status, error } if items.len() > 1 => {
+            EdgeFailure::Refused { status, error } if items.len() > 1 && !batching => {
                 // Sending the same batch again cannot help: send it again split, at once.
                 let half = items.len().div_ceil(2);
                 let _ = (status, error);

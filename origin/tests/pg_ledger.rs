@@ -2207,3 +2207,66 @@ async fn an_events_traceparent_comes_back_with_its_claims() {
         .collect();
     assert_eq!(got, [("e1", Some(tp)), ("e2", None)]);
 }
+
+/// Found by the fault soak (seed 36): an ingest that read a subscriber as live before its
+/// removal committed, and inserted its delivery after the removal had made the subscriber's
+/// deliveries dead, left that delivery pending for good (no daemon claims for a removed
+/// subscriber, and nothing else ends it). The next rescan (`due_work`) makes it dead as the
+/// removal made the others.
+#[tokio::test]
+async fn a_delivery_an_ingest_left_for_a_removed_subscriber_goes_dead_at_the_next_rescan() {
+    let server = PgServer::start();
+    let l = ledgers(&server, "bury", 1).await;
+    l[0].create_subscriber(&sub("gone", &["*"], 10.0, 20, 8), "s")
+        .await
+        .unwrap();
+    l[0].create_subscriber(&sub("kept", &["*"], 10.0, 20, 8), "s")
+        .await
+        .unwrap();
+    l[0].ingest(vec![ev("before", "t")], 1).await.unwrap();
+    let now = fanout_origin::time::now_ms();
+    assert_eq!(l[0].delete_subscriber("gone", now).await.unwrap(), 1);
+    // What the race leaves: the ingest's delivery for the removed subscriber, committed after
+    // the removal (its statement could see neither the removal nor be seen by it).
+    let c = server.connect("bury").await;
+    c.batch_execute(
+        "INSERT INTO events (id, type, body, received_ms) VALUES ('late', 't', '{}', 3);
+         INSERT INTO deliveries (subscriber_id, event_id, status, next_attempt_ms, created_ms,
+             updated_ms, sequence)
+         VALUES ('gone', 'late', 'pending', 3, 3, 3, 2), ('kept', 'late', 'pending', 3, 3, 3, 2);",
+    )
+    .await
+    .unwrap();
+    let statuses = || async {
+        c.query(
+            "SELECT subscriber_id, event_id, status FROM deliveries ORDER BY subscriber_id, event_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1), r.get::<_, String>(2)))
+        .collect::<Vec<_>>()
+    };
+    let s = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
+    DispatchLedger::due_work(&l[0], 5).await.unwrap();
+    assert_eq!(
+        statuses().await,
+        [
+            s("gone", "before", "dead"),
+            s("gone", "late", "dead"),
+            s("kept", "before", "pending"),
+            s("kept", "late", "pending"),
+        ],
+        "only the removed subscriber's deliveries end"
+    );
+    let (_, error): (i64, Option<String>) = c
+        .query_one(
+            "SELECT id, last_error FROM deliveries WHERE event_id = 'late' AND subscriber_id = 'gone'",
+            &[],
+        )
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!(error.as_deref(), Some("subscriber removed"));
+}

@@ -381,6 +381,7 @@ impl DispatchLedger for PgLedger {
     }
 
     async fn due_work(&self, dead_threshold: u64) -> Result<Vec<(String, i64)>, LedgerError> {
+        self.bury_removed().await?;
         self.rearm_dead_alerts(dead_threshold).await?;
         self.due_summary().await
     }

@@ -281,6 +281,18 @@ impl PgLedger {
         Ok(dead)
     }
 
+    /// Deliveries left pending or in flight for a subscriber removed in the last hour go dead,
+    /// as its removal made the others: an ingest that read the subscriber as live before the
+    /// removal committed, and inserted after the removal's own sweep, left them behind (the
+    /// removal cannot see a delivery not yet committed, and an ingest's statement cannot see a
+    /// removal committed while it waited for the counters' lock). Run with every rescan
+    /// (`due_work`): nothing is left pending for good. Returns how many.
+    pub async fn bury_removed(&self) -> Result<u64, LedgerError> {
+        let c = self.client().await?;
+        let st = c.prepare_cached(BURY_REMOVED).await?;
+        Ok(c.execute(&st, &[]).await?)
+    }
+
     /// Add `secret` as the current secret; every other active one keeps signing until
     /// `now + grace_ms`.
     pub async fn rotate_secret(
@@ -518,3 +530,13 @@ impl Subscribers for PgLedger {
             .await
     }
 }
+
+/// [`PgLedger::bury_removed`]'s statement: the subscribers removed in the last hour (by the
+/// server's clock, which every daemon keeps), then their pending and leased deliveries, by
+/// index.
+const BURY_REMOVED: &str =
+    "UPDATE deliveries SET status = 'dead', last_error = 'subscriber removed',
+         updated_ms = r.deleted_ms, lease_owner = NULL, lease_expires_ms = NULL
+     FROM (SELECT id, deleted_ms FROM subscribers
+           WHERE deleted_ms > (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint - 3600000) r
+     WHERE deliveries.subscriber_id = r.id AND deliveries.status IN ('pending', 'in_flight')";

@@ -286,6 +286,7 @@ async fn serve(
             control: control_tx.clone(),
             metrics: metrics.clone(),
             max_event_bytes: cfg.max_event_bytes,
+            telemetry: telemetry.clone(),
         },
         stop_rx.clone(),
     );

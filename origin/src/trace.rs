@@ -158,6 +158,29 @@ impl Telemetry {
         }
     }
 
+    /// The span of one outbox round that ingests `events` events read from the producer's
+    /// table (a consumer span, a trace of its own), and the `traceparent` to store with them so
+    /// that their attempts join it. Off: nothing, and nothing stored.
+    pub fn outbox(&self, events: usize) -> Ingest {
+        let Some(on) = &self.0 else {
+            return Ingest {
+                span: None,
+                stored: None,
+            };
+        };
+        let span = on
+            .tracer
+            .span_builder("outbox ingest")
+            .with_kind(SpanKind::Consumer)
+            .with_attributes([KeyValue::new("fanout.outbox.events", events as i64)])
+            .start(&on.tracer);
+        let stored = Some(traceparent_of(span.span_context()));
+        Ingest {
+            span: Some(span),
+            stored,
+        }
+    }
+
     /// The span of one delivery attempt, when exporting.
     pub fn attempt(&self, a: &Attempt<'_>) -> Option<AttemptSpan> {
         let on = self.0.as_ref()?;
@@ -242,6 +265,18 @@ impl Ingest {
     /// The `traceparent` to store with the request's events.
     pub fn stored(&self) -> Option<&str> {
         self.stored.as_deref()
+    }
+
+    /// End an outbox round's span: its events in the ledger, or not (`error`: the ledger's
+    /// refusal, kind only).
+    pub fn end_round(self, error: Option<&'static str>) {
+        if let Some(mut span) = self.span {
+            if let Some(kind) = error {
+                span.set_status(Status::error(""));
+                span.set_attribute(KeyValue::new("error.type", kind));
+            }
+            span.end();
+        }
     }
 
     /// End the span with the request's answer.

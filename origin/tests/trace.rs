@@ -343,3 +343,59 @@ async fn without_an_endpoint_the_stored_context_is_propagated() {
     );
     assert_eq!(plain.received()[0].header("traceparent"), None);
 }
+
+/// An outbox round that ingests is a consumer span of its own, and the attempts of its events
+/// are its children: a producer that writes to its outbox can follow an event from the round
+/// that took it to each webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_round_is_a_span_and_its_events_attempts_join_it() {
+    let receiver = Receiver::start().await;
+    let sink = Subscriber::ok().await;
+    let dir = tempfile::tempdir().unwrap();
+    let producer = dir.path().join("producer.db");
+    let init = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["outbox", "init", "--db", producer.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let d = Binary::start_env(
+        free_port(),
+        &dir.path().join("f.db"),
+        &["--outbox", producer.to_str().unwrap()],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    )
+    .await;
+    d.api.subscriber(sub_spec("s", &sink.url, &["*"])).await;
+    let c = rusqlite::Connection::open(&producer).unwrap();
+    c.execute(
+        "INSERT INTO fanout_outbox (payload) VALUES (?1)",
+        [json!({"id": "evt_ob", "type": "order.created"}).to_string()],
+    )
+    .unwrap();
+    wait_for(
+        "the outbox event's attempt span",
+        Duration::from_secs(20),
+        || async { receiver.attempts("evt_ob", "s").len() == 1 },
+    )
+    .await;
+    let round = receiver
+        .spans()
+        .into_iter()
+        .find(|s| s.name == "outbox ingest")
+        .expect("the outbox round's span");
+    assert_eq!(round.kind, 5, "a consumer span: {round:?}");
+    assert_eq!(round.parent, "", "a trace of its own");
+    assert_eq!(round.attr("fanout.outbox.events"), Some("1"));
+    let attempt = &receiver.attempts("evt_ob", "s")[0];
+    assert_eq!(attempt.trace_id, round.trace_id);
+    assert_eq!(attempt.parent, round.span_id);
+    assert_eq!(sink.count(), 1);
+}

@@ -181,6 +181,9 @@ pub struct Daemon {
     pub control: UnboundedSender<Control>,
     pub metrics: Arc<Metrics>,
     pub max_event_bytes: usize,
+    /// OpenTelemetry (`crate::trace`): a span per round that ingests, its context stored with
+    /// the round's events.
+    pub telemetry: crate::trace::Telemetry,
 }
 
 /// Move rows into the ledger until `stop` turns true.
@@ -250,12 +253,20 @@ async fn round(source: &mut Source, cfg: &OutboxConfig, d: &Daemon) -> Result<us
     }
     let taken = rows.len();
     let plan::Batch {
-        events,
+        mut events,
         rejected,
         ids,
     } = plan::plan(&rows, d.max_event_bytes);
     if !events.is_empty() {
-        match d.store.ingest(events, crate::time::now_ms()).await {
+        let span = d.telemetry.outbox(events.len());
+        if let Some(tp) = span.stored() {
+            for e in &mut events {
+                e.traceparent = Some(tp.to_string());
+            }
+        }
+        let ingested = d.store.ingest(events, crate::time::now_ms()).await;
+        span.end_round(ingested.as_ref().err().map(|_| "ledger"));
+        match ingested {
             Ok((results, touched)) => {
                 let dups = results.iter().filter(|r| r.duplicate).count() as u64;
                 d.metrics

@@ -8,6 +8,8 @@
 //       [--story-events 12000] [--no-story-alone] [--origin-events 10000] [--edge-events 4000]
 //       [--json out.json] [--filtered] [--order-events 20000] [--order-keys 10000]
 //   --only ordering: one subscriber's deliveries unordered vs ordered by key (the ratio).
+//   --only batches: one subscriber answering in 20 ms with max_in_flight 4, one event per
+//     request vs batches of 100 (issue 25: batches ≥ 20× the events/s).
 //   FANOUT_BIN=target/release/fanout node bench/origin.mjs --only signatures [--rounds 3]
 //
 // Three parts, each with a fresh daemon (release binary, fresh SQLite file) per measurement:
@@ -62,6 +64,9 @@ const { values: opts } = parseArgs({
     // --order-keys keys, in alternating order (issue 24: ordered ≥ 0.8× unordered).
     'order-events': { type: 'string', default: '20000' },
     'order-keys': { type: 'string', default: '10000' },
+    // --only batches: events per run, one per request and in batches of 100.
+    'single-events': { type: 'string', default: '2000' },
+    'batch-events': { type: 'string', default: '40000' },
     // Another `fanout` binary (e.g. an older commit's release build) measured beside this one in
     // the ingest and lanes parts, in alternating order, for a before/after ratio.
     baseline: { type: 'string' },
@@ -570,6 +575,22 @@ async function sinkAlone(sink) {
 
 // ---------- part 4: ordered by key vs unordered, one subscriber ----------
 
+/** A held subscriber `id` with `events` queued is released (its rate unlimited) and timed
+ *  until the ledger records them all sent: {drained, rate (sent/s), seconds}. */
+async function releaseAndDrain(o, id, events) {
+  await sleep(500); // a burst of 1: one delivery may already be out
+  const before = sentTotal(await scrape(o));
+  const started = performance.now();
+  await patchSubscriber(o, id, FAST);
+  let m = null;
+  const drained = await until(async () => {
+    m = await scrape(o);
+    return sentTotal(m) >= events;
+  }, DRAIN_LIMIT_MS, 10);
+  const seconds = (performance.now() - started) / 1000;
+  return { drained: !!drained, rate: (sentTotal(m) - before) / seconds, seconds };
+}
+
 /** One subscriber on the origin lane drains `events` (over `keys` keys at `/data/key`),
  *  unordered or ordered by that key: deliveries/s recorded sent. */
 async function orderingOnce(sink, ordered, events, keys) {
@@ -587,22 +608,60 @@ async function orderingOnce(sink, ordered, events, keys) {
     });
     const evs = makeEvents(events, `evt_${id}`).map((e, i) => ({ ...e, data: { ...e.data, key: `k${i % keys}` } }));
     await postEvents(o, evs, 100, 4);
-    await sleep(500); // a burst of 1: one delivery may already be out
-    const before = sentTotal(await scrape(o));
-    const started = performance.now();
-    await patchSubscriber(o, id, FAST);
-    let m = null;
-    const drained = await until(async () => {
-      m = await scrape(o);
-      return sentTotal(m) >= events;
-    }, DRAIN_LIMIT_MS, 10);
-    const secs = (performance.now() - started) / 1000;
-    const res = { ordered, events, keys, drained: !!drained, rate: (sentTotal(m) - before) / secs, seconds: secs };
+    const res = { ordered, events, keys, ...(await releaseAndDrain(o, id, events)) };
     log(`  ${ordered ? `ordered by key (${keys} keys)` : 'unordered'}: ${res.rate.toFixed(0).padStart(6)} deliveries/s ` +
-      `(${events} in ${secs.toFixed(2)} s)${res.drained ? '' : ' — DID NOT DRAIN'}`);
+      `(${events} in ${res.seconds.toFixed(2)} s)${res.drained ? '' : ' — DID NOT DRAIN'}`);
     return res;
   } finally {
     await o.stop();
+  }
+}
+
+// ---------- part 5: batched webhooks vs one event per request, one slow receiver ----------
+
+/** A receiver that answers 200 after `ms`, counting the events it got (a batch's elements). */
+async function slowReceiver(ms) {
+  const http = await import('node:http');
+  const seen = { events: 0, requests: 0 };
+  const server = http.createServer((req, res) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => {
+      const body = Buffer.concat(chunks).toString('utf8');
+      seen.requests += 1;
+      seen.events += body.startsWith('{"events":[') ? JSON.parse(body).events.length : 1;
+      setTimeout(() => res.end('ok'), ms);
+    });
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return { url: `http://127.0.0.1:${server.address().port}`, seen, close: () => new Promise((r) => server.close(r)) };
+}
+
+/** One subscriber on the origin lane, `max_in_flight` 4, its receiver answering in 20 ms:
+ *  `events` queued while it is held, then drained one per request or in batches of 100
+ *  (events/s recorded sent). */
+async function batchesOnce(batched, events) {
+  const o = await origin();
+  const rx = await slowReceiver(20);
+  try {
+    const id = batched ? 'batched' : 'single';
+    await addSubscriber(o, {
+      id,
+      url: rx.url,
+      event_types: ['video.*'],
+      ...HELD,
+      max_in_flight: 4,
+      lane: 'origin',
+      ...(batched ? { batch: { max_events: 100 } } : {}),
+    });
+    await postEvents(o, makeEvents(events, `evt_${id}`), 100, 4);
+    const res = { batched, events, ...(await releaseAndDrain(o, id, events)), requests: rx.seen.requests };
+    log(`  ${batched ? 'batches of 100' : 'one per request'}: ${res.rate.toFixed(0).padStart(6)} events/s ` +
+      `(${events} in ${res.seconds.toFixed(2)} s, ${rx.seen.requests} requests)${res.drained ? '' : ' — DID NOT DRAIN'}`);
+    return res;
+  } finally {
+    await o.stop();
+    await rx.close();
   }
 }
 
@@ -638,7 +697,7 @@ async function main() {
     const both = [{ build: 'current', bin: null }, { build: 'baseline', bin: BASELINE }];
     return round % 2 ? both.reverse() : both;
   };
-  const results = { baseline: BASELINE, edgeRunner: EDGE_RUNNER, ingest: [], story: [], lanes: [], sink: [], ordering: [], signatures: [], when: new Date().toISOString(), cpus: (await import('node:os')).cpus().length };
+  const results = { baseline: BASELINE, edgeRunner: EDGE_RUNNER, ingest: [], story: [], lanes: [], sink: [], ordering: [], signatures: [], batches: [], when: new Date().toISOString(), cpus: (await import('node:os')).cpus().length };
   try {
     if (ONLY.has('ingest')) {
       log(`\n== ingest: ${INGEST_S} s per measurement, ${ROUNDS} round(s)`);
@@ -665,6 +724,14 @@ async function main() {
       log(`\n== ordering: ${n} deliveries to one subscriber, unordered vs ordered by key over ${keys} keys, ${ROUNDS} round(s)`);
       for (let r = 0; r < ROUNDS; r++) {
         for (const ordered of r % 2 ? [true, false] : [false, true]) results.ordering.push(await orderingOnce(sink, ordered, n, keys));
+      }
+    }
+    if (ONLY.has('batches')) {
+      const single = clampInt(opts['single-events'], 100, 100_000);
+      const batched = clampInt(opts['batch-events'], 100, 1_000_000);
+      log(`\n== batches: one subscriber (20 ms answers, max_in_flight 4), ${single} events one per request vs ${batched} in batches of 100, ${ROUNDS} round(s)`);
+      for (let r = 0; r < ROUNDS; r++) {
+        for (const b of r % 2 ? [true, false] : [false, true]) results.batches.push(await batchesOnce(b, b ? batched : single));
       }
     }
     if (ONLY.has('signatures')) {
@@ -769,6 +836,16 @@ function report(results) {
     p(`| unordered                         | ${fmt(u).padStart(12)} |`);
     p(`| ordered by key (${String(keys).padEnd(6)} keys)       | ${fmt(k).padStart(12)} |`);
     p(`  ordered ÷ unordered: ${fmt(k / u, 2)}×; target ≥ 0.8×: ${verdict(k / u >= 0.8)}; every run drained: ${results.ordering.every((r) => r.drained) ? 'yes' : 'NO'}\n`);
+  }
+  if (results.batches.length) {
+    const rate = (b) => median(results.batches.filter((r) => r.batched === b).map((r) => r.rate));
+    const [one, many] = [rate(false), rate(true)];
+    p('Batched webhooks, one subscriber on the origin lane answering in 20 ms, max_in_flight 4');
+    p('| requests            | events/s |');
+    p('|---------------------|---------:|');
+    p(`| one event each      | ${fmt(one).padStart(8)} |`);
+    p(`| batches of 100      | ${fmt(many).padStart(8)} |`);
+    p(`  batches ÷ single: ${fmt(many / one, 1)}×; target ≥ 20×: ${verdict(many / one >= 20)}; every run drained: ${results.batches.every((r) => r.drained) ? 'yes' : 'NO'}\n`);
   }
   if (results.signatures.length) {
     const sig = (s, k = 'rate') => median(results.signatures.filter((r) => r.signature === s).map((r) => r[k]));

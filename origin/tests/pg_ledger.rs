@@ -2270,3 +2270,68 @@ async fn a_delivery_an_ingest_left_for_a_removed_subscriber_goes_dead_at_the_nex
         .unwrap();
     assert_eq!(error.as_deref(), Some("subscriber removed"));
 }
+
+/// A batching subscriber's claim (`claim_batched`, `Turn::batch_per`) is in requests: every
+/// daemon counts a batch in flight once (by its lead, `batch_lead`) against the in-flight cap,
+/// and the shared bucket pays one token per batch.
+#[tokio::test]
+async fn daemons_count_a_batch_in_flight_as_one_request() {
+    let server = PgServer::start();
+    let l = ledgers(&server, "batch", 2).await;
+    // Two requests in flight at most; a burst of 3 refilling one token per 1,000 s.
+    l[0].create_subscriber(&sub("b", &["*"], 0.001, 3, 2), "s")
+        .await
+        .unwrap();
+    l[0].ingest(evs("x", 23), 0).await.unwrap();
+    let per = [("b".to_string(), 5)];
+    let t0 = 1_000;
+    let claim = |k: usize, asked: usize| {
+        let l = l[k].clone();
+        let per = per.clone();
+        async move {
+            l.claim_batched(&[("b".into(), asked)], &per, BREAKER, t0, LEASE)
+                .await
+                .unwrap()
+                .remove(0)
+        }
+    };
+    // Daemon 0 asks one request's worth: five deliveries, one request out.
+    let first = claim(0, 5).await;
+    assert_eq!((first.claimed.len(), first.in_flight), (5, 1));
+    // Daemon 1 asks three requests' worth: the cap leaves one more request, five deliveries.
+    let second = claim(1, 15).await;
+    assert_eq!((second.claimed.len(), second.in_flight), (5, 2));
+    // Both requests out: nothing more, whoever asks.
+    assert_eq!(claim(0, 5).await.claimed.len(), 0);
+    assert_eq!(claim(1, 5).await.claimed.len(), 0);
+    // Each group names its first delivery, in the order leased.
+    let c = server.connect("batch").await;
+    let leads: Vec<(i64, Option<i64>)> = c
+        .query(
+            "SELECT id, batch_lead FROM deliveries WHERE status = 'in_flight' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(leads.len(), 10);
+    for group in leads.chunks(5) {
+        assert!(
+            group.iter().all(|(_, lead)| *lead == Some(group[0].0)),
+            "{leads:?}"
+        );
+    }
+    // One request ends (its five recorded sent): one token is left of the burst of 3 (two
+    // batches took one each), so one more batch goes.
+    let done: Vec<LeasedOutcome> = first
+        .claimed
+        .iter()
+        .map(|d| sent(d.rowid, Some(first.lease_expires_ms), t0 + 1))
+        .collect();
+    l[0].apply(&done, &[], BREAKER, t0 + 1).await.unwrap();
+    let third = claim(0, 15).await;
+    assert_eq!(third.claimed.len(), 5, "one token left: one batch");
+    assert_eq!(claim(1, 15).await.claimed.len(), 0, "the bucket is empty");
+}

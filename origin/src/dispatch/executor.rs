@@ -159,16 +159,18 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 target,
                 deliveries,
                 per_call,
+                at_ms,
             } => {
-                self.launch(target, deliveries, per_call);
+                self.launch(target, deliveries, per_call, at_ms);
                 Vec::new()
             }
             Effect::LaunchBatches {
                 target,
                 batches,
                 per_call,
+                at_ms,
             } => {
-                self.launch_batches(target, batches, per_call);
+                self.launch_batches(target, batches, per_call, at_ms);
                 Vec::new()
             }
             Effect::Raise(notices) => {
@@ -534,5 +536,105 @@ mod tests {
         task.await
             .expect("the dispatcher's task")
             .expect("the dispatcher ran");
+    }
+
+    /// A send on the origin lane that would start more than `LATE_START_MS` after the state
+    /// leased its delivery is not made (a daemon frozen past its leases, woken, would send its
+    /// old launches beside the daemon that took them over, over the subscriber's rate: the
+    /// fault soak, seed 11): it comes back deferred, due at once, no attempt spent. One on
+    /// time is sent.
+    #[tokio::test]
+    async fn a_send_that_would_start_too_late_is_handed_back_unsent() {
+        use crate::dispatch::launch::LATE_START_MS;
+        use crate::dispatch::vocab::{Lane, Target};
+        use crate::keyring::Keyring;
+        use crate::model::{Claimed, Scheme, StoredSecret};
+        use fanout_core::wire::DeliveryResult;
+        let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = hits.clone();
+        let app = axum::Router::new().fallback(move || {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                "ok"
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let url = format!("http://{}/h", listener.local_addr().expect("an address"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let ledger = Ledger::open(&dir.path().join("ledger.db")).expect("a ledger");
+        let mut cfg = config(3);
+        cfg.allow_loopback = true;
+        cfg.outbound = Outbound::new(true).expect("an HTTP client");
+        let now = now_ms();
+        let mut d = Dispatcher::new(ledger, cfg, Arc::new(Metrics::new(false)))
+            .with_clock(Arc::new(move || now));
+        let s = crate::ledger::test_subscriber("s", &["*"]);
+        let target = Arc::new(Target {
+            id: Arc::from("s"),
+            url: Arc::from(url.as_str()),
+            limits: s.limits,
+            lane: Lane::Origin,
+            legacy_signature: false,
+            keyring: Keyring::of(&[StoredSecret {
+                secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
+                created_ms: 0,
+                expires_ms: None,
+                signing_key: None,
+            }]),
+            signature: Scheme::Hmac,
+            customer: None,
+            payload: Default::default(),
+            ordered: false,
+            propagate_trace: false,
+            batch: None,
+        });
+        let claimed = |rowid| Claimed {
+            rowid,
+            event_id: format!("evt_{rowid}"),
+            event_type: "t".into(),
+            body: "{}".into(),
+            attempt: 1,
+            sequence: 1,
+            received_ms: now,
+            order: None,
+            traceparent: None,
+        };
+        let mut result_of = async |at_ms| {
+            d.launch(target.clone(), vec![claimed(at_ms)], 1, at_ms);
+            match d.done_rx.recv().await {
+                Some(Event::Results { mut items, .. }) => items.pop().expect("one result").1,
+                other => panic!("expected the send's result, got {other:?}"),
+            }
+        };
+        let late = result_of(now - LATE_START_MS - 1).await;
+        assert!(
+            matches!(
+                late.result,
+                DeliveryResult::Deferred {
+                    retry_after_ms: 0,
+                    ..
+                }
+            ),
+            "{late:?}"
+        );
+        assert_eq!(late.attempt, None, "no attempt spent");
+        assert_eq!(
+            hits.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "nothing sent"
+        );
+        let on_time = result_of(now - LATE_START_MS).await;
+        assert!(
+            matches!(
+                on_time.result,
+                DeliveryResult::Delivered { status: 200, .. }
+            ),
+            "{on_time:?}"
+        );
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 }

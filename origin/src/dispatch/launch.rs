@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use fanout_core::batch;
 use fanout_core::endpoint::check_url;
-use fanout_core::wire::{BatchMembers, Delivery, DeliveryResult, SubscriberSpec};
+use fanout_core::wire::{BatchMembers, DeferReason, Delivery, DeliveryResult, SubscriberSpec};
 use tokio::sync::mpsc;
 
 use super::edge_lane::{self, edge_failure, pair_results, EdgeClient};
@@ -24,9 +24,40 @@ use crate::outbound::Signer;
 use crate::payload::{thin_body, EventUrl, Payload};
 use crate::trace::{self, AttemptSpan};
 
+/// A send on the origin lane that would start more than this long after the state leased its
+/// delivery (`at_ms`) is not made: it is handed back deferred, due at once, no attempt spent.
+/// Its token was taken at the lease, by the subscriber's rate then; sent late, it would arrive
+/// with the sends paced after it — a daemon frozen (SIGSTOP, a stalled host) past its leases
+/// and woken sent its old launches beside the daemon that took its work over, over a strict
+/// partner's rate (the fault soak, seed 11). Normally a send starts within milliseconds.
+pub const LATE_START_MS: i64 = 2_000;
+
+/// Whether a send decided at `at_ms` is too late to start at `now_ms` ([`LATE_START_MS`]).
+pub fn too_late(at_ms: i64, now_ms: i64) -> bool {
+    now_ms.saturating_sub(at_ms) > LATE_START_MS
+}
+
+/// The result of a send not made because it would start too late: deferred, due at once.
+fn late(delivery_id: &str) -> Attempted {
+    Attempted {
+        result: DeliveryResult::Deferred {
+            id: delivery_id.to_string(),
+            retry_after_ms: 0,
+            reason: DeferReason::Rate,
+        },
+        attempt: None,
+    }
+}
+
 impl<L: DispatchLedger> Dispatcher<L> {
     /// Start sending leased deliveries by the lane the state chose.
-    pub(super) fn launch(&self, target: Arc<Target>, claimed: Vec<Claimed>, per_call: usize) {
+    pub(super) fn launch(
+        &self,
+        target: Arc<Target>,
+        claimed: Vec<Claimed>,
+        per_call: usize,
+        at_ms: i64,
+    ) {
         let now = (self.clock)();
         let keys = target
             .keyring
@@ -87,7 +118,11 @@ impl<L: DispatchLedger> Dispatcher<L> {
                             traceparent: traceparent.as_deref(),
                             sequences: None,
                         };
-                        let result = origin_lane::deliver(&out, &send, body).await;
+                        let result = if too_late(at_ms, clock()) {
+                            late(&id)
+                        } else {
+                            origin_lane::deliver(&out, &send, body).await
+                        };
                         if let Some(span) = span {
                             span.finish(&result.result);
                         }
@@ -276,6 +311,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
         target: Arc<Target>,
         batches: Vec<Vec<Claimed>>,
         per_call: usize,
+        at_ms: i64,
     ) {
         let now = (self.clock)();
         let keys = target
@@ -341,7 +377,11 @@ impl<L: DispatchLedger> Dispatcher<L> {
                             traceparent: f.traceparent.as_deref(),
                             sequences: f.sequences_header(),
                         };
-                        let (sent, answer) = origin_lane::deliver_batch(&out, &send, f.body).await;
+                        let (sent, answer) = if too_late(at_ms, clock()) {
+                            (late(&f.id), String::new())
+                        } else {
+                            origin_lane::deliver_batch(&out, &send, f.body).await
+                        };
                         let failed = match &sent.result {
                             DeliveryResult::Delivered { .. } => {
                                 batch::failed_of(&answer, &f.event_ids)

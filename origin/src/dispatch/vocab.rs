@@ -223,6 +223,9 @@ pub enum Effect {
         target: Arc<Target>,
         deliveries: Vec<Claimed>,
         per_call: usize,
+        /// When the state leased them: a send that would start long after is not made
+        /// (`launch::LATE_START_MS`).
+        at_ms: i64,
     },
     /// Send these leased deliveries of a batching subscriber by `target.lane`, each inner list
     /// one request (`fanout_core::batch`); edge calls carry at most `per_call` requests each.
@@ -230,6 +233,7 @@ pub enum Effect {
         target: Arc<Target>,
         batches: Vec<Vec<Claimed>>,
         per_call: usize,
+        at_ms: i64,
     },
     /// Tell the operator.
     Raise(Vec<Notice>),

@@ -239,6 +239,7 @@ impl State {
                     target: st.target.clone(),
                     deliveries: claim.claimed,
                     per_call: edge_per_call(got, edge_batch),
+                    at_ms: now,
                 });
                 continue;
             }
@@ -257,6 +258,7 @@ impl State {
                     target: st.target.clone(),
                     deliveries: rest,
                     per_call: edge_per_call(n, edge_batch),
+                    at_ms: now,
                 });
             }
             for (size, deliveries) in by_size {
@@ -264,6 +266,7 @@ impl State {
                     target: st.target.clone(),
                     deliveries,
                     per_call: size,
+                    at_ms: now,
                 });
             }
         }
@@ -329,6 +332,7 @@ impl State {
             target,
             batches,
             per_call: edge_per_call(n, edge_batch),
+            at_ms: now,
         }
     }
 

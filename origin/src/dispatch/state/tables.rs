@@ -133,6 +133,7 @@ fn show(effect: &Effect, now: i64) -> String {
             target,
             deliveries,
             per_call,
+            ..
         } => {
             let rows: Vec<i64> = deliveries.iter().map(|d| d.rowid).collect();
             format!("launch {} {rows:?} per={per_call}", target.id)
@@ -141,6 +142,7 @@ fn show(effect: &Effect, now: i64) -> String {
             target,
             batches,
             per_call,
+            ..
         } => {
             let rows: Vec<Vec<i64>> = batches
                 .iter()

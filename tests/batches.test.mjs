@@ -91,4 +91,50 @@ test('through the edge: batches signed as one message, failed events retried alo
     assert.equal(carried.get(e.id), twice ? 2 : 1, `${e.id} carried`);
     assert.equal(listed.get(e.id).attempt_count, twice ? 2 : 1, `${e.id} attempts`);
   }
+
+  // Ordered by key, a batch is a run of one key in order: each request carries one key (its
+  // `webhook-ordering-key`, the run's `webhook-previous-sequence`), and a key's requests, in
+  // arrival order, carry its events in order, each once.
+  const runs = await startSubscriber(async () => 200);
+  t.after(() => runs.close());
+  const made = await origin.api('/v1/subscribers', {
+    body: {
+      id: 'runs',
+      url: runs.url,
+      event_types: ['run.*'],
+      lane: 'edge',
+      ordering: 'key',
+      ordering_key: '/k',
+      max_in_flight: 2,
+      batch: { max_events: 4 },
+    },
+  });
+  assert.equal(made.status, 201, await made.text());
+  const keyed = [];
+  for (let i = 0; i < 6; i++) for (const k of ['a', 'b', 'c']) keyed.push({ id: `run_${k}${i}`, type: 'run.x', k });
+  assert.equal((await origin.api('/v1/events', { body: keyed })).status, 202);
+  const runsSent = async () => {
+    const r = await origin.api('/v1/deliveries?subscriber=runs&status=sent&limit=100');
+    return (await r.json()).deliveries.length;
+  };
+  await waitFor(async () => (await runsSent()) === 18, 30_000, { message: 'every ordered event sent' });
+  const runListed = new Map(
+    (await (await origin.api('/v1/deliveries?subscriber=runs&limit=100')).json()).deliveries.map((d) => [d.event_id, d]),
+  );
+  const perKey = { a: [], b: [], c: [] };
+  for (const r of runs.requests) {
+    const elements = JSON.parse(r.body).events;
+    const k = elements[0].k;
+    assert.ok(elements.every((e) => e.k === k), `one key a request: ${r.body}`);
+    assert.ok(elements.length <= 4, `${elements.length} events`);
+    assert.equal(r.headers['webhook-ordering-key'], k);
+    const first = runListed.get(elements[0].id);
+    const previous = first.previous_sequence == null ? undefined : String(first.previous_sequence);
+    assert.equal(r.headers['webhook-previous-sequence'], previous, 'the run\'s previous sequence');
+    perKey[k].push(...elements.map((e) => e.id));
+  }
+  for (const k of ['a', 'b', 'c']) {
+    assert.deepEqual(perKey[k], Array.from({ length: 6 }, (_, i) => `run_${k}${i}`), `key ${k} in order, each once`);
+  }
+  assert.ok(runs.requests.length < 18, `${runs.requests.length} requests for 18 events`);
 });

@@ -542,6 +542,9 @@ pub struct Claim {
     /// every daemon shares, which may have less than this daemon's copy): nothing of it is
     /// asked for again before this time. `None` when the caller's limiter decides alone.
     pub not_before_ms: Option<i64>,
+    /// A claim in runs (`Turn::runs`): each request's deliveries, in `claimed`'s order (a head,
+    /// then its key's held deliveries after it). Empty otherwise.
+    pub runs: Vec<usize>,
 }
 
 /// Deliveries in flight per customer (`None`: subscribers with no customer), as the daemons

@@ -84,7 +84,7 @@ async fn scenario(db: &Path) {
     );
     let secret = Secret::parse(created.1["secret"].as_str().unwrap()).unwrap();
 
-    // The bounds, and batching with ordering, are 400s naming the field.
+    // The bounds are 400s naming the field.
     for (batch, extra, says) in [
         (json!({ "max_events": 0 }), json!({}), "batch.max_events"),
         (json!({ "max_events": 1001 }), json!({}), "batch.max_events"),
@@ -99,11 +99,6 @@ async fn scenario(db: &Path) {
             "batch.max_wait_ms",
         ),
         (json!({ "max_events": 5, "size": 1 }), json!({}), "size"),
-        (
-            json!({ "max_events": 5 }),
-            json!({ "ordering": "subscriber" }),
-            "ordering",
-        ),
     ] {
         let mut spec =
             json!({ "id": "bad", "url": sink.url, "event_types": ["*"], "batch": batch });
@@ -308,6 +303,108 @@ async fn scenario(db: &Path) {
     assert_eq!(last.header("webhook-id"), Some("w9"));
     let body: Value = serde_json::from_slice(&last.body).unwrap();
     assert_eq!(body["n"], 9, "one event's own body: {body}");
+
+    ordered_runs(api).await;
+}
+
+/// With ordering by key, a batch is a run of one key in order: three keys of eight events
+/// each, five a request. Every request carries one key (its `webhook-ordering-key`), in
+/// sequence order, and starts at its key's lowest event not yet acknowledged — after a 503
+/// (key b) the same head again, after a 2xx naming one event failed (key a) that event, then
+/// its key's next ones. Each event ends sent; the retried ones with two attempts.
+async fn ordered_runs(api: &Api) {
+    let named: Arc<Mutex<bool>> = Arc::default();
+    let refused: Arc<Mutex<bool>> = Arc::default();
+    let sink = Subscriber::start(move |r, _| {
+        let ids = ids_of(r);
+        if ids.iter().any(|i| i == "ob00")
+            && !std::mem::replace(&mut *refused.lock().unwrap(), true)
+        {
+            return Answer::status(503);
+        }
+        if ids.iter().any(|i| i == "oa02") && !std::mem::replace(&mut *named.lock().unwrap(), true)
+        {
+            return Answer::status(200).body(r#"{"failed": ["oa02"]}"#);
+        }
+        Answer::status(200).body("ok")
+    })
+    .await;
+    let (status, body) = api
+        .post(
+            "/v1/subscribers",
+            json!({ "id": "o", "url": sink.url, "event_types": ["o.*"], "lane": "origin",
+                "ordering": "key", "ordering_key": "/k", "max_in_flight": 2,
+                "batch": { "max_events": 5 } }),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let events: Vec<Value> = (0..8)
+        .flat_map(|i| {
+            ["a", "b", "c"].map(|k| json!({ "id": format!("o{k}{i:02}"), "type": "o.1", "k": k }))
+        })
+        .collect();
+    api.events(Value::Array(events)).await;
+    wait_for("every ordered event sent", LONG, || async {
+        api.count("subscriber=o&status=sent").await == 24
+    })
+    .await;
+    let listed: BTreeMap<String, Value> = api
+        .deliveries("subscriber=o&limit=100")
+        .await
+        .into_iter()
+        .map(|d| (d["event_id"].as_str().unwrap().to_string(), d))
+        .collect();
+    let seq = |id: &str| listed[id]["sequence"].as_u64().unwrap();
+    let mut unacked: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for k in ["a", "b", "c"] {
+        unacked.insert(k.into(), (0..8).map(|i| format!("o{k}{i:02}")).collect());
+    }
+    let got = sink.received();
+    let first_with = |id: &str| {
+        got.iter()
+            .position(|r| ids_of(r).iter().any(|i| i == id))
+            .unwrap()
+    };
+    for (n, r) in got.iter().enumerate() {
+        let ids = ids_of(r);
+        assert!(ids.len() <= 5, "request {n}: {ids:?}");
+        let key = &ids[0][1..2];
+        assert!(
+            ids.iter().all(|i| &i[1..2] == key),
+            "request {n} mixes keys: {ids:?}"
+        );
+        assert_eq!(r.header("webhook-ordering-key"), Some(key), "request {n}");
+        let seqs: Vec<u64> = ids.iter().map(|i| seq(i)).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "request {n}: {ids:?}");
+        let left = unacked.get_mut(key).unwrap();
+        assert_eq!(
+            Some(&ids[0]),
+            left.first(),
+            "request {n} starts at its key's head: {ids:?}, unacknowledged {left:?}"
+        );
+        let previous = listed[&ids[0]]["previous_sequence"]
+            .as_u64()
+            .map(|p| p.to_string());
+        assert_eq!(
+            r.header("webhook-previous-sequence").map(str::to_string),
+            previous
+        );
+        // What this request acknowledged leaves the key (a 503, or a named failure, not).
+        let failed: Vec<&str> = if n == first_with("ob00") {
+            ids.iter().map(String::as_str).collect()
+        } else if n == first_with("oa02") {
+            vec!["oa02"]
+        } else {
+            vec![]
+        };
+        left.retain(|i| !ids.contains(i) || failed.contains(&i.as_str()));
+    }
+    assert!(unacked.values().all(Vec::is_empty), "{unacked:?}");
+    let refused = ids_of(&got[first_with("ob00")]);
+    for (id, d) in &listed {
+        let twice = id == "oa02" || refused.contains(id);
+        assert_eq!(d["attempt_count"], if twice { 2 } else { 1 }, "{id}: {d}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2335,3 +2335,82 @@ async fn daemons_count_a_batch_in_flight_as_one_request() {
     assert_eq!(third.claimed.len(), 5, "one token left: one batch");
     assert_eq!(claim(1, 15).await.claimed.len(), 0, "the bucket is empty");
 }
+
+/// An ordered batching subscriber's turn claims in runs (`Turn::runs`): each due head with up
+/// to `per - 1` of its key's held deliveries after it, one request each against the cap (the
+/// run names its head in `batch_lead`). Another daemon finds nothing more (the rest is held).
+/// When the leases expire, each key's head comes back due and its run held, so the daemon that
+/// takes over gets the same runs in the same order.
+#[tokio::test]
+async fn an_ordered_batching_claim_takes_runs_and_an_expired_run_keeps_one_head() {
+    use fanout_origin::ordering::Ordering;
+    let server = PgServer::start();
+    let l = ledgers(&server, "runs", 2).await;
+    let mut s = sub("o", &["*"], 1000.0, 1000, 4);
+    s.ordering = Ordering::Key;
+    s.ordering_key = Some("/k".into());
+    l[0].create_subscriber(&s, "s").await.unwrap();
+    let events: Vec<NewEvent> = (1..=4)
+        .flat_map(|i| {
+            ["a", "b"].map(|k| NewEvent {
+                id: format!("{k}{i}"),
+                event_type: "t".into(),
+                body: format!("{{\"k\":\"{k}\"}}"),
+                traceparent: None,
+            })
+        })
+        .collect();
+    l[0].ingest(events, 0).await.unwrap();
+    let turn = |now: i64| Turn {
+        now_ms: now,
+        claims: vec![("o".into(), 12)],
+        batch_per: vec![("o".into(), 3)],
+        runs: vec!["o".into()],
+        lease_until_ms: now + LEASE,
+        ..Turn::default()
+    };
+    let t0 = 1_000;
+    let first = l[0]
+        .record_turn(turn(t0))
+        .await
+        .map_err(|e| e.error)
+        .unwrap()
+        .claims
+        .remove(0);
+    let ids: Vec<&str> = first.claimed.iter().map(|d| d.event_id.as_str()).collect();
+    assert_eq!(ids, ["a1", "a2", "a3", "b1", "b2", "b3"]);
+    assert_eq!(first.runs, [3, 3]);
+    let c = server.connect("runs").await;
+    let open: i64 = c
+        .query_one(
+            "SELECT COUNT(*) FILTER (WHERE batch_lead IS NULL OR batch_lead = id)
+             FROM deliveries WHERE status = 'in_flight'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(open, 2, "two requests in flight");
+    let other = l[1]
+        .record_turn(turn(t0 + 1))
+        .await
+        .map_err(|e| e.error)
+        .unwrap();
+    assert!(
+        other.claims.iter().all(|c| c.claimed.is_empty()),
+        "each key's fourth is held behind its run: {:?}",
+        other.claims
+    );
+    // Past the lease (15 s on PostgreSQL): daemon 1 takes the runs over, whole and in order.
+    let later = t0 + 16_000;
+    let taken = l[1]
+        .record_turn(turn(later))
+        .await
+        .map_err(|e| e.error)
+        .unwrap()
+        .claims
+        .remove(0);
+    let ids: Vec<&str> = taken.claimed.iter().map(|d| d.event_id.as_str()).collect();
+    assert_eq!(ids, ["a1", "a2", "a3", "b1", "b2", "b3"]);
+    assert_eq!(taken.runs, [3, 3]);
+}

@@ -209,18 +209,10 @@ fn validate_filter(filter: &Option<Option<serde_json::Value>>) -> Result<(), Api
     Ok(())
 }
 
-/// Batch settings within their bounds, and not with ordered delivery: an ordered key has one
-/// delivery out at a time, so its batches would hold one event each.
-fn validate_batch(batch: Option<BatchSpec>, ordering: Ordering) -> Result<(), ApiError> {
-    let Some(b) = batch else {
-        return Ok(());
-    };
-    b.check().map_err(|e| ApiError::Invalid(e.to_string()))?;
-    if ordering != Ordering::None {
-        return Err(ApiError::Invalid(format!(
-            "batch cannot be combined with ordering \"{}\": an ordered subscriber gets one event at a time",
-            ordering.as_str()
-        )));
+/// Batch settings within their bounds. (With ordering, a batch is a run of one key in order.)
+fn validate_batch(batch: Option<BatchSpec>) -> Result<(), ApiError> {
+    if let Some(b) = batch {
+        b.check().map_err(|e| ApiError::Invalid(e.to_string()))?;
     }
     Ok(())
 }
@@ -285,7 +277,7 @@ pub fn subscriber_from(
     crate::ordering::validate(ordering, input.ordering_key.as_deref())
         .map_err(ApiError::Invalid)?;
     let batch = input.batch.flatten();
-    validate_batch(batch, ordering)?;
+    validate_batch(batch)?;
     Ok((
         Subscriber {
             id,
@@ -378,7 +370,7 @@ pub fn patched(
     if let Some(b) = input.batch {
         s.batch = b;
     }
-    validate_batch(s.batch, s.ordering)?;
+    validate_batch(s.batch)?;
     validate_customer_ref(&input.customer)?;
     if let Some(c) = input.customer {
         s.customer = c;

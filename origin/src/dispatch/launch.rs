@@ -373,7 +373,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
                             signer: &signer,
                             timeout_ms: target.limits.timeout_ms,
                             sequence: f.sequences.first().copied().unwrap_or(0),
-                            order: None,
+                            order: f.order.clone(),
                             traceparent: f.traceparent.as_deref(),
                             sequences: f.sequences_header(),
                         };
@@ -436,9 +436,15 @@ impl<L: DispatchLedger> Dispatcher<L> {
             sequences: Vec::with_capacity(n),
             spans: Vec::with_capacity(n),
             traceparent: None,
+            order: None,
             webhook_id: String::new(),
             body: String::new(),
         };
+        // An ordered request is a run of one key in order: its key's headers are its first's
+        // (`webhook-previous-sequence` the sequence before the run).
+        f.order = batch
+            .first()
+            .and_then(|d| d.order.as_ref().map(Order::headers));
         let mut elements = Vec::with_capacity(n);
         for mut d in batch {
             f.metas.push(Meta::of(&d));
@@ -484,6 +490,8 @@ struct Formed {
     sequences: Vec<u64>,
     spans: Vec<Option<AttemptSpan>>,
     traceparent: Option<String>,
+    /// Its key's headers (`webhook-ordering-key`, `webhook-previous-sequence`), ordered.
+    order: Option<(Option<String>, Option<u64>)>,
     webhook_id: String,
     body: String,
 }
@@ -495,6 +503,7 @@ impl Formed {
 
     fn edge_unit(self) -> EdgeUnit {
         let sequence = self.sequences.first().copied();
+        let (ordering_key, previous_sequence) = self.order.unwrap_or((None, None));
         EdgeUnit {
             delivery: Delivery {
                 id: self.id,
@@ -503,8 +512,8 @@ impl Formed {
                 attempt: self.attempt,
                 body: self.body,
                 sequence,
-                ordering_key: None,
-                previous_sequence: None,
+                ordering_key,
+                previous_sequence,
                 traceparent: self.traceparent,
                 batch: Some(BatchMembers {
                     events: self.event_ids,

@@ -188,6 +188,7 @@ impl Ledger {
                 claimed,
                 next_due_ms,
                 not_before_ms,
+                runs: Vec::new(),
             });
         }
         Recorded {

@@ -43,6 +43,10 @@ pub struct Turn {
     /// the claim's order) one request against the limiter and the in-flight cap. A ledger whose
     /// caller keeps the only limiter (SQLite) may ignore it.
     pub batch_per: Vec<(String, usize)>,
+    /// Of `batch_per`, the ordered subscribers (`crate::ordering`): each request is a run of
+    /// one key in order — a due head and up to `per - 1` of its key's held deliveries after
+    /// it, leased with it — so their claim takes that many requests' heads (`Claim::runs`).
+    pub runs: Vec<String>,
     pub lease_until_ms: i64,
 }
 

@@ -15,6 +15,7 @@ use super::{
 use crate::dispatch::fair;
 use crate::dispatch::vocab::{Effect, Lane, Recorded, Target, Turn, TurnError};
 use crate::model::{Claimed, Outcome, Transition};
+use crate::ordering::HELD_MS;
 use fanout_core::batch::BatchSpec;
 
 impl State {
@@ -28,6 +29,7 @@ impl State {
         let watched = self.watch(now);
         let mut claims: Vec<(String, usize)> = Vec::new();
         let mut batch_per: Vec<(String, usize)> = Vec::new();
+        let mut runs: Vec<String> = Vec::new();
         if claim {
             claims = self.reserve(now);
             for (id, n) in &mut claims {
@@ -36,6 +38,9 @@ impl State {
                         // Asked in requests: each takes up to `per` deliveries.
                         *n *= per;
                         batch_per.push((id.clone(), per));
+                        if st.target.ordered {
+                            runs.push(id.clone());
+                        }
                     }
                 }
             }
@@ -59,6 +64,7 @@ impl State {
             notices: std::mem::take(&mut self.notices),
             claims,
             batch_per,
+            runs,
             lease_until_ms: now + LEASE_MS,
         };
         let mut effects = Vec::new();
@@ -192,9 +198,9 @@ impl State {
                 continue;
             };
             let got = claim.claimed.len();
-            // A batching subscriber's claim is in requests: each `per` deliveries one.
+            // A batching subscriber's claim is in requests: each group one.
             let sends = match st.per_request() {
-                Some(per) => got.div_ceil(per),
+                Some(per) => groups(got, per, &claim.runs).len(),
                 None => got,
             };
             if let Some(r) = st.reserved.take() {
@@ -225,9 +231,10 @@ impl State {
             }
             let id = st.target.id.clone();
             let edge_batch = self.cfg.edge_batch.max(1);
-            if let Some(per) = st.per_request() {
+            if let (Some(per), Some(spec)) = (st.per_request(), st.target.batch) {
                 let target = st.target.clone();
-                effects.push(self.launch_batched(target, per, claim.claimed, now));
+                let groups = groups(got, per, &claim.runs);
+                effects.push(self.launch_batched(target, spec, per, &groups, claim.claimed, now));
                 continue;
             }
             st.in_flight += got as u32;
@@ -282,24 +289,24 @@ impl State {
 
     /// A batching subscriber's claim: cut into requests (`cut_batches`), each one slot in
     /// flight (its first delivery in `out`, the others in `members`); what did not fit goes
-    /// back due now, no attempt spent.
+    /// back due now, no attempt spent — or, ordered, held behind its key's request (its
+    /// run's first delivery is the key's head). An ordered request's deliveries are noted in
+    /// `runs`: its results keep one head per key (`push_outcome`).
     fn launch_batched(
         &mut self,
         target: Arc<Target>,
+        spec: BatchSpec,
         per: usize,
+        groups: &[usize],
         claimed: Vec<Claimed>,
         now: i64,
     ) -> Effect {
         let id = target.id.clone();
         let edge_batch = self.cfg.edge_batch.max(1);
-        let spec = target.batch.unwrap_or(BatchSpec {
-            max_events: 1,
-            max_bytes: fanout_core::batch::MAX_BYTES,
-            max_wait_ms: 0,
-        });
         let (batches, rest, fitted) = cut_batches(
             spec,
             per,
+            groups,
             claimed,
             target.payload,
             self.cfg.event_url.as_ref(),
@@ -310,19 +317,24 @@ impl State {
         }
         for b in &batches {
             let mut rows = b.iter();
-            if let Some(lead) = rows.next() {
-                self.out.insert(lead.rowid, id.clone());
-            }
+            let Some(lead) = rows.next() else {
+                continue;
+            };
+            self.out.insert(lead.rowid, id.clone());
             for d in rows {
                 self.members.insert(d.rowid, id.clone());
             }
+            if target.ordered && b.len() > 1 {
+                self.runs.open(lead.rowid, b.iter().map(|d| d.rowid));
+            }
         }
+        let back = if target.ordered { HELD_MS } else { now };
         for d in rest {
             self.push_outcome(
                 &id,
                 Outcome {
                     rowid: d.rowid,
-                    transition: Transition::Defer { at_ms: now },
+                    transition: Transition::Defer { at_ms: back },
                     attempt: None,
                 },
             );
@@ -379,27 +391,42 @@ impl State {
     }
 }
 
-/// A batching subscriber's claim cut into requests: groups of `per` deliveries in the claim's
-/// order (the groups the ledger counted, `Turn::batch_per`), each sent as the longest run from
-/// its start that fits `max_bytes` (at least one delivery). Returns the requests, the
-/// deliveries that did not fit (they go back due now), and the deliveries per request to ask
-/// for next: what fitted when bytes bound, else `per` grown back toward `max_events`.
+/// The requests a batching subscriber's claim of `n` deliveries stands for, as their sizes in
+/// the claim's order: the ledger's runs when it gave them (`Claim::runs`, an ordered
+/// subscriber), else groups of `per` (the groups the ledger counted, `Turn::batch_per`).
+pub fn groups(n: usize, per: usize, runs: &[usize]) -> Vec<usize> {
+    if !runs.is_empty() && runs.iter().sum::<usize>() == n && runs.iter().all(|&r| r > 0) {
+        return runs.to_vec();
+    }
+    let per = per.max(1);
+    (0..n.div_ceil(per)).map(|k| per.min(n - k * per)).collect()
+}
+
+/// A batching subscriber's claim cut into requests: its `groups` (sizes, in the claim's order),
+/// each sent as the longest run from its start that fits `max_bytes` (at least one delivery).
+/// Returns the requests, the deliveries that did not fit (they go back), and the deliveries
+/// per request to ask for next: what fitted when bytes bound, else `per` grown back toward
+/// `max_events` once a group was full.
 pub fn cut_batches(
     spec: BatchSpec,
     per: usize,
+    groups: &[usize],
     claimed: Vec<Claimed>,
     payload: crate::payload::Payload,
     event_url: Option<&crate::payload::EventUrl>,
 ) -> (Vec<Vec<Claimed>>, Vec<Claimed>, usize) {
     let per = per.max(1);
     let most = spec.max_events.max(1) as usize;
-    let mut batches = Vec::with_capacity(claimed.len().div_ceil(per));
+    let mut batches = Vec::with_capacity(groups.len());
     let mut rest = Vec::new();
     let mut fitted: Option<usize> = None;
     let mut full = false;
-    let mut it = claimed.into_iter().peekable();
-    while it.peek().is_some() {
-        let group: Vec<Claimed> = it.by_ref().take(per).collect();
+    let mut it = claimed.into_iter();
+    for &size in groups {
+        let group: Vec<Claimed> = it.by_ref().take(size).collect();
+        if group.is_empty() {
+            break;
+        }
         let sizes: Vec<usize> = group
             .iter()
             .map(|d| {
@@ -416,13 +443,15 @@ pub fn cut_batches(
         let fits = spec.cut(&sizes).first().copied().unwrap_or(group.len());
         if fits < group.len() {
             fitted = Some(fitted.map_or(fits, |f| f.min(fits)));
-        } else if group.len() == per {
+        } else if group.len() >= per {
             full = true;
         }
         let mut group = group;
         rest.extend(group.split_off(fits));
         batches.push(group);
     }
+    // Rows past the groups (a ledger that leased more than it said) go back too.
+    rest.extend(it);
     let next = match fitted {
         Some(f) => f.max(1),
         None if full => (per * 2).min(most),

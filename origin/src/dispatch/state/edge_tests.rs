@@ -126,6 +126,7 @@ fn relaunch(state: &mut State, rows: &[Claimed], now: i64) -> Vec<(usize, usize)
             claimed: again,
             next_due_ms: None,
             not_before_ms: None,
+            runs: Vec::new(),
         }],
         notices: vec![],
         due: vec![],

@@ -182,6 +182,8 @@ pub struct State {
     out: HashMap<i64, Arc<str>>,
     /// The other deliveries of each batch out, by row id, with their subscriber: no slot.
     members: HashMap<i64, Arc<str>>,
+    /// The deliveries of ordered batches out: their results keep one head per key.
+    runs: results::Runs,
     /// Each customer's weight and in-flight cap.
     customers: HashMap<String, (u32, Option<u32>)>,
     /// Deliveries that were in an edge call refused as a whole, by row id, with the most
@@ -227,6 +229,7 @@ impl State {
             rr: 0,
             out: HashMap::new(),
             members: HashMap::new(),
+            runs: results::Runs::default(),
             customers: HashMap::new(),
             suspects: HashMap::new(),
             unrecorded: Vec::new(),

@@ -3,6 +3,7 @@
 //! edge call's failure turned into waits, splits or dead deliveries, and the daemon's own
 //! failures counted as attempts. It does NOT claim or launch (`claims`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use fanout_core::retry::{next_step, Class, Next};
@@ -14,6 +15,7 @@ use crate::alert::Notice;
 use crate::dispatch::plan::{attempt_record, edge_retry_ms, transition_for};
 use crate::dispatch::vocab::{Attempted, EdgeFailure, Lane, Meta};
 use crate::model::{delivery_public_id, AttemptRecord, HealthWrite, Outcome, Transition};
+use crate::ordering::HELD_MS;
 
 impl State {
     /// A delivery's send is over at `at_ms` (answered, failed, handed back): free its slot,
@@ -37,7 +39,19 @@ impl State {
         true
     }
 
-    pub(super) fn push_outcome(&mut self, sub: &Arc<str>, outcome: Outcome) {
+    pub(super) fn push_outcome(&mut self, sub: &Arc<str>, mut outcome: Outcome) {
+        let waits = matches!(
+            outcome.transition,
+            Transition::Retry { .. } | Transition::Defer { .. }
+        );
+        if self.runs.holds(outcome.rowid, waits) {
+            // A later delivery of an ordered request that waits: held behind the first that
+            // does, its key's head (one head per key; released in order when it ends).
+            match &mut outcome.transition {
+                Transition::Retry { at_ms, .. } | Transition::Defer { at_ms } => *at_ms = HELD_MS,
+                _ => {}
+            }
+        }
         match &outcome.transition {
             Transition::Retry { at_ms, .. } | Transition::Defer { at_ms } => {
                 let due = self.unrecorded_due.entry(sub.clone()).or_insert(*at_ms);
@@ -333,4 +347,49 @@ fn note_health(
         alert,
     }));
     st.health = after.health;
+}
+
+/// The deliveries of the ordered requests out (`State::launch_batched`), each with its
+/// request's first: a request is a run of one key in order, and its results must leave the key
+/// one head. Results arrive in the request's order; the first that waits (retried, deferred)
+/// keeps its time and becomes the head, every later one that waits is held behind it.
+#[derive(Debug, Default)]
+pub(super) struct Runs {
+    lead_of: HashMap<i64, i64>,
+    /// By first delivery: the results still to come, and whether one already waits.
+    open: HashMap<i64, (usize, bool)>,
+}
+
+impl Runs {
+    pub(super) fn open(&mut self, lead: i64, rows: impl Iterator<Item = i64>) {
+        let mut n = 0;
+        for rowid in rows {
+            self.lead_of.insert(rowid, lead);
+            n += 1;
+        }
+        self.open.insert(lead, (n, false));
+    }
+
+    /// A result of `rowid` that `waits` or not: whether it is held (a run's later delivery
+    /// waiting behind an earlier one that waits).
+    pub(super) fn holds(&mut self, rowid: i64, waits: bool) -> bool {
+        let Some(lead) = self.lead_of.remove(&rowid) else {
+            return false;
+        };
+        let Some((left, headed)) = self.open.get_mut(&lead) else {
+            return false;
+        };
+        let held = waits && *headed;
+        *headed |= waits;
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            self.open.remove(&lead);
+        }
+        held
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.lead_of.len()
+    }
 }

@@ -77,6 +77,7 @@ impl Ledger {
                 claimed,
                 next_due_ms: (*left > 0).then_some(turn.now_ms),
                 not_before_ms: self.refuse_ms.map(|w| turn.now_ms + w),
+                runs: Vec::new(),
             });
         }
         Event::Recorded(Recorded {
@@ -588,6 +589,7 @@ fn one_turn_at_a_time_table() {
                 claimed: rows.iter().map(|&r| claimed(r)).collect(),
                 next_due_ms: None,
                 not_before_ms: None,
+                runs: Vec::new(),
             }],
             notices: vec![],
             due: vec![],

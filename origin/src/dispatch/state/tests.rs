@@ -57,6 +57,7 @@ impl Queue {
                 claimed,
                 next_due_ms: (*left > 0).then_some(0),
                 not_before_ms: None,
+                runs: Vec::new(),
             });
         }
         Recorded {
@@ -179,6 +180,7 @@ fn the_watchdog_reports_readiness_never_acted_on() {
             claimed: vec![],
             next_due_ms: Some(0),
             not_before_ms: Some(at),
+            runs: Vec::new(),
         }],
         notices: vec![],
         due: vec![],
@@ -311,6 +313,7 @@ fn a_claim_the_shared_limiter_refused_waits_for_it() {
             claimed: vec![],
             next_due_ms: Some(5),
             not_before_ms: Some(510),
+            runs: Vec::new(),
         }],
         notices: vec![],
         due: vec![],

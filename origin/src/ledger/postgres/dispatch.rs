@@ -150,7 +150,7 @@ impl PgLedger {
         let claims = if asks.is_empty() {
             Vec::new()
         } else if direct {
-            let per = per_of(&turn.batch_per);
+            let per = per_of(&turn.batch_per, &turn.runs);
             Self::lease_in(
                 &tx,
                 owner,
@@ -163,7 +163,7 @@ impl PgLedger {
             )
             .await?
         } else {
-            let per = per_of(&turn.batch_per);
+            let per = per_of(&turn.batch_per, &turn.runs);
             Self::claim_in(&tx, owner, &asks, &per, self.breaker, now, lease_until).await?
         };
         tx.commit().await?;
@@ -324,6 +324,7 @@ fn in_order(asks: &[(String, usize)], mut claims: Vec<PgClaim>, now: i64) -> Vec
                 subscriber_id: c.subscriber_id,
                 claimed: c.claimed,
                 next_due_ms: c.next_due_ms,
+                runs: c.runs,
                 not_before_ms: c
                     .wait_ms
                     .map(|w| now.saturating_add(i64::try_from(w).unwrap_or(i64::MAX))),

@@ -38,6 +38,8 @@ pub struct PgClaim {
     pub wait_ms: Option<u64>,
     /// When its earliest remaining pending delivery is due, if it has one.
     pub next_due_ms: Option<i64>,
+    /// A claim in runs: each request's deliveries, in `claimed`'s order (`Claim::runs`).
+    pub runs: Vec<usize>,
 }
 
 /// A result to record, with the lease it was sent under when the caller knows it (without it,
@@ -78,10 +80,15 @@ pub(super) const CLAIM_LOCK: &str =
      WHERE id = ANY($1) AND deleted_ms IS NULL AND disabled_ms IS NULL
      ORDER BY id FOR UPDATE";
 
-/// Their expired leases, of any daemon, back to the queue due now (locked ones skipped).
+/// Their expired leases, of any daemon, back to the queue due now (locked ones skipped) —
+/// except the later deliveries of a run of one ordered key (`CLAIM_RUNS`): held again behind
+/// its first, the key's head.
 pub(super) const CLAIM_EXPIRE: &str =
     "UPDATE deliveries SET status = 'pending', lease_owner = NULL,
-         lease_expires_ms = NULL, next_attempt_ms = $2, updated_ms = $2
+         lease_expires_ms = NULL, next_attempt_ms = CASE
+             WHEN ordering_key IS NOT NULL AND batch_lead IS NOT NULL AND batch_lead <> id
+             THEN 9223372036854775807 ELSE $2 END,
+         updated_ms = $2
      WHERE id IN (SELECT id FROM deliveries
                   WHERE subscriber_id = ANY($1) AND status = 'in_flight'
                     AND lease_expires_ms <= $2
@@ -93,10 +100,20 @@ pub(super) const CLAIM_COUNT: &str = "SELECT subscriber_id,
          COUNT(*) FILTER (WHERE batch_lead IS NULL OR batch_lead = id) FROM deliveries
      WHERE subscriber_id = ANY($1) AND status = 'in_flight' GROUP BY subscriber_id";
 
+/// What every claim statement returns of a leased delivery (with its event), in the order
+/// `lease_in` reads it.
+macro_rules! claimed_columns {
+    () => {
+        "RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts,
+             d.next_attempt_ms, d.sequence, e.received_ms, d.ordering_key, d.previous_sequence,
+             e.traceparent, d.batch_lead"
+    };
+}
+
 /// Up to `$2[k]` due deliveries of subscriber `$1[k]`, oldest due first, rows another
 /// transaction holds skipped, leased to `$3` until `$4` — picked, locked, leased and read
 /// (with their event) by one statement.
-pub(super) const CLAIM_LEASE: &str =
+pub(super) const CLAIM_LEASE: &str = concat!(
     "UPDATE deliveries d SET status = 'in_flight', lease_owner = $3,
          lease_expires_ms = $4, updated_ms = $5, batch_lead = NULL
      FROM events e
@@ -108,13 +125,14 @@ pub(super) const CLAIM_LEASE: &str =
                    ORDER BY next_attempt_ms, id LIMIT w.n
                    FOR UPDATE SKIP LOCKED) c))
        AND e.id = d.event_id
-     RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts, d.next_attempt_ms,
-         d.sequence, e.received_ms, d.ordering_key, d.previous_sequence, e.traceparent";
+     ",
+    claimed_columns!()
+);
 
 /// [`CLAIM_LEASE`] for batching subscribers: up to `$2[k]` due deliveries of `$1[k]` in groups
 /// of `$6[k]` (in the order they are leased and returned), each delivery naming its group's
 /// first in `batch_lead` — one request each (`fanout_core::batch`, counted by [`CLAIM_COUNT`]).
-pub(super) const CLAIM_LEASE_BATCHES: &str =
+pub(super) const CLAIM_LEASE_BATCHES: &str = concat!(
     "UPDATE deliveries d SET status = 'in_flight', lease_owner = $3,
          lease_expires_ms = $4, updated_ms = $5, batch_lead = g.lead
      FROM events e, (
@@ -128,8 +146,32 @@ pub(super) const CLAIM_LEASE_BATCHES: &str =
                    ORDER BY next_attempt_ms, id LIMIT w.n
                    FOR UPDATE SKIP LOCKED) q) c) g
      WHERE d.id = g.id AND e.id = d.event_id
-     RETURNING d.id, d.subscriber_id, d.event_id, e.type, e.body, d.attempts, d.next_attempt_ms,
-         d.sequence, e.received_ms, d.ordering_key, d.previous_sequence, e.traceparent";
+     ",
+    claimed_columns!()
+);
+
+/// The runs of ordered batching subscribers' heads just leased: for each head `$1[k]` (of
+/// subscriber `$2[k]`, key `$3[k]`), up to `$7[k]` of its key's held deliveries, lowest number
+/// first, leased to `$4` until `$5` with the head as their `batch_lead` — one request each.
+/// Waits for a held row another transaction holds (skipping it would break the run's order).
+pub(super) const CLAIM_RUNS: &str = concat!(
+    "UPDATE deliveries d SET status = 'in_flight', lease_owner = $4,
+         lease_expires_ms = $5, updated_ms = $6, batch_lead = r.lead
+     FROM events e, (
+         SELECT m.id, w.lead
+         FROM unnest($1::bigint[], $2::text[], $3::text[], $7::bigint[]) AS w(lead, sub, key, n)
+         CROSS JOIN LATERAL (
+             SELECT id FROM deliveries
+             WHERE subscriber_id = w.sub AND ordering_key = w.key
+               AND next_attempt_ms = 9223372036854775807
+               AND ordering_key IS NOT NULL AND status IN ('pending', 'in_flight')
+               AND status = 'pending'
+             ORDER BY sequence LIMIT w.n
+             FOR UPDATE) m) r
+     WHERE d.id = r.id AND e.id = d.event_id
+     ",
+    claimed_columns!()
+);
 
 /// Shared limiter states back in their (locked) rows.
 pub(super) const STORE_LIMITERS: &str = "UPDATE subscribers s SET limiter = u.l
@@ -171,38 +213,76 @@ pub(super) const RECORD_OUTCOMES: &str = "WITH done AS (
          ordering_key
      FROM done";
 
-/// A claim's grants as its lease statements take them: `(ids, counts)` of the subscribers
-/// that send one delivery per request, then `(ids, deliveries, per request)` of those that
-/// batch (`per`).
-#[allow(clippy::type_complexity)]
+/// How a batching subscriber's claim is taken (`Turn::batch_per`, `Turn::runs`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Per {
+    /// Deliveries per request.
+    pub n: usize,
+    /// In runs of one ordered key (`CLAIM_RUNS`).
+    pub runs: bool,
+}
+
+/// A claim's grants as its lease statements take them.
+#[derive(Debug, Default)]
+struct Grants<'a> {
+    /// Subscribers that send one delivery per request, and how many each (`CLAIM_LEASE`).
+    ids: Vec<&'a str>,
+    counts: Vec<i64>,
+    /// Batching subscribers, their deliveries and deliveries per request
+    /// (`CLAIM_LEASE_BATCHES`; a subscriber in runs asks its heads there, one per request).
+    batch_ids: Vec<&'a str>,
+    batch_counts: Vec<i64>,
+    batch_pers: Vec<i64>,
+    /// Subscribers in runs, with the most deliveries each head's run adds (`CLAIM_RUNS`).
+    runs: HashMap<&'a str, i64>,
+}
+
 fn split_grants<'a>(
     held: &'a [(String, CoreLimits, LimiterState, Reservation)],
-    per: &HashMap<&str, usize>,
-) -> (Vec<&'a str>, Vec<i64>, Vec<&'a str>, Vec<i64>, Vec<i64>) {
-    let (mut grant_ids, mut grants) = (Vec::new(), Vec::new());
-    let (mut batch_ids, mut batch_grants, mut batch_pers) = (Vec::new(), Vec::new(), Vec::new());
+    per: &HashMap<&str, Per>,
+) -> Grants<'a> {
+    let mut g = Grants::default();
     for (id, _, _, reservation) in held {
-        if reservation.granted() == 0 {
+        let requests = reservation.granted();
+        if requests == 0 {
             continue;
         }
         match per.get(id.as_str()) {
-            Some(&p) => {
-                batch_ids.push(id.as_str());
-                batch_grants.push((reservation.granted() * p.max(1)) as i64);
-                batch_pers.push(p.max(1) as i64);
+            Some(p) if p.runs => {
+                g.batch_ids.push(id.as_str());
+                g.batch_counts.push(requests as i64);
+                g.batch_pers.push(1);
+                g.runs.insert(id.as_str(), p.n.max(1) as i64 - 1);
+            }
+            Some(p) => {
+                g.batch_ids.push(id.as_str());
+                g.batch_counts.push((requests * p.n.max(1)) as i64);
+                g.batch_pers.push(p.n.max(1) as i64);
             }
             None => {
-                grant_ids.push(id.as_str());
-                grants.push(reservation.granted() as i64);
+                g.ids.push(id.as_str());
+                g.counts.push(requests as i64);
             }
         }
     }
-    (grant_ids, grants, batch_ids, batch_grants, batch_pers)
+    g
 }
 
-/// `Turn::batch_per` by subscriber.
-pub(super) fn per_of(batch_per: &[(String, usize)]) -> HashMap<&str, usize> {
-    batch_per.iter().map(|(id, p)| (id.as_str(), *p)).collect()
+/// `Turn::batch_per` by subscriber, with `Turn::runs`.
+pub(super) fn per_of<'a>(
+    batch_per: &'a [(String, usize)],
+    runs: &[String],
+) -> HashMap<&'a str, Per> {
+    batch_per
+        .iter()
+        .map(|(id, n)| {
+            let per = Per {
+                n: *n,
+                runs: runs.contains(id),
+            };
+            (id.as_str(), per)
+        })
+        .collect()
 }
 
 /// The most asked of each subscriber (once each, in id order).
@@ -213,6 +293,62 @@ pub(super) fn wanted_of(wants: &[(String, usize)]) -> BTreeMap<&str, usize> {
         *w = (*w).max(*most);
     }
     wanted
+}
+
+/// A leased row: when it was due, the first delivery of its request (itself when alone),
+/// the delivery.
+struct Leased {
+    due: i64,
+    lead: i64,
+    claimed: Claimed,
+}
+
+/// A subscriber's leased rows in the order the dispatcher takes them: request by request, the
+/// requests oldest due first, each its first delivery and then the others by due time and
+/// number (a run: its key's held deliveries by sequence). With `runs`, each request's size too
+/// (`Claim::runs`).
+fn in_requests(mut leased: Vec<Leased>, runs: bool) -> (Vec<Claimed>, Vec<usize>) {
+    if leased.iter().all(|d| d.lead == d.claimed.rowid) {
+        // One delivery a request (the common case): oldest due first.
+        leased.sort_by_key(|d| (d.due, d.claimed.rowid));
+        let sizes = if runs {
+            vec![1; leased.len()]
+        } else {
+            Vec::new()
+        };
+        return (leased.into_iter().map(|d| d.claimed).collect(), sizes);
+    }
+    let lead_due: HashMap<i64, i64> = leased
+        .iter()
+        .filter(|d| d.lead == d.claimed.rowid)
+        .map(|d| (d.lead, d.due))
+        .collect();
+    leased.sort_by_key(|d| {
+        let first = lead_due.get(&d.lead).copied().unwrap_or(d.due);
+        (
+            first,
+            d.lead,
+            d.lead != d.claimed.rowid,
+            d.due,
+            d.claimed.sequence,
+            d.claimed.rowid,
+        )
+    });
+    let mut sizes: Vec<usize> = Vec::new();
+    if runs {
+        let mut last = None;
+        for d in &leased {
+            if last == Some(d.lead) {
+                if let Some(n) = sizes.last_mut() {
+                    *n += 1;
+                }
+            } else {
+                sizes.push(1);
+                last = Some(d.lead);
+            }
+        }
+    }
+    (leased.into_iter().map(|d| d.claimed).collect(), sizes)
 }
 
 pub(super) fn core_limits(row: &Row, breaker: BreakerConfig) -> Result<CoreLimits, LedgerError> {
@@ -254,7 +390,7 @@ impl PgLedger {
         let lease_until = now_ms.saturating_add(lease_ms);
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        let per = per_of(batch_per);
+        let per = per_of(batch_per, &[]);
         let out =
             Self::claim_in(&tx, &self.owner, wants, &per, breaker, now_ms, lease_until).await?;
         tx.commit().await?;
@@ -268,7 +404,7 @@ impl PgLedger {
         tx: &Transaction<'_>,
         owner: &str,
         wants: &[(String, usize)],
-        per: &HashMap<&str, usize>,
+        per: &HashMap<&str, Per>,
         breaker: BreakerConfig,
         now_ms: i64,
         lease_until: i64,
@@ -310,7 +446,7 @@ impl PgLedger {
         tx: &Transaction<'_>,
         owner: &str,
         wanted: &BTreeMap<&str, usize>,
-        per: &HashMap<&str, usize>,
+        per: &HashMap<&str, Per>,
         live: Vec<(String, CoreLimits, LimiterState)>,
         counted: &[Row],
         now_ms: i64,
@@ -324,7 +460,7 @@ impl PgLedger {
         // what the in-flight cap leaves: reserved here, committed below to what was found.
         let mut held = Vec::with_capacity(live.len());
         // A batching subscriber's grant is in requests, each `per` deliveries.
-        let per_of = |id: &str| per.get(id).copied().unwrap_or(1).max(1);
+        let per_of = |id: &str| per.get(id).map_or(1, |p| p.n.max(1));
         for (id, l, mut limiter) in live {
             let busy = in_flight.get(&id).copied().unwrap_or(0);
             let most = wanted.get(id.as_str()).copied().unwrap_or(0);
@@ -332,47 +468,38 @@ impl PgLedger {
             let reservation = grant_shared(&mut limiter, l, busy, most, now_ms);
             held.push((id, l, limiter, reservation));
         }
-        let (grant_ids, grants, batch_ids, batch_grants, batch_pers) = split_grants(&held, per);
+        let grants = split_grants(&held, per);
         // 5. Lease that many due deliveries of each to this daemon, oldest due first, rows
         // another transaction holds skipped: one statement picks, locks, leases and reads
-        // them.
-        let mut claimed: HashMap<String, Vec<(i64, i64, Claimed)>> = HashMap::new();
-        let leased_rows = Self::lease_rows(
-            tx,
-            owner,
-            (&grant_ids, &grants),
-            (&batch_ids, &batch_grants, &batch_pers),
-            lease_until,
-            now_ms,
-        )
-        .await?;
-        {
-            for r in leased_rows {
-                let rowid: i64 = r.try_get(0)?;
-                let due: i64 = r.try_get(6)?;
-                claimed.entry(r.try_get(1)?).or_default().push((
-                    due,
+        // them (and one more leases the runs of ordered batching subscribers' heads).
+        let leased_rows = Self::lease_rows(tx, owner, &grants, lease_until, now_ms).await?;
+        let mut claimed: HashMap<String, Vec<Leased>> = HashMap::new();
+        for r in leased_rows {
+            let rowid: i64 = r.try_get(0)?;
+            claimed.entry(r.try_get(1)?).or_default().push(Leased {
+                due: r.try_get(6)?,
+                lead: r.try_get::<_, Option<i64>>(12)?.unwrap_or(rowid),
+                claimed: Claimed {
                     rowid,
-                    Claimed {
-                        rowid,
-                        event_id: r.try_get(2)?,
-                        event_type: r.try_get(3)?,
-                        body: r.try_get(4)?,
-                        attempt: (r.try_get::<_, i32>(5)?.max(0) as u32).saturating_add(1),
-                        sequence: r.try_get::<_, i64>(7)?.max(0) as u64,
-                        received_ms: r.try_get(8)?,
-                        order: Order::of(r.try_get(9)?, r.try_get(10)?),
-                        traceparent: r.try_get(11)?,
-                    },
-                ));
-            }
+                    event_id: r.try_get(2)?,
+                    event_type: r.try_get(3)?,
+                    body: r.try_get(4)?,
+                    attempt: (r.try_get::<_, i32>(5)?.max(0) as u32).saturating_add(1),
+                    sequence: r.try_get::<_, i64>(7)?.max(0) as u64,
+                    received_ms: r.try_get(8)?,
+                    order: Order::of(r.try_get(9)?, r.try_get(10)?),
+                    traceparent: r.try_get(11)?,
+                },
+            });
         }
-        // 6. Keep what was leased of each reservation, give back the rest exactly.
+        // 6. Keep what was leased of each reservation (one send per request: a delivery
+        // alone, or a batch's first), give back the rest exactly.
         let mut store_ids: Vec<&str> = Vec::with_capacity(held.len());
         let mut store_states: Vec<String> = Vec::with_capacity(held.len());
         for (id, l, limiter, reservation) in &mut held {
-            let n = claimed.get(id.as_str()).map_or(0, Vec::len);
-            let sends = n.div_ceil(per_of(id));
+            let sends = claimed.get(id.as_str()).map_or(0, |rows| {
+                rows.iter().filter(|d| d.lead == d.claimed.rowid).count()
+            });
             limiter.commit(*l, *reservation, sends);
             *in_flight.entry(id.clone()).or_default() += sends as u32;
             store_ids.push(id.as_str());
@@ -397,10 +524,12 @@ impl PgLedger {
             let next_due_ms = next_due.get(&id).copied();
             let busy = in_flight.get(&id).copied().unwrap_or(0);
             let wait_ms = shared_wait(&limiter, l, busy, next_due_ms, now_ms);
-            let mut leased = claimed.remove(&id).unwrap_or_default();
-            leased.sort_by_key(|(due, rowid, _)| (*due, *rowid));
+            let leased = claimed.remove(&id).unwrap_or_default();
+            let in_runs = per.get(id.as_str()).is_some_and(|p| p.runs);
+            let (leased, runs) = in_requests(leased, in_runs);
             out.push(PgClaim {
-                claimed: leased.into_iter().map(|(_, _, d)| d).collect(),
+                claimed: leased,
+                runs,
                 lease_expires_ms: lease_until,
                 in_flight: busy,
                 wait_ms,
@@ -411,38 +540,55 @@ impl PgLedger {
         Ok(out)
     }
 
-    /// Lease `grants[k]` due deliveries of `grant_ids[k]`, and of each batching subscriber
-    /// `batch_ids[k]` `batch_grants[k]` in groups of `batch_pers[k]` (each naming its first in
-    /// `batch_lead`): at most two statements, each picking, locking, leasing and reading.
+    /// Lease each subscriber's grant (`Grants`): at most three statements, each picking,
+    /// locking, leasing and reading — the last the runs of the heads the second leased.
     async fn lease_rows(
         tx: &Transaction<'_>,
         owner: &str,
-        (grant_ids, grants): (&[&str], &[i64]),
-        (batch_ids, batch_grants, batch_pers): (&[&str], &[i64], &[i64]),
+        g: &Grants<'_>,
         lease_until: i64,
         now_ms: i64,
     ) -> Result<Vec<Row>, LedgerError> {
         let mut rows = Vec::new();
-        if !grant_ids.is_empty() {
+        if !g.ids.is_empty() {
             let lease = tx.prepare_cached(CLAIM_LEASE).await?;
             rows = tx
-                .query(
-                    &lease,
-                    &[&grant_ids, &grants, &owner, &lease_until, &now_ms],
-                )
+                .query(&lease, &[&g.ids, &g.counts, &owner, &lease_until, &now_ms])
                 .await?;
         }
-        if !batch_ids.is_empty() {
-            let lease = tx.prepare_cached(CLAIM_LEASE_BATCHES).await?;
-            let args: &[&(dyn ToSql + Sync)] = &[
-                &batch_ids,
-                &batch_grants,
-                &owner,
-                &lease_until,
-                &now_ms,
-                &batch_pers,
-            ];
-            rows.extend(tx.query(&lease, args).await?);
+        if g.batch_ids.is_empty() {
+            return Ok(rows);
+        }
+        let lease = tx.prepare_cached(CLAIM_LEASE_BATCHES).await?;
+        let args: &[&(dyn ToSql + Sync)] = &[
+            &g.batch_ids,
+            &g.batch_counts,
+            &owner,
+            &lease_until,
+            &now_ms,
+            &g.batch_pers,
+        ];
+        let batched = tx.query(&lease, args).await?;
+        let (mut leads, mut subs, mut keys, mut most) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for r in &batched {
+            let sub: &str = r.try_get(1)?;
+            let key: Option<&str> = r.try_get(9)?;
+            if let (Some(&n), Some(key)) = (g.runs.get(sub), key) {
+                if n > 0 {
+                    leads.push(r.try_get::<_, i64>(0)?);
+                    subs.push(sub.to_string());
+                    keys.push(key.to_string());
+                    most.push(n);
+                }
+            }
+        }
+        rows.extend(batched);
+        if !leads.is_empty() {
+            let runs = tx.prepare_cached(CLAIM_RUNS).await?;
+            let args: &[&(dyn ToSql + Sync)] =
+                &[&leads, &subs, &keys, &owner, &lease_until, &now_ms, &most];
+            rows.extend(tx.query(&runs, args).await?);
         }
         Ok(rows)
     }
@@ -629,7 +775,11 @@ impl PgLedger {
             let released = c
                 .execute(
                     "UPDATE deliveries SET status = 'pending', lease_owner = NULL,
-                         lease_expires_ms = NULL, next_attempt_ms = $2, updated_ms = $2
+                         lease_expires_ms = NULL, next_attempt_ms = CASE
+                             WHEN ordering_key IS NOT NULL AND batch_lead IS NOT NULL
+                                  AND batch_lead <> id
+                             THEN 9223372036854775807 ELSE $2 END,
+                         updated_ms = $2
                      WHERE status = 'in_flight' AND lease_owner = $1",
                     &[&&*self.owner, &now_ms],
                 )

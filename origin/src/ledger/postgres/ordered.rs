@@ -57,7 +57,7 @@ const RELEASE: &str = "UPDATE deliveries d SET next_attempt_ms = $3, updated_ms 
      FROM (SELECT (SELECT h.id FROM deliveries h
                    WHERE h.subscriber_id = u.s AND h.ordering_key = u.k
                      AND h.ordering_key IS NOT NULL AND h.status IN ('pending', 'in_flight')
-                     AND h.next_attempt_ms = 9223372036854775807
+                     AND h.status = 'pending' AND h.next_attempt_ms = 9223372036854775807
                    ORDER BY h.sequence LIMIT 1) AS id
            FROM unnest($1::text[], $2::text[]) AS u(s, k)
            WHERE NOT EXISTS (

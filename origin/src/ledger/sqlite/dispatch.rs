@@ -5,7 +5,7 @@ use fanout_core::limiter::LimiterState;
 
 use super::customers::list_customers;
 use super::health::{apply_health, check_dead_counts, rearm_dead_alerts};
-use super::leases::{apply, claim, due_summary, release_all_leases, release_expired_leases};
+use super::leases::{apply, claim_runs, due_summary, release_all_leases, release_expired_leases};
 use super::ledger::Ledger;
 use super::limiters::load_limiter;
 use super::subscribers::{get_subscriber, list_subscribers};
@@ -130,7 +130,13 @@ fn record_turn_sql(c: &rusqlite::Connection, turn: &Turn) -> Result<Recorded, Le
         notices.extend(check_dead_counts(c, &turn.dead, turn.dead_threshold, now)?);
     }
     let asks = turn.asks();
-    let claims = claim(c, &asks, &turn.limiters, now, turn.lease_until_ms)?;
+    let runs: std::collections::HashMap<&str, usize> = turn
+        .batch_per
+        .iter()
+        .filter(|(id, _)| turn.runs.contains(id))
+        .map(|(id, per)| (id.as_str(), *per))
+        .collect();
+    let claims = claim_runs(c, &asks, &runs, &turn.limiters, now, turn.lease_until_ms)?;
     Ok(Recorded {
         claims,
         notices,

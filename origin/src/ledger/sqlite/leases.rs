@@ -2,6 +2,8 @@
 //! which subscribers have work due. Functions over a connection inside the caller's
 //! transaction; `dispatch.rs` strings them into a turn.
 
+use std::collections::HashMap;
+
 use fanout_core::limiter::LimiterState;
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -21,12 +23,36 @@ pub fn claim(
     now_ms: i64,
     lease_until_ms: i64,
 ) -> Result<Vec<Claim>, LedgerError> {
+    claim_runs(c, wants, &HashMap::new(), limiters, now_ms, lease_until_ms)
+}
+
+/// [`claim`] where the subscribers of `runs` (`Turn::runs`, with their deliveries per request)
+/// are claimed in runs: `limit / per` due heads, each leased with up to `per - 1` of its key's
+/// held deliveries after it, in sequence order (`Claim::runs`).
+pub fn claim_runs(
+    c: &Connection,
+    wants: &[(String, usize)],
+    runs: &HashMap<&str, usize>,
+    limiters: &[(String, LimiterState)],
+    now_ms: i64,
+    lease_until_ms: i64,
+) -> Result<Vec<Claim>, LedgerError> {
     let mut select = c.prepare_cached(
         "SELECT d.id, d.event_id, e.type, e.body, d.attempts, d.sequence, e.received_ms,
              d.ordering_key, d.previous_sequence, e.traceparent
          FROM deliveries d JOIN events e ON e.id = d.event_id
          WHERE d.subscriber_id = ?1 AND d.status = 'pending' AND d.next_attempt_ms <= ?2
          ORDER BY d.next_attempt_ms, d.id LIMIT ?3",
+    )?;
+    // A head's run: its key's held deliveries, lowest number first.
+    let mut held = c.prepare_cached(
+        "SELECT d.id, d.event_id, e.type, e.body, d.attempts, d.sequence, e.received_ms,
+             d.ordering_key, d.previous_sequence, e.traceparent
+         FROM deliveries d JOIN events e ON e.id = d.event_id
+         WHERE d.subscriber_id = ?1 AND d.ordering_key = ?2 AND d.next_attempt_ms = ?3
+           AND d.ordering_key IS NOT NULL AND d.status IN ('pending', 'in_flight')
+           AND d.status = 'pending'
+         ORDER BY d.sequence LIMIT ?4",
     )?;
     // One statement per subscriber for the whole claim: the ids as a JSON array.
     let mut lease = c.prepare_cached(
@@ -39,25 +65,39 @@ pub fn claim(
     )?;
     let mut out = Vec::with_capacity(wants.len());
     for (sub, limit) in wants {
-        let claimed: Vec<Claimed> = if *limit == 0 {
+        let per = runs.get(sub.as_str()).copied().map(|p| p.max(1));
+        let heads = match per {
+            Some(p) => limit.div_ceil(p),
+            None => *limit,
+        };
+        let mut claimed: Vec<Claimed> = if heads == 0 {
             Vec::new()
         } else {
             select
-                .query_map(params![sub, now_ms, *limit as i64], |r| {
-                    Ok(Claimed {
-                        rowid: r.get(0)?,
-                        event_id: r.get(1)?,
-                        event_type: r.get(2)?,
-                        body: r.get(3)?,
-                        attempt: r.get::<_, u32>(4)?.saturating_add(1),
-                        sequence: r.get::<_, i64>(5)?.max(0) as u64,
-                        received_ms: r.get(6)?,
-                        order: Order::of(r.get(7)?, r.get(8)?),
-                        traceparent: r.get(9)?,
-                    })
-                })?
+                .query_map(params![sub, now_ms, heads as i64], claimed_row)?
                 .collect::<Result<_, _>>()?
         };
+        let mut sizes = Vec::new();
+        if let Some(p) = per.filter(|&p| p > 1) {
+            let mut with_runs = Vec::with_capacity(claimed.len() * p);
+            // A key's run is taken once, even if (against the rule) two of its heads were due.
+            let mut keys = std::collections::HashSet::new();
+            for head in claimed {
+                let key = head.order.as_ref().map(|o| o.key.clone());
+                with_runs.push(head);
+                let mut n = 1;
+                if let Some(key) = key.filter(|k| keys.insert(k.clone())) {
+                    let run =
+                        held.query_map(params![sub, key, HELD_MS, (p - 1) as i64], claimed_row)?;
+                    for d in run {
+                        with_runs.push(d?);
+                        n += 1;
+                    }
+                }
+                sizes.push(n);
+            }
+            claimed = with_runs;
+        }
         if !claimed.is_empty() {
             let ids = id_list(claimed.iter().map(|d| d.rowid));
             lease.execute(params![ids, lease_until_ms, now_ms])?;
@@ -69,10 +109,26 @@ pub fn claim(
             next_due_ms,
             // The dispatcher's own limiter granted these: it knows its waits.
             not_before_ms: None,
+            runs: sizes,
         });
     }
     store_limiters(c, limiters)?;
     Ok(out)
+}
+
+/// A claimed delivery from a row of the claim's SELECTs.
+fn claimed_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Claimed> {
+    Ok(Claimed {
+        rowid: r.get(0)?,
+        event_id: r.get(1)?,
+        event_type: r.get(2)?,
+        body: r.get(3)?,
+        attempt: r.get::<_, u32>(4)?.saturating_add(1),
+        sequence: r.get::<_, i64>(5)?.max(0) as u64,
+        received_ms: r.get(6)?,
+        order: Order::of(r.get(7)?, r.get(8)?),
+        traceparent: r.get(9)?,
+    })
 }
 
 /// Row ids as a JSON array, for `id IN (SELECT value FROM json_each(?))`.
@@ -232,34 +288,48 @@ fn insert_attempts(
 }
 
 /// At start-up every lease belongs to a previous process (one daemon owns a ledger): all of
-/// them return to the queue, due now. Returns how many.
+/// them return to the queue, due now (an ordered key's through [`back_to_queue`]). Returns how
+/// many.
 pub fn release_all_leases(c: &Connection, now_ms: i64) -> Result<usize, LedgerError> {
-    Ok(c.execute(
-        "UPDATE deliveries SET status = 'pending', lease_expires_ms = NULL, next_attempt_ms = ?1,
-             updated_ms = ?1
-         WHERE status = 'in_flight'",
-        [now_ms],
-    )?)
+    Ok(back_to_queue(c, None, now_ms)?.0)
 }
 
 /// Leases that outlived their expiry go back to pending. Returns the subscribers concerned.
 pub fn release_expired_leases(c: &Connection, now_ms: i64) -> Result<Vec<String>, LedgerError> {
-    let subs: Vec<String> = c
+    Ok(back_to_queue(c, Some(now_ms), now_ms)?.1)
+}
+
+/// In-flight deliveries whose lease expires before `before` (all of them: `None`) back to pending, due now — except
+/// an ordered key's: held, then the key's lowest-numbered held delivery goes (`ordered::
+/// release`), so a run of one key leased together (`claim_runs`) comes back with one head.
+/// Returns how many, and their subscribers.
+fn back_to_queue(
+    c: &Connection,
+    before: Option<i64>,
+    now_ms: i64,
+) -> Result<(usize, Vec<String>), LedgerError> {
+    let rows: Vec<(String, Option<String>)> = c
         .prepare_cached(
-            "SELECT DISTINCT subscriber_id FROM deliveries
-             WHERE status = 'in_flight' AND lease_expires_ms < ?1",
+            "UPDATE deliveries SET status = 'pending', lease_expires_ms = NULL,
+                 next_attempt_ms = CASE WHEN ordering_key IS NULL THEN ?2 ELSE ?3 END,
+                 updated_ms = ?2
+             WHERE status = 'in_flight' AND (?1 IS NULL OR lease_expires_ms < ?1)
+             RETURNING subscriber_id, ordering_key",
         )?
-        .query_map([now_ms], |r| r.get(0))?
+        .query_map(params![before, now_ms, HELD_MS], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?
         .collect::<Result<_, _>>()?;
-    if !subs.is_empty() {
-        c.execute(
-            "UPDATE deliveries SET status = 'pending', lease_expires_ms = NULL, next_attempt_ms = ?1,
-                 updated_ms = ?1
-             WHERE status = 'in_flight' AND lease_expires_ms < ?1",
-            [now_ms],
-        )?;
-    }
-    Ok(subs)
+    let keys: Vec<(String, String)> = rows
+        .iter()
+        .filter_map(|(s, k)| Some((s.clone(), k.clone()?)))
+        .collect();
+    ordered::release(c, &keys, now_ms)?;
+    let n = rows.len();
+    let mut subs: Vec<String> = rows.into_iter().map(|(s, _)| s).collect();
+    subs.sort();
+    subs.dedup();
+    Ok((n, subs))
 }
 
 /// Every live subscriber with pending work and when its earliest delivery is due.

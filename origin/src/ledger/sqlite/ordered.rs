@@ -82,6 +82,7 @@ pub fn release(
          WHERE id = (SELECT id FROM deliveries
                      WHERE subscriber_id = ?1 AND ordering_key = ?2 AND next_attempt_ms = ?3
                        AND ordering_key IS NOT NULL AND status IN ('pending', 'in_flight')
+                       AND status = 'pending'
                      ORDER BY sequence LIMIT 1)",
     )?;
     let mut woken = BTreeSet::new();

@@ -385,3 +385,61 @@ fn an_events_traceparent_comes_back_with_its_claims() {
         .collect();
     assert_eq!(got, [("e1", Some(tp)), ("e2", None)]);
 }
+
+/// An ordered batching subscriber's claim in runs (`claim_runs`): each due head leased with
+/// up to `per - 1` of its key's held deliveries, in sequence order; leases that expire give
+/// each key back one head (its lowest number), the rest held; unordered leases come back due.
+#[test]
+fn runs_of_one_key_are_leased_together_and_come_back_with_one_head() {
+    use crate::ledger::sqlite::leases::{claim_runs, release_expired_leases};
+    use crate::ordering::{Ordering as Order, HELD_MS};
+    use std::collections::HashMap;
+    let c = db();
+    let mut s = sub("o", &["o.*"]);
+    s.ordering = Order::Key;
+    s.ordering_key = Some("/k".into());
+    create_subscriber(&c, &s, "s").unwrap();
+    // Keys a, b interleaved, four each: a1 b1 a2 b2 …
+    let events: Vec<NewEvent> = (1..=4)
+        .flat_map(|i| {
+            ["a", "b"].map(|k| NewEvent {
+                id: format!("{k}{i}"),
+                event_type: "o.x".into(),
+                body: format!("{{\"k\":\"{k}\"}}"),
+                traceparent: None,
+            })
+        })
+        .collect();
+    ingest(&c, &events, 1).unwrap();
+    let runs: HashMap<&str, usize> = [("o", 3)].into();
+    let claimed = |now: i64| {
+        let claim = claim_runs(&c, &[("o".into(), 6)], &runs, &[], now, now + 100)
+            .unwrap()
+            .remove(0);
+        let ids: Vec<String> = claim.claimed.iter().map(|d| d.event_id.clone()).collect();
+        (ids, claim.runs)
+    };
+    let runs_of_three = (
+        ["a1", "a2", "a3", "b1", "b2", "b3"]
+            .map(String::from)
+            .to_vec(),
+        vec![3, 3],
+    );
+    assert_eq!(claimed(10), runs_of_three);
+    // Nothing more is due: the fourth of each key is held behind its run.
+    assert_eq!(claimed(11).0, Vec::<String>::new());
+    // The leases expire: each key's lowest number is its head again, due; the rest held.
+    release_expired_leases(&c, 200).unwrap();
+    let due: Vec<(String, i64)> = c
+        .prepare("SELECT event_id, next_attempt_ms FROM deliveries ORDER BY sequence")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for (id, at) in &due {
+        let head = id == "a1" || id == "b1";
+        assert_eq!(*at, if head { 200 } else { HELD_MS }, "{id}");
+    }
+    assert_eq!(claimed(300), runs_of_three);
+}

@@ -2414,3 +2414,86 @@ async fn an_ordered_batching_claim_takes_runs_and_an_expired_run_keeps_one_head(
     assert_eq!(ids, ["a1", "a2", "a3", "b1", "b2", "b3"]);
     assert_eq!(taken.runs, [3, 3]);
 }
+
+/// Retention forgets an ordered key whose last delivery it removes, with nothing outstanding
+/// (its next delivery starts over, no previous sequence), and keeps a key whose last delivery
+/// is kept (its chain goes on).
+#[tokio::test]
+async fn retention_forgets_a_key_idle_past_it() {
+    use fanout_origin::ledger::Finished;
+    use fanout_origin::ordering::Ordering;
+    let server = PgServer::start();
+    let l = ledgers(&server, "forget", 1).await.remove(0);
+    let mut s = sub("o", &["*"], 1000.0, 1000, 10);
+    s.ordering = Ordering::Key;
+    s.ordering_key = Some("/k".into());
+    l.create_subscriber(&s, "s").await.unwrap();
+    let ev = |id: &str, k: &str| NewEvent {
+        id: id.into(),
+        event_type: "t".into(),
+        body: format!("{{\"k\":\"{k}\"}}"),
+        traceparent: None,
+    };
+    l.ingest(vec![ev("a1", "a"), ev("a2", "a"), ev("b1", "b")], 0)
+        .await
+        .unwrap();
+    // Each key's head goes at t=100; a2, released by a1, at t=5000.
+    let send = |now: i64| {
+        let l = l.clone();
+        async move {
+            let claim = l
+                .claim(&[("o".into(), 10)], BREAKER, now, LEASE)
+                .await
+                .unwrap()
+                .remove(0);
+            let done: Vec<LeasedOutcome> = claim
+                .claimed
+                .iter()
+                .map(|d| sent(d.rowid, Some(claim.lease_expires_ms), now))
+                .collect();
+            l.apply(&done, &[], BREAKER, now).await.unwrap();
+            done.len()
+        }
+    };
+    assert_eq!(send(100).await, 2);
+    assert_eq!(send(5_000).await, 1);
+    let c = server.connect("forget").await;
+    let keys = || async {
+        c.query("SELECT key FROM ordering_keys ORDER BY key", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(keys().await, ["\"a\"", "\"b\""]);
+    let removed = l
+        .purge_finished(Finished::Sent, 1_000, 10)
+        .await
+        .unwrap()
+        .expect("the retention lock is free");
+    assert_eq!(removed.0.deliveries, 2, "a1 and b1");
+    assert_eq!(keys().await, ["\"a\""], "b's last delivery is gone");
+    l.ingest(vec![ev("a3", "a"), ev("b2", "b")], 6_000)
+        .await
+        .unwrap();
+    let previous = |id: &'static str| {
+        let c = &c;
+        async move {
+            c.query_one(
+                "SELECT previous_sequence FROM deliveries WHERE event_id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<i64>>(0)
+        }
+    };
+    let a2: i64 = c
+        .query_one("SELECT sequence FROM deliveries WHERE event_id = 'a2'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(previous("a3").await, Some(a2), "a's chain goes on");
+    assert_eq!(previous("b2").await, None, "b starts over");
+}

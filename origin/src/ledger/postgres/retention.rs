@@ -18,6 +18,9 @@
 
 use std::time::{Duration, Instant};
 
+use deadpool_postgres::Transaction;
+use tokio_postgres::Row;
+
 use super::ledger::{every, PgLedger};
 use crate::ledger::error::LedgerError;
 use crate::ledger::retention::{Finished, Removed, Retention, RetentionReport};
@@ -39,6 +42,35 @@ fn status(kind: Finished) -> &'static str {
         Finished::Sent => "sent",
         Finished::Dead => "dead",
     }
+}
+
+/// Of the keys (`crate::ordering`) whose deliveries `ended` just removed, forget those whose
+/// last delivery was among them and that have nothing outstanding: an ordered key idle past
+/// retention starts over (its next delivery carries no `webhook-previous-sequence`), so
+/// `ordering_keys` holds the keys of the kept deliveries, not every key ever seen. A key an
+/// ingest is moving meanwhile keeps its row: the delete waits for that ingest's lock and then
+/// finds `last` moved on.
+const FORGET_KEYS: &str = "DELETE FROM ordering_keys o
+     USING unnest($1::text[], $2::text[], $3::bigint[]) AS u(s, k, last)
+     WHERE o.subscriber_id = u.s AND o.key = u.k AND o.last = u.last
+       AND NOT EXISTS (
+           SELECT 1 FROM deliveries d
+           WHERE d.subscriber_id = u.s AND d.ordering_key = u.k
+             AND d.ordering_key IS NOT NULL AND d.status IN ('pending', 'in_flight'))";
+
+async fn forget_keys(tx: &Transaction<'_>, ended: &[Row]) -> Result<(), LedgerError> {
+    let (mut subs, mut keys, mut lasts) = (Vec::new(), Vec::new(), Vec::new());
+    for r in ended {
+        if let Some(key) = r.try_get::<_, Option<String>>(1)? {
+            subs.push(r.try_get::<_, String>(0)?);
+            keys.push(key);
+            lasts.push(r.try_get::<_, i64>(2)?);
+        }
+    }
+    if !subs.is_empty() {
+        tx.execute(FORGET_KEYS, &[&subs, &keys, &lasts]).await?;
+    }
+    Ok(())
 }
 
 impl PgLedger {
@@ -90,10 +122,16 @@ impl PgLedger {
         // Only these rows: this transaction has held their locks since the SELECT above
         // checked their status and age (FOR UPDATE checks a row changed meanwhile again), so
         // none can have been replayed or otherwise changed since.
-        let deliveries = tx
-            .execute("DELETE FROM deliveries WHERE id = ANY($1)", &[&ids])
+        let ended = tx
+            .query(
+                "DELETE FROM deliveries WHERE id = ANY($1)
+                 RETURNING subscriber_id, ordering_key, sequence",
+                &[&ids],
+            )
             .await?;
+        let deliveries = ended.len() as u64;
         let gone_events = tx.execute(DELETE_UNREFERENCED_EVENTS, &[&events]).await?;
+        forget_keys(&tx, &ended).await?;
         let removed = Removed {
             deliveries,
             attempts,

@@ -71,12 +71,18 @@ pub fn purge_finished(
         )?
         .execute([&rowids])?;
     // The status and age again: nothing else but a finished delivery past its window, ever.
-    let deliveries = c
+    let ended: Vec<(String, Option<String>, i64)> = c
         .prepare_cached(&format!(
             "DELETE FROM deliveries WHERE id IN (SELECT value FROM json_each(?1))
-                 AND status = '{status}' AND updated_ms < ?2"
+                 AND status = '{status}' AND updated_ms < ?2
+             RETURNING subscriber_id, ordering_key, sequence"
         ))?
-        .execute(params![rowids, cutoff_ms])?;
+        .query_map(params![rowids, cutoff_ms], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let deliveries = ended.len();
+    forget_keys(c, &ended)?;
     let event_ids = json_array(ids.into_iter().map(|(_, e)| serde_json::Value::from(e)));
     let events = c
         .prepare_cached(
@@ -91,6 +97,26 @@ pub fn purge_finished(
     };
     add_removed(c, kind, removed)?;
     Ok(removed)
+}
+
+/// Of the keys (`crate::ordering`) whose deliveries `ended` just removed, forget those whose
+/// last delivery was among them and that have nothing outstanding: an ordered key idle past
+/// retention starts over (its next delivery carries no `webhook-previous-sequence`), so
+/// `ordering_keys` holds the keys of the kept deliveries, not every key ever seen.
+fn forget_keys(c: &Connection, ended: &[(String, Option<String>, i64)]) -> Result<(), LedgerError> {
+    let mut forget = c.prepare_cached(
+        "DELETE FROM ordering_keys WHERE subscriber_id = ?1 AND key = ?2 AND last = ?3
+             AND NOT EXISTS (
+                 SELECT 1 FROM deliveries d
+                 WHERE d.subscriber_id = ?1 AND d.ordering_key = ?2
+                   AND d.ordering_key IS NOT NULL AND d.status IN ('pending', 'in_flight'))",
+    )?;
+    for (sub, key, last) in ended {
+        if let Some(key) = key {
+            forget.execute(params![sub, key, last])?;
+        }
+    }
+    Ok(())
 }
 
 /// Sweep up to `batch` events older than `cutoff_ms` from where the last sweep stopped (in
@@ -491,5 +517,81 @@ mod tests {
         apply(&c, &sent, &[], 1).unwrap();
         let step = |c: &Connection| purge_finished(c, Finished::Sent, 2, 2).unwrap().deliveries;
         assert_eq!([step(&c), step(&c), step(&c), step(&c)], [2, 2, 1, 0]);
+    }
+
+    /// An ordered key whose last delivery the purge removes, with nothing outstanding, is
+    /// forgotten (its next delivery starts over, no previous sequence); a key whose last
+    /// delivery is kept keeps its row and its chain.
+    #[test]
+    fn a_key_idle_past_retention_is_forgotten() {
+        use crate::ordering::Ordering;
+        let c = crate::ledger::sqlite::test_db();
+        let mut s = crate::ledger::test_subscriber("o", &["*"]);
+        s.ordering = Ordering::Key;
+        s.ordering_key = Some("/k".into());
+        create_subscriber(&c, &s, "s").unwrap();
+        let ev = |id: &str, k: &str| crate::ledger::NewEvent {
+            id: id.into(),
+            event_type: "t".into(),
+            body: format!("{{\"k\":\"{k}\"}}"),
+            traceparent: None,
+        };
+        ingest(&c, &[ev("a1", "a"), ev("a2", "a"), ev("b1", "b")], 0).unwrap();
+        // Each key's head goes at t=100; a2, released by a1, at t=5000.
+        let send = |now: i64| {
+            let ids: Vec<i64> = claim(&c, &[("o".into(), 10)], &[], now, now + 10)
+                .unwrap()
+                .remove(0)
+                .claimed
+                .iter()
+                .map(|d| d.rowid)
+                .collect();
+            let done: Vec<Outcome> = ids
+                .iter()
+                .map(|&rowid| Outcome {
+                    rowid,
+                    transition: Transition::Sent,
+                    attempt: attempt(now, "delivered"),
+                })
+                .collect();
+            apply(&c, &done, &[], now).unwrap();
+            ids.len()
+        };
+        assert_eq!(send(100), 2);
+        assert_eq!(send(5_000), 1);
+        assert_eq!(count(&c, "ordering_keys"), 2);
+        // a1 and b1 go (sent before 1,000): b's last delivery is gone, a's (a2) is kept.
+        assert_eq!(
+            purge_finished(&c, Finished::Sent, 1_000, 10)
+                .unwrap()
+                .deliveries,
+            2
+        );
+        let keys: Vec<String> = c
+            .prepare("SELECT key FROM ordering_keys")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(keys, ["\"a\""]);
+        ingest(&c, &[ev("a3", "a"), ev("b2", "b")], 6_000).unwrap();
+        let previous = |id: &str| -> Option<i64> {
+            c.query_row(
+                "SELECT previous_sequence FROM deliveries WHERE event_id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        let a2: i64 = c
+            .query_row(
+                "SELECT sequence FROM deliveries WHERE event_id = 'a2'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(previous("a3"), Some(a2), "a's chain goes on");
+        assert_eq!(previous("b2"), None, "b starts over");
     }
 }

@@ -227,8 +227,14 @@ function strictBehaviour(rate, burst) {
     s.k = 0;
     s.minA = Infinity;
   };
-  s.behave = ({ id }) => {
+  s.recent = []; // the last arrivals, for the history of an arrival over the limit
+  s.behave = ({ id, seen, req }) => {
     const t = Date.now() / 1000;
+    // How long after its signing it arrived (whole seconds: a send that waited shows), and by
+    // which connection (each daemon keeps its own).
+    const signed = Number(req?.headers['webhook-timestamp']);
+    s.recent.push({ t: Date.now(), id, seen, lag: Number.isFinite(signed) ? Math.round(t - signed) : null, port: req?.socket?.remotePort });
+    if (s.recent.length > 40) s.recent.shift();
     const a = s.k - s.rate * t; // the arrival about to be counted, index k
     s.minA = Math.min(s.minA, a);
     s.k += 1;
@@ -236,7 +242,7 @@ function strictBehaviour(rate, burst) {
     s.worst = Math.max(s.worst, excess);
     if (excess > STRICT_SLACK) {
       s.over += 1;
-      if (s.overAt.length < 50) s.overAt.push({ t: Date.now(), id, excess: Number(excess.toFixed(2)) });
+      if (s.overAt.length < 50) s.overAt.push({ t: Date.now(), id, excess: Number(excess.toFixed(2)), recent: s.overAt.length < 3 ? [...s.recent] : [] });
       return { status: 429, headers: { 'retry-after': '2' }, body: 'over the limit' };
     }
     return { status: 200 };
@@ -975,6 +981,13 @@ out.push(`drain: ${drainMs} ms`);
 if (growth.rss && growth.ledger) {
   out.push(`RSS per daemon, mean of the first → last third of the run: ${growth.rss.first_mb} → ${growth.rss.last_mb} MB; ledger ${growth.ledger.first_mb} → ${growth.ledger.last_mb} MB (sent deliveries kept ${RETAIN})`);
 }
+if (LEDGER === 'pg') {
+  const top = psqlSync(
+    pg.url('chaos'),
+    "SELECT string_agg(format('%s %s MB', relname, round(pg_total_relation_size(c.oid) / 1048576.0, 1)), ', ' ORDER BY pg_total_relation_size(c.oid) DESC) FROM (SELECT oid, relname FROM pg_class WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace ORDER BY pg_total_relation_size(oid) DESC LIMIT 8) c",
+  );
+  if (top) out.push(`largest tables at the end: ${top}`);
+}
 out.push('RSS of the daemons (MB) and ledger size (MB) over time:');
 for (const s of summary.samples) out.push(`  ${String(s.t_s).padStart(6)} s  rss ${s.rss_mb.join(' / ')}  ledger ${s.ledger_mb}  acked ${s.acked}`);
 console.log(out.join('\n'));
@@ -995,6 +1008,8 @@ if (failures.length) {
     for (const o of s.overAt.slice(0, 3)) {
       console.log(`over the limit: ${name} at ${at(o.t)}s (${o.id}, excess ${o.excess}); history around it:`);
       console.log(around(o.t).join('\n'));
+      console.log(`  its last ${o.recent.length} arrivals (time, event, earlier tries, seconds since signed, connection's port):`);
+      for (const a of o.recent) console.log(`    [${at(a.t)}s] ${a.id} tries ${a.seen} lag ${a.lag}s port ${a.port}`);
     }
   }
 }

@@ -85,6 +85,16 @@ const DELETES_ALLOWED: &[(&str, &str, &str)] = &[
         "retention: an event no delivery refers to any more",
     ),
     (
+        "ledger/sqlite/retention.rs",
+        "ordering_keys",
+        "retention: an ordered key whose last delivery it removes, with nothing of the key pending or in flight",
+    ),
+    (
+        "ledger/postgres/retention.rs",
+        "ordering_keys",
+        "retention on PostgreSQL: as ledger/sqlite/retention.rs (an ordered key whose last delivery it removes, nothing of it outstanding)",
+    ),
+    (
         "ledger/postgres/retention.rs",
         "deliveries",
         "retention on PostgreSQL: as ledger/sqlite/retention.rs (a sent delivery past --retain-sent, a dead one past --retain-dead)",

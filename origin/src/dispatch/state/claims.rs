@@ -199,10 +199,10 @@ impl State {
             };
             let got = claim.claimed.len();
             // A batching subscriber's claim is in requests: each group one.
-            let sends = match st.per_request() {
-                Some(per) => groups(got, per, &claim.runs).len(),
-                None => got,
-            };
+            let requests = st
+                .per_request()
+                .map(|per| (per, groups(got, per, &claim.runs)));
+            let sends = requests.as_ref().map_or(got, |(_, g)| g.len());
             if let Some(r) = st.reserved.take() {
                 // Commit what was leased; the rest of the reservation goes back exactly.
                 st.limiter.commit(st.target.limits.core(breaker), r, sends);
@@ -231,9 +231,8 @@ impl State {
             }
             let id = st.target.id.clone();
             let edge_batch = self.cfg.edge_batch.max(1);
-            if let (Some(per), Some(spec)) = (st.per_request(), st.target.batch) {
+            if let (Some((per, groups)), Some(spec)) = (requests, st.target.batch) {
                 let target = st.target.clone();
-                let groups = groups(got, per, &claim.runs);
                 effects.push(self.launch_batched(target, spec, per, &groups, claim.claimed, now));
                 continue;
             }

@@ -44,7 +44,8 @@ pub fn claim_runs(
          WHERE d.subscriber_id = ?1 AND d.status = 'pending' AND d.next_attempt_ms <= ?2
          ORDER BY d.next_attempt_ms, d.id LIMIT ?3",
     )?;
-    // A head's run: its key's held deliveries, lowest number first.
+    // A head's run: its key's held deliveries, lowest number first (pending only; the
+    // partial index `deliveries_ordered` is named by its own predicate, written out).
     let mut held = c.prepare_cached(
         "SELECT d.id, d.event_id, e.type, e.body, d.attempts, d.sequence, e.received_ms,
              d.ordering_key, d.previous_sequence, e.traceparent

@@ -2497,3 +2497,75 @@ async fn retention_forgets_a_key_idle_past_it() {
     assert_eq!(previous("a3").await, Some(a2), "a's chain goes on");
     assert_eq!(previous("b2").await, None, "b starts over");
 }
+
+/// The churned tables are vacuumed by the daemon once a share of them is dead, so the space of
+/// rewritten and removed rows is reused instead of the files growing (issue 27: with the
+/// server's defaults a crash recovery resets the counts autovacuum waits on, and it looks once
+/// a minute). Rewriting every delivery six times with the daemon's vacuum between the
+/// rewrites keeps `deliveries` near one generation's size; a table with few dead rows is left.
+#[tokio::test]
+async fn churned_tables_are_vacuumed_and_their_space_reused() {
+    let server = PgServer::start();
+    let l = ledgers(&server, "vacuum", 1).await.remove(0);
+    l.create_subscriber(&sub("v", &["*"], 10.0, 20, 8), "s")
+        .await
+        .unwrap();
+    l.ingest(evs("v", 3_000), 0).await.unwrap();
+    let c = server.connect("vacuum").await;
+    let stat = |col: &'static str| {
+        let c = &c;
+        async move {
+            let q = format!("SELECT {col} FROM pg_stat_user_tables WHERE relname = 'deliveries'");
+            c.query_one(&q, &[]).await.unwrap().get::<_, i64>(0)
+        }
+    };
+    let size = || async {
+        c.query_one("SELECT pg_relation_size('deliveries')", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    // Rewrite every delivery (each version is a dead tuple) and wait for the server to
+    // publish the count the daemon reads.
+    let churn = || async {
+        let before = stat("n_dead_tup").await;
+        c.batch_execute(
+            "UPDATE deliveries SET updated_ms = updated_ms + 1; SELECT pg_stat_force_next_flush()",
+        )
+        .await
+        .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while stat("n_dead_tup").await < before + 3_000 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "dead tuples never counted"
+            );
+            c.batch_execute("SELECT pg_stat_force_next_flush()")
+                .await
+                .unwrap();
+        }
+    };
+    let one_generation = size().await;
+    // Below the threshold nothing is vacuumed.
+    c.batch_execute("UPDATE deliveries SET updated_ms = updated_ms + 1 WHERE id % 10 = 0")
+        .await
+        .unwrap();
+    assert_eq!(l.vacuum_churned().await.unwrap(), Vec::<String>::new());
+    for _ in 0..6 {
+        churn().await;
+        assert!(
+            l.vacuum_churned()
+                .await
+                .unwrap()
+                .contains(&"deliveries".to_string()),
+            "3,000 dead of 3,000 live: vacuumed"
+        );
+    }
+    // Measured: 1.9 times one generation; without the daemon's vacuum, 4.1 times.
+    let after = size().await;
+    assert!(
+        after <= one_generation * 5 / 2,
+        "six rewrites vacuumed between them: {after} bytes, one generation {one_generation}"
+    );
+    assert!(stat("vacuum_count").await >= 6);
+}

@@ -162,7 +162,8 @@ impl PgLedger {
     }
 
     /// Start this daemon's background rounds: one clock with the server (`clock.rs`), its
-    /// leases renewed, the kept counts folded, the planner's statistics refreshed, and probes
+    /// leases renewed, the kept counts folded, the planner's statistics refreshed, the churned
+    /// tables vacuumed, and probes
     /// for room while the ledger cannot write. They run until the answer drops.
     pub fn start_rounds(&self) -> Rounds {
         let mut stops = Vec::new();
@@ -175,6 +176,7 @@ impl PgLedger {
         self.keep_leases(stop());
         self.keep_counts_folded(stop());
         self.keep_statistics(stop());
+        self.keep_vacuumed(stop());
         self.keep_probing_room(stop());
         Rounds { _stops: stops }
     }

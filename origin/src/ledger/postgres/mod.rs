@@ -36,7 +36,7 @@
 //! (rows read into the contract's types), `shared.rs` (the shared limiter's
 //! arithmetic, pure), `schema.rs`; the server's own machinery: `ledger.rs` (the handle and its
 //! pool), `error.rs` (the driver's errors into the contract's), `listen.rs` (`LISTEN`/`NOTIFY`
-//! between daemons), `clock.rs` (one clock for every daemon), `statistics.rs`, `tls.rs`.
+//! between daemons), `clock.rs` (one clock for every daemon), `statistics.rs`, `vacuum.rs`, `tls.rs`.
 //! Nothing here is SQLite's, and nothing outside this folder (but the copy command) names
 //! `tokio_postgres` or `deadpool`.
 //!
@@ -174,10 +174,14 @@
 //!   the partial indexes `deliveries_sent_age` / `deliveries_dead_age` with `FOR UPDATE SKIP
 //!   LOCKED`, events no delivery refers to are swept in `(received_ms, id)` order from a stored
 //!   mark (the daemons' receive times are on one clock, the server's, see above). Space: PostgreSQL
-//!   does not shrink a table on delete; deleted rows become dead tuples that autovacuum (on by
-//!   default) marks reusable, and the next inserts fill those pages, so under steady traffic the
-//!   tables level off at one window's worth plus autovacuum's slack, as SQLite's free list does.
-//!   Nothing runs `VACUUM FULL` (it would lock the tables against every daemon); to give space back
+//!   does not shrink a table on delete; deleted rows, and every version an update leaves
+//!   behind, become dead tuples whose space is reused once a vacuum has marked it free.
+//!   Autovacuum alone let the files grow in the fault soak while the kept rows were level (it
+//!   looks once a minute, waits for a fifth of a table, and a crash recovery resets its counts),
+//!   so each daemon vacuums the churned tables itself once a tenth of one is dead (`vacuum.rs`:
+//!   `VACUUM (SKIP_LOCKED)`, which blocks no read or write and skips a table another session is
+//!   vacuuming); under steady traffic the tables level off at one window's worth plus that
+//!   slack, as SQLite's free list does. Nothing runs `VACUUM FULL` (it would lock the tables against every daemon); to give space back
 //!   after a one-off spike, an operator runs it (or `pg_repack`) in a quiet hour.
 //! - Lists page by id with an index behind each (migration 2), and few indexes: every delivery is
 //!   written three times and no update is HOT, so each version enters every index whose predicate
@@ -217,6 +221,7 @@ mod statistics;
 mod stats;
 mod subscribers;
 pub mod tls;
+mod vacuum;
 
 pub use crate::ledger::dispatch::Announcement;
 pub use dispatch::{LEASE_MS, RENEW_EVERY_MS};
@@ -227,3 +232,4 @@ pub use listen::{Listener, CHANGED_CHANNEL, CUSTOMERS_CHANNEL, DUE_CHANNEL};
 pub use retention::{FOLD_EVERY, RETENTION_LOCK};
 pub use schema::VERSION as SCHEMA_VERSION;
 pub use shared::{grant_shared, merge_limiter, shared_wait};
+pub use vacuum::{to_vacuum, Dead, CHURNED, VACUUM_EVERY};

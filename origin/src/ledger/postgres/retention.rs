@@ -14,7 +14,7 @@
 //! Several daemons share the ledger: each step takes a transaction-scoped advisory lock
 //! (`pg_try_advisory_xact_lock`) and a daemon that does not get it ends its pass — another
 //! daemon is purging. Steps are small (the caller sizes them) and leave the rows they do not
-//! delete alone (`SKIP LOCKED`). Freed space is reused through autovacuum (`postgres` module doc, "Retention").
+//! delete alone (`SKIP LOCKED`). Freed space is reused once `vacuum.rs` (or autovacuum) has vacuumed it (`postgres` module doc, "Retention").
 
 use std::time::{Duration, Instant};
 

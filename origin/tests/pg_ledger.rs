@@ -1012,6 +1012,83 @@ async fn renewed_leases_hold_and_lapsed_ones_are_taken_over() {
     assert_eq!(taken[0].claimed.len(), 4);
 }
 
+/// A turn written though its answer was lost (a connection that failed after the commit
+/// reached the server, as in the fault soak's PostgreSQL restarts) leaves leases the
+/// dispatcher does not know of; the daemon's renewals would keep them for as long as it
+/// lives. `release_strays` returns this daemon's leases but those it holds, and no other
+/// daemon's.
+#[tokio::test]
+async fn leases_of_a_turn_whose_answer_was_lost_are_released_but_those_held() {
+    use fanout_origin::ledger::postgres::LEASE_MS;
+    let server = PgServer::start();
+    let l = ledgers(&server, "strays", 2).await;
+    l[0].create_subscriber(&sub("a", &["*"], 1e6, 1_000_000, 100), "s")
+        .await
+        .unwrap();
+    l[0].ingest(evs("e", 5), 0).await.unwrap();
+    let t0 = 1_000;
+    // Daemon 0 holds one send; a lost answer leased it three more; daemon 1 holds one.
+    let mine = l[0]
+        .claim(&[("a".into(), 4)], BREAKER, t0, LEASE_MS)
+        .await
+        .unwrap()
+        .remove(0)
+        .claimed;
+    assert_eq!(mine.len(), 4);
+    let other = l[1]
+        .claim(&[("a".into(), 1)], BREAKER, t0, LEASE_MS)
+        .await
+        .unwrap()
+        .remove(0)
+        .claimed;
+    assert_eq!(other.len(), 1);
+    // Renewed, the strays never lapse.
+    assert_eq!(l[0].renew_leases(t0 + LEASE_MS - 1).await.unwrap(), 4);
+    let held = [mine[0].rowid];
+    let at = t0 + 2_000;
+    assert_eq!(
+        l[0].release_strays(&held, at).await.unwrap(),
+        vec!["a".to_string()]
+    );
+    // Nothing left to release; the held lease and daemon 1's are still in flight.
+    assert!(l[0].release_strays(&held, at).await.unwrap().is_empty());
+    let c = server.connect("strays").await;
+    let rows = c
+        .query(
+            "SELECT id, status, lease_owner, next_attempt_ms FROM deliveries ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap();
+    for r in rows {
+        let id: i64 = r.get(0);
+        let status: String = r.get(1);
+        let owner: Option<String> = r.get(2);
+        if id == mine[0].rowid {
+            assert_eq!(
+                (status.as_str(), owner.as_deref()),
+                ("in_flight", Some("daemon-0"))
+            );
+        } else if id == other[0].rowid {
+            assert_eq!(
+                (status.as_str(), owner.as_deref()),
+                ("in_flight", Some("daemon-1"))
+            );
+        } else {
+            assert_eq!(
+                (status.as_str(), owner, r.get::<_, i64>(3)),
+                ("pending", None, at)
+            );
+        }
+    }
+    // Due at once: the next claim of either daemon takes them.
+    let again = l[1]
+        .claim(&[("a".into(), 10)], BREAKER, at, LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(again[0].claimed.len(), 3);
+}
+
 /// A daemon on PostgreSQL serves customers like one on SQLite (they were refused with 501
 /// `not_supported` before migration 3); with PostgreSQL gone, ingest answers 503 `unavailable`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

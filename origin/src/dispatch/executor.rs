@@ -207,6 +207,19 @@ impl<L: DispatchLedger> Dispatcher<L> {
                     }
                 }
             }
+            Effect::ReleaseStrays { held, now_ms } => {
+                match self.ledger.release_strays(held, now_ms).await {
+                    Ok(subs) if !subs.is_empty() => {
+                        tracing::warn!(?subs, "leases of a turn written though its answer was lost returned to the queue");
+                        vec![Event::Due(subs)]
+                    }
+                    Ok(_) => Vec::new(),
+                    Err(e) => {
+                        tracing::error!(error = %e, "could not return the leases of a turn whose answer was lost; they come back when this daemon stops");
+                        Vec::new()
+                    }
+                }
+            }
             Effect::Share { in_flight } => self.share(&in_flight).await,
             Effect::Leave => {
                 if let Err(e) = self.ledger.leave().await {

@@ -107,6 +107,22 @@ struct Ledger {
 }
 
 impl Ledger {
+    /// Leases but `held` back to pending, due at `now`; whether there were any. (Leases here
+    /// never expire: on PostgreSQL the daemon renews its own while it lives.)
+    fn release_strays(&mut self, held: &[i64], now: i64) -> bool {
+        let strays: Vec<i64> = self
+            .leased
+            .keys()
+            .filter(|id| !held.contains(id))
+            .copied()
+            .collect();
+        for id in &strays {
+            self.leased.remove(id);
+            self.pending.insert(*id, now);
+        }
+        !strays.is_empty()
+    }
+
     fn due(&self, now: i64) -> usize {
         self.pending.values().filter(|&&d| d <= now).count()
     }
@@ -117,9 +133,14 @@ impl Ledger {
 
     fn answer(&mut self, turn: &Turn, now: i64) -> Recorded {
         let limits = self.sub.limits.core(self.breaker);
-        let ended = turn.outcomes.len() as u32;
+        let mut ended = 0u32;
         for o in &turn.outcomes {
-            self.leased.remove(&o.rowid);
+            // A result for a delivery not leased (written before, by a turn whose answer was
+            // lost) is stale: ignored, as the ledgers do.
+            if self.leased.remove(&o.rowid).is_none() {
+                continue;
+            }
+            ended += 1;
             match &o.transition {
                 Transition::Sent => self.sent += 1,
                 Transition::Retry { at_ms, .. } | Transition::Defer { at_ms } => {
@@ -318,8 +339,9 @@ impl Sim {
         }
     }
 
-    /// The ledger answers the turn being recorded (or fails it, now and then); what it
-    /// leases goes out.
+    /// The ledger answers the turn being recorded (or fails it, now and then; on PostgreSQL
+    /// half of those failures come after the turn was written: the connection lost the
+    /// commit's answer); what it leases goes out.
     fn answer_turn(&mut self) {
         let Some(turn) = self.recording.take() else {
             return;
@@ -327,6 +349,9 @@ impl Sim {
         let now = self.now;
         let effects = if self.rng.chance(3) {
             self.excused_ms += 5_000;
+            if self.postgres && self.rng.chance(50) {
+                self.ledger.answer(&turn, now);
+            }
             let failed = TurnError {
                 turn,
                 error: crate::ledger::LedgerError::Closed,
@@ -338,7 +363,14 @@ impl Sim {
             self.state
                 .handle(Event::Recorded(recorded), now, &mut jitter)
         };
-        for e in effects {
+        let mut effects: std::collections::VecDeque<Effect> = effects.into();
+        while let Some(e) = effects.pop_front() {
+            if let Effect::ReleaseStrays { held, now_ms } = &e {
+                if self.ledger.release_strays(held, *now_ms) {
+                    let due = Event::Due(vec!["s".to_string()]);
+                    effects.extend(self.state.handle(due, now, &mut jitter));
+                }
+            }
             if let Effect::Launch { deliveries, .. } = e {
                 for d in &deliveries {
                     self.out.push(Out {

@@ -246,6 +246,13 @@ pub enum Effect {
     /// (`DispatchLedger::release_expired_leases`); answer with [`Event::Due`] of the
     /// subscribers concerned.
     SweepLeases { now_ms: i64 },
+    /// A turn failed and may have been written all the same (on PostgreSQL a commit whose
+    /// answer the connection lost): leases this daemon holds in the ledger other than `held`
+    /// (every delivery it has out or has a result for) go back to the queue, due at `now_ms`
+    /// (`DispatchLedger::release_strays`); answer with [`Event::Due`] of the subscribers
+    /// concerned. Without it, such a lease is renewed for as long as the daemon lives and its
+    /// delivery is never sent.
+    ReleaseStrays { held: Vec<i64>, now_ms: i64 },
     /// Write that this dispatcher is alive with `in_flight` out per customer and read who
     /// shares the ledger (`DispatchLedger::share`); answer with [`Event::Share`], then
     /// [`Event::Elsewhere`]. On failure the last share stays.

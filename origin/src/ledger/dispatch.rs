@@ -83,8 +83,11 @@ pub struct Recorded {
     pub due: Vec<String>,
 }
 
-/// A turn that was not recorded: nothing of it was written, and it comes back whole so the
-/// caller retries it (no result is dropped).
+/// A turn that was not recorded: it comes back whole so the caller retries it (no result is
+/// dropped). Nothing of it was written — unless the answer was lost after the write (on
+/// PostgreSQL, a connection that failed after the commit reached the server): its results
+/// written again are stale and ignored, and its leases are released by
+/// [`DispatchLedger::release_strays`] after the next turn the caller records.
 #[derive(Debug)]
 pub struct TurnError {
     pub turn: Turn,
@@ -132,6 +135,16 @@ pub trait DispatchLedger: Clone + Send + Sync + 'static {
     /// subscribers concerned. One transaction.
     fn release_expired_leases(
         &self,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Vec<String>, LedgerError>> + Send;
+
+    /// The leases this daemon holds other than `held` return to pending, due at `now_ms`
+    /// (an ordered key's as when they expire: one head per key). Returns the subscribers
+    /// concerned. For a turn that failed but may have been written ([`TurnError`]): its
+    /// leases are nobody's sends.
+    fn release_strays(
+        &self,
+        held: Vec<i64>,
         now_ms: i64,
     ) -> impl Future<Output = Result<Vec<String>, LedgerError>> + Send;
 

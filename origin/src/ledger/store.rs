@@ -181,6 +181,7 @@ impl DispatchLedger for Store {
         fn due_work(&self, dead_threshold: u64) -> Result<Vec<(String, i64)>, LedgerError>;
         fn release_expired_leases(&self, now_ms: i64) -> Result<Vec<String>, LedgerError>;
         fn release_all_leases(&self, now_ms: i64) -> Result<usize, LedgerError>;
+        fn release_strays(&self, held: Vec<i64>, now_ms: i64) -> Result<Vec<String>, LedgerError>;
         fn share(&self, in_flight: &[(Option<String>, usize)]) -> Result<Option<(Share, InFlight)>, LedgerError>;
         fn leave(&self) -> Result<(), LedgerError>;
     }

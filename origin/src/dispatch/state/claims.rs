@@ -282,8 +282,29 @@ impl State {
         self.forget_removed();
         // An ordered key's next delivery went due with its head's result: ask for it now.
         self.on_due(&released, now);
+        if std::mem::take(&mut self.strays) {
+            effects.push(Effect::ReleaseStrays {
+                held: self.held(),
+                now_ms: now,
+            });
+        }
         effects.extend(self.watch(now));
         effects
+    }
+
+    /// Every delivery this daemon holds a lease on that it knows of: out (a send's first
+    /// delivery and a batch's others) or with a result not yet written.
+    fn held(&self) -> Vec<i64> {
+        let mut held: Vec<i64> = self
+            .out
+            .keys()
+            .chain(self.members.keys())
+            .copied()
+            .collect();
+        held.extend(self.unrecorded.iter().map(|o| o.rowid));
+        held.sort_unstable();
+        held.dedup();
+        held
     }
 
     /// A batching subscriber's claim: cut into requests (`cut_batches`), each one slot in
@@ -349,6 +370,7 @@ impl State {
 
     pub(super) fn on_not_recorded(&mut self, failed: TurnError, now: i64) {
         self.recording = false;
+        self.strays = true;
         let turn = failed.turn;
         // The turn's writes go back ahead of anything newer, to be retried first.
         let mut outcomes = turn.outcomes;

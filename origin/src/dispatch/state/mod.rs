@@ -201,6 +201,9 @@ pub struct State {
     notices: Vec<Notice>,
     /// A turn is being recorded.
     recording: bool,
+    /// A turn failed since the last one recorded: it may have been written all the same
+    /// (`Effect::ReleaseStrays` after the next recorded turn).
+    strays: bool,
     /// The ledger failed this many turns in a row; nothing is recorded before `ledger_retry_at`.
     ledger_failures: u32,
     ledger_retry_at: i64,
@@ -238,6 +241,7 @@ impl State {
             dead: BTreeSet::new(),
             notices: Vec::new(),
             recording: false,
+            strays: false,
             ledger_failures: 0,
             ledger_retry_at: 0,
             share: None,

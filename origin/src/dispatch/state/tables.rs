@@ -161,6 +161,9 @@ fn show(effect: &Effect, now: i64) -> String {
         Effect::Read(Read::Subscriber(id)) => format!("read subscriber {id}"),
         Effect::Read(Read::DueWork { .. }) => "read due_work".into(),
         Effect::SweepLeases { now_ms } => format!("sweep before {now_ms}"),
+        Effect::ReleaseStrays { held, now_ms } => {
+            format!("release strays but {held:?} at {now_ms}")
+        }
         Effect::Share { in_flight } => format!("share {in_flight:?}"),
         Effect::Leave => "leave".into(),
         Effect::NoEdge { subscriber } => format!("no_edge {subscriber}"),
@@ -572,6 +575,9 @@ fn a_turn_not_recorded_is_retried_whole_table() {
         // Then 200 ms.
         "310: record claims=a:1 until=+330000 out=1:sent limiters=a",
         "310: launch a [3] per=6",
+        // A failed turn may have been written (its answer lost): every lease but those out
+        // (2, and 3 just launched) goes back to the queue.
+        "310: release strays but [2, 3] at 310",
     ];
     let mut ledger = Ledger::with(&[("a", 10)]);
     ledger.fail = vec![1, 2];

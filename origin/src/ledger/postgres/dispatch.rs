@@ -238,7 +238,8 @@ impl PgLedger {
     }
 
     /// Push this daemon's leases out to `now_ms + LEASE_MS` (it is alive, its sends are still
-    /// out). Returns how many.
+    /// out). Returns how many. Every lease it owns: one a turn wrote though its answer was lost
+    /// is renewed too, until the dispatcher returns it (`release_strays`).
     pub async fn renew_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
         let until = now_ms.saturating_add(LEASE_MS);
         let c = self.client().await?;
@@ -393,6 +394,14 @@ impl DispatchLedger for PgLedger {
 
     async fn release_all_leases(&self, now_ms: i64) -> Result<usize, LedgerError> {
         Ok(self.release_own_leases(now_ms).await? as usize)
+    }
+
+    async fn release_strays(
+        &self,
+        held: Vec<i64>,
+        now_ms: i64,
+    ) -> Result<Vec<String>, LedgerError> {
+        PgLedger::release_strays(self, &held, now_ms).await
     }
 
     async fn share(

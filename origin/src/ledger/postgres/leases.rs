@@ -764,29 +764,55 @@ impl PgLedger {
 
     /// Return this daemon's own leases to the queue, due now (a daemon restarting under the
     /// same name: whatever it held died with its previous run). Returns how many.
+    pub async fn release_own_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
+        Ok(self.release_own_but(&[], now_ms).await?.len() as u64)
+    }
+
+    /// Return this daemon's leases other than `held` to the queue, due now (an ordered run's
+    /// members other than its first held, as when a run's lease expires): the leases of a
+    /// turn that was written though its answer was lost. Returns their subscribers.
+    pub async fn release_strays(
+        &self,
+        held: &[i64],
+        now_ms: i64,
+    ) -> Result<Vec<String>, LedgerError> {
+        let mut subs = self.release_own_but(held, now_ms).await?;
+        subs.sort();
+        subs.dedup();
+        Ok(subs)
+    }
+
+    /// This daemon's leases but `held` back to the queue; the subscriber of each.
     ///
     /// Its one statement touches rows (and their trigger-kept counts) that other daemons'
     /// transactions may hold in another order; PostgreSQL then aborts one of them as a deadlock.
     /// At start-up that must not stop the daemon: such an abort is tried again, a few times.
-    pub async fn release_own_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
+    async fn release_own_but(&self, held: &[i64], now_ms: i64) -> Result<Vec<String>, LedgerError> {
         let c = self.client().await?;
         let mut aborted = 0;
         loop {
             let released = c
-                .execute(
+                .query(
                     "UPDATE deliveries SET status = 'pending', lease_owner = NULL,
                          lease_expires_ms = NULL, next_attempt_ms = CASE
                              WHEN ordering_key IS NOT NULL AND batch_lead IS NOT NULL
                                   AND batch_lead <> id
                              THEN 9223372036854775807 ELSE $2 END,
                          updated_ms = $2
-                     WHERE status = 'in_flight' AND lease_owner = $1",
-                    &[&&*self.owner, &now_ms],
+                     WHERE status = 'in_flight' AND lease_owner = $1
+                       AND NOT (id = ANY($3))
+                     RETURNING subscriber_id",
+                    &[&&*self.owner, &now_ms, &held],
                 )
                 .await;
             match released {
                 Err(e) if aborted < RELEASE_TRIES && transaction_aborted(&e) => aborted += 1,
-                other => return Ok(other?),
+                other => {
+                    return other?
+                        .iter()
+                        .map(|r| Ok(r.try_get(0)?))
+                        .collect::<Result<_, LedgerError>>()
+                }
             }
         }
     }

@@ -60,7 +60,12 @@
 //! - Leases are short (15 s) and renewed every 5 s by a live daemon, instead of lasting longer than
 //!   any send (120 s): a dead daemon's work is taken over within seconds. A daemon's name in its
 //!   leases is `host:port`; a daemon restarted in the same place releases its previous run's
-//!   leases at start-up; other daemons' leases are theirs until they expire.
+//!   leases at start-up; other daemons' leases are theirs until they expire. A daemon renews
+//!   every lease it owns, so a turn whose commit reached the server but whose answer the
+//!   connection lost (a server restarting, found by the fault soak) would leave leases renewed
+//!   for as long as the daemon lives and their deliveries never sent: after a failed turn the
+//!   dispatcher's next recorded turn is followed by `release_strays`, which returns this
+//!   daemon's leases other than the deliveries it has out.
 //! - Ingest and replays announce new work with `NOTIFY fanout_due` (subscriber ids), subscriber
 //!   changes with `NOTIFY fanout_changed`; every daemon `LISTEN`s and hands them to its
 //!   dispatcher (the 2 s rescan covers a lost notification of due work). A daemon listens before

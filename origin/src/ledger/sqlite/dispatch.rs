@@ -5,7 +5,9 @@ use fanout_core::limiter::LimiterState;
 
 use super::customers::list_customers;
 use super::health::{apply_health, check_dead_counts, rearm_dead_alerts};
-use super::leases::{apply, claim_runs, due_summary, release_all_leases, release_expired_leases};
+use super::leases::{
+    apply, claim_runs, due_summary, release_all_leases, release_expired_leases, release_strays,
+};
 use super::ledger::Ledger;
 use super::limiters::load_limiter;
 use super::subscribers::{get_subscriber, list_subscribers};
@@ -99,6 +101,14 @@ impl DispatchLedger for Ledger {
 
     async fn release_all_leases(&self, now_ms: i64) -> Result<usize, LedgerError> {
         self.tx(move |c| release_all_leases(c, now_ms)).await
+    }
+
+    async fn release_strays(
+        &self,
+        held: Vec<i64>,
+        now_ms: i64,
+    ) -> Result<Vec<String>, LedgerError> {
+        self.tx(move |c| release_strays(c, &held, now_ms)).await
     }
 
     /// A SQLite ledger has one daemon (the owner lock): it owns every subscriber.

@@ -292,21 +292,34 @@ fn insert_attempts(
 /// them return to the queue, due now (an ordered key's through [`back_to_queue`]). Returns how
 /// many.
 pub fn release_all_leases(c: &Connection, now_ms: i64) -> Result<usize, LedgerError> {
-    Ok(back_to_queue(c, None, now_ms)?.0)
+    Ok(back_to_queue(c, None, None, now_ms)?.0)
 }
 
 /// Leases that outlived their expiry go back to pending. Returns the subscribers concerned.
 pub fn release_expired_leases(c: &Connection, now_ms: i64) -> Result<Vec<String>, LedgerError> {
-    Ok(back_to_queue(c, Some(now_ms), now_ms)?.1)
+    Ok(back_to_queue(c, Some(now_ms), None, now_ms)?.1)
 }
 
-/// In-flight deliveries whose lease expires before `before` (all of them: `None`) back to pending, due now — except
+/// Every lease but `held` goes back to pending: a turn that failed wrote nothing here (one
+/// local transaction), so this finds none unless the dispatcher lost track of a lease.
+/// Returns the subscribers concerned.
+pub fn release_strays(
+    c: &Connection,
+    held: &[i64],
+    now_ms: i64,
+) -> Result<Vec<String>, LedgerError> {
+    Ok(back_to_queue(c, None, Some(&id_list(held.iter().copied())), now_ms)?.1)
+}
+
+/// In-flight deliveries whose lease expires before `before` (all of them: `None`), but those
+/// `held` names (a JSON array of row ids), back to pending, due now — except
 /// an ordered key's: held, then the key's lowest-numbered held delivery goes (`ordered::
 /// release`), so a run of one key leased together (`claim_runs`) comes back with one head.
 /// Returns how many, and their subscribers.
 fn back_to_queue(
     c: &Connection,
     before: Option<i64>,
+    held: Option<&str>,
     now_ms: i64,
 ) -> Result<(usize, Vec<String>), LedgerError> {
     let rows: Vec<(String, Option<String>)> = c
@@ -315,9 +328,10 @@ fn back_to_queue(
                  next_attempt_ms = CASE WHEN ordering_key IS NULL THEN ?2 ELSE ?3 END,
                  updated_ms = ?2
              WHERE status = 'in_flight' AND (?1 IS NULL OR lease_expires_ms < ?1)
+               AND (?4 IS NULL OR id NOT IN (SELECT value FROM json_each(?4)))
              RETURNING subscriber_id, ordering_key",
         )?
-        .query_map(params![before, now_ms, HELD_MS], |r| {
+        .query_map(params![before, now_ms, HELD_MS, held], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })?
         .collect::<Result<_, _>>()?;

@@ -215,6 +215,32 @@ fn claim_apply_and_lease_release() {
     assert_eq!(due_summary(&c).unwrap(), vec![("a".to_string(), 50)]);
 }
 
+/// The leases a dispatcher does not know of (`release_strays`) go back due now, those it
+/// holds stay leased (on SQLite a failed turn wrote nothing, so this is the same rule as on
+/// PostgreSQL, where a turn can be written though its answer was lost).
+#[test]
+fn leases_but_those_held_are_released_as_strays() {
+    use crate::ledger::sqlite::leases::release_strays;
+    let c = db();
+    create_subscriber(&c, &sub("a", &["*"]), "s").unwrap();
+    ingest(&c, &[ev("e1", "t"), ev("e2", "t"), ev("e3", "t")], 0).unwrap();
+    let claims = claim(&c, &[("a".into(), 3)], &[], 0, 1_000).unwrap();
+    let ids: Vec<i64> = claims[0].claimed.iter().map(|d| d.rowid).collect();
+    assert_eq!(ids.len(), 3);
+    assert_eq!(release_strays(&c, &ids, 10).unwrap(), Vec::<String>::new());
+    assert_eq!(
+        release_strays(&c, &ids[..1], 10).unwrap(),
+        vec!["a".to_string()]
+    );
+    let status = |id| {
+        let d = get_delivery(&c, id).unwrap();
+        (d.status.as_str().to_string(), d.next_attempt_at_ms)
+    };
+    assert_eq!(status(ids[0]).0, "in_flight");
+    assert_eq!(status(ids[1]), ("pending".to_string(), Some(10)));
+    assert_eq!(status(ids[2]), ("pending".to_string(), Some(10)));
+}
+
 #[test]
 fn replay_and_removal() {
     let c = db();

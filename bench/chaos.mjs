@@ -401,13 +401,16 @@ edgeDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'fanout-chaos-edge-'));
 edge = await startEdge({ persistDir: edgeDir, timeoutMs: 180_000 });
 const edgeUp = { port: edge.port, key: edge.key };
 const RETAIN_S = Math.round(Math.max(60, Math.min(600, MINUTES * 10)));
+// Dead deliveries are kept as long as sent ones (not the default 30 days), so that the run
+// reaches the ledger's steady state; the verdict's dead deliveries are read while they are
+// kept (`readDead`, every quarter of the window).
 const RETAIN = `${RETAIN_S}s`;
 
 function daemonArgs(d) {
   const outbox = LEDGER === 'pg' ? `postgres://postgres@127.0.0.1:${proxies[d.i].port}/shop` : outboxUrl;
   return ['serve', '--db', d.db, '--listen', `127.0.0.1:${d.port}`, '--api-token', TOKEN, '--allow-loopback',
     '--edge-url', `http://127.0.0.1:${edgeUp.port}`, '--edge-key', edgeUp.key, '--backoff-scale', '0.1',
-    '--retain-sent', RETAIN, '--outbox', outbox];
+    '--retain-sent', RETAIN, '--retain-dead', RETAIN, '--outbox', outbox];
 }
 async function healthy(url, limitMs) {
   const deadline = Date.now() + limitMs;
@@ -759,7 +762,37 @@ function ledgerBytes() {
   const db = path.join(sqliteDir, 'fanout.db');
   return size(db) + size(`${db}-wal`);
 }
+/** Dead deliveries, from the ledger's API, as "subscriber event" pairs: read every quarter of
+ * the retention window (retention removes them after it) and once more at the end. */
+const dead = new Set();
+async function readDead() {
+  for (const d of upDaemons()) {
+    try {
+      const seen = [];
+      let after = '';
+      for (;;) {
+        const r = await api(d, `/v1/deliveries?status=dead&limit=10000${after ? `&after=${after}` : ''}`);
+        if (!r.ok) throw new Error(`status ${r.status}`);
+        const body = await r.json();
+        for (const dv of body.deliveries) seen.push(`${dv.subscriber_id} ${dv.event_id}`);
+        if (!body.next) break;
+        after = body.next;
+      }
+      for (const s of seen) dead.add(s);
+      return true;
+    } catch {
+      /* a daemon under a fault: the next one */
+    }
+  }
+  return false;
+}
 let sampling = true;
+const deadReader = (async () => {
+  while (sampling) {
+    await sleep(Math.min(30_000, (RETAIN_S * 1000) / 4));
+    if (sampling && !(await readDead())) note('could not read the dead deliveries from any daemon this round');
+  }
+})();
 const sampler = (async () => {
   const every = Math.max(5000, Math.min(30_000, RUN_MS / 60));
   while (sampling) {
@@ -832,20 +865,10 @@ const drainMs = Date.now() - drainStart;
 note(drained ? `drained in ${drainMs} ms` : `NOT drained after ${drainMs} ms: ${JSON.stringify(last)}`);
 sampling = false;
 await sampler;
+await deadReader;
 
 // ---------- verdict ----------
-/** Dead deliveries, from the ledger's API: "subscriber event" pairs. */
-const dead = new Set();
-{
-  let after = '';
-  for (;;) {
-    const r = await api(daemons[0], `/v1/deliveries?status=dead&limit=10000${after ? `&after=${after}` : ''}`);
-    const body = await r.json();
-    for (const dv of body.deliveries) dead.add(`${dv.subscriber_id} ${dv.event_id}`);
-    if (!body.next) break;
-    after = body.next;
-  }
-}
+if (!(await readDead())) throw new Error('the dead deliveries could not be read at the end');
 /** Deliveries still pending or in flight (only when the ledger did not drain): their pairs. */
 const unfinished = new Set();
 for (const status of drained ? [] : ['pending', 'in_flight']) {

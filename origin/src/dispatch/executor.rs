@@ -194,32 +194,16 @@ impl<L: DispatchLedger> Dispatcher<L> {
                     Vec::new()
                 }
             },
-            Effect::SweepLeases { now_ms } => {
-                match self.ledger.release_expired_leases(now_ms).await {
-                    Ok(subs) if !subs.is_empty() => {
-                        tracing::warn!(?subs, "expired leases returned to the queue");
-                        vec![Event::Due(subs)]
-                    }
-                    Ok(_) => Vec::new(),
-                    Err(e) => {
-                        tracing::error!(error = %e, "lease sweep failed");
-                        Vec::new()
-                    }
-                }
-            }
-            Effect::ReleaseStrays { held, now_ms } => {
-                match self.ledger.release_strays(held, now_ms).await {
-                    Ok(subs) if !subs.is_empty() => {
-                        tracing::warn!(?subs, "leases of a turn written though its answer was lost returned to the queue");
-                        vec![Event::Due(subs)]
-                    }
-                    Ok(_) => Vec::new(),
-                    Err(e) => {
-                        tracing::error!(error = %e, "could not return the leases of a turn whose answer was lost; they come back when this daemon stops");
-                        Vec::new()
-                    }
-                }
-            }
+            Effect::SweepLeases { now_ms } => requeued(
+                self.ledger.release_expired_leases(now_ms).await,
+                "expired leases returned to the queue",
+                "lease sweep failed",
+            ),
+            Effect::ReleaseStrays { held, now_ms } => requeued(
+                self.ledger.release_strays(held, now_ms).await,
+                "leases of a turn written though its answer was lost returned to the queue",
+                "could not return the leases of a turn whose answer was lost; they come back when this daemon stops",
+            ),
             Effect::Share { in_flight } => self.share(&in_flight).await,
             Effect::Leave => {
                 if let Err(e) = self.ledger.leave().await {
@@ -435,6 +419,26 @@ fn log_outcome(sub: &str, meta: &Meta, result: &DeliveryResult) {
             batch: None,
         };
         tracing::debug!(target: "fanout::delivery", "{}", LogRecord::new(sub, &d, result).to_json());
+    }
+}
+
+/// Leases returned to the queue: their subscribers are due now (`returned` logged when there
+/// were any, `failed` with the error).
+fn requeued(
+    released: Result<Vec<String>, LedgerError>,
+    returned: &str,
+    failed: &str,
+) -> Vec<Event> {
+    match released {
+        Ok(subs) if !subs.is_empty() => {
+            tracing::warn!(?subs, "{returned}");
+            vec![Event::Due(subs)]
+        }
+        Ok(_) => Vec::new(),
+        Err(e) => {
+            tracing::error!(error = %e, "{failed}");
+            Vec::new()
+        }
     }
 }
 

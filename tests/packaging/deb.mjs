@@ -37,7 +37,7 @@ const versions = [`${cargoVersion}+pkgtest1`, `${cargoVersion}+pkgtest2`];
 
 /** Builds the .deb at `version` from the binary scripts/package.sh built; returns its path. */
 function buildDeb(version) {
-  run(['bash', 'scripts/package.sh', '--deb', '--no-build', '--version', version]);
+  run(['bash', 'scripts/package.sh', '--deb', '--no-build', '--deb-compression', 'gzip', '--version', version]);
   const deb = path.join(ROOT, 'target/package', `fanout_${version}_amd64.deb`);
   assert.ok(fs.existsSync(deb), deb);
   return deb;

@@ -137,6 +137,11 @@ test('the .deb installs a hardened service that delivers signed webhooks; upgrad
   assert.match(secrets, /^FANOUT_API_TOKEN=fnt_[0-9a-f]{64}$/m);
   assert.match(fs.readFileSync('/var/lib/dpkg/info/fanout.conffiles', 'utf8'), /^\/etc\/fanout\/fanout\.toml$/m);
   assert.ok(!run(['dpkg', '-L', 'fanout']).includes(ENV_FILE), 'the secrets file is not the package\'s');
+  // Every setting the example config documents is in the installed one (commented or set).
+  const keys = (text) => new Set([...text.matchAll(/^(?:# )?([a-z_]+) = /gm)].map((m) => m[1]));
+  const installed = keys(fs.readFileSync(TOML, 'utf8'));
+  const missing = [...keys(fs.readFileSync(path.join(ROOT, 'origin/fanout.example.toml'), 'utf8'))].filter((k) => !installed.has(k));
+  assert.deepEqual(missing, [], `settings of origin/fanout.example.toml missing from packaging/fanout.toml`);
 
   // The unit: valid, and hardened to at most 2.0.
   const verify = tryRun(['systemd-analyze', 'verify', UNIT]);

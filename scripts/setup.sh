@@ -135,6 +135,32 @@ else
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y libfaketime
 fi
 
+# --- packaging (scripts/package.sh, scripts/package-test.sh) ---------------------------------
+# The static binary: the musl target, and musl-gcc for the C inside it (ring, SQLite, mimalloc).
+# The tests: systemd-analyze (verify and rate the unit), dpkg-deb, buildah (the image).
+MUSL_TARGET="x86_64-unknown-linux-musl"
+if rustup target list --installed | grep -qx "$MUSL_TARGET"; then
+  say "skip: rust target $MUSL_TARGET already installed"
+else
+  say "installing rust target $MUSL_TARGET"
+  rustup target add "$MUSL_TARGET"
+fi
+packaging_missing=()
+command -v musl-gcc >/dev/null 2>&1 || packaging_missing+=(musl-tools)
+command -v buildah >/dev/null 2>&1 || packaging_missing+=(buildah)
+command -v systemd-analyze >/dev/null 2>&1 || packaging_missing+=(systemd)
+command -v dpkg-deb >/dev/null 2>&1 || packaging_missing+=(dpkg)
+if [ "${#packaging_missing[@]}" -eq 0 ]; then
+  say "skip: musl-gcc, buildah, systemd-analyze and dpkg-deb already installed"
+else
+  command -v apt-get >/dev/null 2>&1 || die "missing ${packaging_missing[*]} and no apt-get: install Debian's ${packaging_missing[*]}"
+  say "installing ${packaging_missing[*]} (apt-get)"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y "${packaging_missing[@]}"
+fi
+
 # --- schemathesis for the OpenAPI check (tests/openapi.test.mjs) -----------------------------
 SCHEMATHESIS_VERSION="4.32.5"
 have_st="$( (schemathesis --version || python3 -m schemathesis --version) 2>/dev/null | awk '{print $NF}' | tail -n 1 || true)"

@@ -51,6 +51,11 @@ export FANOUT_SKIP_BUILD=1
 # and a file whose tests are done exits even if something it started is still running, so a run
 # ends, red or green, instead of waiting for CI's time limit.
 step "end-to-end tests (node --test)" npm run --silent test:e2e
+# The packages (scripts/package-test.sh): one release build of the static (musl) binary, the
+# .deb installed, run as its unit says, upgraded and removed with dpkg, and the container image
+# run from its own filesystem under chroot (skipped, loudly, without buildah). Needs root.
+step "packages: static binary, .deb (dpkg -i, upgrade, remove), image (buildah)" \
+  bash scripts/package-test.sh
 # The fault soak, short, with a fixed seed (bench/chaos.mjs; about 2.5 minutes in all): two
 # daemons on a throwaway PostgreSQL, the Worker, the outbox and every kind of subscriber under
 # the faults seed 36 orders first (a cut network, an edge restart, a PostgreSQL restart, kill -9,

@@ -9,6 +9,7 @@
 mod client;
 mod customers;
 mod deliveries;
+mod healthcheck;
 mod ledger;
 mod listen;
 mod load;
@@ -24,6 +25,7 @@ use clap::{Args, Parser, Subcommand};
 pub use client::{ClientArgs, ClientError};
 pub use customers::CustomerCommand;
 pub use deliveries::{DeliveriesArgs, ReplayArgs};
+pub use healthcheck::HealthcheckArgs;
 pub use ledger::{BackupArgs, LedgerCommand, LedgerCopyArgs, PG_BACKUP};
 pub use listen::{ListenArgs, ReaperArgs};
 pub use load::LoadArgs;
@@ -102,6 +104,9 @@ pub enum Command {
         #[command(subcommand)]
         command: OutboxCommand,
     },
+    /// GET the daemon's /healthz: exit 0 when it answers 200, 1 otherwise (for a container's
+    /// HEALTHCHECK)
+    Healthcheck(HealthcheckArgs),
 }
 
 #[derive(Debug, Args)]
@@ -142,6 +147,7 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
         } => ledger::ledger_copy(a).await,
         Command::Backup(a) => ledger::backup(a),
         Command::Outbox { command } => outbox::run(command).await,
+        Command::Healthcheck(a) => healthcheck::healthcheck(a).await,
     }
 }
 

@@ -23,13 +23,23 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// also once the outbox was emptied.
 pub fn ddl(table: &str) -> String {
     format!(
-        "CREATE TABLE IF NOT EXISTS {table} (
+        "CREATE TABLE IF NOT EXISTS \"{table}\" (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     payload TEXT NOT NULL,
     created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
 );
-CREATE TABLE IF NOT EXISTS {table}_rejected (
-    id INTEGER PRIMARY KEY,
+{rejected}CREATE INDEX IF NOT EXISTS \"{table}_rejected_id\" ON \"{table}_rejected\" (id);
+",
+        rejected = rejected_ddl(table, "")
+    )
+}
+
+/// `<table>_rejected` (named with `suffix`): every rejection is kept, also of a row whose id
+/// an earlier rejected row had (`id` is not unique).
+fn rejected_ddl(table: &str, suffix: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS \"{table}_rejected{suffix}\" (
+    id INTEGER NOT NULL,
     payload TEXT NOT NULL,
     created_at TEXT NOT NULL,
     rejected_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
@@ -37,6 +47,28 @@ CREATE TABLE IF NOT EXISTS {table}_rejected (
 );
 "
     )
+}
+
+/// An older `<table>_rejected` whose `id` was its primary key (a second rejection of one id
+/// was dropped) rebuilt without it, in `init`'s transaction (no table yet: nothing to do).
+fn upgrade_rejected(c: &Connection, table: &str) -> rusqlite::Result<()> {
+    let keyed: bool = c.query_row(
+        &format!(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('{table}_rejected') WHERE pk > 0)"
+        ),
+        [],
+        |r| r.get(0),
+    )?;
+    if keyed {
+        c.execute_batch(&format!(
+            "{new}INSERT INTO \"{table}_rejected_new\" SELECT id, payload, created_at, rejected_at, error
+                 FROM \"{table}_rejected\" ORDER BY id;
+             DROP TABLE \"{table}_rejected\";
+             ALTER TABLE \"{table}_rejected_new\" RENAME TO \"{table}_rejected\";",
+            new = rejected_ddl(table, "_new")
+        ))?;
+    }
+    Ok(())
 }
 
 /// The outbox in one SQLite file, read by this daemon. Cheap to clone.
@@ -98,7 +130,7 @@ impl SqliteOutbox {
         self.with(move |conn, t| {
             let mut st = conn.prepare_cached(&format!(
                 "SELECT id, payload, (julianday('now') - julianday(created_at)) * 86400.0 \
-                 FROM {t} ORDER BY id LIMIT ?1"
+                 FROM \"{t}\" ORDER BY id LIMIT ?1"
             ))?;
             let rows = st.query_map([batch as i64], |r| {
                 let payload = match r.get::<_, Value>(1)? {
@@ -127,13 +159,14 @@ impl SqliteOutbox {
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             {
                 let mut reject = tx.prepare_cached(&format!(
-                    "INSERT OR IGNORE INTO {t}_rejected (id, payload, created_at, error) \
-                     SELECT id, CAST(payload AS TEXT), created_at, ?2 FROM {t} WHERE id = ?1"
+                    "INSERT INTO \"{t}_rejected\" (id, payload, created_at, error) \
+                     SELECT id, CAST(payload AS TEXT), created_at, ?2 FROM \"{t}\" WHERE id = ?1"
                 ))?;
                 for (id, error) in &rejected {
                     reject.execute(params![id, error])?;
                 }
-                let mut delete = tx.prepare_cached(&format!("DELETE FROM {t} WHERE id = ?1"))?;
+                let mut delete =
+                    tx.prepare_cached(&format!("DELETE FROM \"{t}\" WHERE id = ?1"))?;
                 for id in &ids {
                     delete.execute([id])?;
                 }
@@ -145,9 +178,12 @@ impl SqliteOutbox {
 
     /// Create the file (if missing) and the tables (idempotent).
     pub fn init(&self) -> Result<(), OutboxError> {
-        let conn = open(&self.path, true).map_err(source)?;
-        conn.execute_batch(&format!("BEGIN; {} COMMIT;", ddl(&self.table)))
-            .map_err(source)
+        let mut conn = open(&self.path, true).map_err(source)?;
+        let tx = conn.transaction().map_err(source)?;
+        let table = &self.table;
+        upgrade_rejected(&tx, table).map_err(source)?;
+        tx.execute_batch(&ddl(table)).map_err(source)?;
+        tx.commit().map_err(source)
     }
 }
 

@@ -72,8 +72,13 @@ impl OutboxLocation {
         let path = text.strip_prefix("sqlite:").unwrap_or(text);
         let path = path.strip_prefix("//").unwrap_or(path);
         if path.is_empty() || path.contains("://") {
+            // A URL's scheme only: the rest may hold a password.
+            let shown = match text.split_once("://") {
+                Some((scheme, _)) => format!("{scheme}://…"),
+                None => format!("{text:?}"),
+            };
             return Err(OutboxError::Config(format!(
-                "the outbox {text:?} is neither postgres://user@host:port/dbname nor a SQLite file"
+                "the outbox {shown} is neither postgres://user@host:port/dbname nor a SQLite file"
             )));
         }
         Ok(OutboxLocation::Sqlite(PathBuf::from(path)))
@@ -373,4 +378,24 @@ async fn ingest(
         .filter(|(r, _)| r.different_body)
         .map(|(_, row)| (*row, plan::ID_REUSED.to_string()))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_and_their_messages_show_no_password() {
+        let at = OutboxLocation::parse("postgres://shop:pw1@db/shop?password=pw2").unwrap();
+        assert_eq!(at.redacted(), "postgres://shop:***@db/shop?password=***");
+        assert!(!format!("{at:?}").contains("pw"));
+        for bad in ["mysql://shop:pw3@db/shop", "sqlite://"] {
+            let e = OutboxLocation::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("is neither") && !e.contains("pw3"), "{e}");
+        }
+        assert_eq!(
+            OutboxLocation::parse("sqlite:/data/shop.db").unwrap(),
+            OutboxLocation::Sqlite("/data/shop.db".into())
+        );
+    }
 }

@@ -1019,3 +1019,66 @@ async fn two_daemons_on_one_outbox_keep_its_order_and_the_standby_takes_over() {
         1.0
     );
 }
+
+/// Two daemons (each with its own ledger) on one SQLite outbox: one reads it, the other waits
+/// on standby (every row goes into one ledger, never both, and in the outbox's order), and the
+/// standby takes over when the reader is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_on_one_sqlite_outbox_one_reads_and_the_other_takes_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let shop = dir.path().join("shop.db");
+    let mut producer = sqlite_producer(&shop);
+    let ledgers = [dir.path().join("one.db"), dir.path().join("two.db")];
+    let args = ["--outbox", shop.to_str().unwrap()];
+    let mut daemons = vec![
+        Binary::start(&ledgers[0], &args).await,
+        Binary::start(&ledgers[1], &args).await,
+    ];
+    let sinks = [subscribe(&daemons[0]).await, subscribe(&daemons[1]).await];
+    let reader_metric = r#"fanout_outbox_reader{table="fanout_outbox"}"#;
+    let batch = |from: usize| -> Vec<String> {
+        (from..from + 300)
+            .map(|k| event(&format!("m-{k:05}")))
+            .collect()
+    };
+    sqlite_commit(&mut producer, &batch(1), true);
+    wait_for("300 delivered", Duration::from_secs(20), || async {
+        sinks[0].distinct_ids().0.len() + sinks[1].distinct_ids().0.len() == 300
+    })
+    .await;
+    let reader = if sinks[0].distinct_ids().0.len() == 300 {
+        0
+    } else {
+        1
+    };
+    assert_eq!(sinks[1 - reader].count(), 0, "both daemons read the outbox");
+    assert_eq!(daemons[reader].metric(reader_metric).await, 1.0);
+    assert_eq!(daemons[1 - reader].metric(reader_metric).await, 0.0);
+    let (_, view) = daemons[1 - reader].api.get("/v1/outbox").await;
+    assert_eq!(view["standby"], true, "{view}");
+    // In the outbox's order: the reader's ledger numbered them as the rows came.
+    let order: Vec<String> = {
+        let c = rusqlite::Connection::open(&ledgers[reader]).unwrap();
+        let mut st = c
+            .prepare("SELECT event_id FROM deliveries ORDER BY sequence")
+            .unwrap();
+        st.query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    let expected: Vec<String> = (1..=300).map(|k| format!("m-{k:05}")).collect();
+    assert!(order == expected, "out of the outbox's order");
+
+    daemons[reader].kill9();
+    sqlite_commit(&mut producer, &batch(301), true);
+    let survivor = &sinks[1 - reader];
+    wait_for(
+        "the standby takes over",
+        Duration::from_secs(15),
+        || async { survivor.distinct_ids().0.len() == 300 },
+    )
+    .await;
+    assert_eq!(daemons[1 - reader].metric(reader_metric).await, 1.0);
+    drop(daemons);
+}

@@ -2,12 +2,18 @@
 //! table of its own database in the same transaction as the business change, and this task
 //! moves every committed row into the ledger, exactly once, then out of the outbox.
 //!
-//! One round: take the oldest rows (`postgres.rs`: `FOR UPDATE SKIP LOCKED` in a transaction
-//! of the producer's database; `sqlite.rs`: a short read), sort them into events and rejections
+//! One daemon reads an outbox at a time (its reader's lock: an advisory lock in PostgreSQL, a
+//! lock file beside a SQLite file); the others stay on standby and take over when the reader
+//! stops. So rows go into the ledger in the outbox's id order, and sequence numbers follow it.
+//!
+//! One round: take the oldest rows (`postgres.rs`: `FOR UPDATE NOWAIT` in a transaction of the
+//! producer's database; `sqlite.rs`: a short read), sort them into events and rejections
 //! (`plan.rs`, pure, with the check `POST /v1/events` uses), ingest the events through the
 //! ledger's contract (answered once durable), and only then delete the rows and move the
-//! rejected ones to `<table>_rejected`. When the ledger cannot write, the rows stay. Rows are
-//! never read by "id above the last one seen": a lower id can commit after a higher one.
+//! rejected ones to `<table>_rejected` (also those the ledger refuses as data, found by
+//! ingesting a refused batch event by event, and those reusing an event id with another body).
+//! When the ledger cannot write, the rows stay. Rows are never read by "id above the last one
+//! seen": a lower id can commit after a higher one.
 //! The next round starts at once after a full batch; otherwise on a PostgreSQL `NOTIFY` from
 //! the table's trigger, or after `--outbox-poll`.
 //!
@@ -183,7 +189,7 @@ impl Source {
     async fn take(&mut self, batch: usize) -> Result<Option<Vec<plan::Row>>, OutboxError> {
         match self {
             Source::Pg(s) => s.take(batch).await,
-            Source::Sqlite(s) => s.take(batch).await.map(Some),
+            Source::Sqlite(s) => s.take(batch).await,
         }
     }
 

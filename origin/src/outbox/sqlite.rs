@@ -3,9 +3,15 @@
 //! (no lock kept), then — only after the ledger has committed their events — one
 //! `BEGIN IMMEDIATE` that moves the rejections to `<table>_rejected` and deletes the rows.
 //! A crash in between leaves the rows, read again by the next round (ingest is idempotent by
-//! event id); a row already gone (another reader took it) is simply not there to delete.
-//! SQLite has no `NOTIFY`: the file is polled (`--outbox-poll`).
+//! event id). SQLite has no `NOTIFY`: the file is polled (`--outbox-poll`).
+//!
+//! One daemon reads an outbox at a time, so that its rows go into the ledger in its order:
+//! the reader holds `flock(2)` on `<file>.<table>.reader` beside the producer's file (never on
+//! the database file itself, whose POSIX locks SQLite owns); another daemon on the same host
+//! stays on standby and takes over at its next round once the operating system dropped the
+//! lock, which it does when the reader's process ends, however it ends.
 
+use std::fs::{File, OpenOptions, TryLockError};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -77,6 +83,8 @@ pub struct SqliteOutbox {
     path: Arc<PathBuf>,
     table: Arc<str>,
     conn: Arc<Mutex<Option<Connection>>>,
+    /// The reader's lock file, held (locked) while this daemon is the outbox's reader.
+    reader: Arc<Mutex<Option<File>>>,
 }
 
 impl std::fmt::Debug for SqliteOutbox {
@@ -94,6 +102,7 @@ impl SqliteOutbox {
             path: Arc::new(path),
             table: Arc::from(table),
             conn: Arc::default(),
+            reader: Arc::default(),
         }
     }
 
@@ -125,8 +134,48 @@ impl SqliteOutbox {
         joined.map_err(|e| OutboxError::Source(format!("the outbox's thread failed: {e}")))?
     }
 
-    /// The oldest `batch` rows (a read: no lock is kept).
-    pub async fn take(&self, batch: usize) -> Result<Vec<Row>, OutboxError> {
+    /// Whether this daemon is the outbox's reader, taking the reader's lock when it is free.
+    async fn is_reader(&self) -> Result<bool, OutboxError> {
+        let me = self.clone();
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut slot = me
+                .reader
+                .lock()
+                .map_err(|_| OutboxError::Source("a previous round panicked".into()))?;
+            if slot.is_some() {
+                return Ok(true);
+            }
+            let mut name = me.path.as_os_str().to_owned();
+            name.push(format!(".{}.reader", me.table));
+            let path = PathBuf::from(name);
+            let cannot = |e: std::io::Error| {
+                OutboxError::Source(format!("the reader's lock {}: {e}", path.display()))
+            };
+            let file = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(cannot)?;
+            match file.try_lock() {
+                Ok(()) => {
+                    *slot = Some(file);
+                    Ok(true)
+                }
+                Err(TryLockError::WouldBlock) => Ok(false),
+                Err(TryLockError::Error(e)) => Err(cannot(e)),
+            }
+        })
+        .await;
+        joined.map_err(|e| OutboxError::Source(format!("the outbox's thread failed: {e}")))?
+    }
+
+    /// The oldest `batch` rows (a read: no lock is kept); `None` when another daemon is the
+    /// outbox's reader.
+    pub async fn take(&self, batch: usize) -> Result<Option<Vec<Row>>, OutboxError> {
+        if !self.is_reader().await? {
+            return Ok(None);
+        }
         self.with(move |conn, t| {
             let mut st = conn.prepare_cached(&format!(
                 "SELECT id, payload, (julianday('now') - julianday(created_at)) * 86400.0 \
@@ -147,6 +196,7 @@ impl SqliteOutbox {
             rows.collect()
         })
         .await
+        .map(Some)
     }
 
     /// One short write transaction: `rejected` moved to `<table>_rejected`, `ids` deleted.

@@ -1082,3 +1082,69 @@ async fn two_daemons_on_one_sqlite_outbox_one_reads_and_the_other_takes_over() {
     assert_eq!(daemons[1 - reader].metric(reader_metric).await, 1.0);
     drop(daemons);
 }
+
+/// `fanout outbox init` on an outbox made by an older version, whose `<table>_rejected` had the
+/// row id as its primary key (a second rejection of one id was dropped): the key goes, the
+/// rejections stay, and a second rejection of an id is kept. Both kinds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_upgrades_an_older_rejected_table_keeping_its_rows() {
+    let old_sqlite = "CREATE TABLE fanout_outbox_rejected (
+        id INTEGER PRIMARY KEY, payload TEXT NOT NULL, created_at TEXT NOT NULL,
+        rejected_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+        error TEXT NOT NULL);
+        INSERT INTO fanout_outbox_rejected (id, payload, created_at, error)
+        VALUES (1, 'x', '2020-01-01', 'old')";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("shop.db");
+    rusqlite::Connection::open(&file)
+        .unwrap()
+        .execute_batch(old_sqlite)
+        .unwrap();
+    init(file.to_str().unwrap());
+    init(file.to_str().unwrap());
+    let c = rusqlite::Connection::open(&file).unwrap();
+    c.execute(
+        "INSERT INTO fanout_outbox_rejected (id, payload, created_at, error)
+         VALUES (1, 'y', '2020-01-02', 'again')",
+        [],
+    )
+    .unwrap();
+    let n: i64 = c
+        .query_row(
+            "SELECT count(*) FROM fanout_outbox_rejected WHERE id = 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n, 2);
+
+    let server = PgServer::start();
+    let url = server.database("shop").await;
+    let pg = server.connect("shop").await;
+    pg.batch_execute(
+        "CREATE TABLE fanout_outbox_rejected (id bigint PRIMARY KEY, payload text NOT NULL,
+         created_at timestamptz NOT NULL, rejected_at timestamptz NOT NULL DEFAULT now(),
+         error text NOT NULL);
+         INSERT INTO fanout_outbox_rejected (id, payload, created_at, error)
+         VALUES (1, 'x', now(), 'old')",
+    )
+    .await
+    .unwrap();
+    init(&url);
+    init(&url);
+    pg.execute(
+        "INSERT INTO fanout_outbox_rejected (id, payload, created_at, error)
+         VALUES (1, 'y', now(), 'again')",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        pg_count(
+            &pg,
+            "SELECT count(*) FROM fanout_outbox_rejected WHERE id = 1"
+        )
+        .await,
+        2
+    );
+}

@@ -441,7 +441,8 @@ fn edge_target(
                 }
                 _ => {
                     return Err(ConfigError(format!(
-                        "--edge-url {url:?} is not an http(s) URL"
+                        "--edge-url {} is not an http(s) URL",
+                        crate::redact::url(&url)
                     )))
                 }
             }
@@ -531,7 +532,8 @@ fn alert_target(
                 Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
                 _ => {
                     return Err(ConfigError(format!(
-                        "--alert-url {url:?} is not an http(s) URL"
+                        "--alert-url {} is not an http(s) URL",
+                        crate::redact::url(&url)
                     )))
                 }
             }
@@ -1085,10 +1087,19 @@ mod tests {
                 "alert url not a url",
                 Settings {
                     alert_url: Some("ops".into()),
-                    alert_secret: Some(alert_key),
+                    alert_secret: Some(alert_key.clone()),
                     ..base()
                 },
                 Err("--alert-url"),
+            ),
+            (
+                "alert url not http, its token not shown",
+                Settings {
+                    alert_url: Some("ftp://ops.example/hook/T0K3N".into()),
+                    alert_secret: Some(alert_key),
+                    ..base()
+                },
+                Err("--alert-url ftp://ops.example:21 is not an http(s) URL"),
             ),
             (
                 "zero dead threshold",

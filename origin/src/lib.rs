@@ -204,7 +204,7 @@ fn api_config(cfg: &Config, portal_key: Vec<u8>, telemetry: trace::Telemetry) ->
     }
 }
 
-/// The outbox task, when `--outbox` is set (a failure of its own is logged).
+/// The outbox task, when `--outbox` is set (a failure of its own is logged and reported).
 fn start_outbox(
     cfg: &Config,
     daemon: outbox::Daemon,
@@ -215,9 +215,14 @@ fn start_outbox(
         .metrics
         .outbox
         .configured(outbox.at.redacted(), outbox.table.clone());
+    let metrics = daemon.metrics.clone();
     Some(tokio::spawn(async move {
-        if let Err(e) = outbox::run(outbox, daemon, stop).await {
-            tracing::error!(error = %e, "the outbox task stopped");
+        // `run` ends only when told to; if it panics, the outbox says so until the daemon stops.
+        if let Err(e) = tokio::spawn(outbox::run(outbox, daemon, stop)).await {
+            tracing::error!(error = %e, "the outbox task failed");
+            metrics
+                .outbox
+                .cannot_read(&format!("the outbox task failed: {e}"), time::now_ms());
         }
     }))
 }

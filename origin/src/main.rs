@@ -3,7 +3,6 @@
 use std::io::IsTerminal as _;
 
 use anyhow::Context as _;
-use clap::Parser as _;
 use fanout_origin::cli::{run_client, Cli, Command, LogFormat};
 use fanout_origin::config::Config;
 
@@ -38,7 +37,7 @@ fn init_logs(format: LogFormat) {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = Cli::parse_hiding_values();
     init_logs(cli.log_format);
     match cli.command {
         Command::Serve(args) => {

@@ -110,6 +110,9 @@ pub struct OutboxStats {
     /// Since when (unix ms) the outbox cannot be read; 0 while it can.
     failing_since_ms: AtomicI64,
     last_error: Mutex<String>,
+    /// Another daemon reads this outbox (it holds the outbox's lock): this one waits to take
+    /// over.
+    standby: std::sync::atomic::AtomicBool,
 }
 
 /// `GET /v1/outbox`, and `fanout status`'s outbox line.
@@ -124,6 +127,9 @@ pub struct OutboxView {
     pub oldest_age_seconds: f64,
     /// Why the outbox cannot be read now, if it cannot.
     pub error: Option<String>,
+    /// Another daemon reads the outbox now; this one takes over when that one stops.
+    #[serde(default)]
+    pub standby: bool,
 }
 
 impl OutboxStats {
@@ -141,23 +147,23 @@ impl OutboxStats {
         }
     }
 
-    pub(crate) fn reading_again(&self) {
-        self.failing_since_ms.store(0, Relaxed);
+    /// A round read the outbox (`standby`: it found another daemon reading it). Returns
+    /// whether it could not before.
+    pub(crate) fn reading_again(&self, standby: bool) -> bool {
+        self.standby.store(standby, Relaxed);
+        self.failing_since_ms.swap(0, Relaxed) > 0
     }
 
-    /// `/healthz`'s problem while the outbox cannot be read: it names the outbox.
+    /// `/healthz`'s problem while the outbox cannot be read: its table and for how long, never
+    /// where it is nor the error (`/healthz` answers anyone; `GET /v1/outbox` says why).
     pub fn problem(&self, now_ms: i64) -> Option<crate::health::Problem> {
         let since = self.failing_since_ms.load(Relaxed);
-        let (at, table) = self.name.get()?;
+        let (_, table) = self.name.get()?;
         (since > 0).then(|| crate::health::Problem {
             code: "outbox_unavailable",
             message: format!(
-                "the outbox {table} in {at} cannot be read since {} ms ago: {}",
+                "the outbox {table} cannot be read since {} ms ago (GET /v1/outbox says why)",
                 (now_ms - since).max(0),
-                self.last_error
-                    .lock()
-                    .map(|e| e.clone())
-                    .unwrap_or_default()
             ),
         })
     }
@@ -178,6 +184,7 @@ impl OutboxStats {
                     .map(|e| e.clone())
                     .unwrap_or_default()
             }),
+            standby: !failing && self.standby.load(Relaxed),
         }
     }
 
@@ -186,12 +193,14 @@ impl OutboxStats {
             return;
         };
         let v = self.view();
-        let families: [(&str, &str, &str, f64); 5] = [
+        let reading = v.error.is_none() && !v.standby;
+        let families: [(&str, &str, &str, f64); 6] = [
             ("fanout_outbox_rows_read_total", "counter", "Outbox rows taken into the ledger (events) or moved to <table>_rejected.", v.rows_read as f64),
             ("fanout_outbox_rows_rejected_total", "counter", "Outbox rows that were not valid events, moved to <table>_rejected.", v.rows_rejected as f64),
             ("fanout_outbox_rounds_failed_total", "counter", "Outbox rounds that failed (the outbox unreadable, or the ledger unable to write); their rows stayed.", v.rounds_failed as f64),
             ("fanout_outbox_oldest_age_seconds", "gauge", "Age of the oldest row the last outbox round saw (0: empty).", v.oldest_age_seconds),
             ("fanout_outbox_up", "gauge", "1 while the outbox can be read.", f64::from(u8::from(v.error.is_none()))),
+            ("fanout_outbox_reader", "gauge", "1 while this daemon is the one reading the outbox (0: another daemon is, or it cannot be read).", f64::from(u8::from(reading))),
         ];
         for (name, kind, help, value) in families {
             out.family(name, kind, help);

@@ -16,7 +16,12 @@
 //! - `subscriber` ordering: `""` (the whole subscriber is one key, no `webhook-ordering-key`);
 //! - `key` ordering: the JSON text of the value at the pointer (`"v_1"` with its quotes, `42`,
 //!   `{"a":1}`), so `42` and `"42"` are two keys; an event without a value there is the key
-//!   `null` (such events are ordered together, never left unordered).
+//!   `null` (such events are ordered together, never left unordered). The text is
+//!   `serde_json`'s compact form of the parsed value (object members sorted by name), so
+//!   `{"b":1,"a":2}` and `{"a":2, "b":1}` are one key. A text longer than
+//!   [`MAX_STORED_KEY_BYTES`] is stored as `sha256:` and the hex SHA-256 of that text
+//!   ([`bounded`]): every index that holds a key (`ordering_keys`, `deliveries_ordered`) stays
+//!   within PostgreSQL's btree limit (about 2.7 KB a row), on both ledgers the same way.
 //!
 //! Changing a subscriber's ordering applies to deliveries ingested after the change; those
 //! already stored keep their key (held ones are released one by one as before), so nothing is
@@ -27,6 +32,12 @@ use std::collections::BTreeMap;
 use fanout_core::wire::MAX_ORDERING_KEY_BYTES;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The longest key text stored as it is; a longer one is stored as its digest ([`bounded`]).
+/// Its header, percent-encoded at worst three bytes a byte, still fits
+/// `MAX_ORDERING_KEY_BYTES`.
+pub const MAX_STORED_KEY_BYTES: usize = 1024;
 
 /// The due time of a held delivery: after every real time, so no claim takes it and no
 /// "next due" reads it (every reader of the earliest due time skips it).
@@ -118,13 +129,28 @@ pub fn key_of(ordering: Ordering, pointer: Option<&str>, body: Option<&Value>) -
     match ordering {
         Ordering::None => None,
         Ordering::Subscriber => Some(String::new()),
-        Ordering::Key => Some(
+        Ordering::Key => Some(bounded(
             pointer
                 .zip(body)
                 .and_then(|(p, b)| b.pointer(p))
                 .map_or_else(|| "null".to_string(), Value::to_string),
-        ),
+        )),
     }
+}
+
+/// A key's text as stored: itself up to [`MAX_STORED_KEY_BYTES`], beyond that `sha256:` and
+/// the lowercase hex digest of the text (never JSON, so never another key's text).
+pub fn bounded(text: String) -> String {
+    if text.len() <= MAX_STORED_KEY_BYTES {
+        return text;
+    }
+    let digest = Sha256::digest(text.as_bytes());
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256:");
+    for b in digest {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
 }
 
 /// `webhook-ordering-key` for a stored key: `None` for subscriber ordering (`""`); a string's
@@ -283,5 +309,43 @@ mod tests {
             key_of(Ordering::Key, Some("/a"), None).as_deref(),
             Some("null")
         );
+    }
+
+    #[test]
+    fn long_keys_are_stored_as_their_digest() {
+        let at_limit = format!("\"{}\"", "k".repeat(MAX_STORED_KEY_BYTES - 2));
+        let over = format!("\"{}\"", "k".repeat(MAX_STORED_KEY_BYTES - 1));
+        let cases: &[(&str, &str)] = &[
+            ("\"v_1\"", "\"v_1\""),
+            (&at_limit, &at_limit),
+            // `printf '"%s"' $(printf 'k%.0s' $(seq 1 1023)) | sha256sum`
+            (
+                &over,
+                "sha256:2b6bea15404695540764dd3a5c47b47e5e85b07cfc98260b13affdd2cac6ff70",
+            ),
+        ];
+        for (text, stored) in cases {
+            assert_eq!(&bounded(text.to_string()), stored);
+        }
+        // A 10 KB value: one bounded key, the same for the same value whatever its members'
+        // order, another for another value; its header is the stored text.
+        let big = |order: bool, v: &str| -> Value {
+            let k = "x".repeat(10_000);
+            if order {
+                serde_json::from_str(&format!(r#"{{"k":{{"a":"{k}","b":"{v}"}}}}"#)).unwrap()
+            } else {
+                serde_json::from_str(&format!(r#"{{"k":{{"b":"{v}","a":"{k}"}}}}"#)).unwrap()
+            }
+        };
+        let key = |b: &Value| key_of(Ordering::Key, Some("/k"), Some(b)).unwrap();
+        let (one, same, other) = (
+            key(&big(true, "1")),
+            key(&big(false, "1")),
+            key(&big(true, "2")),
+        );
+        assert!(one.starts_with("sha256:") && one.len() == 71, "{one}");
+        assert_eq!(one, same);
+        assert_ne!(one, other);
+        assert_eq!(header_value(&one).as_deref(), Some(one.as_str()));
     }
 }

@@ -393,3 +393,41 @@ fn backup_of_a_postgres_ledger_points_to_pg_dump() {
     assert!(!to.exists());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+/// `--help` names the variables an option reads but never prints their values (tokens, keys,
+/// database URLs with passwords), for `serve` and every other command that reads them.
+#[test]
+fn help_never_prints_what_the_environment_holds() {
+    let secrets = [
+        ("FANOUT_API_TOKEN", "tok-s3cret-1"),
+        ("FANOUT_EDGE_KEY", "edge-s3cret-2"),
+        ("FANOUT_ALERT_SECRET", "whsec_s3cret3"),
+        ("FANOUT_ALERT_URL", "https://ops.example/hook/s3cret-4"),
+        ("FANOUT_EDGE_URL", "https://edge.example/s3cret-5"),
+        ("FANOUT_DB", "postgres://u:s3cret-6@db/fanout"),
+        ("FANOUT_OUTBOX", "postgres://u@db/shop?password=s3cret-7"),
+        (
+            "FANOUT_EVENT_URL",
+            "https://shop.example/e/{id}?token=s3cret-8",
+        ),
+    ];
+    for args in [
+        &["serve", "--help"][..],
+        &["status", "--help"],
+        &["subscriber", "add", "--help"],
+        &["outbox", "init", "--help"],
+        &["--help"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(args)
+            .envs(secrets)
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {help}");
+        assert!(!help.contains("s3cret"), "{args:?} prints a value: {help}");
+        if args[0] == "serve" {
+            assert!(help.contains("FANOUT_API_TOKEN"), "{help}");
+        }
+    }
+}

@@ -387,3 +387,55 @@ async fn two_postgres_daemons_never_have_two_of_one_key_in_flight() {
         }
     }
 }
+
+/// A 10 KB ordering-key value (past PostgreSQL's btree limit of about 2.7 KB a row): ingest
+/// accepts it (202, not a 500 a producer retries for ever) and its key is ordered like any
+/// other, one at a time and in sequence, under one bounded key (`sha256:…`) the receiver
+/// sees in `webhook-ordering-key`, on either ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ten_kilobyte_key_is_accepted_and_ordered() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, _pg) = ledger(dir.path()).await;
+    let daemon = Binary::start(&db, &[]).await;
+    let sink = Subscriber::start(|_, _| Answer::status(200).delay(ANSWER)).await;
+    let mut spec = sub_spec("keyed", &sink.url, &["video.*"]);
+    spec["ordering"] = json!("key");
+    spec["ordering_key"] = json!("/video_id");
+    daemon.api.subscriber(spec).await;
+    // Incompressible (PostgreSQL compresses an index entry first: 10 KB of one letter fits).
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let long: String = (0..10 * 1024)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            char::from(
+                b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                    [(x >> 58) as usize % 62],
+            )
+        })
+        .collect();
+    let mut batch: Vec<Value> = (1..=4).map(|i| ev(&format!("l{i}"), &long)).collect();
+    batch.push(ev("s1", "short"));
+    let (status, answer) = daemon.api.post("/v1/events", Value::Array(batch)).await;
+    assert_eq!(status, 202, "{answer}");
+    let (status, answer) = daemon
+        .api
+        .post("/v1/events", json!([ev("l5", &long)]))
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    wait_for("all six delivered", LONG, || async { sink.count() == 6 }).await;
+    let got = seen(&sink);
+    one_at_a_time("keyed", &got, |s| s.key.clone().unwrap());
+    let longs: Vec<&Seen> = got.iter().filter(|s| s.id.starts_with('l')).collect();
+    let ids: Vec<&str> = longs.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["l1", "l2", "l3", "l4", "l5"]);
+    let key = longs[0].key.clone().unwrap();
+    assert!(key.starts_with("sha256:") && key.len() == 71, "{key}");
+    for w in longs.windows(2) {
+        assert_eq!(w[1].key.as_deref(), Some(key.as_str()));
+        assert_eq!(w[1].previous, Some(w[0].sequence), "{} chains", w[1].id);
+    }
+    let short = got.iter().find(|s| s.id == "s1").unwrap();
+    assert_eq!(short.key.as_deref(), Some("short"));
+}

@@ -1,5 +1,7 @@
 //! The daemon reaches PostgreSQL over TLS: a throwaway server with `ssl=on` and a certificate
-//! made here by a throwaway CA. `sslmode=require` connects (encrypted, unchecked),
+//! made here by a throwaway CA. No `sslmode` (prefer, as libpq) connects encrypted to it (and
+//! in plain text to every other test's server, which has no TLS); `sslmode=require` connects
+//! (encrypted, unchecked),
 //! `verify-full` with that CA connects, `verify-full` with another CA is refused naming the
 //! certificate.
 // The helpers below belong to the tests: a failed unwrap is a failed test.
@@ -173,7 +175,9 @@ async fn postgres_over_tls_require_and_verify_full() {
 
     let sink = Subscriber::ok().await;
     let right = dir.join("right_ca.pem");
+    // No sslmode (libpq's default, prefer), then require, then verify-full: each encrypted.
     for (i, db) in [
+        url.clone(),
         format!("{url}?sslmode=require"),
         format!("{url}?sslmode=verify-full&sslrootcert={}", right.display()),
     ]

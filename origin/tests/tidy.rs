@@ -202,8 +202,10 @@ fn deletes(files: &[(String, String)]) -> Vec<(String, String)> {
         let mut from = 0;
         while let Some(i) = upper[from..].find("DELETE FROM") {
             let start = from + i + "DELETE FROM".len();
+            // A quoted name (`DELETE FROM \"{t}\"` in a Rust string) is the name.
             let table: String = text[start..]
                 .trim_start()
+                .trim_start_matches(['\\', '"'])
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || "_{}".contains(*c))
                 .collect();

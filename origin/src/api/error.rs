@@ -94,6 +94,9 @@ impl ApiError {
             ApiError::Ledger(LedgerError::Driver(e)) if e.is_unreachable() => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
             }
+            ApiError::Ledger(LedgerError::Driver(e)) if e.is_refused() => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "ledger_refused")
+            }
             ApiError::Ledger(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -124,6 +127,9 @@ impl IntoResponse for ApiError {
             }
             ApiError::Ledger(LedgerError::Driver(e)) if e.is_unreachable() => {
                 format!("the ledger cannot be reached ({e}); nothing of this request was kept, retry later")
+            }
+            ApiError::Ledger(LedgerError::Driver(e)) if e.is_refused() => {
+                format!("the ledger refuses this request ({e}); nothing of it was kept, and the same request would be refused again")
             }
             ApiError::Ledger(e) => {
                 tracing::error!(error = %e, "ledger failure while serving a request");

@@ -50,6 +50,27 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
+impl Cli {
+    /// The command line, read as [`Cli::command_hiding_values`] describes it.
+    pub fn parse_hiding_values() -> Cli {
+        use clap::FromArgMatches as _;
+        let matches = Cli::command_hiding_values().get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+
+    /// The command line's grammar with no variable's value shown in any help: `--help` names
+    /// each variable an option reads (`[env: FANOUT_API_TOKEN]`) but never prints what it holds
+    /// (tokens, keys, database URLs with their passwords), for every option of every command,
+    /// also those added later.
+    pub fn command_hiding_values() -> clap::Command {
+        fn hide(c: clap::Command) -> clap::Command {
+            c.mut_args(|a| a.hide_env_values(true))
+                .mut_subcommands(hide)
+        }
+        hide(<Cli as clap::CommandFactory>::command())
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     Text,

@@ -101,6 +101,7 @@ pub fn outbox_line(v: &OutboxView) -> Option<String> {
     let table = v.table.as_deref().unwrap_or_default();
     let state = match &v.error {
         Some(e) => format!("CANNOT READ: {e}"),
+        None if v.standby => "standby: another daemon reads it".to_string(),
         None => format!("oldest row {:.1}s old", v.oldest_age_seconds),
     };
     Some(format!(
@@ -305,6 +306,7 @@ mod tests {
             rounds_failed: 0,
             oldest_age_seconds: 0.25,
             error: None,
+            standby: false,
         };
         assert_eq!(outbox_line(&v), None);
         v.outbox = Some("/data/shop.db".into());
@@ -313,6 +315,10 @@ mod tests {
             outbox_line(&v).as_deref(),
             Some("outbox fanout_outbox in /data/shop.db: 12 rows read, 1 rejected, 0 rounds failed; oldest row 0.2s old")
         );
+        v.standby = true;
+        assert!(outbox_line(&v)
+            .unwrap_or_default()
+            .ends_with("; standby: another daemon reads it"));
         v.error = Some("no such table".into());
         assert!(outbox_line(&v)
             .unwrap_or_default()

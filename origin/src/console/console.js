@@ -160,7 +160,9 @@
 
   /** The producer's outbox the daemon reads, in one line under the table. */
   function outboxText(o) {
-    const state = o.error ? `cannot be read: ${o.error}` : `oldest row ${o.oldest_age_seconds.toFixed(1)} s old`;
+    const state = o.error ? `cannot be read: ${o.error}`
+      : o.standby ? 'standby: another daemon reads it'
+        : `oldest row ${o.oldest_age_seconds.toFixed(1)} s old`;
     return `Outbox ${o.table} in ${o.outbox}: ${fmtNum(o.rows_read)} rows read, ` +
       `${fmtNum(o.rows_rejected)} rejected, ${fmtNum(o.rounds_failed)} rounds failed; ${state}.`;
   }

@@ -25,7 +25,14 @@ pub struct Ingested {
     /// Deliveries this call created for the event (0 for a duplicate).
     pub deliveries: u32,
     pub duplicate: bool,
+    /// A duplicate whose body is not the stored one: its id was reused for another event
+    /// (nothing of it is kept; an outbox moves its row to `<table>_rejected`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub different_body: bool,
 }
+
+/// Why an outbox moves a row whose event id the ledger holds with another body.
+pub const ID_REUSED: &str = "id reused with a different body";
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeliveryFilter {

@@ -64,35 +64,67 @@ impl LedgerError {
     }
 }
 
-/// A driver's error, as its backend classified it: whether the ledger could not be reached at
-/// all (no connection: the request may succeed later), and the driver's own error for the log.
-/// Cheap to clone.
+/// A driver's error, as its backend classified it ([`DriverKind`]), and the driver's own error
+/// for the log. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct DriverError {
-    unreachable: bool,
+    kind: DriverKind,
     source: Arc<dyn std::error::Error + Send + Sync>,
+}
+
+/// What a driver's error says about trying again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DriverKind {
+    /// A statement failed for a reason of the moment or of the ledger's own (it may succeed
+    /// again).
+    Failed,
+    /// No connection: the request may succeed later.
+    Unreachable,
+    /// The database refuses the data itself (a value past a limit of its, a constraint): the
+    /// same data fails again, whenever tried.
+    Refused,
 }
 
 impl DriverError {
     /// A driver's failure to answer (the server refused, a statement failed, …).
     pub fn failed(e: impl std::error::Error + Send + Sync + 'static) -> DriverError {
-        DriverError {
-            unreachable: false,
-            source: Arc::new(e),
-        }
+        DriverError::of(DriverKind::Failed, e)
     }
 
     /// The ledger could not be reached (no connection, or the connection itself failed).
     pub fn unreachable(e: impl std::error::Error + Send + Sync + 'static) -> DriverError {
+        DriverError::of(DriverKind::Unreachable, e)
+    }
+
+    /// The database refuses the data of the operation (decided by each backend from its
+    /// driver's codes: a data exception, a program limit, a constraint).
+    pub fn refused(e: impl std::error::Error + Send + Sync + 'static) -> DriverError {
+        DriverError::of(DriverKind::Refused, e)
+    }
+
+    fn of(kind: DriverKind, e: impl std::error::Error + Send + Sync + 'static) -> DriverError {
         DriverError {
-            unreachable: true,
+            kind,
             source: Arc::new(e),
         }
     }
 
     /// The ledger could not be reached now: the request may succeed later.
     pub fn is_unreachable(&self) -> bool {
-        self.unreachable
+        self.kind == DriverKind::Unreachable
+    }
+
+    /// The data of the operation is refused: trying the same again fails the same way.
+    pub fn is_refused(&self) -> bool {
+        self.kind == DriverKind::Refused
+    }
+}
+
+impl LedgerError {
+    /// The ledger refuses what it was given (not "cannot now"): an outbox moves such an event
+    /// to `<table>_rejected` instead of trying it for ever.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, LedgerError::Driver(d) if d.is_refused())
     }
 }
 

@@ -2,12 +2,18 @@
 //! table of its own database in the same transaction as the business change, and this task
 //! moves every committed row into the ledger, exactly once, then out of the outbox.
 //!
-//! One round: take the oldest rows (`postgres.rs`: `FOR UPDATE SKIP LOCKED` in a transaction
-//! of the producer's database; `sqlite.rs`: a short read), sort them into events and rejections
+//! One daemon reads an outbox at a time (its reader's lock: an advisory lock in PostgreSQL, a
+//! lock file beside a SQLite file); the others stay on standby and take over when the reader
+//! stops. So rows go into the ledger in the outbox's id order, and sequence numbers follow it.
+//!
+//! One round: take the oldest rows (`postgres.rs`: `FOR UPDATE NOWAIT` in a transaction of the
+//! producer's database; `sqlite.rs`: a short read), sort them into events and rejections
 //! (`plan.rs`, pure, with the check `POST /v1/events` uses), ingest the events through the
 //! ledger's contract (answered once durable), and only then delete the rows and move the
-//! rejected ones to `<table>_rejected`. When the ledger cannot write, the rows stay. Rows are
-//! never read by "id above the last one seen": a lower id can commit after a higher one.
+//! rejected ones to `<table>_rejected` (also those the ledger refuses as data, found by
+//! ingesting a refused batch event by event, and those reusing an event id with another body).
+//! When the ledger cannot write, the rows stay. Rows are never read by "id above the last one
+//! seen": a lower id can commit after a higher one.
 //! The next round starts at once after a full batch; otherwise on a PostgreSQL `NOTIFY` from
 //! the table's trigger, or after `--outbox-poll`.
 //!
@@ -27,7 +33,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::dispatch::Control;
 use crate::ledger::store::Store;
-use crate::ledger::{Deliveries as _, LedgerError};
+use crate::ledger::{Deliveries as _, LedgerError, NewEvent};
 use crate::metrics::Metrics;
 use postgres::PgOutbox;
 use sqlite::SqliteOutbox;
@@ -44,6 +50,9 @@ pub enum OutboxError {
     /// The outbox's database could not be read or written.
     #[error("the outbox cannot be read: {0}")]
     Source(String),
+    /// `fanout outbox init` could not create the outbox.
+    #[error("the outbox cannot be created: {0}")]
+    Create(String),
     /// The ledger refused the events (they stay in the outbox).
     #[error(transparent)]
     Ledger(#[from] LedgerError),
@@ -69,8 +78,13 @@ impl OutboxLocation {
         let path = text.strip_prefix("sqlite:").unwrap_or(text);
         let path = path.strip_prefix("//").unwrap_or(path);
         if path.is_empty() || path.contains("://") {
+            // A URL's scheme only: the rest may hold a password.
+            let shown = match text.split_once("://") {
+                Some((scheme, _)) => format!("{scheme}://…"),
+                None => format!("{text:?}"),
+            };
             return Err(OutboxError::Config(format!(
-                "the outbox {text:?} is neither postgres://user@host:port/dbname nor a SQLite file"
+                "the outbox {shown} is neither postgres://user@host:port/dbname nor a SQLite file"
             )));
         }
         Ok(OutboxLocation::Sqlite(PathBuf::from(path)))
@@ -136,10 +150,14 @@ pub fn schema(at: &OutboxLocation, table: &str) -> String {
 
 /// `fanout outbox init`: create the outbox (idempotent).
 pub async fn init(at: &OutboxLocation, table: &str) -> Result<(), OutboxError> {
-    match at {
+    let created = match at {
         OutboxLocation::Postgres(url) => PgOutbox::new(url, table)?.init().await,
         OutboxLocation::Sqlite(path) => SqliteOutbox::new(path.clone(), table).init(),
-    }
+    };
+    created.map_err(|e| match e {
+        OutboxError::Source(why) => OutboxError::Create(why),
+        other => other,
+    })
 }
 
 /// Either kind of outbox, as a round uses it.
@@ -149,7 +167,26 @@ enum Source {
 }
 
 impl Source {
-    async fn take(&mut self, batch: usize) -> Result<Vec<plan::Row>, OutboxError> {
+    /// The outbox `cfg` names (a PostgreSQL one also listens for its `NOTIFY`, waking `wake`).
+    fn open(
+        cfg: &OutboxConfig,
+        wake: &Arc<tokio::sync::Notify>,
+        stop: &tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Source, OutboxError> {
+        Ok(match &cfg.at {
+            OutboxLocation::Postgres(url) => {
+                let pg = PgOutbox::new(url, &cfg.table)?;
+                pg.listen(wake.clone(), stop.clone());
+                Source::Pg(Box::new(pg))
+            }
+            OutboxLocation::Sqlite(path) => {
+                Source::Sqlite(SqliteOutbox::new(path.clone(), &cfg.table))
+            }
+        })
+    }
+
+    /// The oldest rows, or `None` when another daemon reads this outbox.
+    async fn take(&mut self, batch: usize) -> Result<Option<Vec<plan::Row>>, OutboxError> {
         match self {
             Source::Pg(s) => s.take(batch).await,
             Source::Sqlite(s) => s.take(batch).await,
@@ -186,62 +223,72 @@ pub struct Daemon {
     pub telemetry: crate::trace::Telemetry,
 }
 
-/// Move rows into the ledger until `stop` turns true.
-pub async fn run(
-    cfg: OutboxConfig,
-    daemon: Daemon,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<(), OutboxError> {
+/// Move rows into the ledger until `stop` turns true; nothing else ends it. An outbox that
+/// cannot be opened or read (an unreadable certificate, a missing table, its database down)
+/// is tried again with backoff ([`plan::next`]) and reported unreadable (`/healthz`,
+/// `fanout_outbox_up`, `GET /v1/outbox`, `fanout status`) until a round reads it again.
+pub async fn run(cfg: OutboxConfig, daemon: Daemon, mut stop: tokio::sync::watch::Receiver<bool>) {
     let wake = Arc::new(tokio::sync::Notify::new());
-    let mut source = match &cfg.at {
-        OutboxLocation::Postgres(url) => {
-            let pg = PgOutbox::new(url, &cfg.table)?;
-            pg.listen(wake.clone(), stop.clone());
-            Source::Pg(Box::new(pg))
-        }
-        OutboxLocation::Sqlite(path) => Source::Sqlite(SqliteOutbox::new(path.clone(), &cfg.table)),
-    };
+    let mut source: Option<Source> = None;
     let stats = &daemon.metrics.outbox;
     let mut failures = 0u32;
     loop {
-        let taken = match round(&mut source, &cfg, &daemon).await {
-            Ok(n) => {
+        let result = match source.as_mut() {
+            Some(s) => round(s, &cfg, &daemon).await,
+            None => match Source::open(&cfg, &wake, &stop) {
+                Ok(s) => round(source.insert(s), &cfg, &daemon).await,
+                Err(e) => Err(e),
+            },
+        };
+        let done = match result {
+            Ok(taken) => {
                 failures = 0;
-                stats.reading_again();
-                Some(n)
+                if stats.reading_again(taken.is_none()) {
+                    tracing::info!("the outbox is read again");
+                }
+                taken.map_or(plan::Done::Standby, plan::Done::Took)
             }
             Err(e) => {
                 failures += 1;
                 stats.rounds_failed.fetch_add(1, Relaxed);
-                if let OutboxError::Source(why) = &e {
-                    stats.cannot_read(why, crate::time::now_ms());
+                match &e {
+                    // The ledger's own failure is the ledger's problem (`/healthz` says so).
+                    OutboxError::Ledger(_) => {}
+                    OutboxError::Source(why) => stats.cannot_read(why, crate::time::now_ms()),
+                    other => stats.cannot_read(&other.to_string(), crate::time::now_ms()),
                 }
                 if failures == 1 || failures.is_multiple_of(60) {
-                    tracing::warn!(error = %e, failures, "an outbox round failed; its rows stay in the outbox");
+                    tracing::warn!(error = %e, failures, "an outbox round failed; its rows stay in the outbox, tried again with backoff");
                 }
-                None
+                plan::Done::Failed(failures)
             }
         };
-        match plan::next(taken, cfg.batch, failures, cfg.poll) {
+        match plan::next(done, cfg.batch, cfg.poll) {
             plan::Next::Now => {
                 if *stop.borrow() {
-                    return Ok(());
+                    return;
                 }
             }
             plan::Next::Wait(d) => {
                 tokio::select! {
                     _ = tokio::time::sleep(d) => {}
                     _ = wake.notified() => {}
-                    _ = stop.wait_for(|s| *s) => return Ok(()),
+                    _ = stop.wait_for(|s| *s) => return,
                 }
             }
         }
     }
 }
 
-/// One round; the number of rows taken.
-async fn round(source: &mut Source, cfg: &OutboxConfig, d: &Daemon) -> Result<usize, OutboxError> {
-    let rows = source.take(cfg.batch).await?;
+/// One round; the number of rows taken (`None`: another daemon reads the outbox).
+async fn round(
+    source: &mut Source,
+    cfg: &OutboxConfig,
+    d: &Daemon,
+) -> Result<Option<usize>, OutboxError> {
+    let Some(rows) = source.take(cfg.batch).await? else {
+        return Ok(None);
+    };
     let stats = &d.metrics.outbox;
     let oldest_ms = rows
         .first()
@@ -249,34 +296,51 @@ async fn round(source: &mut Source, cfg: &OutboxConfig, d: &Daemon) -> Result<us
     stats.oldest_age_ms.store(oldest_ms, Relaxed);
     if rows.is_empty() {
         source.abandon().await;
-        return Ok(0);
+        return Ok(Some(0));
     }
     let taken = rows.len();
     let plan::Batch {
-        mut events,
-        rejected,
+        events,
+        event_rows,
+        mut rejected,
         ids,
     } = plan::plan(&rows, d.max_event_bytes);
     if !events.is_empty() {
         let span = d.telemetry.outbox(events.len());
-        if let Some(tp) = span.stored() {
-            for e in &mut events {
-                e.traceparent = Some(tp.to_string());
-            }
-        }
-        let ingested = d.store.ingest(events, crate::time::now_ms()).await;
-        span.end_round(ingested.as_ref().err().map(|_| "ledger"));
-        match ingested {
-            Ok((results, touched)) => {
-                let dups = results.iter().filter(|r| r.duplicate).count() as u64;
-                d.metrics
-                    .events_ingested
-                    .fetch_add(results.len() as u64 - dups, Relaxed);
-                d.metrics.events_duplicate.fetch_add(dups, Relaxed);
-                if !touched.is_empty() {
-                    let _ = d.control.send(Control::Due(touched));
+        let traced = |mut events: Vec<NewEvent>| {
+            if let Some(tp) = span.stored() {
+                for e in &mut events {
+                    e.traceparent = Some(tp.to_string());
                 }
             }
+            events
+        };
+        let ingested = match ingest(d, traced(events), &event_rows).await {
+            // The ledger refuses something in the batch: each event alone (planned again from
+            // the rows), so that only the refused ones are rejected.
+            Err(e) if e.is_refusal() => {
+                let mut refused = Vec::new();
+                let again = plan::plan(&rows, d.max_event_bytes);
+                let mut result = Ok(());
+                for (event, row) in traced(again.events).into_iter().zip(&again.event_rows) {
+                    match ingest(d, vec![event], &[*row]).await {
+                        Ok(reused) => refused.extend(reused),
+                        Err(e) if e.is_refusal() => {
+                            refused.push((*row, format!("the ledger refuses this event: {e}")))
+                        }
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
+                    }
+                }
+                result.map(|()| refused)
+            }
+            other => other,
+        };
+        span.end_round(ingested.as_ref().err().map(|_| "ledger"));
+        match ingested {
+            Ok(more) => rejected.extend(more),
             Err(e) => {
                 source.abandon().await;
                 return Err(e.into());
@@ -289,11 +353,55 @@ async fn round(source: &mut Source, cfg: &OutboxConfig, d: &Daemon) -> Result<us
         let rows: Vec<i64> = rejected.iter().map(|(id, _)| *id).collect();
         tracing::warn!(
             ?rows,
-            "outbox rows that are not events moved to the rejected table"
+            "outbox rows that are not events, or that the ledger refuses, moved to the rejected table"
         );
     }
     source.finish(rejected, ids).await?;
     stats.rows_read.fetch_add(taken as u64, Relaxed);
     stats.rows_rejected.fetch_add(rejections, Relaxed);
-    Ok(taken)
+    Ok(Some(taken))
+}
+
+/// Ingest `events` (from outbox rows `rows`, one each) and count them; the rows whose event id
+/// the ledger holds with another body, to reject.
+async fn ingest(
+    d: &Daemon,
+    events: Vec<NewEvent>,
+    rows: &[i64],
+) -> Result<Vec<(i64, String)>, LedgerError> {
+    let (results, touched) = d.store.ingest(events, crate::time::now_ms()).await?;
+    let dups = results.iter().filter(|r| r.duplicate).count() as u64;
+    d.metrics
+        .events_ingested
+        .fetch_add(results.len() as u64 - dups, Relaxed);
+    d.metrics.events_duplicate.fetch_add(dups, Relaxed);
+    if !touched.is_empty() {
+        let _ = d.control.send(Control::Due(touched));
+    }
+    Ok(results
+        .iter()
+        .zip(rows)
+        .filter(|(r, _)| r.different_body)
+        .map(|(_, row)| (*row, plan::ID_REUSED.to_string()))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_and_their_messages_show_no_password() {
+        let at = OutboxLocation::parse("postgres://shop:pw1@db/shop?password=pw2").unwrap();
+        assert_eq!(at.redacted(), "postgres://shop:***@db/shop?password=***");
+        assert!(!format!("{at:?}").contains("pw"));
+        for bad in ["mysql://shop:pw3@db/shop", "sqlite://"] {
+            let e = OutboxLocation::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("is neither") && !e.contains("pw3"), "{e}");
+        }
+        assert_eq!(
+            OutboxLocation::parse("sqlite:/data/shop.db").unwrap(),
+            OutboxLocation::Sqlite("/data/shop.db".into())
+        );
+    }
 }

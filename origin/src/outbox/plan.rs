@@ -2,13 +2,16 @@
 //!
 //! A row becomes one event when its payload is an event as `POST /v1/events` takes it
 //! (`crate::event_input`, the one check); otherwise it becomes a rejection with the reason.
-//! Rows whose payloads share an event id are one event (the ledger is idempotent by id anyway):
-//! the first is ingested and every one of them leaves the outbox.
+//! Rows whose payloads share an event id and body are one event (the ledger is idempotent by
+//! id anyway): the first is ingested and every one of them leaves the outbox. A row reusing an
+//! id with another body is rejected ([`ID_REUSED`]), here within a batch, and by the round when
+//! the ledger holds the id with another body.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::event_input::parse_event;
+pub use crate::ledger::deliveries::ID_REUSED;
 use crate::ledger::NewEvent;
 
 /// Rows taken in one round, at most.
@@ -28,11 +31,13 @@ pub struct Row {
     pub age_secs: f64,
 }
 
-/// What a batch becomes: the events to ingest, the rows to move to `<table>_rejected` with
-/// their error, and every row id that leaves the outbox once the ledger holds the events.
+/// What a batch becomes: the events to ingest (and the row each came from), the rows to move to
+/// `<table>_rejected` with their error, and every row id that leaves the outbox once the
+/// ledger holds the events.
 #[derive(Debug, Default, PartialEq)]
 pub struct Batch {
     pub events: Vec<NewEvent>,
+    pub event_rows: Vec<i64>,
     pub rejected: Vec<(i64, String)>,
     pub ids: Vec<i64>,
 }
@@ -40,7 +45,8 @@ pub struct Batch {
 /// Sort rows (oldest first, as read) into events and rejections.
 pub fn plan(rows: &[Row], max_event_bytes: usize) -> Batch {
     let mut batch = Batch::default();
-    let mut seen = HashSet::new();
+    // Each id taken in this batch, and the index of its event.
+    let mut seen: HashMap<String, usize> = HashMap::new();
     for row in rows {
         batch.ids.push(row.id);
         let Some(text) = &row.payload else {
@@ -50,11 +56,17 @@ pub fn plan(rows: &[Row], max_event_bytes: usize) -> Batch {
             continue;
         };
         match parse_event(text, None, max_event_bytes) {
-            Ok(event) => {
-                if seen.insert(event.id.clone()) {
-                    batch.events.push(event);
+            Ok(event) => match seen.get(&event.id) {
+                Some(&k) if batch.events[k].body != event.body => {
+                    batch.rejected.push((row.id, ID_REUSED.into()))
                 }
-            }
+                Some(_) => {}
+                None => {
+                    seen.insert(event.id.clone(), batch.events.len());
+                    batch.events.push(event);
+                    batch.event_rows.push(row.id);
+                }
+            },
             Err(e) => batch.rejected.push((row.id, e.to_string())),
         }
     }
@@ -70,21 +82,37 @@ pub enum Next {
     Wait(Duration),
 }
 
-/// After a round that took `taken` rows of at most `batch` (or failed, the `failures`-th time in a
-/// row), with `poll` the polling period.
-pub fn next(taken: Option<usize>, batch: usize, failures: u32, poll: Duration) -> Next {
-    match taken {
-        Some(n) if n >= batch => Next::Now,
-        Some(_) => Next::Wait(poll),
-        None => {
+/// What a round did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Done {
+    /// It read the outbox and took this many rows.
+    Took(usize),
+    /// Another daemon reads the outbox (holds its lock): nothing was read.
+    Standby,
+    /// It failed, the `n`-th time in a row.
+    Failed(u32),
+}
+
+/// How soon a daemon on standby tries again to become the outbox's reader, at most: the reader
+/// that stopped is taken over within this (plus the time the server takes to see it gone).
+pub const STANDBY_RETRY: Duration = Duration::from_secs(1);
+
+/// After a round that did `done` (of at most `batch` rows), with `poll` the polling period.
+pub fn next(done: Done, batch: usize, poll: Duration) -> Next {
+    match done {
+        Done::Took(n) if n >= batch => Next::Now,
+        Done::Took(_) => Next::Wait(poll),
+        Done::Standby => Next::Wait(poll.min(STANDBY_RETRY)),
+        Done::Failed(failures) => {
             let backoff = Duration::from_millis(100) * 2u32.pow(failures.clamp(1, 7) - 1);
             Next::Wait(backoff.min(MAX_BACKOFF))
         }
     }
 }
 
-/// A table name safe to write into SQL unquoted: a lowercase letter or `_`, then lowercase
-/// letters, digits or `_`.
+/// A table name safe to write into SQL between double quotes (every statement quotes it, so a
+/// reserved word such as `select` is a name like any other): a lowercase letter or `_`, then
+/// lowercase letters, digits or `_`.
 pub fn check_table(name: &str) -> Result<(), String> {
     let mut chars = name.chars();
     let first_ok = chars
@@ -123,11 +151,13 @@ mod tests {
             row(9, Some(r#"{"id":"e1","type":"a","again":true}"#)),
             row(10, Some(r#"{"id":"e2","type":"b"}"#)),
             row(11, Some("[1]")),
+            row(12, Some(r#"{"id":"e1","type":"a"}"#)),
         ];
         let b = plan(&rows, 1024);
-        assert_eq!(b.ids, [3, 1, 7, 9, 10, 11]);
+        assert_eq!(b.ids, [3, 1, 7, 9, 10, 11, 12]);
         let ids: Vec<&str> = b.events.iter().map(|e| e.id.as_str()).collect();
         assert_eq!(ids, ["e1", "e2"]);
+        assert_eq!(b.event_rows, [3, 10]);
         assert_eq!(b.events[0].body, r#"{"id":"e1","type":"a"}"#);
         let rejected: Vec<(i64, &str)> = b.rejected.iter().map(|(i, e)| (*i, e.as_str())).collect();
         assert_eq!(
@@ -135,6 +165,7 @@ mod tests {
             [
                 (1, "id is missing"),
                 (7, "the payload is not text"),
+                (9, "id reused with a different body"),
                 (11, "an event must be a JSON object")
             ]
         );
@@ -150,22 +181,25 @@ mod tests {
         let poll = Duration::from_secs(1);
         let ms = Duration::from_millis;
         let cases = [
-            (Some(1000), 0, Next::Now),
-            (Some(999), 0, Next::Wait(poll)),
-            (Some(0), 0, Next::Wait(poll)),
-            (None, 1, Next::Wait(ms(100))),
-            (None, 2, Next::Wait(ms(200))),
-            (None, 4, Next::Wait(ms(800))),
-            (None, 7, Next::Wait(MAX_BACKOFF)),
-            (None, 50, Next::Wait(MAX_BACKOFF)),
+            (Done::Took(1000), Next::Now),
+            (Done::Took(999), Next::Wait(poll)),
+            (Done::Took(0), Next::Wait(poll)),
+            (Done::Standby, Next::Wait(STANDBY_RETRY)),
+            (Done::Failed(1), Next::Wait(ms(100))),
+            (Done::Failed(2), Next::Wait(ms(200))),
+            (Done::Failed(4), Next::Wait(ms(800))),
+            (Done::Failed(7), Next::Wait(MAX_BACKOFF)),
+            (Done::Failed(50), Next::Wait(MAX_BACKOFF)),
         ];
-        for (taken, failures, expected) in cases {
-            assert_eq!(
-                next(taken, 1000, failures, poll),
-                expected,
-                "{taken:?} {failures}"
-            );
+        for (done, expected) in cases {
+            assert_eq!(next(done, 1000, poll), expected, "{done:?}");
         }
+        // A standby polls no slower than it takes over, a fast poll stays fast.
+        assert_eq!(
+            next(Done::Standby, 1000, Duration::from_secs(3600)),
+            Next::Wait(STANDBY_RETRY)
+        );
+        assert_eq!(next(Done::Standby, 1000, ms(20)), Next::Wait(ms(20)));
     }
 
     #[test]

@@ -1,12 +1,20 @@
 //! A producer's outbox in PostgreSQL: its DDL (the table, `<table>_rejected`, and the trigger
 //! that `NOTIFY`s channel `<table>` on every insert), and the reads and writes of one round.
 //!
-//! A round is one transaction of the producer's database on this daemon's own connection:
-//! `BEGIN`, the oldest rows `FOR UPDATE SKIP LOCKED` (rows another daemon holds are skipped,
-//! rows not yet committed are not seen, whatever their id), then — only after the ledger has
-//! committed their events — the rejections inserted, the rows deleted, `COMMIT`. If the ledger
-//! fails, `ROLLBACK`: the rows stay. A crash in between loses the connection, the server rolls
-//! back, and the next round reads the rows again (ingest is idempotent by event id).
+//! One daemon reads an outbox at a time, so that its rows go into the ledger in the outbox's
+//! order (two readers' scans would interleave): the reader holds a session advisory lock
+//! ([`lock_key`]) on its round connection; another daemon stays on standby, trying for the
+//! lock every second at most. When the reader stops, its connection ends and the server
+//! releases the lock: a crash at once, a host that vanished within the keepalive settings the
+//! reader's session sets (`tcp_keepalives_*`, about 8 s).
+//!
+//! A round is one transaction of the producer's database on the reader's connection: `BEGIN`,
+//! the oldest rows by id `FOR UPDATE NOWAIT` (rows not yet committed are not seen, whatever
+//! their id; a row some other session holds locked fails the round rather than be skipped
+//! out of order), then — only after the ledger has committed their events — the rejections
+//! inserted, the rows deleted, `COMMIT`. If the ledger fails, `ROLLBACK`: the rows stay. A
+//! crash in between loses the connection, the server rolls back, and the next round reads the
+//! rows again (ingest is idempotent by event id).
 //! Connections use the ledger's URL grammar and TLS (`ledger::postgres::{parse_url, tls}`).
 
 use std::sync::Arc;
@@ -17,29 +25,33 @@ use super::plan::Row;
 use super::OutboxError;
 use crate::ledger::postgres::{parse_url, tls};
 
-/// The DDL for `table`: idempotent (`init` may run again).
+/// The DDL for `table`: idempotent (`init` may run again). `<table>_rejected` keeps every
+/// rejection, also of a row whose id an earlier rejected row had (its `id` is not unique; an
+/// older table's primary key is dropped by running `init` again).
 pub fn ddl(table: &str) -> String {
     format!(
-        "CREATE TABLE IF NOT EXISTS {table} (
+        "CREATE TABLE IF NOT EXISTS \"{table}\" (
     id bigserial PRIMARY KEY,
     payload json NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
 );
-CREATE TABLE IF NOT EXISTS {table}_rejected (
-    id bigint PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS \"{table}_rejected\" (
+    id bigint NOT NULL,
     payload text NOT NULL,
     created_at timestamptz NOT NULL,
     rejected_at timestamptz NOT NULL DEFAULT now(),
     error text NOT NULL
 );
-CREATE OR REPLACE FUNCTION {table}_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+ALTER TABLE \"{table}_rejected\" DROP CONSTRAINT IF EXISTS \"{table}_rejected_pkey\";
+CREATE INDEX IF NOT EXISTS \"{table}_rejected_id\" ON \"{table}_rejected\" (id);
+CREATE OR REPLACE FUNCTION \"{table}_notify\"() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('{table}', '');
     RETURN NULL;
 END $$;
-DROP TRIGGER IF EXISTS {table}_notify ON {table};
-CREATE TRIGGER {table}_notify AFTER INSERT ON {table}
-    FOR EACH STATEMENT EXECUTE FUNCTION {table}_notify();
+DROP TRIGGER IF EXISTS \"{table}_notify\" ON \"{table}\";
+CREATE TRIGGER \"{table}_notify\" AFTER INSERT ON \"{table}\"
+    FOR EACH STATEMENT EXECUTE FUNCTION \"{table}_notify\"();
 "
     )
 }
@@ -50,7 +62,24 @@ struct Conn {
     take: Statement,
     reject: Statement,
     delete: Statement,
+    /// This connection holds the outbox's lock: this daemon is its reader.
+    reader: bool,
 }
+
+/// The advisory lock (of the producer's database) its reader holds: the first 8 bytes of the
+/// SHA-256 of `fanout outbox <table>`, so that two outboxes of one database have two readers.
+pub fn lock_key(table: &str) -> i64 {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("fanout outbox {table}").as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
+}
+
+/// The reader's session: the server notices a reader that vanished (and frees the lock) after
+/// 5 s of silence and 3 unanswered probes a second apart. Only for TCP; ignored on a socket.
+const READER_SESSION: &str =
+    "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 1; SET tcp_keepalives_count = 3";
 
 /// The outbox in one PostgreSQL database, read by this daemon.
 pub struct PgOutbox {
@@ -95,46 +124,59 @@ impl PgOutbox {
         Ok(client)
     }
 
-    async fn conn(&mut self) -> Result<&Conn, OutboxError> {
+    async fn conn(&mut self) -> Result<&mut Conn, OutboxError> {
         if self.conn.is_none() {
             let client = self.connect().await?;
             let t = &self.table;
             let take = client
                 .prepare(&format!(
                     "SELECT id, payload::text, extract(epoch FROM now() - created_at)::float8 \
-                     FROM {t} ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+                     FROM \"{t}\" ORDER BY id LIMIT $1 FOR UPDATE NOWAIT"
                 ))
                 .await
                 .map_err(source)?;
             let reject = client
                 .prepare(&format!(
-                    "INSERT INTO {t}_rejected (id, payload, created_at, error) \
-                     SELECT id, payload::text, created_at, $2 FROM {t} WHERE id = $1 \
-                     ON CONFLICT (id) DO NOTHING"
+                    "INSERT INTO \"{t}_rejected\" (id, payload, created_at, error) \
+                     SELECT id, payload::text, created_at, $2 FROM \"{t}\" WHERE id = $1"
                 ))
                 .await
                 .map_err(source)?;
             let delete = client
-                .prepare(&format!("DELETE FROM {t} WHERE id = ANY($1)"))
+                .prepare(&format!("DELETE FROM \"{t}\" WHERE id = ANY($1)"))
                 .await
                 .map_err(source)?;
+            client.batch_execute(READER_SESSION).await.map_err(source)?;
             self.conn = Some(Conn {
                 client,
                 take,
                 reject,
                 delete,
+                reader: false,
             });
         }
         self.conn
-            .as_ref()
+            .as_mut()
             .ok_or_else(|| OutboxError::Source("no connection".into()))
     }
 
-    /// `BEGIN` and the oldest `batch` rows no other transaction holds, locked until
-    /// [`finish`](Self::finish) or [`abandon`](Self::abandon).
-    pub async fn take(&mut self, batch: usize) -> Result<Vec<Row>, OutboxError> {
+    /// `BEGIN` and the oldest `batch` rows, locked until [`finish`](Self::finish) or
+    /// [`abandon`](Self::abandon); `None` when another daemon is the outbox's reader.
+    pub async fn take(&mut self, batch: usize) -> Result<Option<Vec<Row>>, OutboxError> {
+        let key = lock_key(&self.table);
         let result = async {
             let c = self.conn().await?;
+            if !c.reader {
+                let row = c
+                    .client
+                    .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+                    .await
+                    .map_err(source)?;
+                c.reader = row.try_get(0).map_err(source)?;
+                if !c.reader {
+                    return Ok(None);
+                }
+            }
             c.client.batch_execute("BEGIN").await.map_err(source)?;
             let rows = c
                 .client
@@ -152,7 +194,8 @@ impl PgOutbox {
                             .unwrap_or(0.0),
                     })
                 })
-                .collect()
+                .collect::<Result<Vec<Row>, OutboxError>>()
+                .map(Some)
         }
         .await;
         self.drop_on_error(result)
@@ -225,7 +268,7 @@ impl PgOutbox {
                         }
                     };
                     let listen = async {
-                        client.batch_execute(&format!("LISTEN {table}")).await?;
+                        client.batch_execute(&format!("LISTEN \"{table}\"")).await?;
                         // Rows inserted before the LISTEN took effect are read now.
                         wake.notify_one();
                         std::future::pending::<Result<(), tokio_postgres::Error>>().await

@@ -45,10 +45,20 @@ impl From<PgError> for LedgerError {
     fn from(e: PgError) -> Self {
         if e.is_unreachable() {
             LedgerError::Driver(DriverError::unreachable(e))
+        } else if e.code().is_some_and(refuses_the_data) {
+            LedgerError::Driver(DriverError::refused(e))
         } else {
             LedgerError::Driver(DriverError::failed(e))
         }
     }
+}
+
+/// SQLSTATE classes that refuse the data itself, whenever it is tried: `22` data exception (a
+/// value the type cannot hold), `23` integrity constraint violation, `54` program limit
+/// exceeded (`54000`: an index row past the btree's maximum). Not `40` (a serialization failure
+/// or deadlock succeeds when tried again) nor `53` (insufficient resources).
+fn refuses_the_data(code: &tokio_postgres::error::SqlState) -> bool {
+    matches!(code.code().get(..2), Some("22" | "23" | "54"))
 }
 
 pub(super) fn describe(e: &tokio_postgres::Error) -> String {

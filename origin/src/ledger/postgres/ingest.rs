@@ -167,6 +167,7 @@ impl PgLedger {
                 pair_events.push(&e.id);
             }
         }
+        let different = different_bodies(tx, events, &is_new).await?;
         // The subscribers with new work, in id order: those the reservation moves the
         // counters of (`ledger::sequence`), locking their rows in that order until the commit.
         let counts = sequence::tally(&pair_subs);
@@ -200,7 +201,8 @@ impl PgLedger {
         let out = events
             .iter()
             .zip(is_new)
-            .map(|(e, new)| {
+            .zip(different)
+            .map(|((e, new), different_body)| {
                 let first = seen.insert(&e.id);
                 Ingested {
                     id: e.id.clone(),
@@ -210,11 +212,43 @@ impl PgLedger {
                         0
                     },
                     duplicate: !new,
+                    different_body,
                 }
             })
             .collect();
         Ok((out, touched))
     }
+}
+
+/// For each event, whether it is not new (`is_new[k]` false) and its id is stored with another
+/// body (by an earlier call, or earlier in this one: the statement sees this transaction's
+/// insert). One round trip, only when some event is not new.
+async fn different_bodies(
+    tx: &deadpool_postgres::ClientWrapper,
+    events: &[NewEvent],
+    is_new: &[bool],
+) -> Result<Vec<bool>, LedgerError> {
+    let mut out = vec![false; events.len()];
+    let at: Vec<usize> = (0..events.len()).filter(|&k| !is_new[k]).collect();
+    if at.is_empty() {
+        return Ok(out);
+    }
+    let ids: Vec<&str> = at.iter().map(|&k| events[k].id.as_str()).collect();
+    let bodies: Vec<&str> = at.iter().map(|&k| events[k].body.as_str()).collect();
+    let rows = tx
+        .query(
+            "SELECT u.n FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(id, body, n)
+             JOIN events e ON e.id = u.id WHERE e.body <> u.body",
+            &[&ids, &bodies],
+        )
+        .await?;
+    for r in rows {
+        let n: i64 = r.try_get(0)?;
+        if let Some(&k) = usize::try_from(n - 1).ok().and_then(|i| at.get(i)) {
+            out[k] = true;
+        }
+    }
+    Ok(out)
 }
 
 /// A fan-out's deliveries: `subs[k]` × `events[k]`, in order; `counts`, each subscriber's, in

@@ -1,6 +1,10 @@
 //! TLS to PostgreSQL, with rustls, chosen by the URL's `sslmode` as libpq names them:
 //!
-//! - `disable`, `prefer` (the default): no TLS.
+//! - `disable`: no TLS.
+//! - `prefer` (the default, as libpq's): TLS when the server offers it (its certificate not
+//!   checked, as `require`), otherwise plain; a server that answers the TLS request with "no"
+//!   (a Unix socket, `ssl=off`) is spoken to in plain text. So a connection to a server that
+//!   can encrypt is encrypted, and one that cannot still connects, as with `psql`.
 //! - `require`: TLS or no connection; the server's certificate is not checked (encryption
 //!   against eavesdroppers only, as libpq's `require` without a root certificate).
 //! - `verify-full`: TLS, the server's certificate chain checked against the roots and its name
@@ -46,6 +50,8 @@ pub enum TlsError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
     Off,
+    /// Encrypted when the server offers it, the certificate not checked; plain otherwise.
+    Prefer,
     /// Encrypted, the certificate not checked.
     Require,
     /// Encrypted, the chain and the host name checked against these roots.
@@ -62,8 +68,8 @@ pub enum Roots {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsParams {
     pub mode: Mode,
-    /// The URL for tokio-postgres: `sslmode` set to what it speaks (`disable` or `require`),
-    /// `sslrootcert` removed.
+    /// The URL for tokio-postgres: `sslmode` set to what it speaks (`disable`, `prefer` or
+    /// `require`), `sslrootcert` removed.
     pub url: String,
 }
 
@@ -95,7 +101,8 @@ impl TlsParams {
             ("disable" | "prefer" | "require", Some(_)) => {
                 return Err(TlsError::RootCertWithoutVerify)
             }
-            ("disable" | "prefer", None) => Mode::Off,
+            ("disable", None) => Mode::Off,
+            ("prefer", None) => Mode::Prefer,
             ("require", None) => Mode::Require,
             ("verify-full", None) => Mode::VerifyFull(Roots::System),
             ("verify-full", Some(r)) if r == "system" => Mode::VerifyFull(Roots::System),
@@ -104,6 +111,7 @@ impl TlsParams {
         };
         rest.push(match mode {
             Mode::Off => "sslmode=disable",
+            Mode::Prefer => "sslmode=prefer",
             Mode::Require | Mode::VerifyFull(_) => "sslmode=require",
         });
         Ok(TlsParams {
@@ -138,7 +146,7 @@ impl Tls {
             .map_err(|e| TlsError::Rustls(e.to_string()))?;
         let config = match mode {
             Mode::Off => return Ok(Tls::Off),
-            Mode::Require => builder
+            Mode::Prefer | Mode::Require => builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(Unchecked(provider)))
                 .with_no_client_auth(),
@@ -246,6 +254,9 @@ where
     fn make_tls_connect(&mut self, domain: &str) -> Result<Connect, io::Error> {
         match self {
             Tls::Off => Ok(Connect::Off),
+            // No host name: a Unix socket, where the server answers the TLS request "no"
+            // (and tokio-postgres refuses TLS without a name before asking the connector).
+            Tls::Rustls(_) if domain.is_empty() => Ok(Connect::Off),
             Tls::Rustls(config) => {
                 let name = ServerName::try_from(domain.to_string())
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -273,9 +284,10 @@ where
     fn connect(self, stream: S) -> Self::Future {
         Box::pin(async move {
             match self {
-                // tokio-postgres asks only when the URL's sslmode is not `disable`, which
-                // `TlsParams::split` sets whenever the connector is `Off`.
-                Connect::Off => Err(io::Error::other("TLS is off for this ledger")),
+                // tokio-postgres asks only when the URL's sslmode is not `disable` (which
+                // `TlsParams::split` sets whenever the connector is `Off`) and the server
+                // offered TLS with a host name to check (never on a Unix socket).
+                Connect::Off => Err(io::Error::other("TLS is off for this connection")),
                 Connect::Rustls(config, name) => {
                     let tls = tokio_rustls::TlsConnector::from(config)
                         .connect(name, stream)
@@ -340,13 +352,13 @@ mod tests {
         // (the URL's query, the mode and the query tokio-postgres gets, or the refusal)
         type Row<'a> = (&'a str, Result<(Mode, &'a str), TlsError>);
         let rows: &[Row] = &[
-            ("", Ok((Mode::Off, "?sslmode=disable"))),
+            ("", Ok((Mode::Prefer, "?sslmode=prefer"))),
             (
                 "?connect_timeout=3",
-                Ok((Mode::Off, "?connect_timeout=3&sslmode=disable")),
+                Ok((Mode::Prefer, "?connect_timeout=3&sslmode=prefer")),
             ),
             ("?sslmode=disable", Ok((Mode::Off, "?sslmode=disable"))),
-            ("?sslmode=prefer", Ok((Mode::Off, "?sslmode=disable"))),
+            ("?sslmode=prefer", Ok((Mode::Prefer, "?sslmode=prefer"))),
             ("?sslmode=require", Ok((Mode::Require, "?sslmode=require"))),
             (
                 "?sslmode=verify-full&keepalives_idle=5",

@@ -24,7 +24,23 @@ impl From<rusqlite::Error> for LedgerError {
     fn from(e: rusqlite::Error) -> LedgerError {
         match classify(&e) {
             Some(u) => LedgerError::Unavailable(u),
+            None if refuses_the_data(&e) => {
+                LedgerError::Driver(DriverError::refused(SqliteError(e)))
+            }
             None => LedgerError::Driver(DriverError::failed(SqliteError(e))),
         }
     }
+}
+
+/// Result codes that refuse the data itself, whenever it is tried: a constraint (also one a
+/// trigger raises), a value past `SQLITE_MAX_LENGTH`, a type the column cannot hold.
+fn refuses_the_data(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(
+            rusqlite::ErrorCode::ConstraintViolation
+                | rusqlite::ErrorCode::TooBig
+                | rusqlite::ErrorCode::TypeMismatch
+        )
+    )
 }

@@ -115,8 +115,13 @@ pub fn ingest(
     let mut fan_out: Vec<usize> = Vec::new();
     let mut keys: Vec<Option<String>> = Vec::new();
     let mut selector = Selector::new(&subs);
-    for e in events {
+    let mut same_body = c.prepare_cached("SELECT body = ?2 FROM events WHERE id = ?1")?;
+    let mut different = vec![false; events.len()];
+    for (n, e) in events.iter().enumerate() {
         if !fresh.remove(&e.id) {
+            // A duplicate: its id stored before (or earlier in this call) with this body?
+            different[n] =
+                !same_body.query_row(rusqlite::params![e.id, e.body], |r| r.get::<_, bool>(0))?;
             parts.push(None);
             continue;
         }
@@ -130,7 +135,7 @@ pub fn ingest(
     let links = link_ordered(c, &subs, &fan_out, &keys, &numbers)?;
     let mut touched = vec![false; subs.len()];
     let mut out = Vec::with_capacity(events.len());
-    for (e, part) in events.iter().zip(parts) {
+    for ((e, part), different_body) in events.iter().zip(parts).zip(different) {
         let is_new = part.is_some();
         let idx = part.unwrap_or_default();
         for &i in &fan_out[idx.clone()] {
@@ -147,6 +152,7 @@ pub fn ingest(
             id: e.id.clone(),
             deliveries: created,
             duplicate: !is_new,
+            different_body,
         });
     }
     let touched = subs

@@ -141,9 +141,24 @@ fn ingest_fans_out_once_per_subscriber_and_event() {
         Ingested {
             id: "e2".into(),
             deliveries: 0,
-            duplicate: true
+            duplicate: true,
+            different_body: false,
         }
     );
+    // The id reused for another body: a duplicate that says so, stored body unchanged.
+    let mut other = ev("e2", "video.new");
+    other.body = r#"{"id":"e2","other":true}"#.into();
+    let (reused, touched) = ingest(&c, &[other.clone(), other], 7).unwrap();
+    let got: Vec<(u32, bool, bool)> = reused
+        .iter()
+        .map(|o| (o.deliveries, o.duplicate, o.different_body))
+        .collect();
+    assert_eq!(got, vec![(0, true, true), (0, true, true)]);
+    assert!(touched.is_empty());
+    let body: String = c
+        .query_row("SELECT body FROM events WHERE id = 'e2'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(body, r#"{"id":"e2"}"#);
 }
 
 #[test]

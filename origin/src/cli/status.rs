@@ -240,6 +240,7 @@ mod tests {
             failing_since_ms: None,
             customer: None,
             filter: None,
+            customer_filter: None,
             payload: Default::default(),
             ordering: Default::default(),
             ordering_key: None,

@@ -6,45 +6,29 @@
 //!
 //! One call's work is bounded: a match stops after [`MAX_TEST_STEPS`] steps (400, naming the
 //! limit), it runs on a blocking thread (never on the threads that answer `/healthz` and every
-//! other request), at most [`RUNNING_AT_ONCE`] at a time, and each caller (the operator, each
-//! portal customer) may start [`TEST_RATE`] of them (429 with `Retry-After` beyond).
-
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+//! other request), a few at a time, and each caller (the operator, each portal customer) may
+//! start [`TEST_RATE`] of them (429 with `Retry-After` beyond): `test_limits.rs`.
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::Json;
-use fanout_core::bucket::{Bucket, Rate};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
-use tokio::sync::Semaphore;
 
 use super::auth::Principal;
 use super::body::{parse_json, read_body};
 use super::error::ApiError;
 use super::state::AppState;
+use super::test_limits::TEST_RATE;
 use crate::event_filter::Filter;
 use crate::time::now_ms;
 
 /// Most steps one test's match may take (`event_filter`'s "Cost"): far above what a filter a
 /// person writes takes against a real event, far below what stalls a core for long.
 pub const MAX_TEST_STEPS: u64 = 2_000_000;
-
-/// Tests one caller may start: a burst, then a steady rate.
-pub const TEST_RATE: Rate = Rate {
-    per_sec: 2.0,
-    burst: 10,
-};
-
-/// Tests running at once, whoever called.
-pub const RUNNING_AT_ONCE: usize = 2;
-
-/// Callers' buckets kept before the full ones (those that have waited out their rate) are let go.
-const MAX_CALLERS: usize = 10_000;
 
 /// The body of `POST /v1/filters/test`.
 #[derive(Deserialize)]
@@ -55,73 +39,26 @@ struct FilterTest {
     event: Option<Box<RawValue>>,
 }
 
-/// The tests' rate per caller and their running slots.
-#[derive(Debug)]
-pub struct FilterTests {
-    buckets: Mutex<HashMap<String, Bucket>>,
-    running: Arc<Semaphore>,
-}
-
-impl Default for FilterTests {
-    fn default() -> Self {
-        FilterTests {
-            buckets: Mutex::default(),
-            running: Arc::new(Semaphore::new(RUNNING_AT_ONCE)),
-        }
-    }
-}
-
-impl FilterTests {
-    /// Take one test from `who`'s bucket at `now_ms`, or say when to ask again.
-    fn admit(&self, who: &Principal, now_ms: i64) -> Result<(), ApiError> {
-        let key = match who {
-            Principal::Admin => "operator".to_string(),
-            Principal::Portal { customer } => format!("customer {customer}"),
-        };
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        admit(&mut buckets, key, now_ms).map_err(|retry_after_ms| ApiError::RateLimited {
-            message: format!(
-                "too many filter tests: at most {} at once, then {} a second",
-                TEST_RATE.burst, TEST_RATE.per_sec
-            ),
-            retry_after_ms,
-        })
-    }
-}
-
-/// Take one token of `key`'s bucket (a new caller starts full); `Err` with the milliseconds
-/// until one is back when it is empty (pure). Beyond [`MAX_CALLERS`] buckets, those full again
-/// are dropped (a full bucket is what a new caller gets).
-fn admit(buckets: &mut HashMap<String, Bucket>, key: String, now_ms: i64) -> Result<(), i64> {
-    let room = f64::from(TEST_RATE.burst);
-    if buckets.len() >= MAX_CALLERS && !buckets.contains_key(&key) {
-        buckets.retain(|_, b| {
-            b.refill(TEST_RATE, room, now_ms);
-            b.tokens < room
-        });
-        if buckets.len() >= MAX_CALLERS {
-            // Every caller busy: all start again from a full bucket (callers are the operator
-            // and the customers it made, not something a caller can multiply).
-            buckets.clear();
-        }
-    }
-    let b = buckets
-        .entry(key)
-        .or_insert_with(|| Bucket::full(TEST_RATE, now_ms));
-    if b.take(TEST_RATE, room, now_ms, 1) == 1 {
-        return Ok(());
-    }
-    let missing = (1.0 - b.tokens).max(0.0);
-    Err((missing * 1000.0 / TEST_RATE.per_sec).ceil() as i64)
-}
-
 pub(super) async fn test_filter(
     State(state): State<AppState>,
     who: Principal,
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    state.filter_tests.admit(&who, now_ms())?;
+    let caller = match &who {
+        Principal::Admin => "operator".to_string(),
+        Principal::Portal { customer } => format!("customer {customer}"),
+    };
+    state
+        .filter_tests
+        .admit(caller, now_ms())
+        .map_err(|retry_after_ms| ApiError::RateLimited {
+            message: format!(
+                "too many filter tests: at most {} at once, then {} a second",
+                TEST_RATE.burst, TEST_RATE.per_sec
+            ),
+            retry_after_ms,
+        })?;
     // An event as large as ingest takes, and its filter.
     let limit = state.cfg.max_event_bytes + super::body::MAX_ADMIN_BYTES;
     let bytes = read_body(&state.cfg, &headers, body, limit).await?;
@@ -172,27 +109,6 @@ fn run(bytes: &[u8], max_event_bytes: usize) -> Result<bool, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A caller's burst, then its rate; each caller its own bucket; the wait named.
-    #[test]
-    fn rate_per_caller_table() {
-        let mut buckets = HashMap::new();
-        let burst = TEST_RATE.burst as usize;
-        for _ in 0..burst {
-            assert_eq!(admit(&mut buckets, "a".into(), 0), Ok(()));
-        }
-        assert_eq!(admit(&mut buckets, "a".into(), 0), Err(500));
-        assert_eq!(admit(&mut buckets, "a".into(), 250), Err(250));
-        assert_eq!(admit(&mut buckets, "b".into(), 250), Ok(()));
-        assert_eq!(admit(&mut buckets, "a".into(), 500), Ok(()));
-        assert_eq!(admit(&mut buckets, "a".into(), 500), Err(500));
-        // Full buckets are let go when there are too many; the busy one is kept.
-        for i in 0..MAX_CALLERS {
-            let _ = admit(&mut buckets, format!("c{i}"), 100_000);
-        }
-        assert_eq!(admit(&mut buckets, "a".into(), 100_000), Ok(()));
-        assert!(buckets.len() <= MAX_CALLERS);
-    }
 
     /// What one test answers: ingest's reading of the event, the filter's refusal, the cap.
     #[test]

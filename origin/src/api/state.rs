@@ -39,7 +39,7 @@ pub struct AppState {
     pub(super) metrics: Arc<Metrics>,
     pub(super) health: Health,
     /// `POST /v1/filters/test`'s rate per caller and running slots.
-    pub(super) filter_tests: Arc<super::filters::FilterTests>,
+    pub(super) filter_tests: Arc<super::test_limits::FilterTests>,
 }
 
 impl AppState {

@@ -170,3 +170,28 @@ fn unhealthy_message(problems: &[Problem]) -> String {
         .collect::<Vec<_>>()
         .join("; ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rate-limited call: 429 `rate_limited`, and `Retry-After` in whole seconds, rounded up.
+    #[test]
+    fn rate_limited_answers_429_with_retry_after() {
+        for (ms, secs) in [(1, "1"), (500, "1"), (1000, "1"), (1001, "2")] {
+            let r = ApiError::RateLimited {
+                message: "too many".into(),
+                retry_after_ms: ms,
+            }
+            .into_response();
+            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(
+                r.headers()
+                    .get(axum::http::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok()),
+                Some(secs),
+                "{ms} ms"
+            );
+        }
+    }
+}

@@ -403,4 +403,38 @@ mod tests {
         assert!(readable(&nest(MAX_DEPTH, "1")).is_ok());
         assert!(readable(&nest(MAX_DEPTH + 1, "1")).is_err());
     }
+
+    /// The outbox's plan checks each row with this module: a row the filters could not read
+    /// becomes a rejection naming why, and the rows beside it are ingested.
+    #[test]
+    fn the_outbox_rejects_what_ingest_refuses() {
+        use crate::outbox::plan::{plan, Row};
+        let row = |id: i64, text: &str| Row {
+            id,
+            payload: Some(text.to_string()),
+            age_secs: 0.0,
+        };
+        let batch = plan(
+            &[
+                row(1, r#"{"id":"a","type":"t","s":"\ud800"}"#),
+                row(2, r#"{"id":"b","type":"t","n":1e400}"#),
+                row(3, r#"{"id":"c","type":"t"}"#),
+            ],
+            1 << 20,
+        );
+        assert_eq!(batch.events.len(), 1);
+        assert_eq!(batch.events[0].id, "c");
+        assert_eq!(batch.ids, [1, 2, 3]);
+        let why: Vec<(i64, bool)> = batch
+            .rejected
+            .iter()
+            .map(|(id, e)| {
+                (
+                    *id,
+                    e.starts_with("the event cannot be read as JSON values"),
+                )
+            })
+            .collect();
+        assert_eq!(why, [(1, true), (2, true)]);
+    }
 }

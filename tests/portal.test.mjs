@@ -276,8 +276,9 @@ async function clickThrough(t, ledger) {
   await card.locator('.filter-test').click();
   await card.locator('[data-field=filter-result][data-matches=false]').waitFor();
   await card.locator('.save-filter').click();
-  await page.locator('[data-endpoint="acme_orders"] [data-field=filter]', { hasText: '{"n":{"$gte":10}}' }).waitFor();
-  assert.deepEqual((await must(origin, '/v1/subscribers/acme_orders', {}, 200)).filter, { n: { $gte: 10 } });
+  await page.locator('[data-endpoint="acme_orders"] [data-field=customer_filter]', { hasText: '{"n":{"$gte":10}}' }).waitFor();
+  const filtered = await must(origin, '/v1/subscribers/acme_orders', {}, 200);
+  assert.deepEqual([filtered.customer_filter, filtered.filter], [{ n: { $gte: 10 } }, null]);
   // The signature scheme: the customer switches its endpoint to Ed25519 and sees the public key.
   await card.locator('select.signature').selectOption('ed25519');
   const signed = page.locator('[data-endpoint="acme_orders"] [data-field=public_key]');

@@ -48,7 +48,16 @@
 //! one `$in`/`$nin`, [`MAX_FILTER_BYTES`] of JSON. A refused filter's [`FilterError`] names the
 //! place, as a path from `filter` with JSON Pointer escapes: `filter/amount/$gt: expected a
 //! number`.
+//!
+//! # Cost
+//!
+//! Matching costs steps: a value a condition visits, a node of a deep comparison or of a value
+//! looked up in an `$in`/`$nin` list (a set: one lookup, not one comparison per listed value).
+//! A match is at most [`MAX_CLAUSES`] conditions times the body's values; [`Filter::matches_within`]
+//! stops after a given number of steps ([`TooCostly`]), which is how `POST /v1/filters/test`
+//! bounds what one call may cost.
 
+use std::cell::Cell;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -56,7 +65,9 @@ use std::sync::Arc;
 use serde_json::{Map, Number, Value};
 
 mod projection;
+mod set;
 pub use projection::Projection;
+use set::ValueSet;
 
 /// Most levels of nested objects and lists in a filter (its own object is level 1).
 pub const MAX_DEPTH: usize = 8;
@@ -73,6 +84,39 @@ pub const MAX_FILTER_BYTES: usize = 16 * 1024;
 pub struct FilterError {
     pub path: String,
     pub message: String,
+}
+
+/// A match that would take more than the steps it was given ([`Filter::matches_within`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("matching this filter against this event takes more than {0} steps")]
+pub struct TooCostly(pub u64);
+
+/// The steps a match has left.
+#[derive(Debug)]
+struct Meter(Cell<u64>);
+
+/// A match ran out of steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Spent;
+
+impl Meter {
+    fn new(steps: u64) -> Meter {
+        Meter(Cell::new(steps))
+    }
+
+    fn unlimited() -> Meter {
+        Meter::new(u64::MAX)
+    }
+
+    /// Take `n` steps, or fail when fewer are left.
+    fn step(&self, n: u64) -> Result<(), Spent> {
+        let left = self.0.get();
+        if left < n {
+            return Err(Spent);
+        }
+        self.0.set(left - n);
+        Ok(())
+    }
 }
 
 /// A compiled filter.
@@ -99,8 +143,8 @@ enum Cond {
     Eq(Value),
     Neq(Value),
     Cmp(Cmp, Number),
-    In(Vec<Value>),
-    Nin(Vec<Value>),
+    In(ValueSet),
+    Nin(ValueSet),
     Exist(bool),
     StartsWith(String),
     EndsWith(String),
@@ -134,9 +178,19 @@ impl Filter {
         Filter::compile(&v)
     }
 
-    /// Does this event body match?
+    /// Does this event body match? (Ingest's match: as many steps as it takes, bounded by
+    /// the filter's and the body's sizes.)
     pub fn matches(&self, event: &Value) -> bool {
-        self.root.holds(&[event])
+        self.root
+            .holds(&[event], &Meter::unlimited())
+            .unwrap_or(false)
+    }
+
+    /// Does this event body match, within `steps` steps (see the module's "Cost")?
+    pub fn matches_within(&self, event: &Value, steps: u64) -> Result<bool, TooCostly> {
+        self.root
+            .holds(&[event], &Meter::new(steps))
+            .map_err(|Spent| TooCostly(steps))
     }
 
     /// What of an event body this filter can see: a body read through it (or through a wider
@@ -200,8 +254,8 @@ impl Compiler {
             "$gte" => Cond::Cmp(Cmp::Gte, number()?),
             "$lt" => Cond::Cmp(Cmp::Lt, number()?),
             "$lte" => Cond::Cmp(Cmp::Lte, number()?),
-            "$in" => Cond::In(list(v, at, depth)?),
-            "$nin" => Cond::Nin(list(v, at, depth)?),
+            "$in" => Cond::In(ValueSet::of(&list(v, at, depth)?)),
+            "$nin" => Cond::Nin(ValueSet::of(&list(v, at, depth)?)),
             "$exist" => match v {
                 Value::Bool(b) => Cond::Exist(*b),
                 _ => return Err(err(at, "expected true or false".into())),
@@ -291,78 +345,141 @@ fn value_depth(v: &Value) -> usize {
 
 impl Node {
     /// Do the values a path yields (none: missing) satisfy every condition?
-    fn holds(&self, at: &[&Value]) -> bool {
-        self.0.iter().all(|c| c.holds(at))
+    fn holds(&self, at: &[&Value], m: &Meter) -> Result<bool, Spent> {
+        for c in &self.0 {
+            if !c.holds(at, m)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
 
 impl Cond {
-    fn holds(&self, at: &[&Value]) -> bool {
-        match self {
+    fn holds(&self, at: &[&Value], m: &Meter) -> Result<bool, Spent> {
+        Ok(match self {
             Cond::Field(k, node) => {
                 let mut below: Vec<&Value> = Vec::new();
                 for v in at {
+                    m.step(1)?;
                     match v {
-                        Value::Object(m) => below.extend(m.get(k)),
+                        Value::Object(o) => below.extend(o.get(k)),
                         Value::Array(items) => {
+                            m.step(items.len() as u64)?;
                             below.extend(items.iter().filter_map(|i| i.as_object()?.get(k)))
                         }
                         _ => {}
                     }
                 }
-                node.holds(&below)
+                node.holds(&below, m)?
             }
-            Cond::Eq(x) => any(at, |v| equal(v, x)),
-            Cond::Neq(x) => !any(at, |v| equal(v, x)),
-            Cond::Cmp(op, x) => any(at, |v| match v {
-                Value::Number(n) => {
-                    let o = cmp_numbers(n, x);
-                    match op {
-                        Cmp::Gt => o == Ordering::Greater,
-                        Cmp::Gte => o != Ordering::Less,
-                        Cmp::Lt => o == Ordering::Less,
-                        Cmp::Lte => o != Ordering::Greater,
+            Cond::Eq(x) => any(at, m, |v| equal(v, x, m))?,
+            Cond::Neq(x) => !any(at, m, |v| equal(v, x, m))?,
+            Cond::Cmp(op, x) => any(at, m, |v| {
+                Ok(match v {
+                    Value::Number(n) => {
+                        let o = cmp_numbers(n, x);
+                        match op {
+                            Cmp::Gt => o == Ordering::Greater,
+                            Cmp::Gte => o != Ordering::Less,
+                            Cmp::Lt => o == Ordering::Less,
+                            Cmp::Lte => o != Ordering::Greater,
+                        }
+                    }
+                    _ => false,
+                })
+            })?,
+            Cond::In(xs) => any(at, m, |v| xs.contains(v, m))?,
+            Cond::Nin(xs) => !any(at, m, |v| xs.contains(v, m))?,
+            Cond::Exist(b) => at.is_empty() != *b,
+            Cond::StartsWith(s) => any(at, m, |v| {
+                Ok(v.as_str().is_some_and(|t| t.starts_with(s.as_str())))
+            })?,
+            Cond::EndsWith(s) => any(at, m, |v| {
+                Ok(v.as_str().is_some_and(|t| t.ends_with(s.as_str())))
+            })?,
+            Cond::Or(ns) => {
+                for n in ns {
+                    if n.holds(at, m)? {
+                        return Ok(true);
                     }
                 }
-                _ => false,
-            }),
-            Cond::In(xs) => any(at, |v| xs.iter().any(|x| equal(v, x))),
-            Cond::Nin(xs) => !any(at, |v| xs.iter().any(|x| equal(v, x))),
-            Cond::Exist(b) => at.is_empty() != *b,
-            Cond::StartsWith(s) => any(at, |v| {
-                v.as_str().is_some_and(|t| t.starts_with(s.as_str()))
-            }),
-            Cond::EndsWith(s) => any(at, |v| v.as_str().is_some_and(|t| t.ends_with(s.as_str()))),
-            Cond::Or(ns) => ns.iter().any(|n| n.holds(at)),
-            Cond::And(ns) => ns.iter().all(|n| n.holds(at)),
-            Cond::Not(ns) => !ns.iter().any(|n| n.holds(at)),
-        }
+                false
+            }
+            Cond::And(ns) => {
+                for n in ns {
+                    if !n.holds(at, m)? {
+                        return Ok(false);
+                    }
+                }
+                true
+            }
+            Cond::Not(ns) => {
+                for n in ns {
+                    if n.holds(at, m)? {
+                        return Ok(false);
+                    }
+                }
+                true
+            }
+        })
     }
 }
 
-/// Does `test` hold for one of the values, or for an element of one that is an array?
-fn any(at: &[&Value], test: impl Fn(&Value) -> bool) -> bool {
-    at.iter().any(|v| {
-        test(v)
-            || match v {
-                Value::Array(items) => items.iter().any(&test),
-                _ => false,
+/// Does `test` hold for one of the values, or for an element of one that is an array? A step
+/// per value tested.
+fn any(
+    at: &[&Value],
+    m: &Meter,
+    test: impl Fn(&Value) -> Result<bool, Spent>,
+) -> Result<bool, Spent> {
+    for v in at {
+        m.step(1)?;
+        if test(v)? {
+            return Ok(true);
+        }
+        if let Value::Array(items) = v {
+            for item in items {
+                m.step(1)?;
+                if test(item)? {
+                    return Ok(true);
+                }
             }
-    })
+        }
+    }
+    Ok(false)
 }
 
-/// Deep equality, numbers by value.
-fn equal(a: &Value, b: &Value) -> bool {
-    match (a, b) {
+/// Deep equality, numbers by value; a step per pair of nodes compared.
+fn equal(a: &Value, b: &Value, m: &Meter) -> Result<bool, Spent> {
+    m.step(1)?;
+    Ok(match (a, b) {
         (Value::Number(x), Value::Number(y)) => cmp_numbers(x, y) == Ordering::Equal,
         (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| equal(p, q))
+            if x.len() != y.len() {
+                return Ok(false);
+            }
+            for (p, q) in x.iter().zip(y) {
+                if !equal(p, q, m)? {
+                    return Ok(false);
+                }
+            }
+            true
         }
         (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len() && x.iter().all(|(k, p)| y.get(k).is_some_and(|q| equal(p, q)))
+            if x.len() != y.len() {
+                return Ok(false);
+            }
+            for (k, p) in x {
+                match y.get(k) {
+                    Some(q) if equal(p, q, m)? => {}
+                    _ => return Ok(false),
+                }
+            }
+            true
         }
         _ => a == b,
-    }
+    })
 }
 
 /// A JSON number as an exact integer, when it is one.

@@ -227,9 +227,14 @@ pub struct Subscriber {
     pub health: Health,
     /// The customer that owns this endpoint (`crate::customer`); `None`: the operator's own.
     pub customer: Option<String>,
-    /// The content filter (`crate::event_filter`), as given and checked: only events it
-    /// matches are delivered. `None`: every event of its types.
+    /// The operator's content filter (`crate::event_filter`), as given and checked: only
+    /// events it matches are delivered. `None`: every event of its types. A portal token
+    /// cannot set or clear it (`api::auth`).
     pub filter: Option<serde_json::Value>,
+    /// The customer's own content filter, set through the portal (or by the operator): it
+    /// narrows what `filter` lets through, never widens it. An event is delivered only when
+    /// both match (`None` matches everything).
+    pub customer_filter: Option<serde_json::Value>,
     /// Its webhooks' body: the event's, or a thin notice (`crate::payload`).
     pub payload: Payload,
     /// One delivery at a time per subscriber or per key (`crate::ordering`), and for `key`
@@ -411,9 +416,12 @@ pub struct SubscriberView {
     pub failing_since_ms: Option<i64>,
     /// The customer that owns this endpoint, if any.
     pub customer: Option<String>,
-    /// The content filter, if any (`crate::event_filter`).
+    /// The operator's content filter, if any (`crate::event_filter`).
     #[serde(default)]
     pub filter: Option<serde_json::Value>,
+    /// The customer's own content filter, if any: an event must match both.
+    #[serde(default)]
+    pub customer_filter: Option<serde_json::Value>,
     /// `full` (the event's body) or `thin` (`{"id","type","timestamp"}` and `url`).
     #[serde(default)]
     pub payload: Payload,
@@ -460,6 +468,7 @@ impl SubscriberView {
             failing_since_ms: s.health.failing_since_ms,
             customer: s.customer.clone(),
             filter: s.filter.clone(),
+            customer_filter: s.customer_filter.clone(),
             payload: s.payload,
             ordering: s.ordering,
             ordering_key: s.ordering_key.clone(),

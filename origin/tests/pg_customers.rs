@@ -51,6 +51,7 @@ fn owned(id: &str, customer: &str) -> Definition {
         health: Default::default(),
         customer: Some(customer.into()),
         filter: None,
+        customer_filter: None,
         payload: Default::default(),
         ordering: Default::default(),
         ordering_key: None,

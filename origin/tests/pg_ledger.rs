@@ -48,6 +48,7 @@ fn sub(id: &str, types: &[&str], rate: f64, burst: u32, max_in_flight: u32) -> S
         health: Default::default(),
         customer: None,
         filter: None,
+        customer_filter: None,
         payload: Default::default(),
         ordering: Default::default(),
         ordering_key: None,
@@ -865,6 +866,11 @@ async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
         );
         a.payload = fanout_origin::model::Payload::Thin;
         a.signature = fanout_origin::model::Scheme::Both;
+        // Both filters come over (set after ingest: the events match neither): the operator's
+        // and the customer's own.
+        let mut filtered = a.clone();
+        filtered.filter = Some(serde_json::json!({ "customer": "acme" }));
+        filtered.customer_filter = Some(serde_json::json!({ "amount": { "$gt": 5 } }));
         ledger
             .tx(move |c| {
                 let keys = fanout_origin::keyring::NewSecret {
@@ -890,6 +896,7 @@ async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
                 };
                 sq::store_limiters(c, &[("a".into(), limiter)])?;
                 sq::delete_subscriber(c, "gone", 5)?;
+                sq::update_subscriber(c, &filtered)?;
                 Ok(())
             })
             .await
@@ -927,6 +934,13 @@ async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
     assert_eq!(subs.len(), 1, "removed subscribers stay removed");
     assert_eq!(subs[0].secrets[0].secret, "whsec_a");
     assert_eq!(subs[0].payload, fanout_origin::model::Payload::Thin);
+    assert_eq!(
+        (subs[0].filter.clone(), subs[0].customer_filter.clone()),
+        (
+            Some(serde_json::json!({ "customer": "acme" })),
+            Some(serde_json::json!({ "amount": { "$gt": 5 } }))
+        )
+    );
     // The scheme and the Ed25519 signing key come over with the secret.
     assert_eq!(subs[0].signature, fanout_origin::model::Scheme::Both);
     assert_eq!(
@@ -953,8 +967,17 @@ async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
         .unwrap();
     assert_eq!(detail.attempts.map(|a| a.len()), Some(1));
     assert_eq!(detail.last_error.as_deref(), Some("410"));
-    // New rows continue after the copied ids.
-    let (_, _) = pg.ingest(vec![ev("new", "t")], 9).await.unwrap();
+    // New rows continue after the copied ids (an event both filters let through; one the
+    // customer's refuses makes no delivery).
+    let mut new = ev("new", "t");
+    new.body = r#"{"id":"new","customer":"acme","amount":10}"#.into();
+    let mut small = ev("small", "t");
+    small.body = r#"{"id":"small","customer":"acme","amount":1}"#.into();
+    let (made, _) = pg.ingest(vec![new, small], 9).await.unwrap();
+    assert_eq!(
+        made.iter().map(|m| m.deliveries).collect::<Vec<_>>(),
+        [1, 0]
+    );
     let newest = pg
         .list_deliveries(&DeliveryFilter {
             event: Some("new".into()),

@@ -38,6 +38,7 @@ fn sub(id: &str, customer: Option<&str>) -> Subscriber {
         health: Default::default(),
         customer: customer.map(Into::into),
         filter: None,
+        customer_filter: None,
         payload: Default::default(),
         ordering: Default::default(),
         ordering_key: None,

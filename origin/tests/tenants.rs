@@ -460,3 +460,113 @@ async fn bulk_replay_is_capped_per_call_and_pending_is_a_no_op() {
     );
     d.stop().await;
 }
+
+/// Every route of the API (the OpenAPI document's, which a unit test keeps equal to the
+/// router's) called with a portal token: DESIGN.md's fourth-round list answers (what it says
+/// depends on the call), everything else 403; and every subscriber field in a PATCH: only
+/// `disabled`, `customer_filter`, `signature` and `batch` (issue 35).
+#[tokio::test]
+async fn every_route_and_field_answers_a_portal_token_as_design_lists() {
+    let d = Daemon::start().await;
+    let api = &d.api;
+    let sink = Subscriber::ok().await;
+    let portal = customer_with_endpoint(api, "acme", "hook", &sink.url).await;
+    api.events(json!({ "id": "e1", "type": "t" })).await;
+    let delivery = api.deliveries("subscriber=hook").await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let allowed = [
+        "GET /v1/subscribers",
+        "GET /v1/subscribers/{id}",
+        "PATCH /v1/subscribers/{id}",
+        "POST /v1/subscribers/{id}/rotate-secret",
+        "GET /v1/subscribers/{id}/held",
+        "GET /v1/deliveries",
+        "GET /v1/deliveries/{id}",
+        "POST /v1/deliveries/{id}/replay",
+        "POST /v1/replay",
+        "GET /v1/series",
+        "POST /v1/filters/test",
+    ];
+    let doc: Value = serde_json::from_str(include_str!("../src/api/openapi.json")).unwrap();
+    let mut seen = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        if !path.starts_with("/v1/") {
+            continue;
+        }
+        for method in item.as_object().unwrap().keys() {
+            if method == "parameters" {
+                continue;
+            }
+            let route = format!("{} {path}", method.to_uppercase());
+            let id = if path.starts_with("/v1/deliveries/") {
+                delivery.as_str()
+            } else if path.starts_with("/v1/customers/") {
+                "acme"
+            } else {
+                "hook"
+            };
+            let body = match route.as_str() {
+                "POST /v1/filters/test" => json!({ "filter": {}, "event": {} }),
+                "POST /v1/replay" => json!({ "subscriber": "hook" }),
+                _ => json!({}),
+            };
+            let (s, got) = portal
+                .raw(
+                    &method.to_uppercase(),
+                    &path.replace("{id}", id),
+                    Some(body.to_string()),
+                    true,
+                )
+                .await;
+            if allowed.contains(&route.as_str()) {
+                // Allowed: the handler answers (what it says depends on the call).
+                assert!(![401, 403].contains(&s) && s < 500, "{route}: {s} {got}");
+                seen.push(route);
+            } else {
+                assert_eq!(
+                    (s, got["error"]["code"].clone()),
+                    (403, json!("forbidden")),
+                    "{route}: {got}"
+                );
+            }
+        }
+    }
+    seen.sort_unstable();
+    let mut want = allowed.to_vec();
+    want.sort_unstable();
+    assert_eq!(seen, want, "every allowed route is in the document");
+
+    // PATCH, field by field (each with a value the operator could set).
+    let fields: &[(&str, Value, bool)] = &[
+        ("disabled", json!(false), true),
+        ("customer_filter", json!({ "a": 1 }), true),
+        ("signature", json!("both"), true),
+        ("batch", json!(null), true),
+        ("filter", json!(null), false),
+        ("filter", json!({ "a": 1 }), false),
+        ("id", json!("hook"), false),
+        ("url", json!(sink.url), false),
+        ("event_types", json!(["*"]), false),
+        ("rate_per_sec", json!(5), false),
+        ("burst", json!(5), false),
+        ("max_in_flight", json!(5), false),
+        ("timeout_ms", json!(5000), false),
+        ("lane", json!("origin"), false),
+        ("legacy_signature", json!(false), false),
+        ("customer", json!("acme"), false),
+        ("payload", json!("full"), false),
+        ("ordering", json!("none"), false),
+        ("ordering_key", json!("/a"), false),
+        ("propagate_trace", json!(false), false),
+    ];
+    for (field, value, ok) in fields {
+        let (s, got) = patch(&portal, "/v1/subscribers/hook", json!({ *field: value })).await;
+        let want = if *ok { 200 } else { 403 };
+        assert_eq!(s, want, "{field}: {got}");
+        let (s, got) = patch(api, "/v1/subscribers/hook", json!({ *field: value })).await;
+        assert_ne!(s, 403, "the operator may set {field}: {got}");
+    }
+    d.stop().await;
+}

@@ -520,6 +520,7 @@ const PURE: &[&str] = &[
     "origin/src/ledger/scope",
     "origin/src/duration",
     "origin/src/event_filter",
+    "origin/src/event_input",
     "origin/src/portal/token",
     "origin/src/api/subscriber_input",
     "origin/src/model",

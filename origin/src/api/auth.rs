@@ -28,9 +28,10 @@ pub enum Principal {
     Portal { customer: String },
 }
 
-/// The routes a portal token may call (DESIGN.md's list). Everything else answers 403: the
-/// stored secrets (`GET …/secret`; the portal sees a new secret once, in the rotation's answer)
-/// and test events (`POST …/test`) are the operator's.
+/// The routes a portal token may call (DESIGN.md's fourth-round list, those that exist).
+/// Everything else answers 403: creating and removing endpoints, the stored secrets (`GET
+/// …/secret`; the portal sees a new secret once, in the rotation's answer), test events (`POST
+/// …/test`), ingest, customers and their links, retention and the outbox are the operator's.
 const PORTAL_ROUTES: &[(Method, &str)] = &[
     (Method::GET, "/v1/subscribers"),
     (Method::GET, "/v1/subscribers/{id}"),
@@ -45,9 +46,10 @@ const PORTAL_ROUTES: &[(Method, &str)] = &[
     (Method::GET, "/v1/series"),
 ];
 
-/// The subscriber fields a portal token may change: pause and resume, the content filter, and
-/// the signature scheme its own receiver verifies.
-const PORTAL_PATCHABLE: &[&str] = &["disabled", "filter", "signature", "batch"];
+/// The subscriber fields a portal token may change (DESIGN.md's list): pause and resume, its
+/// own filter (which narrows the operator's `filter`, never widens it: that one is the
+/// operator's), the signature scheme its receiver verifies, and batching.
+const PORTAL_PATCHABLE: &[&str] = &["disabled", "customer_filter", "signature", "batch"];
 
 impl Principal {
     /// May this principal call `method` on the route `route` (the router's pattern)?
@@ -78,8 +80,8 @@ impl Principal {
             {
                 Some(f) => Err(ApiError::Forbidden(format!(
                     "a portal link may only pause and resume an endpoint (\"disabled\"), set \
-                     its filter (\"filter\"), its signature scheme (\"signature\") and its \
-                     batching (\"batch\"), not change {f:?}"
+                     its own filter (\"customer_filter\"), its signature scheme \
+                     (\"signature\") and its batching (\"batch\"), not change {f:?}"
                 ))),
                 None => Ok(()),
             },
@@ -240,6 +242,10 @@ mod tests {
             (Method::POST, "/v1/deliveries/{id}/replay", true),
             (Method::POST, "/v1/replay", true),
             (Method::POST, "/v1/filters/test", true),
+            (Method::GET, "/v1/subscribers/{id}/held", true),
+            (Method::GET, "/v1/series", true),
+            (Method::GET, "/v1/retention", false),
+            (Method::GET, "/v1/outbox", false),
             (Method::POST, "/v1/events", false),
             (Method::GET, "/v1/customers", false),
             (Method::POST, "/v1/customers", false),
@@ -264,10 +270,28 @@ mod tests {
         assert_eq!(portal.scope().as_deref(), Some("acme"));
         assert_eq!(Principal::Admin.scope(), None);
         assert!(portal
-            .may_patch(&["disabled", "filter", "signature", "batch"])
+            .may_patch(&["disabled", "customer_filter", "signature", "batch"])
             .is_ok());
         assert!(portal.may_patch(&[]).is_ok());
-        for f in ["url", "rate_per_sec", "customer", "event_types", "secret"] {
+        // The operator's filter is the operator's: a portal token neither sets nor clears it.
+        for f in [
+            "filter",
+            "url",
+            "rate_per_sec",
+            "customer",
+            "event_types",
+            "secret",
+            "payload",
+            "ordering",
+            "ordering_key",
+            "propagate_trace",
+            "lane",
+            "legacy_signature",
+            "max_in_flight",
+            "burst",
+            "timeout_ms",
+            "id",
+        ] {
             assert!(
                 matches!(
                     portal.may_patch(&["disabled", f]),

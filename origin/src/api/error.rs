@@ -40,6 +40,12 @@ pub enum ApiError {
     /// Every connection slot is taken (the server's reserve answers `/healthz` only).
     #[error("{0}")]
     Busy(String),
+    /// Too many calls of a rate-limited route (`POST /v1/filters/test`); ask again after.
+    #[error("{message}")]
+    RateLimited {
+        message: String,
+        retry_after_ms: i64,
+    },
     #[error("method not allowed")]
     MethodNotAllowed,
     /// `/healthz`'s answer when the daemon cannot do its work: every reason, with its code.
@@ -78,6 +84,7 @@ impl ApiError {
             ApiError::InvalidUrl(_) => (StatusCode::BAD_REQUEST, "invalid_url"),
             ApiError::Timeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             ApiError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::Unhealthy(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Ledger(LedgerError::NotFound(_)) => (StatusCode::NOT_FOUND, "not_found"),
@@ -138,7 +145,8 @@ impl IntoResponse for ApiError {
             other => other.to_string(),
         };
         let retry_after_secs = match &self {
-            ApiError::Ledger(LedgerError::TooSoon { retry_after_ms, .. }) => {
+            ApiError::Ledger(LedgerError::TooSoon { retry_after_ms, .. })
+            | ApiError::RateLimited { retry_after_ms, .. } => {
                 Some(retry_after_ms.saturating_add(999).div_euclid(1000).max(1))
             }
             _ => None,
@@ -167,4 +175,29 @@ fn unhealthy_message(problems: &[Problem]) -> String {
         .map(|p| p.message.as_str())
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rate-limited call: 429 `rate_limited`, and `Retry-After` in whole seconds, rounded up.
+    #[test]
+    fn rate_limited_answers_429_with_retry_after() {
+        for (ms, secs) in [(1, "1"), (500, "1"), (1000, "1"), (1001, "2")] {
+            let r = ApiError::RateLimited {
+                message: "too many".into(),
+                retry_after_ms: ms,
+            }
+            .into_response();
+            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(
+                r.headers()
+                    .get(axum::http::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok()),
+                Some(secs),
+                "{ms} ms"
+            );
+        }
+    }
 }

@@ -20,6 +20,7 @@ mod state;
 mod stats;
 pub(crate) mod subscriber_input;
 mod subscribers;
+mod test_limits;
 pub mod views;
 
 use axum::routing::{get, post};

@@ -38,6 +38,8 @@ pub struct AppState {
     pub(super) cfg: Arc<ApiConfig>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) health: Health,
+    /// `POST /v1/filters/test`'s rate per caller and running slots.
+    pub(super) filter_tests: Arc<super::test_limits::FilterTests>,
 }
 
 impl AppState {
@@ -54,6 +56,7 @@ impl AppState {
             cfg: Arc::new(cfg),
             metrics,
             health,
+            filter_tests: Default::default(),
         }
     }
 

@@ -54,13 +54,20 @@ pub struct SubscriberInput {
         skip_serializing_if = "Option::is_none"
     )]
     pub customer: Option<Option<String>>,
-    /// The content filter (`crate::event_filter`; `null` is none).
+    /// The operator's content filter (`crate::event_filter`; `null` is none).
     #[serde(
         default,
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub filter: Option<Option<serde_json::Value>>,
+    /// The customer's own content filter (`null` is none): an event must match both.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub customer_filter: Option<Option<serde_json::Value>>,
     /// `full` (default) or `thin`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub payload: Option<Payload>,
@@ -128,9 +135,12 @@ pub struct SubscriberPatch {
     /// Move to this customer; `null` detaches the subscriber from its customer.
     #[serde(default, deserialize_with = "present")]
     pub customer: Option<Option<String>>,
-    /// A new content filter; `null` removes it.
+    /// A new operator's content filter; `null` removes it. Not for a portal token.
     #[serde(default, deserialize_with = "present")]
     pub filter: Option<Option<serde_json::Value>>,
+    /// A new customer's own filter; `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    pub customer_filter: Option<Option<serde_json::Value>>,
     pub payload: Option<Payload>,
     /// A new ordering; leaving `key` drops the pointer. Applies to events ingested after it.
     pub ordering: Option<Ordering>,
@@ -160,6 +170,7 @@ impl SubscriberPatch {
             disabled,
             customer,
             filter,
+            customer_filter,
             payload,
             ordering,
             ordering_key,
@@ -167,7 +178,7 @@ impl SubscriberPatch {
             signature,
             batch,
         } = self;
-        let set: [(&'static str, bool); 18] = [
+        let set: [(&'static str, bool); 19] = [
             ("id", id.is_some()),
             ("url", url.is_some()),
             ("event_types", event_types.is_some()),
@@ -180,6 +191,7 @@ impl SubscriberPatch {
             ("disabled", disabled.is_some()),
             ("customer", customer.is_some()),
             ("filter", filter.is_some()),
+            ("customer_filter", customer_filter.is_some()),
             ("payload", payload.is_some()),
             ("ordering", ordering.is_some()),
             ("ordering_key", ordering_key.is_some()),
@@ -201,10 +213,17 @@ fn validate_customer_ref(customer: &Option<Option<String>>) -> Result<(), ApiErr
     Ok(())
 }
 
-/// A content filter compiles (`null`: none); a refusal names where it is wrong.
-fn validate_filter(filter: &Option<Option<serde_json::Value>>) -> Result<(), ApiError> {
+/// A content filter compiles (`null`: none); a refusal names the field and where it is wrong
+/// (`filter/amount/$gt: …`, `customer_filter/amount/$gt: …`).
+fn validate_filter(
+    field: &str,
+    filter: &Option<Option<serde_json::Value>>,
+) -> Result<(), ApiError> {
     if let Some(Some(f)) = filter {
-        crate::event_filter::Filter::compile(f).map_err(|e| ApiError::Invalid(e.to_string()))?;
+        crate::event_filter::Filter::compile(f).map_err(|e| {
+            let path = e.path.replacen("filter", field, 1);
+            ApiError::Invalid(format!("{path}: {}", e.message))
+        })?;
     }
     Ok(())
 }
@@ -272,7 +291,8 @@ pub fn subscriber_from(
         Secret::parse(s).map_err(|e| ApiError::Invalid(format!("secret: {e}")))?;
     }
     validate_customer_ref(&input.customer)?;
-    validate_filter(&input.filter)?;
+    validate_filter("filter", &input.filter)?;
+    validate_filter("customer_filter", &input.customer_filter)?;
     let ordering = input.ordering.unwrap_or_default();
     crate::ordering::validate(ordering, input.ordering_key.as_deref())
         .map_err(ApiError::Invalid)?;
@@ -292,6 +312,7 @@ pub fn subscriber_from(
             health: Default::default(),
             customer: input.customer.flatten(),
             filter: input.filter.flatten(),
+            customer_filter: input.customer_filter.flatten(),
             payload: input.payload.unwrap_or_default(),
             ordering,
             ordering_key: input.ordering_key,
@@ -375,9 +396,13 @@ pub fn patched(
     if let Some(c) = input.customer {
         s.customer = c;
     }
-    validate_filter(&input.filter)?;
+    validate_filter("filter", &input.filter)?;
     if let Some(f) = input.filter {
         s.filter = f;
+    }
+    validate_filter("customer_filter", &input.customer_filter)?;
+    if let Some(f) = input.customer_filter {
+        s.customer_filter = f;
     }
     match (input.disabled, &s.health.disabled) {
         // What an operator disabled only an operator re-enables.

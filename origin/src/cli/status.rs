@@ -241,6 +241,7 @@ mod tests {
             failing_since_ms: None,
             customer: None,
             filter: None,
+            customer_filter: None,
             payload: Default::default(),
             ordering: Default::default(),
             ordering_key: None,

@@ -218,7 +218,8 @@
       { 'data-subscriber': s.id, class: s.disabled ? 'disabled' : null },
       h('td', null, h('div', { class: 'id' }, s.id), healthLines(s), h('div', { class: 'muted small url' }, s.url),
         h('div', { class: 'muted small' }, s.event_types.join(', ')),
-        s.filter ? h('div', { class: 'muted small filter', 'data-field': 'filter', title: 'Content filter' }, `filter: ${filterText(s.filter)}`) : null),
+        s.filter ? h('div', { class: 'muted small filter', 'data-field': 'filter', title: 'Content filter (the operator\'s)' }, `filter: ${filterText(s.filter)}`) : null,
+        s.customer_filter ? h('div', { class: 'muted small filter', 'data-field': 'customer_filter', title: 'The customer\'s own filter: an event must match both' }, `customer filter: ${filterText(s.customer_filter)}`) : null),
       h('td', null, h('div', null, s.lane), h('div', { class: 'muted small', 'data-field': 'payload' }, `${s.payload} payload`),
         s.ordering && s.ordering !== 'none' ? orderingLines(s) : null,
         s.propagate_trace ? h('div', { class: 'muted small', 'data-field': 'propagate_trace', title: 'Webhooks carry the producer\'s traceparent' }, 'traceparent') : null,
@@ -420,6 +421,7 @@
       form.elements.lane.value = sub.lane;
       form.elements.legacy_signature.checked = sub.legacy_signature;
       form.elements.filter.value = sub.filter ? JSON.stringify(sub.filter, null, 2) : '';
+      form.elements.customer_filter.value = sub.customer_filter ? JSON.stringify(sub.customer_filter, null, 2) : '';
       form.elements.payload.value = sub.payload;
       form.elements.propagate_trace.checked = sub.propagate_trace;
       form.elements.signature.value = sub.signature;
@@ -448,6 +450,8 @@
     // Emptied while editing: `null` removes the filter.
     const filter = parseJsonBox(f.filter.value, 'The filter');
     if (filter != null || editing) body.filter = filter;
+    const own = parseJsonBox(f.customer_filter.value, "The customer's filter");
+    if (own != null || editing) body.customer_filter = own;
     for (const name of ['rate_per_sec', 'burst', 'max_in_flight', 'timeout_ms']) {
       const v = f[name].value.trim();
       if (v !== '') body[name] = Number(v);

@@ -711,3 +711,38 @@ fn fuzz_random_filters_and_bodies() {
         "{matched} of {compiled} matched"
     );
 }
+
+/// Matching is metered: an `$in` list is one lookup per value whatever its length, and a match
+/// given fewer steps than it takes stops with `TooCostly`, giving the same answer otherwise.
+#[test]
+fn cost_is_counted_in_steps_and_capped() {
+    let list: Vec<Value> = (0..MAX_LIST).map(|i| json!(format!("v{i}"))).collect();
+    let tags: Vec<String> = (0..10_000).map(|i| format!("t{i}")).collect();
+    let nums: Vec<u32> = (0..1000).collect();
+    let body = json!({ "tags": tags, "n": 5, "nums": nums });
+    let cases: Vec<(Value, bool, u64)> = vec![
+        // One step per tag (and a few): the 256 listed values cost nothing more.
+        (json!({"tags": {"$in": list.clone()}}), false, 10_010),
+        (json!({"tags": {"$nin": list.clone()}}), true, 10_010),
+        (json!({"tags": {"$in": ["t9999"]}}), true, 10_010),
+        (json!({"n": {"$in": [1, 5.0]}}), true, 10),
+        // Deep equality counts its nodes.
+        (json!({"nums": {"$eq": nums}}), true, 1_010),
+    ];
+    for (f, want, enough) in cases {
+        let c = Filter::compile(&f).unwrap();
+        assert_eq!(c.matches(&body), want, "{f}");
+        assert_eq!(c.matches_within(&body, enough), Ok(want), "{f}");
+        assert_eq!(c.matches_within(&body, 1), Err(TooCostly(1)), "{f}");
+    }
+    // The most a filter can ask of a body: every clause scanning a large array.
+    let clauses: Vec<Value> = (0..MAX_CLAUSES / 2 - 1)
+        .map(|i| json!({"tags": {"$in": [format!("x{i}")]}}))
+        .collect();
+    let worst = Filter::compile(&json!({ "$or": clauses })).unwrap();
+    assert_eq!(
+        worst.matches_within(&body, 100_000),
+        Err(TooCostly(100_000))
+    );
+    assert!(!worst.matches(&body));
+}

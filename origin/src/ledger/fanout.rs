@@ -1,6 +1,7 @@
 //! Which live subscribers an ingested event goes to, for both backends' ingest: those whose
-//! event-type patterns match its type and whose content filter (`crate::event_filter`), if
-//! any, matches its body. No SQL and no connection here: each backend reads the subscriber
+//! event-type patterns match its type and whose content filters (`crate::event_filter`), the
+//! operator's `filter` and the customer's `customer_filter`, both match its body (an absent
+//! one matches everything). No SQL and no connection here: each backend reads the subscriber
 //! rows in its ingest transaction and hands them over as they are.
 //!
 //! A filter is matched as stored in the row the ingest transaction read, so a filter changed
@@ -9,6 +10,11 @@
 //! text, which is the key, so a changed filter is a new key and never served stale. An event's
 //! body is read once (and only when a subscriber of its type has a filter), whatever the
 //! number of subscribers, and only as far as their filters look (`event_filter::Projection`).
+//!
+//! Filters fail closed: a filter is a boundary between tenants (the operator routes one
+//! customer's events to its endpoint by it), so a stored filter that no longer compiles, or a
+//! body that does not parse (ingest refuses those: `crate::event_input`), sends nothing to a
+//! filtered subscriber rather than everything.
 
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -24,40 +30,63 @@ use crate::ordering::Ordering;
 pub struct Candidate {
     pub id: String,
     patterns: Vec<String>,
-    filter: Option<Arc<Filter>>,
+    /// The filters an event must all match (empty: every event of its types); `None` when a
+    /// stored one does not compile: no event goes to it.
+    filters: Option<Vec<Arc<Filter>>>,
     /// Its ordering (`crate::ordering`) and, for `key`, the pointer.
     ordering: Ordering,
     ordering_key: Option<String>,
 }
 
-/// A subscriber row as ingest reads it: id, event types (JSON), filter (JSON text), ordering
-/// and ordering key.
-pub type CandidateRow = (String, String, Option<String>, String, Option<String>);
+/// A subscriber row as ingest reads it (filters as their stored JSON text).
+#[derive(Debug, Clone, Default)]
+pub struct CandidateRow {
+    pub id: String,
+    /// The event-type patterns, a JSON array.
+    pub event_types: String,
+    /// The operator's filter.
+    pub filter: Option<String>,
+    /// The customer's own filter.
+    pub customer_filter: Option<String>,
+    pub ordering: String,
+    pub ordering_key: Option<String>,
+}
 
 /// Compiled filters by text, shared by every ledger of the process (the key is the text).
 static FILTERS: LazyLock<Mutex<FilterCache>> = LazyLock::new(Default::default);
 
-/// The candidates from the rows ingest read ([`CandidateRow`]).
-/// Event types that do not decode match nothing; a filter that no longer compiles (stored by a
-/// version with other rules) lets every event through, with a warning, rather than lose one.
+/// The candidates from the rows ingest read ([`CandidateRow`]). Event types that do not decode
+/// match nothing; a filter that no longer compiles (stored by a version with other rules)
+/// lets nothing through, with a warning.
 pub fn candidates(rows: Vec<CandidateRow>) -> Vec<Candidate> {
     let mut cache = FILTERS.lock().unwrap_or_else(|p| p.into_inner());
     rows.into_iter()
-        .map(|(id, types, filter, ordering, ordering_key)| {
-            let filter = filter.and_then(|text| match cache.get(&text) {
-                Ok(f) => f,
-                Err(e) => {
-                    tracing::warn!(subscriber = %id, error = %e,
-                        "a stored filter does not compile: every event of its types goes to it");
-                    None
-                }
-            });
+        .map(|row| {
+            let mut compiled = |text: Option<String>, which: &str| match text {
+                None => Some(None),
+                Some(text) => match cache.get(&text) {
+                    Ok(Some(f)) => Some(Some(f)),
+                    Ok(None) => None,
+                    Err(e) => {
+                        tracing::warn!(subscriber = %row.id, error = %e,
+                            "its stored {which} does not compile: no event goes to it");
+                        None
+                    }
+                },
+            };
+            let filters = match (
+                compiled(row.filter.clone(), "filter"),
+                compiled(row.customer_filter.clone(), "customer_filter"),
+            ) {
+                (Some(a), Some(b)) => Some(a.into_iter().chain(b).collect()),
+                _ => None,
+            };
             Candidate {
-                patterns: serde_json::from_str(&types).unwrap_or_default(),
-                id,
-                filter,
-                ordering: Ordering::parse(&ordering).unwrap_or_default(),
-                ordering_key,
+                patterns: serde_json::from_str(&row.event_types).unwrap_or_default(),
+                filters,
+                ordering: Ordering::parse(&row.ordering).unwrap_or_default(),
+                ordering_key: row.ordering_key,
+                id: row.id,
             }
         })
         .collect()
@@ -113,26 +142,37 @@ impl<'s> Selector<'s> {
                 .filter(|&i| any_type_matches(&self.subs[i].patterns, &e.event_type))
                 .collect();
             let mut seen: Option<Projection> = None;
-            for f in idx.iter().filter_map(|&i| self.subs[i].filter.as_ref()) {
-                seen.get_or_insert_with(Projection::default)
-                    .add(&f.projection());
+            for f in idx.iter().filter_map(|&i| self.subs[i].filters.as_ref()) {
+                for f in f {
+                    seen.get_or_insert_with(Projection::default)
+                        .add(&f.projection());
+                }
             }
             self.typed = Some((e.event_type.clone(), idx, seen));
         }
         let Some((_, idx, seen)) = &self.typed else {
             return &[];
         };
+        let open = |c: &Candidate| c.filters.as_ref().is_some_and(|f| f.is_empty());
         let Some(seen) = seen else {
-            return idx;
+            if idx.iter().all(|&i| open(&self.subs[i])) {
+                return idx;
+            }
+            self.picked.clear();
+            self.picked
+                .extend(idx.iter().filter(|&&i| open(&self.subs[i])));
+            return &self.picked;
         };
-        // Read once, only what the filters see. Ingest took the body as a JSON object: it
-        // parses. Should it ever not, nothing is held back.
+        // Read once, only what the filters see. Ingest refused a body that does not parse
+        // (`crate::event_input`); should one ever reach here, no filter lets it through.
         let body: Option<Value> = seen.parse(&e.body).ok();
         self.picked.clear();
         for &i in idx {
-            let keep = match (&self.subs[i].filter, &body) {
-                (Some(f), Some(b)) => f.matches(b),
-                _ => true,
+            let keep = match (&self.subs[i].filters, &body) {
+                (None, _) => false,
+                (Some(fs), _) if fs.is_empty() => true,
+                (Some(fs), Some(b)) => fs.iter().all(|f| f.matches(b)),
+                (Some(_), None) => false,
             };
             if keep {
                 self.picked.push(i);
@@ -146,23 +186,58 @@ impl<'s> Selector<'s> {
 mod tests {
     use super::*;
 
+    /// Types first, then both filters (each must match); a stored filter that does not compile
+    /// and a body that does not parse let nothing through to a filtered subscriber.
     #[test]
-    fn types_then_filters_body_parsed_once() {
-        let row = |id: &str, types: &str, filter: Option<&str>| {
-            (
-                id.to_string(),
-                types.to_string(),
-                filter.map(str::to_string),
-                "none".to_string(),
-                None,
-            )
+    fn types_then_both_filters_body_parsed_once() {
+        let row = |id: &str, types: &str, filter: Option<&str>, own: Option<&str>| CandidateRow {
+            id: id.to_string(),
+            event_types: types.to_string(),
+            filter: filter.map(str::to_string),
+            customer_filter: own.map(str::to_string),
+            ordering: "none".to_string(),
+            ordering_key: None,
         };
         let subs = candidates(vec![
-            row("all", r#"["*"]"#, None),
-            row("big", r#"["invoice.*"]"#, Some(r#"{"amount":{"$gt":100}}"#)),
-            row("eur", r#"["invoice.paid"]"#, Some(r#"{"currency":"EUR"}"#)),
-            row("stale", r#"["invoice.*"]"#, Some(r#"{"a":{"$regex":"x"}}"#)),
-            row("video", r#"["video.*"]"#, Some(r#"{"a":1}"#)),
+            row("all", r#"["*"]"#, None, None),
+            row(
+                "big",
+                r#"["invoice.*"]"#,
+                Some(r#"{"amount":{"$gt":100}}"#),
+                None,
+            ),
+            row(
+                "eur",
+                r#"["invoice.paid"]"#,
+                Some(r#"{"currency":"EUR"}"#),
+                None,
+            ),
+            row(
+                "stale",
+                r#"["invoice.*"]"#,
+                Some(r#"{"a":{"$regex":"x"}}"#),
+                None,
+            ),
+            row(
+                "stale-own",
+                r#"["invoice.*"]"#,
+                None,
+                Some(r#"{"a":{"$regex":"x"}}"#),
+            ),
+            row("video", r#"["video.*"]"#, Some(r#"{"a":1}"#), None),
+            // The operator's filter routes acme's invoices; the customer narrows them.
+            row(
+                "acme",
+                r#"["invoice.*"]"#,
+                Some(r#"{"customer":"acme"}"#),
+                Some(r#"{"currency":"EUR"}"#),
+            ),
+            row(
+                "own",
+                r#"["invoice.*"]"#,
+                None,
+                Some(r#"{"amount":{"$lt":10}}"#),
+            ),
         ]);
         let ev = |ty: &str, body: &str| NewEvent {
             id: "e".into(),
@@ -177,23 +252,26 @@ mod tests {
             (
                 "invoice.paid",
                 r#"{"amount":500,"currency":"EUR"}"#,
-                &["all", "big", "eur", "stale"],
+                &["all", "big", "eur"],
             ),
             (
                 "invoice.paid",
-                r#"{"amount":5,"currency":"EUR"}"#,
-                &["all", "eur", "stale"],
+                r#"{"amount":5,"currency":"EUR","customer":"acme"}"#,
+                &["all", "eur", "acme", "own"],
             ),
             (
                 "invoice.paid",
-                r#"{"amount":5,"currency":"USD"}"#,
-                &["all", "stale"],
+                r#"{"amount":5,"currency":"USD","customer":"acme"}"#,
+                &["all", "own"],
             ),
             (
-                "invoice.sent",
-                r#"{"amount":500}"#,
-                &["all", "big", "stale"],
+                "invoice.paid",
+                r#"{"amount":5,"currency":"EUR","customer":"globex"}"#,
+                &["all", "eur", "own"],
             ),
+            ("invoice.sent", r#"{"amount":500}"#, &["all", "big"]),
+            // Not JSON (ingest refuses it): only the unfiltered subscriber.
+            ("invoice.sent", r#"{"amount":5"#, &["all"]),
             ("order.new", r#"{"amount":500}"#, &["all"]),
             ("video.up", r#"{"a":2}"#, &["all"]),
             ("video.up", r#"{"a":1}"#, &["all", "video"]),
@@ -201,5 +279,12 @@ mod tests {
         for (ty, body, want) in cases {
             assert_eq!(names(s.select(&ev(ty, body))), *want, "{ty} {body}");
         }
+        // Only unfiltered and stale candidates of a type: the stale ones get nothing.
+        let plain = candidates(vec![
+            row("all", r#"["*"]"#, None, None),
+            row("stale", r#"["*"]"#, Some("{\"a\":"), None),
+        ]);
+        let mut s = Selector::new(&plain);
+        assert_eq!(s.select(&ev("x", "{}")), [0]);
     }
 }

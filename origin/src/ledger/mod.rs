@@ -79,6 +79,7 @@ pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscri
         health: Default::default(),
         customer: None,
         filter: None,
+        customer_filter: None,
         payload: Default::default(),
         ordering: Default::default(),
         ordering_key: None,

@@ -10,9 +10,10 @@ use super::error::LedgerError;
 use crate::keyring::NewSecret;
 use crate::model::Subscriber;
 
-/// A subscriber's content filter as both backends store it: its JSON text, or NULL for none.
-pub fn filter_column(s: &Subscriber) -> Option<String> {
-    s.filter.as_ref().map(|f| f.to_string())
+/// A subscriber's content filter (the operator's `filter` or the `customer_filter`) as both
+/// backends store it: its JSON text, or NULL for none.
+pub fn filter_column(filter: &Option<serde_json::Value>) -> Option<String> {
+    filter.as_ref().map(|f| f.to_string())
 }
 
 /// A stored filter column back as JSON. Only the API writes it, from a checked value, so it

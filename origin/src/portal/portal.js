@@ -143,18 +143,20 @@
     sel.value = endpoints.some((s) => s.id === chosen) ? chosen : '';
   }
 
-  /** The endpoint's content filter: shown, and edited with a test against an event (PATCH
-   *  {"filter"}; emptied, it is removed: every event of the endpoint's types). */
+  /** The endpoint's filters: the operator's (`filter`, shown, not editable here: it decides
+   *  which events this endpoint may receive at all) and the customer's own (`customer_filter`,
+   *  edited with a test against an event: PATCH {"customer_filter"}; emptied, it is removed).
+   *  An event is delivered only when it matches both. */
   function filterEditor(s) {
-    const box = h('textarea', { class: 'filter-text', rows: 3, spellcheck: 'false', 'aria-label': `Filter of ${s.id}`,
+    const box = h('textarea', { class: 'filter-text', rows: 3, spellcheck: 'false', 'aria-label': `Your filter of ${s.id}`,
       placeholder: '{"amount": {"$gt": 100}}' });
-    box.value = s.filter ? JSON.stringify(s.filter, null, 2) : '';
+    box.value = s.customer_filter ? JSON.stringify(s.customer_filter, null, 2) : '';
     const error = h('p', { class: 'error small', role: 'alert', hidden: true });
     async function save() {
       try {
         const filter = parseJsonBox(box.value, 'The filter');
-        await call('PATCH', `/v1/subscribers/${encodeURIComponent(s.id)}`, { filter });
-        flash(filter == null ? `${s.id} now gets every event of its types.` : `${s.id}'s filter is saved: it applies to events from now on.`);
+        await call('PATCH', `/v1/subscribers/${encodeURIComponent(s.id)}`, { customer_filter: filter });
+        flash(filter == null ? `${s.id} now gets every event the operator routes to it.` : `${s.id}'s filter is saved: it applies to events from now on.`);
         await loadEndpoints();
       } catch (e) {
         error.textContent = e.message;
@@ -162,7 +164,10 @@
       }
     }
     return h('details', { class: 'filter-edit' },
-      h('summary', null, 'Filter: ', h('code', { 'data-field': 'filter' }, s.filter ? filterText(s.filter) : 'none (every event)')),
+      h('summary', null, 'Filter: ', h('code', { 'data-field': 'customer_filter' }, s.customer_filter ? filterText(s.customer_filter) : 'none (every event)')),
+      s.filter
+        ? h('p', { class: 'muted small' }, 'Set by the operator (events must match it too): ', h('code', { 'data-field': 'filter' }, filterText(s.filter)))
+        : null,
       h('label', null, 'Deliver only events matching (JSON; empty: every event)', box),
       window.FanoutPage.filterTester(call, () => box),
       error,

@@ -249,6 +249,7 @@ fn sub(id: &str, max_in_flight: u32, customer: Option<&str>) -> (Subscriber, Lim
         health: Default::default(),
         customer: customer.map(str::to_string),
         filter: None,
+        customer_filter: None,
         payload: Default::default(),
         ordering: Default::default(),
         ordering_key: None,

@@ -427,31 +427,32 @@ pub(super) async fn copy_attempts(
     Ok(())
 }
 
-/// The subscribers' content filters (a ledger from before they existed has none).
+/// The subscribers' content filters, the operator's `filter` and the `customer_filter` (a
+/// ledger from before either existed has none of it).
 pub(super) async fn copy_filters(
     src: &Connection,
     tx: &Transaction<'_>,
 ) -> Result<(), LedgerError> {
-    let has_filters: bool = src.query_row(
-        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('subscribers') WHERE name = 'filter')",
-        [],
-        |r| r.get(0),
-    )?;
-    if !has_filters {
-        return Ok(());
+    for column in ["filter", "customer_filter"] {
+        if !has_column(src, "subscribers", column)? {
+            continue;
+        }
+        let mut st = src.prepare(&format!(
+            "SELECT id, {column} FROM subscribers WHERE {column} IS NOT NULL"
+        ))?;
+        let filtered: Vec<(String, String)> = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        let (subs, filters): (Vec<String>, Vec<String>) = filtered.into_iter().unzip();
+        tx.execute(
+            &format!(
+                "UPDATE subscribers s SET {column} = u.f
+                 FROM unnest($1::text[], $2::text[]) AS u(id, f) WHERE s.id = u.id"
+            ),
+            &[&subs, &filters],
+        )
+        .await?;
     }
-    let mut st = src.prepare("SELECT id, filter FROM subscribers WHERE filter IS NOT NULL")?;
-    let filtered: Vec<(String, String)> = st
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<Result<_, _>>()?;
-    let subs: Vec<&str> = filtered.iter().map(|(s, _)| s.as_str()).collect();
-    let filters: Vec<&str> = filtered.iter().map(|(_, f)| f.as_str()).collect();
-    tx.execute(
-        "UPDATE subscribers s SET filter = u.f
-         FROM unnest($1::text[], $2::text[]) AS u(id, f) WHERE s.id = u.id",
-        &[&subs, &filters],
-    )
-    .await?;
     Ok(())
 }
 

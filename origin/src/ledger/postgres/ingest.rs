@@ -17,7 +17,7 @@ use tokio_postgres::types::ToSql;
 use super::group::{Outcome, Waiter};
 use super::ledger::PgLedger;
 use super::listen::{notify_payload, DUE_CHANNEL};
-use crate::ledger::fanout::{candidates, ordering_keys, Selector};
+use crate::ledger::fanout::{candidates, ordering_keys, CandidateRow, Selector};
 use crate::ledger::{sequence, Ingested, LedgerError, NewEvent};
 
 impl PgLedger {
@@ -139,8 +139,14 @@ impl PgLedger {
             sub_rows
                 .iter()
                 .map(|r| {
-                    let (id, types, filter) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
-                    Ok((id, types, filter, r.try_get(3)?, r.try_get(4)?))
+                    Ok(CandidateRow {
+                        id: r.try_get(0)?,
+                        event_types: r.try_get(1)?,
+                        filter: r.try_get(2)?,
+                        customer_filter: r.try_get(3)?,
+                        ordering: r.try_get(4)?,
+                        ordering_key: r.try_get(5)?,
+                    })
                 })
                 .collect::<Result<_, LedgerError>>()?,
         );
@@ -315,7 +321,7 @@ async fn insert_deliveries(
 
 /// Ingest's statements (prepared once per connection).
 pub(super) const INGEST_SUBSCRIBERS: &str =
-    "SELECT id, event_types, filter, ordering, ordering_key FROM subscribers
+    "SELECT id, event_types, filter, customer_filter, ordering, ordering_key FROM subscribers
      WHERE deleted_ms IS NULL ORDER BY id";
 pub(super) const INGEST_EVENTS: &str =
     "INSERT INTO events (id, type, body, received_ms, traceparent)

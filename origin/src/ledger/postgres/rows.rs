@@ -40,7 +40,7 @@ pub(super) const SUBSCRIBER_COLUMNS: &str =
     "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
      failing_since_ms, customer, disabled_by_operator, filter, payload, ordering, ordering_key,
-     propagate_trace, signature, batch";
+     propagate_trace, signature, batch, customer_filter";
 
 /// A text column holding one of an enum's names.
 pub(super) fn enum_column<T>(
@@ -91,6 +91,7 @@ pub(super) fn subscriber_from_row(r: &Row) -> Result<Subscriber, LedgerError> {
         propagate_trace: r.try_get(20)?,
         signature: enum_column(r, 21, Scheme::parse)?,
         batch: crate::ledger::subscribers::batch_from_column(r.try_get(22)?),
+        customer_filter: crate::ledger::subscribers::filter_from_column(r.try_get(23)?),
     })
 }
 

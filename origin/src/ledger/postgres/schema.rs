@@ -352,6 +352,11 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE subscribers ADD COLUMN batch TEXT;
     ALTER TABLE deliveries ADD COLUMN batch_lead BIGINT;
     "#,
+    // 13: the customer's own content filter (issue 35; as the SQLite ledger's migration of the
+    // same name): every filter stored before stays the operator's `filter`.
+    r#"
+    ALTER TABLE subscribers ADD COLUMN customer_filter TEXT;
+    "#,
 ];
 
 pub const VERSION: i32 = MIGRATIONS.len() as i32;

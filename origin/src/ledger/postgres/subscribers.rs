@@ -153,9 +153,10 @@ impl PgLedger {
             .execute(
                 "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
                      timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
-                     payload, ordering, ordering_key, propagate_trace, signature, batch)
+                     payload, ordering, ordering_key, propagate_trace, signature, batch,
+                     customer_filter)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14, $15, $16,
-                     $17, $18)",
+                     $17, $18, $19)",
                 &[
                     &s.id,
                     &s.url,
@@ -168,13 +169,14 @@ impl PgLedger {
                     &s.legacy_signature,
                     &s.created_ms,
                     &s.customer,
-                    &filter_column(s),
+                    &filter_column(&s.filter),
                     &s.payload.as_str(),
                     &s.ordering.as_str(),
                     &s.ordering_key,
                     &s.propagate_trace,
                     &s.signature.as_str(),
                     &batch_column(s),
+                    &filter_column(&s.customer_filter),
                 ],
             )
             .await;
@@ -209,7 +211,7 @@ impl PgLedger {
                      max_in_flight = $6, timeout_ms = $7, lane = $8, legacy_signature = $9,
                      updated_ms = $10, customer = $11, filter = $12, payload = $13,
                      ordering = $14, ordering_key = $15, propagate_trace = $16, signature = $17,
-                     batch = $18
+                     batch = $18, customer_filter = $19
                  WHERE id = $1 AND deleted_ms IS NULL",
                 &[
                     &s.id,
@@ -223,13 +225,14 @@ impl PgLedger {
                     &s.legacy_signature,
                     &s.updated_ms,
                     &s.customer,
-                    &filter_column(s),
+                    &filter_column(&s.filter),
                     &s.payload.as_str(),
                     &s.ordering.as_str(),
                     &s.ordering_key,
                     &s.propagate_trace,
                     &s.signature.as_str(),
                     &batch_column(s),
+                    &filter_column(&s.customer_filter),
                 ],
             )
             .await?;

@@ -11,7 +11,7 @@ use rusqlite::Connection;
 use super::ordered;
 use crate::ledger::deliveries::{Ingested, NewEvent};
 use crate::ledger::error::LedgerError;
-use crate::ledger::fanout::{candidates, ordering_keys, Candidate, Selector};
+use crate::ledger::fanout::{candidates, ordering_keys, Candidate, CandidateRow, Selector};
 use crate::ledger::sequence;
 
 /// Rows per multi-row `INSERT`: ingest and the attempts of a dispatcher turn go in as a few
@@ -76,11 +76,18 @@ pub fn ingest(
     let now_ms = latest.map_or(now_ms, |t| t.max(now_ms));
     let subs = candidates(
         c.prepare_cached(
-            "SELECT id, event_types, filter, ordering, ordering_key FROM subscribers
-             WHERE deleted_ms IS NULL",
+            "SELECT id, event_types, filter, customer_filter, ordering, ordering_key
+             FROM subscribers WHERE deleted_ms IS NULL",
         )?
         .query_map([], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            Ok(CandidateRow {
+                id: r.get(0)?,
+                event_types: r.get(1)?,
+                filter: r.get(2)?,
+                customer_filter: r.get(3)?,
+                ordering: r.get(4)?,
+                ordering_key: r.get(5)?,
+            })
         })?
         .collect::<Result<_, _>>()?,
     );

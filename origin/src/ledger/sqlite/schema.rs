@@ -305,6 +305,12 @@ const MIGRATIONS: &[Migration] = &[
     Sql(r#"
     ALTER TABLE subscribers ADD COLUMN batch TEXT;
     "#),
+    // 13: the customer's own content filter (issue 35, `crate::event_filter`): its JSON text,
+    // NULL for none. An event goes to a subscriber only when it matches both this and
+    // `filter`, which stays the operator's: every filter stored before is the operator's.
+    Sql(r#"
+    ALTER TABLE subscribers ADD COLUMN customer_filter TEXT;
+    "#),
 ];
 
 /// Rows copied by one statement when a migration rebuilds a table; its progress is logged
@@ -524,6 +530,29 @@ mod tests {
             .query_row("SELECT payload FROM subscribers", [], |r| r.get(0))
             .unwrap();
         assert_eq!(payload, "full");
+    }
+
+    /// Migration 13 (issue 35): a filter stored before is the operator's `filter`; the
+    /// customer's own starts empty.
+    #[test]
+    fn migration_13_keeps_filters_as_the_operators() {
+        let mut c = Connection::open_in_memory().unwrap();
+        assert_eq!(migrate_to(&mut c, 12).unwrap(), 12);
+        c.execute_batch(
+            r#"INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
+                 timeout_ms, lane, created_ms, updated_ms, filter) VALUES
+                 ('acme', 'u', '["*"]', 1, 1, 1, 1, 'origin', 1, 1, '{"customer":"acme"}'),
+                 ('plain', 'u', '["*"]', 1, 1, 1, 1, 'origin', 1, 1, NULL);"#,
+        )
+        .unwrap();
+        migrate(&mut c).unwrap();
+        let acme = super::super::get_subscriber(&c, "acme").unwrap();
+        assert_eq!(
+            (acme.filter, acme.customer_filter),
+            (Some(serde_json::json!({"customer": "acme"})), None)
+        );
+        let plain = super::super::get_subscriber(&c, "plain").unwrap();
+        assert_eq!((plain.filter, plain.customer_filter), (None, None));
     }
 
     /// Migration 7: a removed subscriber stops naming a customer that is gone, or that was

@@ -23,7 +23,7 @@ use crate::model::{
 const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
      timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
      failing_since_ms, customer, disabled_by_operator, filter, payload, ordering, ordering_key,
-     propagate_trace, signature, batch";
+     propagate_trace, signature, batch, customer_filter";
 
 fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
     let types: String = r.get(2)?;
@@ -65,6 +65,7 @@ fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
         propagate_trace: r.get(20)?,
         signature: Scheme::parse(&r.get::<_, String>(21)?).unwrap_or_default(),
         batch: batch_from_column(r.get(22)?),
+        customer_filter: filter_from_column(r.get(23)?),
     })
 }
 
@@ -115,7 +116,7 @@ pub fn list_subscribers(c: &Connection) -> Result<Vec<Subscriber>, LedgerError> 
 /// ?3 event_types (JSON), ?4 rate_per_sec, ?5 burst, ?6 max_in_flight, ?7 timeout_ms, ?8 lane,
 /// ?9 legacy_signature, ?10 the time of the change, ?11 customer, ?12 filter (JSON or NULL),
 /// ?13 payload, ?14 ordering, ?15 ordering_key, ?16 propagate_trace, ?17 signature, ?18 batch
-/// (JSON or NULL).
+/// (JSON or NULL), ?19 customer_filter (JSON or NULL).
 fn definition_params<'a>(
     s: &'a Subscriber,
     event_types_json: &'a str,
@@ -134,13 +135,14 @@ fn definition_params<'a>(
         Box::new(s.legacy_signature),
         Box::new(at_ms),
         Box::new(s.customer.as_deref()),
-        Box::new(filter_column(s)),
+        Box::new(filter_column(&s.filter)),
         Box::new(s.payload.as_str()),
         Box::new(s.ordering.as_str()),
         Box::new(s.ordering_key.as_deref()),
         Box::new(s.propagate_trace),
         Box::new(s.signature.as_str()),
         Box::new(batch_column(s)),
+        Box::new(filter_column(&s.customer_filter)),
     ];
     rusqlite::params_from_iter(params)
 }
@@ -189,9 +191,9 @@ pub fn create_subscriber(
     c.prepare_cached(
         "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
              timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
-             payload, ordering, ordering_key, propagate_trace, signature, batch)
+             payload, ordering, ordering_key, propagate_trace, signature, batch, customer_filter)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-             ?18)",
+             ?18, ?19)",
     )?
     .execute(definition_params(s, &event_types_json(s), s.created_ms))?;
     insert_secret(c, &s.id, &secret, s.created_ms)?;
@@ -214,7 +216,8 @@ pub fn update_subscriber(c: &Connection, s: &Subscriber) -> Result<(), LedgerErr
             "UPDATE subscribers SET url = ?2, event_types = ?3, rate_per_sec = ?4, burst = ?5,
                  max_in_flight = ?6, timeout_ms = ?7, lane = ?8, legacy_signature = ?9,
                  updated_ms = ?10, customer = ?11, filter = ?12, payload = ?13, ordering = ?14,
-                 ordering_key = ?15, propagate_trace = ?16, signature = ?17, batch = ?18
+                 ordering_key = ?15, propagate_trace = ?16, signature = ?17, batch = ?18,
+                 customer_filter = ?19
              WHERE id = ?1 AND deleted_ms IS NULL",
         )?
         .execute(definition_params(s, &event_types_json(s), s.updated_ms))?;

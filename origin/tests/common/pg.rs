@@ -127,6 +127,12 @@ impl PgServer {
 
     /// Start a server with extra `postgres` options (`-c name=value` …).
     pub fn start_with(options: &[&str]) -> PgServer {
+        PgServer::start_env(options, &[])
+    }
+
+    /// Start a server with extra `postgres` options and these variables in its environment
+    /// (libfaketime's, to shift the time the server reads).
+    pub fn start_env(options: &[&str], env: &[(&str, &str)]) -> PgServer {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         let mut cp = Command::new("cp");
@@ -151,7 +157,8 @@ impl PgServer {
                 .arg(&data)
                 .arg("-l")
                 .arg(dir.path().join("log"))
-                .args(["-w", "-t", "60", "-o", &opts, "start"]);
+                .args(["-w", "-t", "60", "-o", &opts, "start"])
+                .envs(env.iter().copied());
             let ok = start
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())

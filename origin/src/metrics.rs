@@ -709,6 +709,7 @@ mod tests {
             breaker: "open".into(),
             consecutive_failures: 20,
             disabled: true,
+            customer: None,
         };
         let snap = Snapshot {
             status_counts: vec![("pending".into(), 5), ("in_flight".into(), 2)],

@@ -59,11 +59,17 @@ pub fn validate_wire_id(what: &str, id: &str) -> Result<(), String> {
 }
 
 /// An event id is the producer's, and is sent to subscribers as the `webhook-id` header, which
-/// carries visible ASCII only: 1 to [`MAX_ID_LEN`] characters from `!`..=`~` but '/'.
+/// carries visible ASCII only: 1 to [`MAX_ID_LEN`] characters from `!`..=`~` but '/', and not
+/// `.` or `..`.
 pub fn validate_event_id(what: &str, id: &str) -> Result<(), String> {
     validate_visible(what, id)?;
     if id.contains('/') {
         return Err(format!("{what} must not contain '/'"));
+    }
+    // A thin webhook's `url` puts the id in a path, where `.` and `..` are dot segments that
+    // every URL parser resolves away, percent-encoded or not (WHATWG reads `%2E%2E` as `..`).
+    if id == "." || id == ".." {
+        return Err(format!("{what} must not be '.' or '..'"));
     }
     Ok(())
 }
@@ -566,6 +572,10 @@ mod tests {
             (&too_long, false, false, false),
             ("", false, false, false),
             ("a/b", false, false, false),
+            // A dot segment in an `--event-url` path (`…/events/../body`) whatever its encoding.
+            (".", true, true, false),
+            ("..", true, true, false),
+            ("...", true, true, true),
             ("a b", false, false, false),
             ("a\tb", false, false, false),
             ("a\u{7f}", false, false, false),

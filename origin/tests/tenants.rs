@@ -233,7 +233,7 @@ async fn rotations_are_rate_limited_and_two_secrets_sign() {
 
 /// Deliveries belong to the customer and the endpoint that existed, not to an id string. A
 /// customer removed and created again under its old id (a new tenant) sees, reads and replays
-/// nothing of its predecessor's deliveries, and the old links do not work for it; the old
+/// nothing of its predecessor's deliveries, nor charts them, and the old links do not work for it; the old
 /// endpoint id cannot be taken over under it while those deliveries are kept; a removed
 /// operator-owned endpoint's id cannot be taken over under a customer either. The same owner
 /// may bring its own endpoint back, and an id whose deliveries are gone is free.
@@ -245,9 +245,11 @@ async fn a_recreated_id_inherits_nothing_of_the_old_one() {
     let old_portal = customer_with_endpoint(api, "acme", "hook", &sink.url).await;
     api.subscriber(sub_spec("ops", &sink.url, &["*"])).await;
     api.events(events("old", 3, "order.created")).await;
-    wait_for("6 sent", std::time::Duration::from_secs(30), || async {
-        sink.count() == 6
-    })
+    wait_for(
+        "6 sent, acme's 3 charted",
+        std::time::Duration::from_secs(60),
+        || async { sink.count() == 6 && charted(&old_portal, "").await == 3 },
+    )
     .await;
     let old = old_portal.deliveries("").await;
     assert_eq!(old.len(), 3);
@@ -273,6 +275,7 @@ async fn a_recreated_id_inherits_nothing_of_the_old_one() {
     assert_eq!(s, 401, "the old tenant's link");
     let new_portal = as_token(api, &portal_token(api, "acme").await);
     assert_eq!(new_portal.deliveries("").await, Vec::<Value>::new());
+    assert_eq!(charted(&new_portal, "").await, 0, "the old tenant's chart");
     assert_eq!(
         new_portal.deliveries("subscriber=hook").await,
         Vec::<Value>::new()

@@ -3,10 +3,40 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// When a breaker opens and how long it holds: the origin's `--breaker-threshold` and
+/// `--breaker-cooldown`, carried to the edge in every call (`wire::SubscriberSpec::breaker`) so
+/// that a subscriber's breaker means the same on both lanes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BreakerConfig {
     pub threshold: u32,
     pub cooldown_ms: i64,
+}
+
+/// The most consecutive failures a breaker may be set to wait for.
+pub const MAX_THRESHOLD: u32 = 1000;
+/// The shortest and longest cooldowns a breaker may be set to.
+pub const MIN_COOLDOWN_MS: i64 = 1_000;
+pub const MAX_COOLDOWN_MS: i64 = 3_600_000;
+
+impl BreakerConfig {
+    /// A threshold of 1 to [`MAX_THRESHOLD`] and a cooldown of [`MIN_COOLDOWN_MS`] to
+    /// [`MAX_COOLDOWN_MS`], or what is wrong (named as the wire's fields).
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=MAX_THRESHOLD).contains(&self.threshold) {
+            return Err(format!(
+                "threshold must be 1 to {MAX_THRESHOLD}, not {}",
+                self.threshold
+            ));
+        }
+        if !(MIN_COOLDOWN_MS..=MAX_COOLDOWN_MS).contains(&self.cooldown_ms) {
+            return Err(format!(
+                "cooldown_ms must be {MIN_COOLDOWN_MS} to {MAX_COOLDOWN_MS}, not {}",
+                self.cooldown_ms
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for BreakerConfig {

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::breaker::BreakerConfig;
 use crate::sign::{Keys, Scheme, Secret, SigningKey};
 
 /// Largest accepted `POST /v1/deliveries` request body.
@@ -58,11 +59,17 @@ pub fn validate_wire_id(what: &str, id: &str) -> Result<(), String> {
 }
 
 /// An event id is the producer's, and is sent to subscribers as the `webhook-id` header, which
-/// carries visible ASCII only: 1 to [`MAX_ID_LEN`] characters from `!`..=`~` but '/'.
+/// carries visible ASCII only: 1 to [`MAX_ID_LEN`] characters from `!`..=`~` but '/', and not
+/// `.` or `..`.
 pub fn validate_event_id(what: &str, id: &str) -> Result<(), String> {
     validate_visible(what, id)?;
     if id.contains('/') {
         return Err(format!("{what} must not contain '/'"));
+    }
+    // A thin webhook's `url` puts the id in a path, where `.` and `..` are dot segments that
+    // every URL parser resolves away, percent-encoded or not (WHATWG reads `%2E%2E` as `..`).
+    if id == "." || id == ".." {
+        return Err(format!("{what} must not be '.' or '..'"));
     }
     Ok(())
 }
@@ -106,6 +113,12 @@ pub struct SubscriberSpec {
     /// scheme signs with them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub signing_keys: Vec<String>,
+    /// When its breaker opens and how long it holds (the origin's `--breaker-threshold` and
+    /// `--breaker-cooldown`), so that its breaker means the same on both lanes. Optional on the
+    /// wire like `signature`: absent (an origin older than the field), the edge uses the
+    /// defaults, as the origin does when it is not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<BreakerConfig>,
 }
 
 fn is_hmac(s: &Scheme) -> bool {
@@ -495,8 +508,17 @@ impl SubscriberSpec {
                 self.signature.as_str()
             )));
         }
+        if let Some(b) = &self.breaker {
+            b.check()
+                .map_err(|e| BatchError::Invalid(format!("subscriber.breaker.{e}")))?;
+        }
         crate::endpoint::check_url(&self.url, allow_loopback)?;
         Ok(())
+    }
+
+    /// Its breaker's settings: those the origin sent, or the defaults.
+    pub fn breaker_config(&self) -> BreakerConfig {
+        self.breaker.unwrap_or_default()
     }
 }
 
@@ -550,6 +572,10 @@ mod tests {
             (&too_long, false, false, false),
             ("", false, false, false),
             ("a/b", false, false, false),
+            // A dot segment in an `--event-url` path (`…/events/../body`) whatever its encoding.
+            (".", true, true, false),
+            ("..", true, true, false),
+            ("...", true, true, true),
             ("a b", false, false, false),
             ("a\tb", false, false, false),
             ("a\u{7f}", false, false, false),
@@ -636,6 +662,64 @@ mod tests {
                     assert!(msg.contains(want), "{seq:?}: {msg}")
                 }
                 (got, want) => panic!("{seq:?}: got {got:?}, expected {want:?}"),
+            }
+        }
+    }
+
+    /// `subscriber.breaker` is optional both ways (absent: the defaults, and nothing on the
+    /// wire for an older Worker to refuse), and when present within the origin's own bounds;
+    /// the edge's breaker then opens and holds as the origin's does.
+    #[test]
+    fn breaker_on_the_wire_table() {
+        let with = |b: Option<serde_json::Value>| {
+            let mut v: serde_json::Value = serde_json::from_str(&batch_json("s")).unwrap();
+            if let Some(b) = b {
+                v["subscriber"]["breaker"] = b;
+            }
+            v.to_string()
+        };
+        let cfg = |threshold, cooldown_ms| BreakerConfig {
+            threshold,
+            cooldown_ms,
+        };
+        type Row<'a> = (Option<serde_json::Value>, Result<BreakerConfig, &'a str>);
+        let rows: &[Row] = &[
+            (None, Ok(BreakerConfig::default())),
+            (
+                Some(serde_json::json!({ "threshold": 3, "cooldown_ms": 5000 })),
+                Ok(cfg(3, 5000)),
+            ),
+            (
+                Some(serde_json::json!({ "threshold": 0, "cooldown_ms": 5000 })),
+                Err("subscriber.breaker.threshold must be 1 to 1000, not 0"),
+            ),
+            (
+                Some(serde_json::json!({ "threshold": 3, "cooldown_ms": 86_400_000 })),
+                Err("subscriber.breaker.cooldown_ms must be 1000 to 3600000"),
+            ),
+            (
+                Some(serde_json::json!({ "threshold": 3, "cooldown_ms": 5000, "x": 1 })),
+                Err("malformed"),
+            ),
+            (
+                Some(serde_json::json!({ "threshold": 3 })),
+                Err("malformed"),
+            ),
+        ];
+        for (b, expected) in rows {
+            match (
+                DeliveryBatch::parse(with(b.clone()).as_bytes(), false),
+                expected,
+            ) {
+                (Ok(batch), Ok(want)) => {
+                    assert_eq!(batch.subscriber.breaker_config(), *want, "{b:?}");
+                    let again = serde_json::to_string(&batch.subscriber).unwrap();
+                    assert_eq!(again.contains("breaker"), b.is_some(), "{again}");
+                }
+                (Err(BatchError::Invalid(msg)), Err(want)) => {
+                    assert!(msg.contains(want), "{b:?}: {msg}")
+                }
+                (got, want) => panic!("{b:?}: got {got:?}, expected {want:?}"),
             }
         }
     }

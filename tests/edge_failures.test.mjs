@@ -1,12 +1,12 @@
 // How the edge reports and reacts to a misbehaving subscriber: 429/503 Retry-After pauses the
 // whole subscriber, a hanging one times out without breaking the in-flight cap, 404/410 are
 // rejected, a 3xx is a failure and its Location is never followed, a 5xx body is cut to 4 KiB,
-// and 20 consecutive failures open the breaker.
+// 20 consecutive failures open the breaker, and the origin's breaker settings reach it.
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import { after, before, test } from 'node:test';
 import { sleep, startEdge, startSubscriber, waitFor } from './lib/harness.mjs';
-import { deliveries, delivery, send, subscriberSpec, subscriberStatus, tally } from './lib/edge_client.mjs';
+import { deliveries, delivery, postBatch, send, subscriberSpec, subscriberStatus, tally } from './lib/edge_client.mjs';
 
 let edge;
 before(async () => {
@@ -321,6 +321,41 @@ test('breaker: 20 consecutive failures open it; later calls deferred `breaker_op
     assert.equal(st.json.breaker.state, 'open', st.text);
     assert.equal(st.json.breaker.consecutive_failures, 20);
     assert.ok(st.json.breaker.open_until_ms >= t + 29_000 && st.json.breaker.open_until_ms <= Date.now() + 30_000, st.text);
+  } finally {
+    await sub.close();
+  }
+});
+
+test("breaker: the origin's settings reach the edge: threshold 3 opens it after 3 failures, for its 5 s cooldown", async () => {
+  const sub = await startSubscriber(() => ({ status: 500, body: 'down' }));
+  try {
+    const spec = subscriberSpec(`${sub.url}/hook`, { max_in_flight: 1, breaker: { threshold: 3, cooldown_ms: 5000 } });
+    const t = Date.now();
+    for (let i = 0; i < 3; i++) {
+      assert.deepEqual(tally(await send(edge, spec, [delivery()])), { failed: 1 }, `attempt ${i + 1}`);
+    }
+    const blocked = await send(edge, spec, deliveries(2));
+    assert.deepEqual(tally(blocked), { 'deferred:breaker_open': 2 }, JSON.stringify(blocked));
+    for (const r of blocked) {
+      assert.ok(r.retry_after_ms > 0 && r.retry_after_ms <= 5_000, JSON.stringify(r));
+    }
+    assert.equal(sub.requests.length, 3, 'nothing sent while the breaker is open');
+    const st = await subscriberStatus(edge, spec.id);
+    assert.equal(st.json.breaker.state, 'open', st.text);
+    assert.ok(st.json.breaker.open_until_ms >= t + 4_000 && st.json.breaker.open_until_ms <= Date.now() + 5_000, st.text);
+  } finally {
+    await sub.close();
+  }
+});
+
+test('breaker: settings outside the origin\'s bounds are refused (400), nothing sent', async () => {
+  const sub = await startSubscriber(() => 200);
+  try {
+    for (const breaker of [{ threshold: 0, cooldown_ms: 5000 }, { threshold: 3, cooldown_ms: 86_400_000 }, { threshold: 3 }]) {
+      const r = await postBatch(edge, subscriberSpec(`${sub.url}/hook`, { breaker }), [delivery()]);
+      assert.equal(r.status, 400, `${JSON.stringify(breaker)}: ${r.text}`);
+    }
+    assert.equal(sub.requests.length, 0);
   } finally {
     await sub.close();
   }

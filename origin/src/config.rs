@@ -1,7 +1,7 @@
 //! Configuration, layered: built-in defaults < config file < `FANOUT_*` environment < flags
 //! (clap merges the last two). Validated once, at start-up, with messages that say what to fix.
 
-use fanout_core::breaker::BreakerConfig;
+use fanout_core::breaker::{self, BreakerConfig};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -341,18 +341,19 @@ fn breaker_settings(
 ) -> Result<BreakerConfig, ConfigError> {
     let default = BreakerConfig::default();
     let threshold = threshold.unwrap_or(default.threshold);
-    if !(1..=1000).contains(&threshold) {
+    if !(1..=breaker::MAX_THRESHOLD).contains(&threshold) {
         return Err(ConfigError(format!(
-            "--breaker-threshold must be 1 to 1000, not {threshold}"
+            "--breaker-threshold must be 1 to {}, not {threshold}",
+            breaker::MAX_THRESHOLD
         )));
     }
     let cooldown = duration_setting(
         "breaker-cooldown",
         cooldown,
         Duration::from_millis(default.cooldown_ms as u64),
-        1_000,
+        breaker::MIN_COOLDOWN_MS,
     )?;
-    if cooldown > Duration::from_secs(3600) {
+    if cooldown > Duration::from_millis(breaker::MAX_COOLDOWN_MS as u64) {
         return Err(ConfigError(format!(
             "--breaker-cooldown must be at most 1h, not {}s",
             cooldown.as_secs()

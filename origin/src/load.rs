@@ -479,6 +479,7 @@ mod tests {
             legacy_signature: false,
             signature: Default::default(),
             signing_keys: Vec::new(),
+            breaker: None,
         }
     }
 

@@ -406,14 +406,29 @@ impl Metrics {
             "fanout_clock_offset_seconds",
             "gauge",
             "How far the PostgreSQL server's clock is ahead of this host's (negative: behind), as \
-             last measured; the daemon uses the server's for the shared ledger. Over 1 s either \
-             way is logged as a warning: set the host's clock right. 0 on SQLite.",
+             last measured; the daemon uses the server's for the shared ledger and the host's to \
+             sign. Over 1 s either way is logged as a warning naming the clock that is off. 0 on \
+             SQLite.",
         );
         out.sample(
             "fanout_clock_offset_seconds",
             &[],
             crate::time::offset_ms() as f64 / 1000.0,
         );
+        if let Some(peers) = crate::time::peer_offset_ms() {
+            out.family(
+                "fanout_peer_clock_offset_seconds",
+                "gauge",
+                "How far the clocks of the HTTP servers the daemon calls (the Date of their last \
+                 answers, median; whole seconds) are ahead of this host's: the clocks receivers \
+                 check webhook-timestamp with. Absent until one answered.",
+            );
+            out.sample(
+                "fanout_peer_clock_offset_seconds",
+                &[],
+                peers as f64 / 1000.0,
+            );
+        }
     }
 }
 
@@ -703,6 +718,7 @@ mod tests {
             breaker: "open".into(),
             consecutive_failures: 20,
             disabled: true,
+            customer: None,
         };
         let snap = Snapshot {
             status_counts: vec![("pending".into(), 5), ("in_flight".into(), 2)],

@@ -20,7 +20,7 @@ use fanout_core::sign::{self, Keys, Secret};
 use fanout_core::wire::TransportError;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
-use crate::time::now_ms;
+use crate::time::host_ms;
 
 /// The User-Agent of every request the daemon makes.
 pub const USER_AGENT: &str = concat!("fanout/", env!("CARGO_PKG_VERSION"));
@@ -208,7 +208,8 @@ impl Outbound {
     }
 
     /// POST `body` as JSON to `url`, signed by `signer` under message id `id` at the current
-    /// time, with the `extra` headers besides (a webhook's `webhook-sequence`), within
+    /// time by the host's wall clock (its receiver compares `webhook-timestamp` with its own;
+    /// the PostgreSQL server's clock, the ledger's, may be off), with the `extra` headers besides (a webhook's `webhook-sequence`), within
     /// `timeout`. Any HTTP answer is `Ok`, whatever its status.
     #[allow(clippy::too_many_arguments)] // one signing path for every kind of request
     pub async fn post_signed(
@@ -222,7 +223,7 @@ impl Outbound {
         timeout: Duration,
     ) -> Result<reqwest::Response, SendError> {
         let body: Vec<u8> = body.into();
-        let signed = sign::sign_headers(&signer.keys, id, now_ms().div_euclid(1000), &body);
+        let signed = sign::sign_headers(&signer.keys, id, host_ms().div_euclid(1000), &body);
         let mut req = self
             .client(trust)
             .post(url)
@@ -237,7 +238,23 @@ impl Outbound {
         for (name, value) in extra {
             req = req.header(*name, value);
         }
-        Ok(req.body(body).send().await?)
+        let resp = req.body(body).send().await?;
+        note_date(&resp);
+        Ok(resp)
+    }
+}
+
+/// Note an answer's `Date` against the host's clock (`crate::time::note_peer_date`: the third
+/// clock that tells whether the host's or the PostgreSQL server's is off).
+fn note_date(resp: &reqwest::Response) {
+    let date = resp
+        .headers()
+        .get(reqwest::header::DATE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| httpdate::parse_http_date(v).ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+    if let Some(d) = date {
+        crate::time::note_peer_date(d.as_millis() as i64, host_ms());
     }
 }
 

@@ -51,16 +51,27 @@ const ID: &str = "{id}";
 pub struct EventUrl(String);
 
 impl EventUrl {
-    /// An absolute `http(s)` URL holding `{id}` (where the event id goes, percent-encoded).
+    /// An absolute `http(s)` URL holding `{id}` (where the event id goes, percent-encoded) in
+    /// its path or query only: an id in its host, user, port or fragment would let an event's
+    /// producer choose where the receiver fetches from, or hide the id from the server.
     pub fn parse(template: &str) -> Result<EventUrl, String> {
         if !template.contains(ID) {
             return Err(format!(
                 "--event-url {template:?} must hold {ID} where the event id goes"
             ));
         }
-        let probe = template.replace(ID, "evt_1");
+        // A marker no template holds otherwise, to find where the ids land.
+        const MARK: &str = "fanoutEventIdMark";
+        let probe = template.replace(ID, MARK);
         match url::Url::parse(&probe) {
             Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {
+                let placed =
+                    u.path().matches(MARK).count() + u.query().unwrap_or("").matches(MARK).count();
+                if placed != template.matches(ID).count() {
+                    return Err(format!(
+                        "--event-url {template:?} may hold {ID} only in its path or query"
+                    ));
+                }
                 Ok(EventUrl(template.to_string()))
             }
             _ => Err(format!(
@@ -70,11 +81,15 @@ impl EventUrl {
     }
 
     /// The URL of one event: the template with each `{id}` replaced by the id, every byte
-    /// outside `A-Z a-z 0-9 - . _ ~ :` percent-encoded.
+    /// outside `A-Z a-z 0-9 - . _ ~ :` percent-encoded, and so are the dots of the ids `.` and
+    /// `..` (no dot segment for a parser that does not decode them; ingest refuses such ids).
     pub fn of(&self, event_id: &str) -> String {
         let mut id = String::with_capacity(event_id.len());
+        let dot_segment = event_id == "." || event_id == "..";
         for b in event_id.bytes() {
-            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b':') {
+            if !dot_segment
+                && (b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b':'))
+            {
                 id.push(char::from(b));
             } else {
                 id.push_str(&format!("%{b:02X}"));
@@ -159,7 +174,25 @@ mod tests {
             ("https://api.example.com/events/", Err("must hold {id}")),
             ("/events/{id}", Err("absolute http")),
             ("ftp://example.com/{id}", Err("absolute http")),
-            ("https://{id}", Ok("https://evt_1%2Fx%3F%20%25:v2")),
+            // The id goes in the path or the query, nowhere else.
+            ("https://{id}", Err("only in its path or query")),
+            (
+                "https://{id}.example.com/e",
+                Err("only in its path or query"),
+            ),
+            (
+                "https://u:{id}@example.com/e",
+                Err("only in its path or query"),
+            ),
+            ("https://example.com:{id}/e", Err("absolute http")),
+            (
+                "https://example.com/e#{id}",
+                Err("only in its path or query"),
+            ),
+            (
+                "https://example.com/e/{id}#{id}",
+                Err("only in its path or query"),
+            ),
         ];
         for (template, expected) in rows {
             match (EventUrl::parse(template), expected) {
@@ -167,6 +200,24 @@ mod tests {
                 (Err(e), Err(want)) => assert!(e.contains(want), "{template}: {e}"),
                 (got, want) => panic!("{template}: got {got:?}, expected {want:?}"),
             }
+        }
+    }
+
+    /// An id made of dots only is no dot segment in the url (`…/events/../body` would be
+    /// `…/body`): its dots are percent-encoded (ingest refuses `.` and `..` as event ids, as
+    /// a WHATWG parser resolves `%2E%2E` too; a ledger may hold older ones).
+    #[test]
+    fn dot_ids_are_encoded_table() {
+        let url = EventUrl::parse("https://api.example.com/events/{id}/body").unwrap();
+        let rows: &[(&str, &str)] = &[
+            (".", "https://api.example.com/events/%2E/body"),
+            ("..", "https://api.example.com/events/%2E%2E/body"),
+            ("...", "https://api.example.com/events/.../body"),
+            ("a..b", "https://api.example.com/events/a..b/body"),
+            (".a", "https://api.example.com/events/.a/body"),
+        ];
+        for (id, want) in rows {
+            assert_eq!(url.of(id), *want, "{id:?}");
         }
     }
 

@@ -37,11 +37,18 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// `text` cut to `max` characters, with an ellipsis when cut; newlines become spaces.
+/// `text` cut to `max` characters, with an ellipsis when cut; newlines (every control
+/// character, and those that reorder or hide text: [`escape`]) become spaces.
 pub fn clip(text: &str, max: usize) -> String {
     let flat: String = text
         .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| {
+            if c.is_control() || hides_text(c) {
+                ' '
+            } else {
+                c
+            }
+        })
         .collect();
     if flat.chars().count() <= max {
         return flat;
@@ -49,6 +56,38 @@ pub fn clip(text: &str, max: usize) -> String {
     let mut out: String = flat.chars().take(max.saturating_sub(1)).collect();
     out.push('…');
     out
+}
+
+/// `text` safe to print on a terminal whoever wrote it: control characters (C0, DEL, C1:
+/// escape sequences, carriage returns, newlines that would start a line of their own) and the
+/// invisible characters that reorder or hide what follows (bidirectional overrides and
+/// isolates, zero-width ones) written out as `\n`, `\r`, `\t`, `\x1b`, `\u{202e}`; all else,
+/// backslashes included, as it is.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() && (c as u32) < 0x100 => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c if hides_text(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The format characters that change how the text around them shows: the bidirectional
+/// marks, embeddings, overrides and isolates, and the zero-width ones.
+fn hides_text(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}'
+            | '\u{feff}'
+    )
 }
 
 /// A short human duration: `850ms`, `12s`, `4m10s`, `3h05m`, `2d04h`.
@@ -144,5 +183,26 @@ mod tests {
         assert_eq!(clip("short", 10), "short");
         assert_eq!(clip("a\nb", 10), "a b");
         assert_eq!(clip("abcdefghijkl", 5), "abcd…");
+    }
+
+    #[test]
+    fn escapes_table() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "plain {\"json\": 1} \\ é 日本",
+                "plain {\"json\": 1} \\ é 日本",
+            ),
+            ("a\nb\r\tc", "a\\nb\\r\\tc"),
+            ("\u{1b}[2J\u{1b}]0;title\u{7}", "\\x1b[2J\\x1b]0;title\\x07"),
+            ("\u{7f}\u{9b}31m", "\\x7f\\x9b31m"),
+            ("abc\u{202e}fdp.exe", "abc\\u{202e}fdp.exe"),
+            (
+                "\u{2066}x\u{2069}\u{200b}\u{feff}",
+                "\\u{2066}x\\u{2069}\\u{200b}\\u{feff}",
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(escape(text), *want, "{text:?}");
+        }
     }
 }

@@ -39,6 +39,97 @@ pub fn set_offset_ms(ms: i64) {
 /// A host clock further than this from the ledger server's is warned about.
 pub const CLOCK_WARN_MS: i64 = 1_000;
 
+/// How far apart two clocks may be and still be said to agree when one of them is read from an
+/// HTTP `Date` header (whole seconds, read at some point of a round trip).
+pub const DATE_AGREE_MS: i64 = 2_000;
+
+/// The last HTTP answers' `Date` less this host's clock when each arrived (ms), newest last:
+/// a third clock, the one receivers verify signatures with, that tells which of the host's and
+/// the PostgreSQL server's is off. Only a warning's wording depends on it, never a time the
+/// daemon uses (a subscriber chooses its own `Date`).
+static PEER_OFFSETS: std::sync::Mutex<Vec<i64>> = std::sync::Mutex::new(Vec::new());
+
+/// How many of the last answers' `Date`s [`peer_offset_ms`] takes the median of.
+const PEER_SAMPLES: usize = 15;
+
+/// Note an HTTP answer's `Date` (`peer_ms`) read when this host's clock said `host_ms`.
+pub fn note_peer_date(peer_ms: i64, host_ms: i64) {
+    // An HTTP date has whole seconds: its clock read anywhere in [peer_ms, peer_ms + 1000).
+    let offset = peer_ms + 500 - host_ms;
+    let mut v = PEER_OFFSETS.lock().unwrap_or_else(|e| e.into_inner());
+    if v.len() == PEER_SAMPLES {
+        v.remove(0);
+    }
+    v.push(offset);
+}
+
+/// The median of the last HTTP answers' `Date` less this host's clock, once any was seen.
+pub fn peer_offset_ms() -> Option<i64> {
+    let mut v = PEER_OFFSETS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    v.sort_unstable();
+    v.get(v.len() / 2).copied()
+}
+
+/// Which clock is off, from the PostgreSQL server's offset from this host's and the HTTP
+/// peers' (their `Date`), both in ms (pure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockVerdict {
+    /// The host's and the server's agree (within [`CLOCK_WARN_MS`]).
+    Agree,
+    /// The host's agrees with its HTTP peers'; the server's is off.
+    ServerOff,
+    /// The server's agrees with the HTTP peers'; the host's is off.
+    HostOff,
+    /// They disagree and no peer's clock tells which is off (none heard yet, or it agrees with
+    /// neither).
+    Unknown,
+}
+
+impl ClockVerdict {
+    pub fn of(server_ms: i64, peers_ms: Option<i64>) -> ClockVerdict {
+        if server_ms.abs() <= CLOCK_WARN_MS {
+            return ClockVerdict::Agree;
+        }
+        match peers_ms {
+            Some(p) if p.abs() <= DATE_AGREE_MS => ClockVerdict::ServerOff,
+            Some(p) if (p - server_ms).abs() <= DATE_AGREE_MS => ClockVerdict::HostOff,
+            _ => ClockVerdict::Unknown,
+        }
+    }
+
+    /// The warning for a server `server_ms` off this host's, or `None` when they agree.
+    pub fn warning(self, server_ms: i64) -> Option<String> {
+        let secs = server_ms.abs() as f64 / 1000.0;
+        let (server_is, host_is) = if server_ms > 0 {
+            ("ahead of", "behind")
+        } else {
+            ("behind", "ahead of")
+        };
+        match self {
+            ClockVerdict::Agree => None,
+            ClockVerdict::ServerOff => Some(format!(
+                "the PostgreSQL server's clock is {secs:.1} s {server_is} this host's, which \
+                 agrees with the HTTP servers it calls (their Date): set the server's clock \
+                 right (NTP); leases keep the server's time, webhooks are signed with the host's"
+            )),
+            ClockVerdict::HostOff => Some(format!(
+                "this host's clock is {secs:.1} s {host_is} the PostgreSQL server's, which agrees \
+                 with the HTTP servers it calls (their Date): set the host's clock right (NTP); \
+                 webhooks are signed with the host's clock and receivers may refuse them"
+            )),
+            ClockVerdict::Unknown => Some(format!(
+                "this host's clock and the PostgreSQL server's are {secs:.1} s apart (the \
+                 server's is {server_is} the host's) and no HTTP server's Date tells which is \
+                 wrong: set both right (NTP); leases keep the server's time, webhooks are \
+                 signed with the host's"
+            )),
+        }
+    }
+}
+
 /// One reading of another clock (the database server's), taken between `sent_ms` and
 /// `received_ms` by this host's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -272,6 +363,38 @@ mod tests {
                 "{current:?} {sample:?}"
             );
         }
+    }
+
+    #[test]
+    fn which_clock_is_off_table() {
+        use ClockVerdict::*;
+        // (the server's less the host's, the HTTP peers' less the host's, verdict)
+        let cases: &[(i64, Option<i64>, ClockVerdict)] = &[
+            (0, None, Agree),
+            (900, Some(600_000), Agree),
+            (-1_000, None, Agree),
+            // The server 600 s ahead, the peers agree with the host: the server is off.
+            (600_000, Some(400), ServerOff),
+            (600_000, Some(-1_900), ServerOff),
+            // The host 60 s ahead (the server 60 s behind it), the peers agree with the server.
+            (-60_000, Some(-59_300), HostOff),
+            (60_000, Some(60_800), HostOff),
+            // No peer heard, or one that agrees with neither.
+            (600_000, None, Unknown),
+            (600_000, Some(300_000), Unknown),
+        ];
+        for &(server, peers, verdict) in cases {
+            assert_eq!(
+                ClockVerdict::of(server, peers),
+                verdict,
+                "{server} {peers:?}"
+            );
+        }
+        let w = ServerOff.warning(600_000).unwrap();
+        assert!(w.starts_with("the PostgreSQL server's clock is 600.0 s ahead of this host's"));
+        let w = HostOff.warning(-60_000).unwrap();
+        assert!(w.starts_with("this host's clock is 60.0 s ahead of the PostgreSQL server's"));
+        assert_eq!(Agree.warning(0), None);
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! server): one daemon runs 60 s ahead and one 60 s behind (libfaketime shifts the time the
 //! process reads; its monotonic clock is left alone). They agree on the server's clock, so no
 //! lease is taken from a live daemon, nothing waits for a skew, and each reports its offset.
+//! Webhooks are signed with the host's clock, the one their receivers compare with: a PostgreSQL
+//! server whose clock is off (libfaketime on the server) signs nothing, and is named.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -64,7 +66,8 @@ async fn statuses(pg: &tokio_postgres::Client) -> HashMap<String, i64> {
 /// 40 webhooks (10 events, ingested half through each daemon, to 4 subscribers that take a
 /// second to answer, two at a time) go out once each, all within seconds, while one daemon's
 /// clock is 60 s ahead and the other's 60 s behind; each daemon shows its offset from the
-/// server's clock (`/metrics`, `fanout status`), and the webhooks carry the server's time.
+/// server's clock (`/metrics`, `fanout status`), and each webhook carries the time of the host
+/// that sent it (what a receiver would be right to refuse: the host's clock is wrong).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn daemons_60s_ahead_and_behind_send_each_webhook_once_on_time() {
     let server = PgServer::start();
@@ -117,8 +120,8 @@ async fn daemons_60s_ahead_and_behind_send_each_webhook_once_on_time() {
         for r in sink.received() {
             let ts: i64 = r.header("webhook-timestamp").unwrap().parse().unwrap();
             assert!(
-                (ts - now_s).abs() <= 10,
-                "s{i}: webhook-timestamp {ts}, now {now_s}"
+                (ts - now_s - 60).abs() <= 10 || (ts - now_s + 60).abs() <= 10,
+                "s{i}: webhook-timestamp {ts}, now {now_s}: not a shifted host's"
             );
         }
         received += sink.count();
@@ -141,8 +144,68 @@ async fn daemons_60s_ahead_and_behind_send_each_webhook_once_on_time() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
+    // Which clock is off is named once the daemon heard a subscriber's `Date`, which it may
+    // not have (the other daemon may own all four).
     assert!(
-        out.status.success() && text.contains("host is 60.0 s ahead of the PostgreSQL server's"),
+        out.status.success() && text.contains("60.0 s") && text.contains("the PostgreSQL server's"),
+        "{text}"
+    );
+}
+
+/// The PostgreSQL server's clock 600 s ahead (libfaketime on the server), the host's right:
+/// the webhooks carry the host's time, which their receiver compares with its own, and the
+/// daemon names the server's clock as the one that is off (its subscriber's `Date` agrees with
+/// the host's), in `/metrics` and `fanout status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_600s_ahead_signs_nothing_and_is_named() {
+    let lib = libfaketime();
+    let server = PgServer::start_env(
+        &["-c", "fsync=off", "-c", "synchronous_commit=off"],
+        &[
+            ("LD_PRELOAD", lib.to_str().unwrap()),
+            ("FAKETIME", "+600s"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
+    let url = server.database("skewed").await;
+    let daemon = Binary::start(Path::new(&url), &[]).await;
+    let sink = Subscriber::start(|_, _| Answer::status(200)).await;
+    daemon
+        .api
+        .subscriber(json!({ "id": "s", "url": sink.url, "event_types": ["*"], "lane": "origin" }))
+        .await;
+    daemon.api.events(events("e", 3, "t")).await;
+    wait_for("3 webhooks", Duration::from_secs(20), || async {
+        sink.count() == 3
+    })
+    .await;
+    let now_s = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()) as i64;
+    for r in sink.received() {
+        let ts: i64 = r.header("webhook-timestamp").unwrap().parse().unwrap();
+        assert!(
+            (ts - now_s).abs() <= 10,
+            "webhook-timestamp {ts}, now {now_s}: not the host's clock"
+        );
+    }
+    let offset = daemon.metric("fanout_clock_offset_seconds").await;
+    assert!(
+        (offset - 600.0).abs() < 2.0,
+        "server's clock {offset} s ahead"
+    );
+    let peers = daemon.metric("fanout_peer_clock_offset_seconds").await;
+    assert!(peers.abs() <= 2.0, "the subscriber's Date {peers} s off");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args(["status", "--server", &daemon.api.base])
+        .env("FANOUT_API_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && text.contains("the PostgreSQL server's clock is 600.0 s ahead of this host's"),
         "{text}"
     );
 }

@@ -450,3 +450,47 @@ async fn a_listening_connection_that_went_silent_is_noticed_and_replaced() {
         t.elapsed().as_millis()
     );
 }
+
+/// `/healthz` never waits on a stalled PostgreSQL server (every one of its processes stopped,
+/// its connections open and silent): it answers 503 `ledger_unavailable` within its bound, and
+/// 200 again once the server goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn healthz_answers_within_its_bound_while_the_server_is_stalled() {
+    let server = PgServer::start();
+    let url = server.database("stalled").await;
+    let daemon = Binary::start(Path::new(&url), &[]).await;
+    let http = reqwest::Client::new();
+    let healthz = || async {
+        let started = Instant::now();
+        let r = http
+            .get(format!("{}/healthz", daemon.api.base))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .expect("/healthz answers within 10 s");
+        let status = r.status().as_u16();
+        let body: serde_json::Value = r.json().await.unwrap();
+        (status, body, started.elapsed())
+    };
+    wait_for("healthz 200", Duration::from_secs(20), || async {
+        healthz().await.0 == 200
+    })
+    .await;
+    server.stall();
+    let (status, body, took) = healthz().await;
+    server.resume();
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["code"] == "ledger_unavailable"),
+        "{body}"
+    );
+    assert!(took < Duration::from_secs(2), "/healthz took {took:?}");
+    wait_for("healthz 200 again", Duration::from_secs(20), || async {
+        healthz().await.0 == 200
+    })
+    .await;
+}

@@ -112,8 +112,8 @@ async fn two_daemons_flushes_add_up_exactly_are_scoped_and_trimmed() {
                 ("ops".into(), tally(&[5])),
             ],
             vec![
-                ("acme_orders".into(), gauges(k as i64)),
-                ("ops".into(), gauges(1)),
+                ("acme_orders".into(), Some("acme".into()), gauges(k as i64)),
+                ("ops".into(), None, gauges(1)),
             ],
         );
         flushes.spawn(async move { ledger.add_series(rows).await });
@@ -144,18 +144,42 @@ async fn two_daemons_flushes_add_up_exactly_are_scoped_and_trimmed() {
     assert_eq!(p.p99_ms, percentile(&tally(&all).latency, 0.99));
     assert_eq!(p.p50_ms, percentile(&tally(&all).latency, 0.5));
 
-    // A portal's scope: acme's rows only; the operator: both subscribers.
+    // A portal's scope: the total of acme's subscribers; the operator: of both. One row per
+    // bucket each (the flushes wrote the totals), however many subscribers.
     let scoped = b
         .read_series(FINE_MS, from, from + 3_600_000, None, Some("acme".into()))
         .await
         .unwrap();
     assert_eq!(scoped.len(), 1);
-    assert_eq!(scoped[0].subscriber_id, "acme_orders");
+    assert_eq!(
+        (scoped[0].subscriber_id.as_str(), scoped[0].counts.delivered),
+        ("*acme", 400)
+    );
+    assert_eq!(scoped[0].latency, tally(&all).latency);
     let every = b
         .read_series(FINE_MS, from, from + 3_600_000, None, None)
         .await
         .unwrap();
-    assert_eq!(every.len(), 2);
+    assert_eq!(every.len(), 1);
+    assert_eq!(every[0].counts.delivered, 410);
+    assert_eq!(every[0].gauges.backlog, 10, "the highest sum: 9 + 1");
+    // Another customer's portal reads nothing, nor another's subscriber.
+    assert!(b
+        .read_series(FINE_MS, from, from + 3_600_000, None, Some("globex".into()))
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(b
+        .read_series(
+            FINE_MS,
+            from,
+            from + 3_600_000,
+            Some("ops".into()),
+            Some("acme".into())
+        )
+        .await
+        .unwrap()
+        .is_empty());
     let day = b
         .read_series(COARSE_MS, 0, i64::MAX, None, None)
         .await
@@ -164,7 +188,7 @@ async fn two_daemons_flushes_add_up_exactly_are_scoped_and_trimmed() {
 
     // Retention: fine rows before the cut-off go, the coarse ones and later ones stay.
     assert_eq!(a.purge_series(FINE_MS, bucket, 100).await.unwrap(), 0);
-    assert_eq!(a.purge_series(FINE_MS, bucket + 1, 100).await.unwrap(), 2);
+    assert_eq!(a.purge_series(FINE_MS, bucket + 1, 100).await.unwrap(), 4);
     assert!(a
         .read_series(FINE_MS, 0, i64::MAX, None, None)
         .await
@@ -175,6 +199,6 @@ async fn two_daemons_flushes_add_up_exactly_are_scoped_and_trimmed() {
             .await
             .unwrap()
             .len(),
-        2
+        1
     );
 }

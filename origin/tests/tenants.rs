@@ -233,7 +233,7 @@ async fn rotations_are_rate_limited_and_two_secrets_sign() {
 
 /// Deliveries belong to the customer and the endpoint that existed, not to an id string. A
 /// customer removed and created again under its old id (a new tenant) sees, reads and replays
-/// nothing of its predecessor's deliveries, and the old links do not work for it; the old
+/// nothing of its predecessor's deliveries, nor charts them, and the old links do not work for it; the old
 /// endpoint id cannot be taken over under it while those deliveries are kept; a removed
 /// operator-owned endpoint's id cannot be taken over under a customer either. The same owner
 /// may bring its own endpoint back, and an id whose deliveries are gone is free.
@@ -245,9 +245,11 @@ async fn a_recreated_id_inherits_nothing_of_the_old_one() {
     let old_portal = customer_with_endpoint(api, "acme", "hook", &sink.url).await;
     api.subscriber(sub_spec("ops", &sink.url, &["*"])).await;
     api.events(events("old", 3, "order.created")).await;
-    wait_for("6 sent", std::time::Duration::from_secs(30), || async {
-        sink.count() == 6
-    })
+    wait_for(
+        "6 sent, acme's 3 charted",
+        std::time::Duration::from_secs(60),
+        || async { sink.count() == 6 && charted(&old_portal, "").await == 3 },
+    )
     .await;
     let old = old_portal.deliveries("").await;
     assert_eq!(old.len(), 3);
@@ -273,6 +275,7 @@ async fn a_recreated_id_inherits_nothing_of_the_old_one() {
     assert_eq!(s, 401, "the old tenant's link");
     let new_portal = as_token(api, &portal_token(api, "acme").await);
     assert_eq!(new_portal.deliveries("").await, Vec::<Value>::new());
+    assert_eq!(charted(&new_portal, "").await, 0, "the old tenant's chart");
     assert_eq!(
         new_portal.deliveries("subscriber=hook").await,
         Vec::<Value>::new()
@@ -318,6 +321,71 @@ async fn a_recreated_id_inherits_nothing_of_the_old_one() {
     assert_eq!(s, 201, "{body}");
     assert_eq!(new_portal.get("/v1/subscribers/quiet").await.0, 200);
     assert_eq!(new_portal.deliveries("").await, Vec::<Value>::new());
+    d.stop().await;
+}
+
+/// The sum of a chart's `delivered` over the last hour (`GET /v1/series`), as `api` sees it.
+async fn charted(api: &Api, query: &str) -> u64 {
+    let (s, body) = api.get(&format!("/v1/series?window=1h&{query}")).await;
+    assert_eq!(s, 200, "{body}");
+    body["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["delivered"].as_u64().unwrap())
+        .sum()
+}
+
+/// A removed endpoint whose deliveries retention removed, created again under its id for
+/// another customer, is a new endpoint: its chart starts empty and its first webhook is
+/// `webhook-sequence` 1 (the old one's counter and series rows are not inherited).
+#[tokio::test]
+async fn a_recreated_id_starts_with_an_empty_chart_and_sequence_1() {
+    let d = Daemon::start_with(|s| fanout_origin::config::Settings {
+        retain_sent: Some("1s".into()),
+        ..s
+    })
+    .await;
+    let api = &d.api;
+    let sink = Subscriber::ok().await;
+    customer_with_endpoint(api, "acme", "hook", &sink.url).await;
+    api.events(events("old", 5, "order.created")).await;
+    let long = std::time::Duration::from_secs(60);
+    wait_for("5 sent and charted", long, || async {
+        sink.count() == 5 && charted(api, "subscriber=hook").await == 5
+    })
+    .await;
+    let (s, body) = api.raw("DELETE", "/v1/subscribers/hook", None, true).await;
+    assert_eq!(s, 200, "{body}");
+    wait_for("retention removed them", long, || async {
+        api.count("subscriber=hook").await == 0
+    })
+    .await;
+
+    let portal = customer_with_endpoint(api, "globex", "hook", &sink.url).await;
+    assert_eq!(
+        charted(api, "subscriber=hook").await,
+        0,
+        "the operator's view"
+    );
+    assert_eq!(
+        charted(&portal, "subscriber=hook").await,
+        0,
+        "the new owner's"
+    );
+    assert_eq!(
+        charted(&portal, "").await,
+        0,
+        "the new owner's combined chart"
+    );
+    api.events(events("new", 1, "order.created")).await;
+    wait_for("the new endpoint's first webhook", long, || async {
+        sink.count() == 6
+    })
+    .await;
+    let first = sink.received().pop().unwrap();
+    assert_eq!(first.header("webhook-id"), Some("new_00000"));
+    assert_eq!(first.header("webhook-sequence"), Some("1"));
     d.stop().await;
 }
 

@@ -65,6 +65,31 @@ const DELETES_ALLOWED: &[(&str, &str, &str)] = &[
         "the PostgreSQL ledger: as ledger/sqlite/subscribers.rs (a removed subscriber's row when it is created again)",
     ),
     (
+        "ledger/subscribers.rs",
+        "sequences",
+        "an id created again once none of its removed endpoint's deliveries are kept: the new endpoint starts at sequence 1",
+    ),
+    (
+        "ledger/subscribers.rs",
+        "ordering_keys",
+        "an id created again once none of its removed endpoint's deliveries are kept: no ordered key's last number survives",
+    ),
+    (
+        "ledger/subscribers.rs",
+        "series",
+        "an id created again once none of its removed endpoint's deliveries are kept: its chart starts empty",
+    ),
+    (
+        "ledger/subscribers.rs",
+        "last_errors",
+        "an id created again once none of its removed endpoint's deliveries are kept: no last error of the old one",
+    ),
+    (
+        "ledger/customers.rs",
+        "series",
+        "a customer created again under a removed one's id: its combined chart's totals start empty",
+    ),
+    (
         "ledger/sqlite/customers.rs",
         "customers",
         "DELETE /v1/customers/{id}: a customer that owns no live subscriber",

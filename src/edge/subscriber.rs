@@ -23,6 +23,10 @@ struct Stored {
     rate_per_sec: Option<f64>,
     burst: Option<u32>,
     max_in_flight: Option<u32>,
+    /// The breaker settings the last call carried (absent in state stored before the field,
+    /// and from an origin older than it: the defaults).
+    #[serde(default)]
+    breaker: Option<BreakerConfig>,
 }
 
 impl Stored {
@@ -41,7 +45,7 @@ impl Stored {
                 burst: self.burst?,
             },
             max_in_flight: self.max_in_flight?,
-            breaker: BreakerConfig::default(),
+            breaker: self.breaker.unwrap_or_default(),
         })
     }
 }
@@ -173,7 +177,7 @@ impl SubscriberDO {
                 burst: sub.burst,
             },
             max_in_flight: sub.max_in_flight,
-            breaker: BreakerConfig::default(),
+            breaker: sub.breaker_config(),
         };
 
         // A call makes at most this many fetches (subrequest limit, and the waves that fit in
@@ -186,6 +190,7 @@ impl SubscriberDO {
             stored.rate_per_sec = Some(sub.rate_per_sec);
             stored.burst = Some(sub.burst);
             stored.max_in_flight = Some(sub.max_in_flight);
+            stored.breaker = sub.breaker;
             let call_limits = Limits {
                 max_in_flight: limits
                     .max_in_flight

@@ -2,6 +2,8 @@
 //! `GET /v1/retention` (what retention removed and kept) and `GET /v1/outbox` (what the
 //! producer's outbox task did). They read; they change nothing.
 
+use std::time::Duration;
+
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -13,19 +15,32 @@ use super::state::AppState;
 use crate::ledger::{Observe as _, Retention as _};
 use crate::time::now_ms;
 
+/// How long `/healthz` waits for a shared ledger to answer before it says that it does not: a
+/// server that stalls (its disk, a lock, a network that drops packets) keeps its connections
+/// open and silent, and a probe must not hang with it.
+const LEDGER_ANSWERS_WITHIN: Duration = Duration::from_secs(1);
+
 /// 200 when the dispatcher turns and the ledger can write; 503 with the reasons otherwise.
 /// Reads atomics only on a local ledger: it answers at once even while the writer is busy (a
-/// shared ledger is also asked to answer).
+/// shared ledger is also asked to answer, for at most [`LEDGER_ANSWERS_WITHIN`]).
 pub(super) async fn healthz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let now = now_ms();
     let mut problems = crate::health::verdict(state.health.snapshot(), now);
     problems.extend(state.metrics.outbox.problem(now));
     if state.ledger.is_shared() {
-        // A shared ledger: healthy only while it answers.
-        if let Err(e) = state.ledger.ping().await {
+        // A shared ledger: healthy only while it answers, and soon.
+        let message = match tokio::time::timeout(LEDGER_ANSWERS_WITHIN, state.ledger.ping()).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("the shared ledger does not answer: {e}")),
+            Err(_) => Some(format!(
+                "the shared ledger did not answer within {} ms",
+                LEDGER_ANSWERS_WITHIN.as_millis()
+            )),
+        };
+        if let Some(message) = message {
             problems.push(crate::health::Problem {
                 code: "ledger_unavailable",
-                message: format!("the shared ledger does not answer: {e}"),
+                message,
             });
         }
     }

@@ -9,11 +9,18 @@ use crate::config::DEFAULT_LISTEN;
 
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
-    /// Base URL of the daemon's API [default: http://<--listen>]
+    /// Base URL of the daemon's API [default: http://<--daemon-listen>]
     #[arg(long, env = "FANOUT_SERVER")]
     pub server: Option<String>,
-    /// Address the daemon listens on, used when --server is not given
-    #[arg(long, env = "FANOUT_LISTEN")]
+    /// The daemon's address: what its `fanout serve --listen` was given, where this command
+    /// reaches its API when --server is not given (not an address of this command's own;
+    /// `--listen` is still taken) [default: 127.0.0.1:8080]
+    #[arg(
+        long = "daemon-listen",
+        alias = "listen",
+        value_name = "HOST:PORT",
+        env = "FANOUT_LISTEN"
+    )]
     pub listen: Option<String>,
     /// Bearer token of the daemon's API
     #[arg(long, env = "FANOUT_API_TOKEN", hide_env_values = true)]

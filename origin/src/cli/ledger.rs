@@ -9,9 +9,13 @@ use super::client::{print, ClientError};
 
 #[derive(Debug, Subcommand)]
 pub enum LedgerCommand {
-    /// Copy a SQLite ledger into an empty PostgreSQL one (stop the daemon first): subscribers,
-    /// events, deliveries with their status, attempts and limiter state; deliveries in flight
-    /// come over pending. Progress goes to stderr.
+    /// Copy a SQLite ledger into an empty PostgreSQL one (stop the daemon first): customers
+    /// and which subscribers each owns, the portal's signing key (portal links keep working),
+    /// subscribers (removed ones too) with their secrets, signing keys, content filters,
+    /// ordering, batch and trace settings, and limiter and health state, events, deliveries with their status, public ids, sequence
+    /// numbers (and each subscriber's counter), ordering keys (and each key's last number),
+    /// and attempts; deliveries in flight come over pending, due at once. Progress goes to
+    /// stderr.
     Copy(LedgerCopyArgs),
 }
 

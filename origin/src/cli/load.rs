@@ -108,6 +108,7 @@ pub(super) async fn load(a: LoadArgs) -> Result<(), ClientError> {
                     legacy_signature: false,
                     signature: Default::default(),
                     signing_keys: Vec::new(),
+                    breaker: None,
                 },
                 batch: a.batch,
             }

@@ -213,6 +213,67 @@ pub fn stop_signal_armed() -> impl std::future::Future<Output = ()> + Send {
 mod tests {
     use super::*;
 
+    /// The long help of `fanout <path…>`.
+    fn help(path: &[&str]) -> String {
+        use clap::CommandFactory as _;
+        let mut cli = Cli::command();
+        let mut cmd = &mut cli;
+        for name in path {
+            cmd = cmd.find_subcommand_mut(name).expect("a subcommand");
+        }
+        cmd.render_long_help().to_string()
+    }
+
+    /// The part of a help text about `flag`: from its line to the next flag's.
+    fn flag_help<'a>(help: &'a str, flag: &str) -> &'a str {
+        let at = help
+            .find(&format!("  {flag}"))
+            .unwrap_or_else(|| panic!("{flag} not in\n{help}"));
+        let rest = &help[at + 2..];
+        let end = rest.find("\n  -").unwrap_or(rest.len());
+        &rest[..end]
+    }
+
+    /// Each flag says what it is: `fanout listen`'s way to the daemon reads as the daemon's
+    /// (`--daemon-listen`; `--listen` is still taken), `subscriber add`'s limits say what they
+    /// limit and their default, and `ledger copy` names everything it copies.
+    #[test]
+    fn help_says_what_each_flag_is() {
+        let listen = help(&["listen"]);
+        let daemon = flag_help(&listen, "--daemon-listen <HOST:PORT>");
+        assert!(daemon.contains("The daemon's"), "{daemon}");
+        assert!(!listen.contains("--listen <"), "{listen}");
+        assert!(
+            Cli::try_parse_from(["fanout", "listen", "--listen", "127.0.0.1:1"]).is_ok(),
+            "the old flag"
+        );
+        let add = help(&["subscriber", "add"]);
+        for (flag, default) in [
+            ("--rate-per-sec <RATE_PER_SEC>", "[default: 100]"),
+            ("--burst <BURST>", "[default: the rate"),
+            ("--max-in-flight <MAX_IN_FLIGHT>", "[default: 16]"),
+            ("--timeout-ms <TIMEOUT_MS>", "[default: 10000]"),
+        ] {
+            let text = flag_help(&add, flag);
+            assert!(text.contains(default), "{text}");
+            assert!(
+                text.lines().count() > 1,
+                "{flag} has no description: {text}"
+            );
+        }
+        let copy = help(&["ledger", "copy"]);
+        for what in [
+            "customers",
+            "portal",
+            "signing keys",
+            "sequence",
+            "ordering keys",
+            "filters",
+        ] {
+            assert!(copy.contains(what), "{what} not in\n{copy}");
+        }
+    }
+
     #[test]
     fn load_arguments() {
         let parse = |args: &[&str]| {

@@ -33,11 +33,13 @@ pub(super) async fn status(a: StatusArgs) -> Result<(), ClientError> {
         .await?;
     // The daemon's clock against its PostgreSQL server's, from its `/metrics` (absent when
     // they cannot be read: the rest of the status stands without it).
-    let clock = client
-        .text("/metrics")
-        .await
+    let metrics = client.text("/metrics").await;
+    let clock = metrics
         .as_deref()
-        .and_then(clock_offset);
+        .and_then(|m| sample(m, "fanout_clock_offset_seconds"));
+    let peers = metrics
+        .as_deref()
+        .and_then(|m| sample(m, "fanout_peer_clock_offset_seconds"));
     if a.json {
         let mut v = serde_json::to_value(&list).unwrap_or_default();
         if let Some(o) = v.as_object_mut() {
@@ -63,18 +65,18 @@ pub(super) async fn status(a: StatusArgs) -> Result<(), ClientError> {
         if let Some(line) = outbox_line(&outbox) {
             println!("{line}");
         }
-        if let Some(line) = clock.and_then(clock_line) {
+        if let Some(line) = clock.and_then(|c| clock_line(c, peers)) {
             println!("{line}");
         }
     }
     Ok(())
 }
 
-/// The `fanout_clock_offset_seconds` sample of a `/metrics` text (pure).
-pub fn clock_offset(metrics: &str) -> Option<f64> {
+/// The sample of the unlabelled gauge `name` in a `/metrics` text (pure).
+pub fn sample(metrics: &str, name: &str) -> Option<f64> {
     metrics
         .lines()
-        .find_map(|l| l.strip_prefix("fanout_clock_offset_seconds "))?
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))?
         .trim()
         .parse()
         .ok()
@@ -82,17 +84,14 @@ pub fn clock_offset(metrics: &str) -> Option<f64> {
 
 /// `fanout status`'s warning when the daemon's host clock is more than
 /// [`crate::time::CLOCK_WARN_MS`] off its PostgreSQL server's (`offset_s`: the server's less
-/// the host's); nothing otherwise (pure).
-pub fn clock_line(offset_s: f64) -> Option<String> {
-    if offset_s.abs() * 1000.0 <= crate::time::CLOCK_WARN_MS as f64 {
-        return None;
-    }
-    let how = if offset_s > 0.0 { "behind" } else { "ahead of" };
-    Some(format!(
-        "clock: this daemon's host is {:.1} s {how} the PostgreSQL server's (the daemon keeps \
-         the server's time; set the host's clock right)",
-        offset_s.abs()
-    ))
+/// the host's), naming the clock that is off when the HTTP servers' (`peers_s`, the same way)
+/// tell; nothing otherwise (pure).
+pub fn clock_line(offset_s: f64, peers_s: Option<f64>) -> Option<String> {
+    let ms = |s: f64| (s * 1000.0).round() as i64;
+    let offset = ms(offset_s);
+    crate::time::ClockVerdict::of(offset, peers_s.map(ms))
+        .warning(offset)
+        .map(|w| format!("clock: {w}"))
 }
 
 /// `fanout status`'s outbox line, when the daemon reads one (pure).
@@ -281,20 +280,31 @@ mod tests {
     #[test]
     fn clock_warning_from_the_metrics() {
         let metrics = "# TYPE fanout_daemons gauge\nfanout_daemons 2\n\
-                       # TYPE fanout_clock_offset_seconds gauge\nfanout_clock_offset_seconds -59.998\n";
-        assert_eq!(clock_offset(metrics), Some(-59.998));
-        assert_eq!(clock_offset("fanout_daemons 1\n"), None);
+                       # TYPE fanout_clock_offset_seconds gauge\nfanout_clock_offset_seconds -59.998\n\
+                       fanout_peer_clock_offset_seconds -59.5\n";
         assert_eq!(
-            clock_line(-59.998).as_deref(),
-            Some(
-                "clock: this daemon's host is 60.0 s ahead of the PostgreSQL server's (the \
-                 daemon keeps the server's time; set the host's clock right)"
-            )
+            sample(metrics, "fanout_clock_offset_seconds"),
+            Some(-59.998)
         );
-        assert!(clock_line(2.5).is_some_and(|l| l.contains("2.5 s behind")));
-        assert_eq!(clock_line(0.9), None);
-        assert_eq!(clock_line(-1.0), None);
-        assert_eq!(clock_line(0.0), None);
+        assert_eq!(
+            sample(metrics, "fanout_peer_clock_offset_seconds"),
+            Some(-59.5)
+        );
+        assert_eq!(
+            sample("fanout_daemons 1\n", "fanout_clock_offset_seconds"),
+            None
+        );
+        // The HTTP servers agree with the PostgreSQL server: the host is off.
+        assert!(clock_line(-59.998, Some(-59.5)).is_some_and(|l| l
+            .starts_with("clock: this host's clock is 60.0 s ahead of the PostgreSQL server's")));
+        // They agree with the host: the server is off.
+        assert!(clock_line(600.0, Some(0.4)).is_some_and(|l| l
+            .starts_with("clock: the PostgreSQL server's clock is 600.0 s ahead of this host's")));
+        // None heard: it cannot tell.
+        assert!(clock_line(2.5, None).is_some_and(|l| l.contains("2.5 s apart")));
+        assert_eq!(clock_line(0.9, Some(30.0)), None);
+        assert_eq!(clock_line(-1.0, None), None);
+        assert_eq!(clock_line(0.0, None), None);
     }
 
     #[test]

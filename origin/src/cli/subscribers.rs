@@ -78,12 +78,19 @@ pub struct SubscriberAdd {
     /// Event type or prefix pattern like video.* (repeatable) [default: *]
     #[arg(long = "event-type", short = 't')]
     pub event_types: Vec<String>,
+    /// Requests per second the subscriber is sent at most, on average (0.0001 to 1000000)
+    /// [default: 100]
     #[arg(long)]
     pub rate_per_sec: Option<f64>,
+    /// Requests that may go at once after a quiet spell, above the rate (1 to 1000000)
+    /// [default: the rate, rounded up, at least 1]
     #[arg(long)]
     pub burst: Option<u32>,
+    /// Requests to the subscriber in flight at once, at most (1 to 1000000) [default: 16]
     #[arg(long)]
     pub max_in_flight: Option<u32>,
+    /// How long one request may take before it counts as failed and is retried, in
+    /// milliseconds (100 to 60000) [default: 10000]
     #[arg(long)]
     pub timeout_ms: Option<u64>,
     /// edge, origin or auto

@@ -341,6 +341,7 @@ mod tests {
             legacy_signature: false,
             signature: Default::default(),
             signing_keys: Vec::new(),
+            breaker: None,
         };
         let ds: Vec<Delivery> = (1..=3)
             .map(|i| Delivery {

@@ -84,7 +84,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
                     return;
                 };
                 let (secrets, signing_keys) = target.keyring.wire(target.signature, now);
-                let spec = subscriber_spec(&target, secrets, signing_keys);
+                let spec = subscriber_spec(&target, secrets, signing_keys, self.cfg.breaker);
                 self.launch_edge(edge, &target, spec, claimed, per_call);
             }
             Lane::Origin | Lane::Auto => {
@@ -348,7 +348,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
                     return;
                 };
                 let (secrets, signing_keys) = target.keyring.wire(target.signature, now);
-                let spec = subscriber_spec(&target, secrets, signing_keys);
+                let spec = subscriber_spec(&target, secrets, signing_keys, self.cfg.breaker);
                 let units = formed.into_iter().map(Formed::edge_unit).collect();
                 self.send_edge_units(edge, &target, spec, units, per_call);
             }
@@ -576,6 +576,7 @@ fn subscriber_spec(
     target: &Target,
     secrets: Vec<String>,
     signing_keys: Vec<String>,
+    breaker: fanout_core::breaker::BreakerConfig,
 ) -> SubscriberSpec {
     SubscriberSpec {
         id: target.id.to_string(),
@@ -588,6 +589,7 @@ fn subscriber_spec(
         max_in_flight: target.limits.max_in_flight,
         timeout_ms: target.limits.timeout_ms,
         legacy_signature: target.legacy_signature,
+        breaker: Some(breaker),
     }
 }
 

@@ -7,6 +7,13 @@ use std::future::Future;
 use super::error::LedgerError;
 use crate::customer::Customer;
 
+/// A new customer's combined chart starts empty: the totals a customer of the same id, removed
+/// before, left in the charts' series (`crate::series::buckets::total_key`) are forgotten in the
+/// transaction that creates it. The only parameter (`$1`: PostgreSQL's, and SQLite's first) is
+/// the totals' key. (No flush writes that key once the old customer's endpoints are removed:
+/// a total follows the owners of live endpoints only.)
+pub const FORGET_TOTALS: &str = "DELETE FROM series WHERE subscriber_id = $1";
+
 pub trait Customers {
     /// Store a new customer; `Conflict` when the id is taken.
     fn create_customer(&self, cu: Customer)

@@ -34,6 +34,9 @@ pub struct SubscriberStats {
     pub consecutive_failures: u32,
     /// Disabled (a 410, `--disable-after` of failures, or by hand): nothing is claimed for it.
     pub disabled: bool,
+    /// The customer that owns it (the charts' per-customer totals, `crate::series`); not shown.
+    #[serde(skip)]
+    pub customer: Option<String>,
 }
 
 impl SubscriberStats {
@@ -63,6 +66,7 @@ impl SubscriberStats {
             breaker: view.state.as_str().to_string(),
             consecutive_failures: view.consecutive_failures,
             disabled: s.health.disabled.is_some(),
+            customer: s.customer,
             id: s.id,
         }
     }

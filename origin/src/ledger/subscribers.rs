@@ -33,6 +33,21 @@ pub fn batch_from_column(text: Option<String>) -> Option<fanout_core::batch::Bat
     text.and_then(|t| serde_json::from_str(&t).ok())
 }
 
+/// What an id keeps of a removed endpoint besides its deliveries, forgotten when the id is
+/// created again once none of its deliveries are kept (retention removed them): the new
+/// endpoint, maybe another customer's, starts with an empty chart (`series`), sequence 1
+/// (`sequences`, and the ordered keys' last numbers, `ordering_keys`) and no last error
+/// (`last_errors`). One statement each, its id as the only parameter (`$1`: PostgreSQL's, and
+/// SQLite's first), run in the transaction that creates the endpoint, after it found no
+/// delivery kept. An endpoint brought back while its deliveries are kept (its own owner's)
+/// keeps all of it: its numbers go on from its history's.
+pub const FORGET_REMOVED: &[&str] = &[
+    "DELETE FROM sequences WHERE subscriber_id = $1",
+    "DELETE FROM ordering_keys WHERE subscriber_id = $1",
+    "DELETE FROM series WHERE subscriber_id = $1",
+    "DELETE FROM last_errors WHERE subscriber_id = $1",
+];
+
 /// One subscriber's figures as the ledger holds them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SubscriberCounts {

@@ -234,22 +234,54 @@ impl SeriesRow {
     }
 }
 
+/// The key of the rows that sum every subscriber of a scope, written beside the subscribers'
+/// own by each flush ([`flush_rows`]): `*` for every subscriber (the operator's combined
+/// chart), `*` and the customer's id for one customer's (its portal's). No subscriber id holds
+/// a `*` (`fanout_core::wire::validate_id`), so no key is a subscriber's. A combined chart
+/// then reads one row per bucket, whatever the number of subscribers.
+pub fn total_key(customer: Option<&str>) -> String {
+    match customer {
+        None => "*".into(),
+        Some(c) => format!("*{c}"),
+    }
+}
+
 /// The rows one flush writes: for each subscriber with a tally or gauges worth charting, its
-/// fine bucket `bucket_ms` and the coarse bucket holding it.
+/// fine bucket `bucket_ms` and the coarse bucket holding it, and the same two of the totals
+/// of every subscriber ([`total_key`]`(None)`) and of each customer owning one of them
+/// (`gauges` name each sampled subscriber's customer; a tally of a subscriber not sampled,
+/// removed meanwhile, counts in the total of all only). A total's gauges are the sum of the
+/// subscribers' at this flush; flushes into one bucket keep the highest sum. Rows go in key
+/// order, then resolution: the same order in every daemon.
 pub fn flush_rows(
     bucket_ms: i64,
     tallies: Vec<(String, Tally)>,
-    gauges: Vec<(String, Gauges)>,
+    gauges: Vec<(String, Option<String>, Gauges)>,
 ) -> Vec<SeriesRow> {
-    let mut by_sub: std::collections::BTreeMap<String, (Tally, Gauges)> = Default::default();
+    use std::collections::BTreeMap;
+    let mut by_sub: BTreeMap<String, (Tally, Gauges)> = Default::default();
     for (id, t) in tallies {
         by_sub.entry(id).or_default().0.absorb(&t);
     }
-    for (id, g) in gauges {
-        if !g.idle() || by_sub.contains_key(&id) {
-            by_sub.entry(id).or_default().1 = g;
+    let mut owners: BTreeMap<&str, &str> = BTreeMap::new();
+    for (id, owner, g) in &gauges {
+        if let Some(o) = owner {
+            owners.insert(id, o);
+        }
+        if !g.idle() || by_sub.contains_key(id) {
+            by_sub.entry(id.clone()).or_default().1 = *g;
         }
     }
+    let mut totals: BTreeMap<String, (Tally, Gauges)> = BTreeMap::new();
+    for (id, (t, g)) in &by_sub {
+        let owner = owners.get(id.as_str()).copied();
+        for key in std::iter::once(total_key(None)).chain(owner.map(|o| total_key(Some(o)))) {
+            let total = totals.entry(key).or_default();
+            total.0.absorb(t);
+            total.1.sum(g);
+        }
+    }
+    by_sub.extend(totals);
     let mut rows = Vec::with_capacity(by_sub.len() * 2);
     for (id, (t, g)) in by_sub {
         for res in [FINE_MS, COARSE_MS] {
@@ -506,10 +538,15 @@ mod tests {
         };
         let mut t = Tally::default();
         t.counts.failed = 2;
+        let acme = Some("acme".to_string());
         let rows = flush_rows(
             310_000,
-            vec![("a".into(), t.clone())],
-            vec![("a".into(), idle), ("b".into(), busy), ("c".into(), idle)],
+            vec![("a".into(), t.clone()), ("gone".into(), t.clone())],
+            vec![
+                ("a".into(), acme.clone(), idle),
+                ("b".into(), acme.clone(), busy),
+                ("c".into(), acme, idle),
+            ],
         );
         let got: Vec<(i64, i64, &str, u64, i64)> = rows
             .iter()
@@ -523,15 +560,25 @@ mod tests {
                 )
             })
             .collect();
+        // The totals: of every subscriber (`*`, the removed one's tally too) and of acme's
+        // (`*acme`, not the removed one: its owner is not known), then each subscriber's.
         assert_eq!(
             got,
             [
+                (FINE_MS, 310_000, "*", 4, 3),
+                (COARSE_MS, 300_000, "*", 4, 3),
+                (FINE_MS, 310_000, "*acme", 2, 3),
+                (COARSE_MS, 300_000, "*acme", 2, 3),
                 (FINE_MS, 310_000, "a", 2, 0),
                 (COARSE_MS, 300_000, "a", 2, 0),
                 (FINE_MS, 310_000, "b", 0, 3),
                 (COARSE_MS, 300_000, "b", 0, 3),
+                (FINE_MS, 310_000, "gone", 2, 0),
+                (COARSE_MS, 300_000, "gone", 2, 0),
             ]
         );
-        assert_eq!(rows[0].gauges.cap, 4);
+        // A total's cap is the sum of the charted subscribers' (the idle `c` is not charted).
+        assert_eq!(rows[0].gauges.cap, 8);
+        assert_eq!(rows[4].gauges.cap, 4);
     }
 }

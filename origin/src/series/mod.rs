@@ -4,7 +4,9 @@
 //! no ledger write, no clock); [`run`] flushes it every [`buckets::FINE_MS`], with the gauges
 //! `/metrics` reads (kept counts and keyed lookups, never a scan of the deliveries), as a few
 //! rows per active subscriber: its fine bucket and the coarse bucket holding it, each added
-//! to what is already there (`crate::ledger::series::SeriesLedger::add_series`). So the series
+//! to what is already there (`crate::ledger::series::SeriesLedger::add_series`), and the same
+//! for the totals of every subscriber and of each customer's (`buckets::total_key`), which a
+//! combined chart reads: one row per bucket, whatever the number of subscribers. So the series
 //! survive a restart, add up across daemons sharing a PostgreSQL ledger, cost the same
 //! whatever the ledger holds, and are trimmed by retention (`crate::retention`). The
 //! arithmetic is [`buckets`] (pure).
@@ -55,7 +57,7 @@ pub async fn flush(
     };
     let gauges = sampled
         .iter()
-        .map(|s| (s.id.clone(), gauges(s, now_ms)))
+        .map(|s| (s.id.clone(), s.customer.clone(), gauges(s, now_ms)))
         .collect();
     let rows = flush_rows(bucket_ms, tallies.clone(), gauges);
     let n = rows.len();

@@ -127,6 +127,12 @@ impl PgServer {
 
     /// Start a server with extra `postgres` options (`-c name=value` …).
     pub fn start_with(options: &[&str]) -> PgServer {
+        PgServer::start_env(options, &[])
+    }
+
+    /// Start a server with extra `postgres` options and these variables in its environment
+    /// (libfaketime's, to shift the time the server reads).
+    pub fn start_env(options: &[&str], env: &[(&str, &str)]) -> PgServer {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         let mut cp = Command::new("cp");
@@ -151,7 +157,8 @@ impl PgServer {
                 .arg(&data)
                 .arg("-l")
                 .arg(dir.path().join("log"))
-                .args(["-w", "-t", "60", "-o", &opts, "start"]);
+                .args(["-w", "-t", "60", "-o", &opts, "start"])
+                .envs(env.iter().copied());
             let ok = start
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -202,12 +209,68 @@ impl PgServer {
         std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
     }
 
+    /// The server's processes: the postmaster (its `postmaster.pid`) and its children.
+    fn processes(&self) -> Vec<u32> {
+        let pid_file = self.dir.path().join("data/postmaster.pid");
+        let Some(main) = std::fs::read_to_string(pid_file)
+            .ok()
+            .and_then(|t| t.lines().next()?.trim().parse::<u32>().ok())
+        else {
+            return Vec::new();
+        };
+        let mut pids = vec![main];
+        for e in std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()) {
+            let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            // /proc/PID/stat: "pid (comm) state ppid …"; comm may hold spaces, so after ')'.
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            if ppid == Some(main) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    fn signal(&self, sig: &str) {
+        let pids = self.processes();
+        assert!(!pids.is_empty(), "no server process to signal");
+        let mut c = Command::new("kill");
+        c.arg(format!("-{sig}"))
+            .args(pids.iter().map(|p| p.to_string()));
+        run(c, "kill");
+    }
+
+    /// Freeze the server (SIGSTOP to every one of its processes): its connections stay open
+    /// and nothing answers, as a server stalled on its disk looks from a client.
+    pub fn stall(&self) {
+        self.signal("STOP");
+    }
+
+    /// Let a stalled server go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
     /// Stop now (also done on drop).
     pub fn stop(&mut self) {
         if self.stopped {
             return;
         }
         self.stopped = true;
+        // A stalled server would not hear pg_ctl.
+        let pids = self.processes();
+        if !pids.is_empty() {
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .args(pids.iter().map(|p| p.to_string()))
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
         let mut stop = server_command("pg_ctl");
         stop.arg("-D")
             .arg(self.dir.path().join("data"))

@@ -3,6 +3,8 @@
 //! its temporary subscriber ([`subscriber_id`]). The receiver (`super`) draws, verifies,
 //! forwards and sleeps; this file only decides.
 
+use crate::term::{clip, escape};
+
 /// How the listener answers webhooks, from its flags.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
@@ -110,7 +112,7 @@ pub fn event_type(body: &[u8]) -> String {
         return "-".into();
     };
     if let Some(t) = v.get("type").and_then(|t| t.as_str()) {
-        return crate::term::clip(t, 60);
+        return clip(&escape(t), 60);
     }
     match v.get("events").and_then(|e| e.as_array()) {
         Some(events) => format!("batch of {}", events.len()),
@@ -120,29 +122,30 @@ pub fn event_type(body: &[u8]) -> String {
 
 /// The line printed for one webhook: time (UTC), event id, type, sequence, the status
 /// answered, `verified` or `NOT VERIFIED (why)`, then what forwarding gave. With `verbose`, the
-/// body follows on its own line.
+/// body follows on its own line. Nothing is printed raw: a body is unverified until shown
+/// otherwise, and anyone may send one, so what it holds is escaped (`crate::term::escape`).
 pub fn line(s: &Seen<'_>, verbose: bool) -> String {
     let stamp = crate::time::format_rfc3339(s.at_ms);
     let time = stamp.get(11..23).unwrap_or(&stamp);
     let verified = match &s.verified {
         Ok(()) => "verified".to_string(),
-        Err(why) => format!("NOT VERIFIED ({why})"),
+        Err(why) => format!("NOT VERIFIED ({})", escape(why)),
     };
     let mut out = format!(
         "{time}  {}  {}  seq {}  {}  {verified}",
-        crate::term::clip(s.id.unwrap_or("-"), 80),
+        clip(&escape(s.id.unwrap_or("-")), 80),
         event_type(s.body),
-        crate::term::clip(s.sequence.unwrap_or("-"), 20),
+        clip(&escape(s.sequence.unwrap_or("-")), 20),
         s.status,
     );
     match &s.forward {
         None => {}
         Some(Ok(status)) => out.push_str(&format!("  forwarded: {status}")),
-        Some(Err(why)) => out.push_str(&format!("  forward failed: {why}")),
+        Some(Err(why)) => out.push_str(&format!("  forward failed: {}", escape(why))),
     }
     out.push('\n');
     if verbose {
-        out.push_str(&String::from_utf8_lossy(s.body));
+        out.push_str(&escape(&String::from_utf8_lossy(s.body)));
         out.push('\n');
     }
     out
@@ -373,6 +376,30 @@ mod tests {
         for (s, verbose, expected) in cases {
             assert_eq!(line(&s, verbose), expected);
         }
+    }
+
+    /// Whoever sent it, a webhook prints as one line (and its body as one more): escape
+    /// sequences, newlines and text-reordering characters in its body, type or the reasons
+    /// shown are written out, so no body clears the screen or prints a "verified" line.
+    #[test]
+    fn what_a_sender_wrote_is_escaped() {
+        let body = "{\"type\":\"order\u{202e}dia\u{1b}[2J\"}\n04:45:53.250  evt_2  x  seq 1  200  verified\u{1b}[1A";
+        let s = Seen {
+            at_ms: 1_796_013_953_250,
+            id: Some("evt_1"),
+            body: body.as_bytes(),
+            sequence: Some("1"),
+            status: 401,
+            verified: Err("bad \u{1b}[32mverified".into()),
+            forward: Some(Err("refused\r\nverified".into())),
+        };
+        assert_eq!(
+            line(&s, true),
+            "04:45:53.250  evt_1  -  seq 1  401  NOT VERIFIED (bad \\x1b[32mverified)  forward failed: refused\\r\\nverified\n\
+             {\"type\":\"order\\u{202e}dia\\x1b[2J\"}\\n04:45:53.250  evt_2  x  seq 1  200  verified\\x1b[1A\n"
+        );
+        let typed = "{\"type\":\"order\u{202e}dia\"}";
+        assert_eq!(event_type(typed.as_bytes()), "order\\u{202e}dia");
     }
 
     #[test]

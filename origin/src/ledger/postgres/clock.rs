@@ -7,14 +7,21 @@
 //! daemon measures how far the server's clock is from its host's (a `SELECT` of the server's
 //! time, corrected for the round trip as NTP does), at start-up before it serves and then
 //! every second, and its one clock (`crate::time::now_ms`) is its host's plus that offset.
-//! An offset over [`CLOCK_WARN_MS`] is logged as a warning (and shown in `/metrics` as
-//! `fanout_clock_offset_seconds`): the daemon copes, but its host's clock is wrong.
+//! Signatures are not the ledger's: a receiver checks `webhook-timestamp` against its own
+//! wall clock, so the daemon signs with its host's (`outbound`), never the server's.
+//!
+//! An offset over [`crate::time::CLOCK_WARN_MS`] is logged as a warning (and shown in `/metrics` as
+//! `fanout_clock_offset_seconds`) naming which clock is off: the HTTP servers the daemon calls
+//! (subscribers, the edge) are a third clock (`Date` of their answers,
+//! `fanout_peer_clock_offset_seconds`); the one of the host's and the server's that agrees with
+//! them is right. Until one answered, or when they agree with neither, the warning says that
+//! it cannot tell; it is logged again when its verdict changes.
 
 use std::time::Duration;
 
 use super::ledger::{every, PgLedger};
 use crate::ledger::error::LedgerError;
-use crate::time::{adopt_offset, host_ms, ClockSample, CLOCK_WARN_MS};
+use crate::time::{adopt_offset, host_ms, peer_offset_ms, ClockSample, ClockVerdict};
 
 /// The server's clock, in unix ms (`clock_timestamp()`: the moment the statement reads it,
 /// not the transaction's start).
@@ -54,14 +61,19 @@ impl PgLedger {
         }
         let offset = best.and_then(|s| adopt_offset(None, &s)).unwrap_or(0);
         crate::time::set_offset_ms(offset);
-        report(offset, None);
+        report(offset, ClockVerdict::of(offset, peer_offset_ms()), None);
         Ok(())
     }
 
     /// Measure the server's clock again every `MEASURE_EVERY` until `stop` fires or is
-    /// dropped, adopting a new offset when it moved beyond the measurement's error.
+    /// dropped, adopting a new offset when it moved beyond the measurement's error, and
+    /// reporting when the verdict on which clock is off changed.
     pub fn keep_clock(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();
+        let verdict = std::sync::Arc::new(std::sync::Mutex::new(ClockVerdict::of(
+            crate::time::offset_ms(),
+            peer_offset_ms(),
+        )));
         every(
             MEASURE_EVERY,
             None,
@@ -69,14 +81,17 @@ impl PgLedger {
             "read the PostgreSQL server's clock",
             move || {
                 let me = me.clone();
+                let verdict = verdict.clone();
                 async move {
                     let sample = me.clock_sample().await?;
                     let current = crate::time::offset_ms();
-                    if let Some(offset) = adopt_offset(Some(current), &sample) {
-                        if offset != current {
-                            crate::time::set_offset_ms(offset);
-                            report(offset, Some(current));
-                        }
+                    let offset = adopt_offset(Some(current), &sample).unwrap_or(current);
+                    crate::time::set_offset_ms(offset);
+                    let now = ClockVerdict::of(offset, peer_offset_ms());
+                    let mut last = verdict.lock().unwrap_or_else(|e| e.into_inner());
+                    if now != *last {
+                        report(offset, now, Some(*last));
+                        *last = now;
                     }
                     Ok(())
                 }
@@ -85,25 +100,15 @@ impl PgLedger {
     }
 }
 
-/// Log the offset now in use (a warning when it is over [`CLOCK_WARN_MS`]: at start-up, and
-/// then when it crosses that line either way), given the one in use before (`None` at
-/// start-up).
-fn report(offset_ms: i64, before: Option<i64>) {
-    let off = offset_ms.abs() > CLOCK_WARN_MS;
-    let was_off = before.map(|b| b.abs() > CLOCK_WARN_MS);
-    let secs = offset_ms.abs() as f64 / 1000.0;
-    let how = if offset_ms > 0 { "behind" } else { "ahead of" };
-    match (off, was_off) {
-        (true, Some(true)) => {}
-        (true, _) => tracing::warn!(
-            offset_ms,
-            "this host's clock is {secs:.3} s {how} the PostgreSQL server's: the daemon uses \
-             the server's for the shared ledger; set the host's clock right (NTP)"
-        ),
-        (false, Some(true)) => tracing::info!(
+/// Log the offset now in use and which clock is off (a warning while they disagree: at
+/// start-up, then whenever the verdict changes), given the verdict before (`None` at start-up).
+fn report(offset_ms: i64, verdict: ClockVerdict, before: Option<ClockVerdict>) {
+    match (verdict.warning(offset_ms), before) {
+        (Some(warning), _) => tracing::warn!(offset_ms, ?verdict, "{warning}"),
+        (None, Some(b)) if b != ClockVerdict::Agree => tracing::info!(
             offset_ms,
             "this host's clock is within a second of the PostgreSQL server's again"
         ),
-        (false, _) => tracing::debug!(offset_ms, "the PostgreSQL server's clock, from this host's"),
+        (None, _) => tracing::debug!(offset_ms, "the PostgreSQL server's clock, from this host's"),
     }
 }

@@ -20,11 +20,12 @@ use tokio_postgres::Row;
 use super::ledger::PgLedger;
 use super::listen::{notify_payload, CUSTOMERS_CHANNEL, DUE_CHANNEL};
 use crate::customer::Customer;
-use crate::ledger::customers::Customers;
+use crate::ledger::customers::{Customers, FORGET_TOTALS};
 use crate::ledger::deliveries::NewEvent;
 use crate::ledger::error::LedgerError;
 use crate::ledger::scope;
 use crate::model::{delivery_public_id, Subscriber};
+use crate::series::buckets::total_key;
 
 const CUSTOMER_COLUMNS: &str = "id, weight, max_in_flight, portal_nonce, created_ms, updated_ms";
 
@@ -154,6 +155,8 @@ impl PgLedger {
                 cu.id
             )));
         }
+        tx.execute(FORGET_TOTALS, &[&total_key(Some(&cu.id))])
+            .await?;
         announce_customers(&tx).await?;
         tx.commit().await?;
         Ok(())

@@ -89,9 +89,11 @@
 //!   the server's. Moving the comparisons into SQL (`now()`) instead would have left the times the
 //!   shared core computes in Rust (the limiter's refill and pauses, backoff due times, the
 //!   dispatcher's own view) on the host's clock, and split one decision across two clocks. An
-//!   offset over a second is logged as a warning (at start-up, then when it crosses that line),
-//!   exported as `fanout_clock_offset_seconds` and shown by `fanout status` (read from `/metrics`). Signatures (`webhook-timestamp`, calls to the
-//!   edge) carry the daemon's clock too, the server's; its logs carry the host's.
+//!   offset over a second is logged as a warning naming which clock is off (the HTTP servers the
+//!   daemon calls are the third clock that tells: `clock.rs`), exported as
+//!   `fanout_clock_offset_seconds` and shown by `fanout status` (read from `/metrics`).
+//!   Signatures (`webhook-timestamp`, calls to the edge) carry the host's clock, not the
+//!   server's: their receivers compare them with their own wall clocks. So do the logs.
 //! - The dispatcher's own limiter is only an upper bound: each claim asks the shared one again and
 //!   the dispatcher gives back what it was refused.
 //! - Daemons split the subscribers (migration 4, `model::Share`): every second each dispatcher

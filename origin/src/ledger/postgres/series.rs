@@ -1,14 +1,14 @@
 //! The charts' series on PostgreSQL: each flush's rows added in one transaction by one upsert
 //! per row (counts and latency buckets add, gauges keep the highest), so the flushes of every
 //! daemon sharing the ledger add up under the row's lock whatever their order; a window is one
-//! range of the primary key. Rows go in (resolution, subscriber) order in every daemon, so two
+//! lookup of the primary key per bucket (`= ANY` of the bucket starts). Rows go in (resolution, subscriber) order in every daemon, so two
 //! flushes never wait on each other in a circle. Trimming is `retention.rs`'s.
 
 use tokio_postgres::Row;
 
 use super::ledger::PgLedger;
 use crate::ledger::error::LedgerError;
-use crate::ledger::series::SeriesLedger;
+use crate::ledger::series::{bucket_starts, series_key, SeriesLedger};
 use crate::series::buckets::{Counts, Gauges, SeriesRow};
 
 const COLUMNS: &str = "resolution_ms, bucket_ms, subscriber_id, delivered, failed, deferred, \
@@ -101,22 +101,37 @@ impl SeriesLedger for PgLedger {
         subscriber: Option<String>,
         scope: Option<String>,
     ) -> Result<Vec<SeriesRow>, LedgerError> {
+        // A subscriber's own rows, to a scope that owns it only.
+        let owner = subscriber.as_ref().and(scope.as_ref());
+        let key = series_key(subscriber.clone(), scope.as_deref());
         let c = self.client().await?;
-        let st = c
-            .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM series
-                 WHERE resolution_ms = $1 AND bucket_ms >= $2 AND bucket_ms < $3
-                   AND ($4::text IS NULL OR subscriber_id = $4)
-                   AND ($5::text IS NULL OR subscriber_id IN
-                        (SELECT id FROM subscribers WHERE customer = $5))"
-            ))
-            .await?;
-        let rows = c
-            .query(
-                &st,
-                &[&resolution_ms, &from_ms, &to_ms, &subscriber, &scope],
-            )
-            .await?;
+        let rows = match bucket_starts(resolution_ms, from_ms, to_ms) {
+            Some(starts) => {
+                let st = c
+                    .prepare_cached(&read_sql("bucket_ms = ANY($2::BIGINT[])"))
+                    .await?;
+                c.query(&st, &[&resolution_ms, &starts, &key, &owner])
+                    .await?
+            }
+            None => {
+                let st = c
+                    .prepare_cached(&read_sql("bucket_ms >= $2 AND bucket_ms < $5"))
+                    .await?;
+                c.query(&st, &[&resolution_ms, &from_ms, &key, &owner, &to_ms])
+                    .await?
+            }
+        };
         Ok(rows.iter().map(row).collect())
     }
+}
+
+/// A read of one key's rows (`$3`) of one resolution (`$1`) in the buckets `buckets` names, to
+/// the scope `$4` owns (NULL: any).
+fn read_sql(buckets: &str) -> String {
+    format!(
+        "SELECT {COLUMNS} FROM series
+         WHERE resolution_ms = $1 AND {buckets} AND subscriber_id = $3
+           AND ($4::TEXT IS NULL
+                OR EXISTS (SELECT 1 FROM subscribers WHERE id = $3 AND customer = $4))"
+    )
 }

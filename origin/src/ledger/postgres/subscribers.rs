@@ -11,7 +11,7 @@ use fanout_core::limiter::LimiterState;
 use super::ledger::PgLedger;
 use super::listen::CHANGED_CHANNEL;
 use crate::keyring::NewSecret;
-use crate::ledger::subscribers::{batch_column, filter_column, SubscriberCounts};
+use crate::ledger::subscribers::{batch_column, filter_column, SubscriberCounts, FORGET_REMOVED};
 use crate::ledger::LedgerError;
 use crate::model::{Disabled, StoredSecret, Subscriber};
 
@@ -115,9 +115,11 @@ impl PgLedger {
             .transpose()?;
         match existing {
             Some((None, _)) => return Err(conflict()),
-            // A removed endpoint's deliveries stay under its id: another owner taking the id
-            // over would see and replay them. Refused until retention has removed them.
-            Some((Some(_), owner)) if owner != s.customer => {
+            Some((Some(_), owner)) => {
+                // The removed row is locked (`FOR UPDATE`): another daemon creating the same
+                // id waits here, then finds it live. Ingest never fans out to a removed
+                // endpoint, so nothing adds a delivery (or a number) to the id meanwhile; a
+                // retention sweep only removes them.
                 let kept: i64 = tx
                     .query_one(
                         "SELECT COALESCE(SUM(n), 0)::BIGINT FROM delivery_counts
@@ -126,7 +128,9 @@ impl PgLedger {
                     )
                     .await?
                     .try_get(0)?;
-                if kept > 0 {
+                // A removed endpoint's deliveries stay under its id: another owner taking the
+                // id over would see and replay them. Refused until retention has removed them.
+                if kept > 0 && owner != s.customer {
                     return Err(crate::ledger::error::id_still_holds_history(&s.id));
                 }
                 tx.execute(
@@ -136,15 +140,11 @@ impl PgLedger {
                 .await?;
                 tx.execute("DELETE FROM subscribers WHERE id = $1", &[&s.id])
                     .await?;
-            }
-            Some((Some(_), _)) => {
-                tx.execute(
-                    "DELETE FROM subscriber_secrets WHERE subscriber_id = $1",
-                    &[&s.id],
-                )
-                .await?;
-                tx.execute("DELETE FROM subscribers WHERE id = $1", &[&s.id])
-                    .await?;
+                if kept == 0 {
+                    for forget in FORGET_REMOVED {
+                        tx.execute(*forget, &[&s.id]).await?;
+                    }
+                }
             }
             None => {}
         }

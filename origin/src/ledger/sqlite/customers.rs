@@ -5,8 +5,9 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::ledger::Ledger;
 use crate::customer::Customer;
-use crate::ledger::customers::Customers;
+use crate::ledger::customers::{Customers, FORGET_TOTALS};
 use crate::ledger::error::LedgerError;
+use crate::series::buckets::total_key;
 
 const CUSTOMER_COLUMNS: &str = "id, weight, max_in_flight, portal_nonce, created_ms, updated_ms";
 
@@ -42,6 +43,8 @@ pub fn create_customer(c: &Connection, cu: &Customer) -> Result<(), LedgerError>
             cu.id
         )));
     }
+    c.prepare_cached(FORGET_TOTALS)?
+        .execute([total_key(Some(&cu.id))])?;
     Ok(())
 }
 

@@ -1,12 +1,12 @@
 //! The charts' series on SQLite: each flush's rows added to the kept ones in one writer
 //! transaction (read, fold with `SeriesRow::absorb`, write: the one writer makes it atomic),
-//! and a window read as one range of the primary key. Trimming is `retention.rs`'s.
+//! and a window read as one lookup of the primary key per bucket. Trimming is `retention.rs`'s.
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::ledger::Ledger;
 use crate::ledger::error::LedgerError;
-use crate::ledger::series::SeriesLedger;
+use crate::ledger::series::{bucket_starts, series_key, SeriesLedger};
 use crate::series::buckets::{Counts, Gauges, SeriesRow};
 
 const COLUMNS: &str = "resolution_ms, bucket_ms, subscriber_id, delivered, failed, deferred, \
@@ -85,7 +85,9 @@ pub fn add_series(c: &Connection, rows: &[SeriesRow]) -> Result<(), LedgerError>
     Ok(())
 }
 
-/// The rows of one resolution in `[from, to)`, of one subscriber or of those `scope` sees.
+/// The rows of one resolution in `[from, to)`, of one subscriber (when `scope` sees it) or
+/// the totals of those `scope` sees: one lookup of the whole primary key per bucket
+/// (`SeriesLedger::read_series`).
 pub fn read_series(
     c: &Connection,
     resolution_ms: i64,
@@ -94,20 +96,33 @@ pub fn read_series(
     subscriber: Option<&str>,
     scope: Option<&str>,
 ) -> Result<Vec<SeriesRow>, LedgerError> {
-    let mut st = c.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM series
-         WHERE resolution_ms = ?1 AND bucket_ms >= ?2 AND bucket_ms < ?3
-           AND (?4 IS NULL OR subscriber_id = ?4)
-           AND (?5 IS NULL OR subscriber_id IN
-                (SELECT id FROM subscribers WHERE customer = ?5))"
-    ))?;
-    let rows = st
-        .query_map(
-            params![resolution_ms, from_ms, to_ms, subscriber, scope],
-            row,
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+    // A subscriber's own rows, to a scope that owns it only.
+    let owner = subscriber.and(scope);
+    let key = series_key(subscriber.map(str::to_string), scope);
+    let rows = match bucket_starts(resolution_ms, from_ms, to_ms) {
+        Some(starts) => {
+            let starts = serde_json::to_string(&starts)
+                .map_err(|e| LedgerError::Invalid(format!("bucket starts: {e}")))?;
+            c.prepare_cached(&read_sql("bucket_ms IN (SELECT value FROM json_each(?2))"))?
+                .query_map(params![resolution_ms, starts, key, owner], row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?
+        }
+        None => c
+            .prepare_cached(&read_sql("bucket_ms >= ?2 AND bucket_ms < ?5"))?
+            .query_map(params![resolution_ms, from_ms, key, owner, to_ms], row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+    };
     Ok(rows)
+}
+
+/// A read of one key's rows (`?3`) of one resolution (`?1`) in the buckets `buckets` names,
+/// to the scope `?4` owns (NULL: any).
+fn read_sql(buckets: &str) -> String {
+    format!(
+        "SELECT {COLUMNS} FROM series
+         WHERE resolution_ms = ?1 AND {buckets} AND subscriber_id = ?3
+           AND (?4 IS NULL OR EXISTS (SELECT 1 FROM subscribers WHERE id = ?3 AND customer = ?4))"
+    )
 }
 
 impl SeriesLedger for Ledger {
@@ -176,22 +191,83 @@ mod tests {
         assert_eq!(got[0].latency[3], 5);
         assert_eq!(got[0].gauges.backlog, 5);
         assert_eq!(
-            read_series(&c, FINE_MS, 0, 2 * FINE_MS, None, None)
+            read_series(&c, FINE_MS, 0, 2 * FINE_MS, Some("a"), None)
                 .unwrap()
                 .len(),
-            3
+            2
         );
         // A customer sees only its own subscribers' rows.
-        assert!(read_series(&c, FINE_MS, 0, 2 * FINE_MS, None, Some("acme"))
-            .unwrap()
-            .is_empty());
+        assert!(
+            read_series(&c, FINE_MS, 0, 2 * FINE_MS, Some("a"), Some("acme"))
+                .unwrap()
+                .is_empty()
+        );
         // Retention: buckets before the cut-off go, in bounded steps; later ones stay.
         let purge = super::super::retention::purge_series;
         assert_eq!(purge(&c, FINE_MS, FINE_MS, 1).unwrap(), 1);
         assert_eq!(purge(&c, FINE_MS, FINE_MS, 10).unwrap(), 1);
         assert_eq!(purge(&c, FINE_MS, FINE_MS, 10).unwrap(), 0);
-        let left = read_series(&c, FINE_MS, 0, 2 * FINE_MS, None, None).unwrap();
+        let left = read_series(&c, FINE_MS, 0, 2 * FINE_MS, Some("a"), None).unwrap();
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].bucket_ms, FINE_MS);
+    }
+
+    /// A combined chart reads the totals each flush wrote: one row per bucket, however many
+    /// subscribers were charted (here 500 over a day's 288 buckets would be 144,000 rows), each
+    /// found by its whole primary key; a customer's are its subscribers' only.
+    #[test]
+    fn a_combined_chart_reads_one_row_per_bucket() {
+        use crate::series::buckets::{flush_rows, Tally, Window, COARSE_MS};
+        let c = test_db();
+        let now = 50 * 86_400_000;
+        let (from, to) = Window::Day.range(now);
+        for bucket in [from, from + COARSE_MS, to - COARSE_MS] {
+            let mut tallies = Vec::new();
+            let mut gauges = Vec::new();
+            for i in 0..200 {
+                let mut t = Tally::default();
+                t.counts.delivered = 1;
+                tallies.push((format!("s{i}"), t));
+                let owner = (i % 4 == 0).then(|| "acme".to_string());
+                gauges.push((
+                    format!("s{i}"),
+                    owner,
+                    Gauges {
+                        backlog: 1,
+                        ..Gauges::default()
+                    },
+                ));
+            }
+            add_series(&c, &flush_rows(bucket, tallies, gauges)).unwrap();
+        }
+        let every = read_series(&c, COARSE_MS, from, to, None, None).unwrap();
+        assert_eq!(every.len(), 3, "one row per bucket");
+        assert!(every
+            .iter()
+            .all(|r| r.counts.delivered == 200 && r.gauges.backlog == 200));
+        let acme = read_series(&c, COARSE_MS, from, to, None, Some("acme")).unwrap();
+        assert_eq!(acme.len(), 3);
+        assert!(acme.iter().all(|r| r.counts.delivered == 50));
+        assert!(read_series(&c, COARSE_MS, from, to, None, Some("globex"))
+            .unwrap()
+            .is_empty());
+        // The read is a lookup per bucket of the whole key, not a scan of the window.
+        let starts = serde_json::to_string(&bucket_starts(COARSE_MS, from, to).unwrap()).unwrap();
+        let sql = read_sql("bucket_ms IN (SELECT value FROM json_each(?2))");
+        let plan: Vec<String> = c
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap()
+            .query_map(params![COARSE_MS, starts, "*", None::<String>], |r| {
+                r.get::<_, String>(3)
+            })
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert!(
+            plan.iter().any(|p| p.contains(
+                "SEARCH series USING PRIMARY KEY (resolution_ms=? AND bucket_ms=? AND subscriber_id=?)"
+            )),
+            "{plan:?}"
+        );
     }
 }

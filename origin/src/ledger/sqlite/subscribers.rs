@@ -148,7 +148,7 @@ fn definition_params<'a>(
 }
 
 use crate::ledger::subscribers::{
-    batch_column, batch_from_column, filter_column, filter_from_column,
+    batch_column, batch_from_column, filter_column, filter_from_column, FORGET_REMOVED,
 };
 
 fn event_types_json(s: &Subscriber) -> String {
@@ -174,17 +174,23 @@ pub fn create_subscriber(
                 s.id
             )))
         }
-        // A removed endpoint's deliveries stay under its id: another owner taking the id over
-        // would see and replay them. Refused until retention has removed them.
-        Some((Some(_), owner)) if owner != s.customer && has_deliveries(c, &s.id)? => {
-            return Err(id_still_holds_history(&s.id))
-        }
-        Some((Some(_), _)) => {
+        Some((Some(_), owner)) => {
+            let kept = has_deliveries(c, &s.id)?;
+            // A removed endpoint's deliveries stay under its id: another owner taking the id
+            // over would see and replay them. Refused until retention has removed them.
+            if kept && owner != s.customer {
+                return Err(id_still_holds_history(&s.id));
+            }
             c.execute(
                 "DELETE FROM subscriber_secrets WHERE subscriber_id = ?1",
                 [&s.id],
             )?;
             c.execute("DELETE FROM subscribers WHERE id = ?1", [&s.id])?;
+            if !kept {
+                for forget in FORGET_REMOVED {
+                    c.prepare_cached(forget)?.execute([&s.id])?;
+                }
+            }
         }
         None => {}
     }

@@ -492,6 +492,11 @@ mod tests {
             ("- a\n", 1, "must be a mapping"),
             ("customers: 3\n", 1, "must be a list"),
             (
+                "customers:\n  - id: 007\n",
+                2,
+                "field `id`: must be a non-empty string",
+            ),
+            (
                 &format!("customers: {}\n", "[".repeat(200) + &"]".repeat(200)),
                 1,
                 "nested deeper than 64",

@@ -1,11 +1,12 @@
 //! The `fanout` command line: `serve`, client commands that talk to a running daemon's API
 //! (`status`, `subscriber add|list|remove|secret|filter`, `customer …`, `send`, `deliveries`,
-//! `replay`, `listen`), `load`, the commands that work on a ledger directly (`backup`,
+//! `replay`, `listen`, `apply`, `export`), `load`, the commands that work on a ledger directly (`backup`,
 //! `ledger copy`), and `outbox schema|init` on a producer's database. This file holds the
 //! grammar's top ([`Cli`], [`Command`]) and sends each
 //! command to its file; listings print a table for people and JSON with `--json`; progress
 //! bars go to stderr only when it is a terminal. It does not run the daemon (`crate::run`).
 
+mod apply;
 mod client;
 mod customers;
 mod deliveries;
@@ -22,6 +23,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+pub use apply::{ApplyArgs, ExportArgs};
 pub use client::{ClientArgs, ClientError};
 pub use customers::CustomerCommand;
 pub use deliveries::{DeliveriesArgs, ReplayArgs};
@@ -125,6 +127,12 @@ pub enum Command {
         #[command(subcommand)]
         command: OutboxCommand,
     },
+    /// Make the daemon's customers and subscribers what a YAML file declares: prints the plan
+    /// (create, change, remove), then carries it out
+    Apply(ApplyArgs),
+    /// Print the daemon's customers and subscribers in `fanout apply`'s YAML format (no
+    /// secrets)
+    Export(ExportArgs),
     /// GET the daemon's /healthz: exit 0 when it answers 200, 1 otherwise (for a container's
     /// HEALTHCHECK)
     Healthcheck(HealthcheckArgs),
@@ -169,6 +177,8 @@ pub async fn run_client(command: Command) -> Result<(), ClientError> {
         Command::Backup(a) => ledger::backup(a),
         Command::Outbox { command } => outbox::run(command).await,
         Command::Healthcheck(a) => healthcheck::healthcheck(a).await,
+        Command::Apply(a) => apply::apply(a).await,
+        Command::Export(a) => apply::export(a).await,
     }
 }
 

@@ -1,0 +1,296 @@
+//! The manual's commands are the binary's: every `fanout …` command line the docs show — in
+//! README.md, origin/README.md and the book under docs/src, in `sh` code blocks and in inline
+//! code — names subcommands and flags that `fanout`'s command line (`fanout_origin::cli::Cli`,
+//! asked through clap) has. A renamed or removed flag fails here, naming the document and the
+//! line, until the docs follow.
+
+// Test code: a failed expect is a failed test.
+#![allow(clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use clap::CommandFactory;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .to_path_buf()
+}
+
+/// The documents whose commands are checked: (path from the root, text).
+fn documents() -> Vec<(String, String)> {
+    let root = root();
+    let mut paths = vec!["README.md".to_string(), "origin/README.md".to_string()];
+    let book = root.join("docs/src");
+    let mut chapters: Vec<String> = std::fs::read_dir(&book)
+        .expect("docs/src")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/src/{n}"))
+        .collect();
+    chapters.sort();
+    paths.extend(chapters);
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(root.join(&p)).expect("a document");
+            (p, text)
+        })
+        .collect()
+}
+
+/// One command line found in a document: where, and its words after `fanout`.
+#[derive(Debug, PartialEq)]
+struct Shown {
+    line: usize,
+    words: Vec<String>,
+}
+
+/// Shell words, roughly: whitespace-separated, quotes removed (their content kept whole).
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut has = false;
+    let mut quote: Option<char> = None;
+    for c in line.chars() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => cur.push(c),
+            None if c == '\'' || c == '"' => {
+                quote = Some(c);
+                has = true;
+            }
+            None if c.is_whitespace() => {
+                if has || !cur.is_empty() {
+                    words.push(std::mem::take(&mut cur));
+                }
+                has = false;
+            }
+            None => cur.push(c),
+        }
+    }
+    if has || !cur.is_empty() {
+        words.push(cur);
+    }
+    words
+}
+
+/// The words after the `fanout` of a command line (or after `cargo run … -p fanout-origin --`),
+/// up to a shell operator or a comment; None when the line runs no `fanout`.
+fn fanout_words(line: &str) -> Option<Vec<String>> {
+    let words = shell_words(line);
+    let is_fanout = |w: &str| !w.contains('=') && (w == "fanout" || w.ends_with("/fanout"));
+    let start = if let Some(i) = words.iter().position(|w| is_fanout(w)) {
+        i + 1
+    } else if words.iter().any(|w| w == "cargo")
+        && words.iter().any(|w| w == "run")
+        && words.iter().any(|w| w == "fanout-origin")
+    {
+        words.iter().position(|w| w == "--")? + 1
+    } else {
+        return None;
+    };
+    let stops = ["|", "||", "&&", ";", ">", ">>", "<", "2>", "2>&1", ")", "&"];
+    Some(
+        words[start..]
+            .iter()
+            .take_while(|w| !stops.contains(&w.as_str()) && !w.starts_with('#'))
+            .cloned()
+            .collect(),
+    )
+}
+
+/// Every `fanout` command line of a Markdown document: the lines of `sh`/`bash`/`shell`/
+/// `console` code blocks (a trailing `\` joins the next line) and the inline code spans that
+/// start with `fanout `.
+fn shown_commands(text: &str) -> Vec<Shown> {
+    let mut out = Vec::new();
+    let mut fence: Option<bool> = None; // Some(checked?) inside a block
+    let mut prose = String::new(); // the text outside blocks, one line per line
+    let mut pending: Option<(usize, String)> = None;
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("```") {
+            fence = match fence {
+                None => {
+                    let lang = trimmed.trim_start_matches('`').trim();
+                    Some(matches!(lang, "sh" | "bash" | "shell" | "console"))
+                }
+                Some(_) => None,
+            };
+            prose.push('\n');
+            continue;
+        }
+        match fence {
+            Some(true) => {
+                let body = trimmed.strip_prefix("$ ").unwrap_or(trimmed);
+                let (start, mut joined) = pending.take().unwrap_or((i + 1, String::new()));
+                if let Some(head) = body.strip_suffix('\\') {
+                    joined.push_str(head);
+                    joined.push(' ');
+                    pending = Some((start, joined));
+                } else {
+                    joined.push_str(body);
+                    if let Some(words) = fanout_words(&joined) {
+                        out.push(Shown { line: start, words });
+                    }
+                }
+                prose.push('\n');
+            }
+            Some(false) => prose.push('\n'),
+            None => {
+                prose.push_str(line);
+                prose.push('\n');
+            }
+        }
+    }
+    // Inline code: the odd pieces between backticks (a span may wrap onto the next line).
+    let mut line = 1;
+    for (k, piece) in prose.split('`').enumerate() {
+        if k % 2 == 1 {
+            let span = piece.replace('\n', " ");
+            if let Some(rest) = span.trim().strip_prefix("fanout ") {
+                if let Some(words) = fanout_words(&format!("fanout {rest}")) {
+                    out.push(Shown { line, words });
+                }
+            }
+        }
+        line += piece.matches('\n').count();
+    }
+    out.sort_by_key(|s| s.line);
+    out
+}
+
+/// What is wrong with one command line, checked against `cli` (built, so that `--help` and the
+/// global flags are on every subcommand); None when clap knows every subcommand and flag.
+fn check_words(cli: &clap::Command, words: &[String]) -> Option<String> {
+    let mut cmd = cli;
+    let mut path = vec!["fanout".to_string()];
+    let mut i = 0;
+    while i < words.len() {
+        let w = words[i].trim_matches(|c| c == '[' || c == ']');
+        i += 1;
+        // Nothing, an ellipsis, stdin, or a placeholder (`<command>`, `ID`, `URL`).
+        let placeholder = w.starts_with('<')
+            || (!w.starts_with('-')
+                && w.chars()
+                    .all(|c| c.is_ascii_uppercase() || c == '_' || c == '-'));
+        if w.is_empty() || w == "…" || w == "..." || w == "-" || placeholder {
+            continue;
+        }
+        if let Some(long) = w.strip_prefix("--") {
+            let (name, inline) = match long.split_once('=') {
+                Some((n, _)) => (n, true),
+                None => (long, false),
+            };
+            let Some(arg) = cmd.get_arguments().find(|a| {
+                a.get_long() == Some(name)
+                    || a.get_all_aliases().is_some_and(|al| al.contains(&name))
+            }) else {
+                return Some(format!("`{}` has no flag --{name}", path.join(" ")));
+            };
+            if !inline
+                && arg.get_action().takes_values()
+                && arg.get_num_args().is_none_or(|n| n.min_values() > 0)
+            {
+                i += 1; // its value
+            }
+            continue;
+        }
+        if let Some(short) = w.strip_prefix('-').filter(|s| s.chars().count() == 1) {
+            let c = short.chars().next().expect("one character");
+            let Some(arg) = cmd.get_arguments().find(|a| a.get_short() == Some(c)) else {
+                return Some(format!("`{}` has no flag -{c}", path.join(" ")));
+            };
+            if arg.get_action().takes_values() {
+                i += 1;
+            }
+            continue;
+        }
+        if cmd.has_subcommands() {
+            let alternatives: Vec<&str> = w.split('|').collect();
+            for a in &alternatives {
+                if cmd.find_subcommand(a).is_none() {
+                    return Some(format!("`{}` has no subcommand {a}", path.join(" ")));
+                }
+            }
+            if alternatives.len() > 1 {
+                return None; // several subcommands at once: nothing after them is one command
+            }
+            cmd = cmd.find_subcommand(w).expect("checked above");
+            path.push(w.to_string());
+            continue;
+        }
+        // A positional argument (an id, a URL, a placeholder).
+    }
+    None
+}
+
+fn problems_in(docs: &[(String, String)]) -> Vec<String> {
+    let mut cli = fanout_origin::cli::Cli::command();
+    cli.build();
+    let mut out = Vec::new();
+    for (path, text) in docs {
+        for shown in shown_commands(text) {
+            if let Some(p) = check_words(&cli, &shown.words) {
+                out.push(format!(
+                    "{path}:{}: fanout {}: {p}",
+                    shown.line,
+                    shown.words.join(" ")
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_command_the_docs_show_is_the_binarys() {
+    let docs = documents();
+    let shown: usize = docs.iter().map(|(_, t)| shown_commands(t).len()).sum();
+    assert!(
+        shown > 50,
+        "found only {shown} fanout commands in the docs: is the parser blind?"
+    );
+    let problems = problems_in(&docs);
+    println!("{shown} fanout command lines checked");
+    assert!(
+        problems.is_empty(),
+        "the docs show fanout commands the binary does not have:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn the_check_catches_a_wrong_flag_and_a_wrong_subcommand() {
+    let doc = [
+        "Run `fanout subscriber add ID URL --lane edge`, then `fanout status --json`.",
+        "```sh",
+        "export FANOUT_API_TOKEN=x",
+        "fanout subscriber add sub_1 https://a.example/h -t 'video.*' \\",
+        "  --rate-per-sec 10 --burst-size 20     # a flag that does not exist",
+        "fanout deliveries --status dead | jq .  # fine: the pipe ends the command",
+        "cargo run -q --release -p fanout-origin -- listn",
+        "```",
+        "```",
+        "fanout listen: output, not a command --nope",
+        "```",
+        "And `fanout customer list|show|forget` wraps",
+        "",
+        "`fanout subscriber",
+        "add --no-such-flag`.",
+    ]
+    .join("\n");
+    let found = problems_in(&[("doc.md".to_string(), doc)]);
+    assert_eq!(
+        found,
+        [
+            "doc.md:4: fanout subscriber add sub_1 https://a.example/h -t video.* --rate-per-sec 10 --burst-size 20: `fanout subscriber add` has no flag --burst-size",
+            "doc.md:7: fanout listn: `fanout` has no subcommand listn",
+            "doc.md:12: fanout customer list|show|forget: `fanout customer` has no subcommand forget",
+            "doc.md:14: fanout subscriber add --no-such-flag: `fanout subscriber add` has no flag --no-such-flag",
+        ]
+    );
+}

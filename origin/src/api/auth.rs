@@ -28,7 +28,8 @@ pub enum Principal {
     Portal { customer: String },
 }
 
-/// The routes a portal token may call (DESIGN.md's list). Everything else answers 403: the
+/// The routes a portal token may call (the manual's list: docs/src/customers.md, "What a
+/// portal token may do"). Everything else answers 403: the
 /// stored secrets (`GET …/secret`; the portal sees a new secret once, in the rotation's answer)
 /// and test events (`POST …/test`) are the operator's.
 const PORTAL_ROUTES: &[(Method, &str)] = &[

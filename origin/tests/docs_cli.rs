@@ -77,29 +77,38 @@ fn shell_words(line: &str) -> Vec<String> {
     words
 }
 
-/// The words after the `fanout` of a command line (or after `cargo run … -p fanout-origin --`),
-/// up to a shell operator or a comment; None when the line runs no `fanout`.
-fn fanout_words(line: &str) -> Option<Vec<String>> {
+/// The commands of a shell line that run `fanout` (or `cargo run … -p fanout-origin -- ARGS`):
+/// the line is cut at `|`, `&&`, `||` and `;`, and in each piece the command word is the first
+/// after variable assignments and wrappers like `sudo` or `env`. Each command's words after
+/// `fanout` run up to a redirection or a comment.
+fn fanout_commands(line: &str) -> Vec<Vec<String>> {
     let words = shell_words(line);
-    let is_fanout = |w: &str| !w.contains('=') && (w == "fanout" || w.ends_with("/fanout"));
-    let start = if let Some(i) = words.iter().position(|w| is_fanout(w)) {
-        i + 1
-    } else if words.iter().any(|w| w == "cargo")
-        && words.iter().any(|w| w == "run")
-        && words.iter().any(|w| w == "fanout-origin")
-    {
-        words.iter().position(|w| w == "--")? + 1
-    } else {
-        return None;
-    };
-    let stops = ["|", "||", "&&", ";", ">", ">>", "<", "2>", "2>&1", ")", "&"];
-    Some(
-        words[start..]
+    let wrappers = ["sudo", "env", "exec", "time", "nice", "nohup", "command"];
+    let is_fanout = |w: &str| w == "fanout" || w.ends_with("/fanout");
+    let mut out = Vec::new();
+    for piece in words.split(|w| ["|", "||", "&&", ";", "&"].contains(&w.as_str())) {
+        let mut rest = piece
             .iter()
-            .take_while(|w| !stops.contains(&w.as_str()) && !w.starts_with('#'))
-            .cloned()
-            .collect(),
-    )
+            .skip_while(|w| w.contains('=') || wrappers.contains(&w.as_str()));
+        let args: Vec<&String> = match rest.next() {
+            Some(w) if is_fanout(w) => rest.collect(),
+            Some(w) if w == "cargo" && piece.iter().any(|w| w == "fanout-origin") => {
+                match piece.iter().position(|w| w == "--") {
+                    Some(i) if piece.iter().any(|w| w == "run") => piece[i + 1..].iter().collect(),
+                    _ => continue,
+                }
+            }
+            _ => continue,
+        };
+        let redirect = |w: &str| w.starts_with('>') || w.starts_with('<') || w.starts_with("2>");
+        out.push(
+            args.into_iter()
+                .take_while(|w| !redirect(w) && !w.starts_with('#') && *w != ")")
+                .cloned()
+                .collect(),
+        );
+    }
+    out
 }
 
 /// Every `fanout` command line of a Markdown document: the lines of `sh`/`bash`/`shell`/
@@ -133,7 +142,7 @@ fn shown_commands(text: &str) -> Vec<Shown> {
                     pending = Some((start, joined));
                 } else {
                     joined.push_str(body);
-                    if let Some(words) = fanout_words(&joined) {
+                    for words in fanout_commands(&joined) {
                         out.push(Shown { line: start, words });
                     }
                 }
@@ -151,8 +160,8 @@ fn shown_commands(text: &str) -> Vec<Shown> {
     for (k, piece) in prose.split('`').enumerate() {
         if k % 2 == 1 {
             let span = piece.replace('\n', " ");
-            if let Some(rest) = span.trim().strip_prefix("fanout ") {
-                if let Some(words) = fanout_words(&format!("fanout {rest}")) {
+            if span.trim().starts_with("fanout ") {
+                for words in fanout_commands(span.trim()) {
                     out.push(Shown { line, words });
                 }
             }
@@ -272,6 +281,8 @@ fn the_check_catches_a_wrong_flag_and_a_wrong_subcommand() {
         "fanout subscriber add sub_1 https://a.example/h -t 'video.*' \\",
         "  --rate-per-sec 10 --burst-size 20     # a flag that does not exist",
         "fanout deliveries --status dead | jq .  # fine: the pipe ends the command",
+        "podman run --name fanout -p 8080:8080 img  # fanout is a value here, not the command",
+        "echo '{}' | FANOUT_SERVER=x fanout sned",
         "cargo run -q --release -p fanout-origin -- listn",
         "```",
         "```",
@@ -288,9 +299,10 @@ fn the_check_catches_a_wrong_flag_and_a_wrong_subcommand() {
         found,
         [
             "doc.md:4: fanout subscriber add sub_1 https://a.example/h -t video.* --rate-per-sec 10 --burst-size 20: `fanout subscriber add` has no flag --burst-size",
-            "doc.md:7: fanout listn: `fanout` has no subcommand listn",
-            "doc.md:12: fanout customer list|show|forget: `fanout customer` has no subcommand forget",
-            "doc.md:14: fanout subscriber add --no-such-flag: `fanout subscriber add` has no flag --no-such-flag",
+            "doc.md:8: fanout sned: `fanout` has no subcommand sned",
+            "doc.md:9: fanout listn: `fanout` has no subcommand listn",
+            "doc.md:14: fanout customer list|show|forget: `fanout customer` has no subcommand forget",
+            "doc.md:16: fanout subscriber add --no-such-flag: `fanout subscriber add` has no flag --no-such-flag",
         ]
     );
 }

@@ -4,11 +4,13 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { test } from 'node:test';
+import { fileURLToPath } from 'node:url';
 
 import { anchors, brokenLinks, slug, unlistedChapters } from '../scripts/check-docs.mjs';
 
 test('the manual as it is: every link and anchor resolves', () => {
-  const out = execFileSync(process.execPath, ['scripts/check-docs.mjs'], { encoding: 'utf8' });
+  const checker = fileURLToPath(new URL('../scripts/check-docs.mjs', import.meta.url));
+  const out = execFileSync(process.execPath, [checker], { encoding: 'utf8' });
   assert.match(out, /all resolve/);
 });
 

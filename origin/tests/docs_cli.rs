@@ -306,3 +306,79 @@ fn the_check_catches_a_wrong_flag_and_a_wrong_subcommand() {
         ]
     );
 }
+
+/// The flags of `cmd` and its subcommands that `book` never names as `--flag`, and the
+/// subcommands it never shows as `fanout a b`; hidden ones are not the user's.
+fn undocumented(cmd: &clap::Command, path: &str, book: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if !path.is_empty() && !book.contains(&format!("fanout {path}")) {
+        out.push(format!("fanout {path}"));
+    }
+    for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+        let Some(long) = arg.get_long() else { continue };
+        if long == "help" || long == "version" {
+            continue;
+        }
+        let shown = format!("--{long}");
+        let named = book.match_indices(&shown).any(|(i, _)| {
+            !book[i + shown.len()..]
+                .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        });
+        if !named {
+            out.push(format!("fanout {path} {shown}").replace("  ", " "));
+        }
+    }
+    // clap's own `help` subcommand is not the user's to look up.
+    for sub in cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
+        let sub_path = format!("{path} {}", sub.get_name()).trim().to_string();
+        out.extend(undocumented(sub, &sub_path, book));
+    }
+    out
+}
+
+#[test]
+fn every_subcommand_and_flag_is_in_the_manual() {
+    let book: String = documents()
+        .into_iter()
+        .filter(|(p, _)| p.starts_with("docs/src/"))
+        .map(|(_, t)| t)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut cli = fanout_origin::cli::Cli::command();
+    cli.build();
+    let missing = undocumented(&cli, "", &book);
+    assert!(
+        missing.is_empty(),
+        "the manual (docs/src) never names these (the CLI reference is docs/src/cli.md, serve's \
+         flags docs/src/operating.md):\n  {}",
+        missing.join("\n  ")
+    );
+}
+
+#[test]
+fn the_completeness_check_catches_an_undocumented_flag_and_subcommand() {
+    let cmd = clap::Command::new("fanout")
+        .subcommand(
+            clap::Command::new("status")
+                .arg(
+                    clap::Arg::new("json")
+                        .long("json")
+                        .action(clap::ArgAction::SetTrue),
+                )
+                .arg(
+                    clap::Arg::new("jsonl")
+                        .long("jsonl")
+                        .action(clap::ArgAction::SetTrue),
+                ),
+        )
+        .subcommand(clap::Command::new("purge"))
+        .subcommand(clap::Command::new("reaper").hide(true));
+    let book = "Run `fanout status --json` (not --jsonl-ish).";
+    assert_eq!(
+        undocumented(&cmd, "", book),
+        ["fanout status --jsonl", "fanout purge"]
+    );
+}

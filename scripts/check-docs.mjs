@@ -2,7 +2,9 @@
 // Checks the manual's links, which mdBook does not: every relative link and #anchor in
 // docs/src (and in the Markdown files at the top of the repository that point into it) must
 // name a file that exists and a heading that file has. A chapter that SUMMARY.md does not list
-// is an error too (mdBook would not build it). Exits 1 naming each broken link.
+// is an error too (mdBook would not build it). And the manual holds the API: every route of
+// origin/src/api/openapi.json but the pages' static files appears in docs/src on a line with its
+// method. Exits 1 naming each problem.
 //
 //   node scripts/check-docs.mjs            # run by scripts/test.sh after `mdbook build docs`
 //
@@ -138,6 +140,26 @@ export function unlistedChapters(files, bookRoot) {
     .map((p) => `${p}: not listed in ${summary}, so the book leaves it out`);
 }
 
+/**
+ * The routes of an OpenAPI document (`paths`) that no line of `book` names with its method, as
+ * `METHOD /path`; the pages' scripts, style sheets and license files are not the user's API.
+ */
+export function undocumentedRoutes(openapi, book) {
+  const lines = book.split('\n');
+  const missing = [];
+  for (const [route, ops] of Object.entries(openapi.paths ?? {})) {
+    if (/\.(js|css|txt)$/.test(route)) continue;
+    const escaped = route.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+    const named = new RegExp(`(^|[^\\w/{}-])${escaped}($|[^\\w/{}-])`);
+    for (const method of Object.keys(ops)) {
+      if (method === 'parameters') continue;
+      const m = method.toUpperCase();
+      if (!lines.some((l) => named.test(l) && l.includes(m))) missing.push(`${m} ${route}`);
+    }
+  }
+  return missing;
+}
+
 /** Every file git would see under the repository (no .git, node_modules, target, book output). */
 function readTree(root) {
   const skip = new Set(['.git', 'node_modules', 'target', 'build', 'book', '.wrangler', 'tmp']);
@@ -161,9 +183,15 @@ function main() {
   const checked = (p) =>
     p.startsWith('docs/src/') ||
     ['README.md', 'ARCHITECTURE.md', 'BENCHMARKS.md', 'origin/README.md'].includes(p);
+  const book = [...files]
+    .filter(([p]) => p.startsWith('docs/src/') && p.endsWith('.md'))
+    .map(([, t]) => t)
+    .join('\n');
+  const openapi = JSON.parse(fs.readFileSync(path.join(root, 'origin/src/api/openapi.json'), 'utf8'));
   const problems = [
     ...brokenLinks(files, 'docs/src', checked),
     ...unlistedChapters(new Map([...files].filter(([p]) => checked(p))), 'docs/src'),
+    ...undocumentedRoutes(openapi, book).map((r) => `docs/src names no ${r} (openapi.json has it)`),
   ];
   if (problems.length) {
     console.error(`check-docs: ${problems.length} problem(s):\n  ${problems.join('\n  ')}`);

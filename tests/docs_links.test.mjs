@@ -6,7 +6,7 @@ import { execFileSync } from 'node:child_process';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
-import { anchors, brokenLinks, slug, unlistedChapters } from '../scripts/check-docs.mjs';
+import { anchors, brokenLinks, slug, undocumentedRoutes, unlistedChapters } from '../scripts/check-docs.mjs';
 
 test('the manual as it is: every link and anchor resolves', () => {
   const checker = fileURLToPath(new URL('../scripts/check-docs.mjs', import.meta.url));
@@ -55,4 +55,17 @@ test('each kind of broken link is caught', () => {
   assert.deepEqual(unlistedChapters(files, 'docs/src'), [
     'docs/src/stray.md: not listed in docs/src/SUMMARY.md, so the book leaves it out',
   ]);
+});
+
+test('a route openapi.json has and the manual does not name is caught', () => {
+  const openapi = {
+    paths: {
+      '/v1/things': { get: {}, post: {} },
+      '/v1/things/{id}': { parameters: [], delete: {} },
+      '/v1/thingsx': { get: {} },
+      '/app.js': { get: {} },
+    },
+  };
+  const book = ['`GET /v1/things` lists them.', '`DELETE /v1/things/{id}` removes one.', 'POST elsewhere'].join('\n');
+  assert.deepEqual(undocumentedRoutes(openapi, book), ['POST /v1/things', 'GET /v1/thingsx']);
 });

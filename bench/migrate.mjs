@@ -1,5 +1,5 @@
 // How long a schema migration takes on an existing ledger (issue 8: migration 5 rebuilds the
-// deliveries table). Not a test: it prints numbers. BENCHMARKS.md ("Single events: keyed by
+// deliveries table). Not a test: it prints numbers. bench/HISTORY.md ("Single events: keyed by
 // event…") has the command and the result.
 //
 //   node bench/migrate.mjs --from-bin OLD_FANOUT --to-bin NEW_FANOUT [--seconds 12]

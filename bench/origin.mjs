@@ -17,7 +17,7 @@
 //           one thread): batches of 100 vs single events. Twice each: with the dispatcher
 //           delivering to the sink at full speed (real life), and with it held (every subscriber
 //           at 0.001/s, so the dispatcher has nothing to do): the cost of ingest alone.
-//   story   DESIGN.md's story through the edge lane (the real Worker under `wrangler dev`):
+//   story   the manual's story (docs/src/introduction.md) through the edge lane (the real Worker under `wrangler dev`):
 //           12,000 video.trending events x 5 subscribers, the partner (10/s, burst 20, answers
 //           429 Retry-After: 120 past that) and four fast ones. Time for the four to drain,
 //           deliveries/s, the daemon's peak RSS (VmHWM), database size, the partner's 429s and

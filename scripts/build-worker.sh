@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the Worker (Rust -> wasm) into build/ with worker-build. wrangler.toml's [build] command
-# runs this, so `npx wrangler dev` / `wrangler deploy` need nothing else once scripts/setup.sh ran.
+# runs this, so `npx wrangler dev` / `wrangler deploy` need nothing else once scripts/setup-dev.sh ran.
 #
 #   bash scripts/build-worker.sh          build unless build/ is newer than every source
 #   FANOUT_FORCE_BUILD=1 ...              always build
@@ -31,9 +31,9 @@ if [ "${FANOUT_FORCE_BUILD:-}" != "1" ] && [ -f "$out" ] && [ -f build/index_bg.
 fi
 
 command -v worker-build >/dev/null 2>&1 \
-  || die "worker-build not found; run 'bash scripts/setup.sh' first"
+  || die "worker-build not found; run 'bash scripts/setup-dev.sh' first"
 [ -x "$WASM_BINDGEN_BIN" ] \
-  || die "wasm-bindgen CLI not found at $WASM_BINDGEN_BIN; run 'bash scripts/setup.sh' first"
+  || die "wasm-bindgen CLI not found at $WASM_BINDGEN_BIN; run 'bash scripts/setup-dev.sh' first"
 
 say "worker-build --release (wasm-bindgen: $WASM_BINDGEN_BIN)"
 worker-build --release

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every check and test: formatting, clippy (native and wasm), the Rust unit and integration
-# tests, then the end-to-end tests against the built Worker (wrangler dev) and the origin daemon,
+# Runs every check and test: formatting, clippy (native and wasm), the manual (built, its links
+# checked), the Rust unit and integration tests, then the end-to-end tests against the built Worker (wrangler dev) and the origin daemon,
 # then a short fault soak (bench/chaos.mjs).
 # Stops at the first failure. CI runs exactly this (via .ci/run).
 #
@@ -26,7 +26,7 @@ step() { # name command...
   "$@"
 }
 
-step "setup (install missing tools)" bash scripts/setup.sh
+step "setup (install missing tools, the test tools too)" bash scripts/setup.sh
 # shellcheck source=scripts/env.sh
 . scripts/env.sh
 # A run from a clean checkout gains nothing from incremental compilation, whose caches took
@@ -34,6 +34,11 @@ step "setup (install missing tools)" bash scripts/setup.sh
 export CARGO_INCREMENTAL=0
 
 step "format" cargo fmt --all --check
+# mdBook does not fail on a broken link: scripts/check-docs.mjs resolves every relative link and
+# #anchor of docs/src (and of the READMEs that lead into it). The commands the book shows are
+# checked against the binary by origin/tests/docs_cli.rs, in the Rust tests below.
+step "the manual (mdbook build docs)" mdbook build docs
+step "the manual's links (scripts/check-docs.mjs)" node scripts/check-docs.mjs
 step "clippy (native, all targets)" cargo clippy --workspace --all-targets -- -D warnings
 step "clippy (wasm32, fanout-core + Worker)" \
   cargo clippy --target wasm32-unknown-unknown -p fanout-core -- -D warnings

@@ -168,7 +168,7 @@ mod tests {
     }
 
     /// Port 0 reaches nothing (on some stacks it means "any port"): refused on both lanes,
-    /// whatever the scheme. Every other port is allowed (README, "Production").
+    /// whatever the scheme. Every other port is allowed (docs/src/edge.md).
     #[test]
     fn port_zero_is_refused_and_every_other_port_allowed() {
         use EndpointError::*;

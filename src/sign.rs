@@ -829,9 +829,9 @@ mod tests {
         assert!(Keys::for_scheme(Scheme::Ed25519, vec![], vec![], false).is_empty());
     }
 
-    /// README's "Ed25519 signatures" Rust verifier, word for word: it compiles and accepts
-    /// what Fanout sends (the fixed vector, and a `both` header during a rotation), and refuses
-    /// a forged body.
+    /// The manual's Rust verifier (docs/src/signatures.md), word for word: it compiles and
+    /// accepts what Fanout sends (the fixed vector, and a `both` header during a rotation), and
+    /// refuses a forged body.
     #[test]
     fn readme_rust_verifier() {
         use base64::{engine::general_purpose::STANDARD as B64, Engine as _};

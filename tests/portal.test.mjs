@@ -252,7 +252,7 @@ async function clickThrough(t, ledger) {
     { token, bIds: bDead.map((d) => d.id) },
   );
   for (const [call, status] of Object.entries(attacks)) {
-    // DESIGN.md's portal routes: the stored secret and test events are the operator's (403).
+    // The portal's routes (docs/src/customers.md): the stored secret and test events are the operator's (403).
     const operatorOnly = call.includes('/v1/customers') || call.startsWith('POST /v1/events') || call.endsWith('/secret') || call.endsWith('/test');
     const expected = operatorOnly ? 403 : 404;
     assert.equal(status, expected, `${call}: ${status}`);

@@ -473,7 +473,7 @@ fn retry_settings(
     }
     if backoff_scale < 1.0 {
         warnings.push(format!(
-            "--backoff-scale {backoff_scale}: retries come faster than DESIGN.md's schedule"
+            "--backoff-scale {backoff_scale}: retries come faster than the default schedule"
         ));
     }
     Ok((max_attempts, backoff_scale))

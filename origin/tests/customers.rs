@@ -236,7 +236,8 @@ async fn a_portal_token_sees_and_changes_only_its_own_customer() {
             .post(&format!("/v1/subscribers/{sub}/rotate-secret"), json!({}))
             .await;
         assert_eq!(s, 404, "rotate {sub}");
-        // The stored secrets and test events are the operator's (DESIGN.md's portal routes).
+        // The stored secrets and test events are the operator's (the portal's routes:
+        // docs/src/customers.md).
         let (s, _) = a.get(&format!("/v1/subscribers/{sub}/secret")).await;
         assert_eq!(s, 403, "secret {sub}");
         let (s, _) = a
@@ -410,8 +411,9 @@ fn signed_by(r: &Received, secret: &str) -> bool {
 }
 
 /// `GET /v1/subscribers/{id}/secret` shows the real signing secrets to the admin; a portal
-/// token gets 403 (DESIGN.md's portal routes) and sees a new secret once, in the answer to its
-/// own rotation; during a rotation both sign, the old one until the end of its grace period.
+/// token gets 403 (the portal's routes: docs/src/customers.md) and sees a new secret once, in
+/// the answer to its own rotation; during a rotation both sign, the old one until the end of
+/// its grace period.
 /// Never cacheable.
 #[tokio::test]
 async fn signing_secrets_are_shown_to_the_admin_and_once_to_the_rotating_customer() {

@@ -209,7 +209,7 @@ async fn rotated_out_secret_stops_signing_after_the_grace_period() {
     d.stop().await;
 }
 
-/// One subscriber per answer; every outcome lands where DESIGN.md's retry rules say.
+/// One subscriber per answer; every outcome lands where the retry rules (docs/src/webhooks.md) say.
 #[tokio::test]
 async fn classification_table() {
     let d = Daemon::start().await; // max 3 attempts, backoff scaled to 1%

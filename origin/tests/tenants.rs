@@ -1,7 +1,7 @@
 //! Tenants over time and the portal's powers, bounded (issue 22), against the real daemon over
-//! real sockets: what a portal token may call (DESIGN.md's list), what it may not undo of the
-//! operator's, revoking a customer's links, rotating a secret, and ids re-created after their
-//! customer or subscriber was removed.
+//! real sockets: what a portal token may call (docs/src/customers.md's list), what it may not
+//! undo of the operator's, revoking a customer's links, rotating a secret, and ids re-created
+//! after their customer or subscriber was removed.
 //! Runs on SQLite, and on PostgreSQL with `FANOUT_TEST_LEDGER=postgres` (scripts/test.sh runs it
 //! both ways).
 // Tests: a failed unwrap is a failed test.
@@ -41,8 +41,8 @@ async fn customer_with_endpoint(api: &Api, customer: &str, sub: &str, url: &str)
     as_token(api, &portal_token(api, customer).await)
 }
 
-/// DESIGN.md's portal routes and nothing else: the stored secrets and test events answer 403
-/// to a portal token (the admin keeps them); a customer pauses and resumes its own endpoint
+/// The portal's routes (docs/src/customers.md) and nothing else: the stored secrets and test
+/// events answer 403 to a portal token (the admin keeps them); a customer pauses and resumes its own endpoint
 /// but cannot re-enable one the operator disabled.
 #[tokio::test]
 async fn the_portal_has_designs_routes_and_cannot_undo_an_operators_disable() {

@@ -32,7 +32,8 @@ fn var_text(env: &Env, name: &str) -> Option<String> {
     })
 }
 
-/// The platform limits from the Worker's variables (README, "Production").
+/// The platform limits from the Worker's variables (docs/src/edge.md, "The edge's platform
+/// limits").
 fn env_limits(env: &Env) -> Result<EdgeLimits, LimitError> {
     EdgeLimits::from_vars(|name| var_text(env, name))
 }

@@ -1,5 +1,5 @@
-// Small helpers for the edge's end-to-end tests: build delivery batches the way DESIGN.md's
-// "Edge API" spells them, send them signed, and read the answers.
+// Small helpers for the edge's end-to-end tests: build delivery batches the way the manual's
+// edge API (docs/src/edge.md) spells them, send them signed, and read the answers.
 
 import assert from 'node:assert/strict';
 import crypto from 'node:crypto';

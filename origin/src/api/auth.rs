@@ -28,10 +28,11 @@ pub enum Principal {
     Portal { customer: String },
 }
 
-/// The routes a portal token may call (DESIGN.md's fourth-round list, those that exist).
-/// Everything else answers 403: creating and removing endpoints, the stored secrets (`GET
-/// …/secret`; the portal sees a new secret once, in the rotation's answer), test events (`POST
-/// …/test`), ingest, customers and their links, retention and the outbox are the operator's.
+/// The routes a portal token may call (the manual's list: docs/src/customers.md, "What a
+/// portal token may do"). Everything else answers 403: creating and removing endpoints, the
+/// stored secrets (`GET …/secret`; the portal sees a new secret once, in the rotation's answer),
+/// test events (`POST …/test`), ingest, customers and their links, retention and the outbox
+/// are the operator's.
 const PORTAL_ROUTES: &[(Method, &str)] = &[
     (Method::GET, "/v1/subscribers"),
     (Method::GET, "/v1/subscribers/{id}"),
@@ -46,9 +47,9 @@ const PORTAL_ROUTES: &[(Method, &str)] = &[
     (Method::GET, "/v1/series"),
 ];
 
-/// The subscriber fields a portal token may change (DESIGN.md's list): pause and resume, its
-/// own filter (which narrows the operator's `filter`, never widens it: that one is the
-/// operator's), the signature scheme its receiver verifies, and batching.
+/// The subscriber fields a portal token may change (the manual: docs/src/customers.md): pause
+/// and resume, its own filter (which narrows the operator's `filter`, never widens it: that one
+/// is the operator's), the signature scheme its receiver verifies, and batching.
 const PORTAL_PATCHABLE: &[&str] = &["disabled", "customer_filter", "signature", "batch"];
 
 impl Principal {

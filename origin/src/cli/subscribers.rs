@@ -37,8 +37,8 @@ pub enum SubscriberCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Set a subscriber's content filter (a JSON object, see the README), or remove it with
-    /// `null`; prints the subscriber
+    /// Set a subscriber's content filter (a JSON object, see the manual's "Content filters"),
+    /// or remove it with `null`; prints the subscriber
     Filter {
         id: String,
         /// The filter, e.g. '{"amount": {"$gt": 100}}', or null
@@ -105,7 +105,8 @@ pub struct SubscriberAdd {
     /// Print the daemon's JSON (the subscriber with its secret) instead of a line for a person
     #[arg(long)]
     pub json: bool,
-    /// Deliver only events whose body matches this content filter (JSON, see the README)
+    /// Deliver only events whose body matches this content filter (JSON, see the manual's
+    /// "Content filters")
     #[arg(long, value_parser = parse_json_arg)]
     pub filter: Option<serde_json::Value>,
     /// full (the event's body) or thin ({"id","type","timestamp"} and the --event-url)

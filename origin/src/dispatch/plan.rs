@@ -8,7 +8,8 @@ use fanout_core::wire::{DeliveryResult, TransportError};
 
 use crate::model::{AttemptRecord, Lane, Transition};
 
-/// The retry rules in force (DESIGN.md's, with a scale for tests).
+/// The retry rules in force (docs/src/webhooks.md, "Retries, pauses and the breaker"), with a
+/// scale for tests.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryRules {
     pub max_attempts: u32,

@@ -517,11 +517,10 @@ async fn filter_tests_are_bounded_and_never_hold_up_healthz() {
         }
         answers.push(got);
     }
-    // (10 a burst, then 2 a second: a slow machine earns a few back meanwhile.)
-    assert!(
-        answers[0].len() >= 10 && answers[0].last() == Some(&429),
-        "{answers:?}"
-    );
+    // (10 a burst, then 2 a second: a slow machine earns a few back meanwhile.) The
+    // operator's burst went to the ten costly tests above, so it starts with what it earned
+    // back while they ran (none, on a fast machine); the portal customer's is whole.
+    assert_eq!(answers[0].last(), Some(&429), "{answers:?}");
     assert!(
         answers[1].len() >= 10 && answers[1].last() == Some(&429),
         "{answers:?}"

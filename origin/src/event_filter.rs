@@ -66,6 +66,7 @@ use serde_json::{Map, Number, Value};
 
 mod projection;
 mod set;
+pub(crate) use projection::Key;
 pub use projection::Projection;
 use set::ValueSet;
 

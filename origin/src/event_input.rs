@@ -22,6 +22,7 @@ use std::fmt;
 use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
+use crate::event_filter::Key;
 use crate::ledger::NewEvent;
 use crate::model::{validate_event_id, validate_visible};
 
@@ -194,32 +195,6 @@ impl<'de> Visitor<'de> for Walk {
             }
         }
         Ok(self.head.then_some(head))
-    }
-}
-
-/// An object's key, borrowed from the text when it has no escapes (decoded otherwise, which
-/// refuses a lone surrogate as a value's string does).
-struct Key;
-
-impl<'de> DeserializeSeed<'de> for Key {
-    type Value = Cow<'de, str>;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_str(Key)
-    }
-}
-
-impl<'de> Visitor<'de> for Key {
-    type Value = Cow<'de, str>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a key")
-    }
-    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Cow::Borrowed(v))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Cow::Owned(v.to_string()))
     }
 }
 

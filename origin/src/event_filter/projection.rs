@@ -143,8 +143,10 @@ impl<'de> Visitor<'de> for &Projection {
     }
 }
 
-/// An object's key, borrowed from the text when it has no escapes.
-struct Key;
+/// An object's key, borrowed from the text when it has no escapes (decoded otherwise, which
+/// refuses a lone surrogate as a value's string does). The one key reader of the projection and
+/// of `event_input`'s walk.
+pub(crate) struct Key;
 
 impl<'de> DeserializeSeed<'de> for Key {
     type Value = Cow<'de, str>;

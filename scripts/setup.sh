@@ -18,6 +18,23 @@ MDBOOK_VERSION="0.4.52"
 say() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
+# apt_install WHY PACKAGE...: install Debian packages (sudo when not root; the package index is
+# refreshed once per run), or stop naming what is missing where there is no apt-get.
+apt_updated=0
+apt_install() {
+  local why="$1"
+  shift
+  command -v apt-get >/dev/null 2>&1 || die "$why and there is no apt-get: install Debian's $* (or your system's equivalent)"
+  say "installing $* (apt-get)"
+  local sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  if [ "$apt_updated" = 0 ]; then
+    $sudo_cmd apt-get update
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y "$@"
+}
+
 # --- rustfmt and clippy (scripts/test.sh's format and lint steps) ----------------------------
 for component in rustfmt clippy; do
   if rustup component list --installed 2>/dev/null | grep -q "^$component"; then
@@ -33,12 +50,7 @@ CHROMIUM_BIN="/usr/bin/chromium"
 if [ -x "$CHROMIUM_BIN" ]; then
   say "skip: chromium already installed ($CHROMIUM_BIN)"
 else
-  command -v apt-get >/dev/null 2>&1 || die "$CHROMIUM_BIN is missing and there is no apt-get: install Debian's chromium package"
-  say "installing chromium (apt-get)"
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  $sudo_cmd apt-get update
-  $sudo_cmd apt-get install -y chromium
+  apt_install "$CHROMIUM_BIN is missing" chromium
 fi
 
 # --- PostgreSQL server binaries for the PostgreSQL ledger's tests (origin/tests/pg_ledger.rs) ---
@@ -48,13 +60,8 @@ pg_postgres="$(ls /usr/lib/postgresql/*/bin/postgres 2>/dev/null | sort -V | tai
 if [ -n "$pg_postgres" ]; then
   say "skip: PostgreSQL server already installed ($pg_postgres)"
 else
-  command -v apt-get >/dev/null 2>&1 || die "no /usr/lib/postgresql/*/bin/postgres and no apt-get: install Debian's postgresql package"
-  say "installing the PostgreSQL server (apt-get)"
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  $sudo_cmd apt-get update
   # The package starts a cluster of its own on Debian; the tests never use it.
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y postgresql
+  apt_install "no /usr/lib/postgresql/*/bin/postgres" postgresql
 fi
 
 # --- libfaketime for the clock-skew test (origin/tests/pg_clocks.rs) ---------------------------
@@ -63,12 +70,7 @@ faketime_lib="$(ls /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfak
 if [ -n "$faketime_lib" ]; then
   say "skip: libfaketime already installed ($faketime_lib)"
 else
-  command -v apt-get >/dev/null 2>&1 || die "no libfaketime.so.1 and no apt-get: install Debian's libfaketime package"
-  say "installing libfaketime (apt-get)"
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  $sudo_cmd apt-get update
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y libfaketime
+  apt_install "no libfaketime.so.1" libfaketime
 fi
 
 # --- packaging (scripts/package.sh, scripts/package-test.sh) ---------------------------------
@@ -89,12 +91,7 @@ command -v dpkg-deb >/dev/null 2>&1 || packaging_missing+=(dpkg)
 if [ "${#packaging_missing[@]}" -eq 0 ]; then
   say "skip: musl-gcc, buildah, systemd-analyze and dpkg-deb already installed"
 else
-  command -v apt-get >/dev/null 2>&1 || die "missing ${packaging_missing[*]} and no apt-get: install Debian's ${packaging_missing[*]}"
-  say "installing ${packaging_missing[*]} (apt-get)"
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  $sudo_cmd apt-get update
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y "${packaging_missing[@]}"
+  apt_install "missing ${packaging_missing[*]}" "${packaging_missing[@]}"
 fi
 
 # --- schemathesis for the OpenAPI check (tests/openapi.test.mjs) -----------------------------

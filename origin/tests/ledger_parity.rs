@@ -346,10 +346,15 @@ async fn subscribers_are_created_read_changed_and_rotated(s: Store, now: i64) {
     assert_eq!(got.active_secrets(now + 50).len(), 2);
     assert_eq!(got.active_secrets(now + 200), ["whsec_two"]);
     let soon = s
-        .rotate_secret("a".into(), "whsec_soon".into(), now + 20, 100, None)
+        .rotate_secret("a".into(), "whsec_soon".into(), now + 40, 100, None)
         .await;
-    assert!(matches!(soon, Err(LedgerError::TooSoon { .. })), "{soon:?}");
     let minute = fanout_origin::model::MIN_ROTATION_INTERVAL_MS;
+    match soon {
+        Err(LedgerError::TooSoon { retry_after_ms, .. }) => {
+            assert_eq!(retry_after_ms, minute - 30)
+        }
+        other => panic!("{other:?}"),
+    }
     for k in 1..=3 {
         let at = now + 10 + k * minute;
         s.rotate_secret(
@@ -678,10 +683,14 @@ async fn a_turn_records_every_transition_and_its_attempt_once(s: Store, now: i64
         statuses(&s, now + 5).await,
         counts(&[("dead", 1), ("pending", 2), ("sent", 1)])
     );
-    // The retried one, due again, is its second attempt.
+    // Each when it is due: the deferred one first (its first attempt), then the retried one
+    // (its second).
+    let c = claim(&s, "a", 4, now + 80).await;
+    assert_eq!((rowids(&c), c.next_due_ms), (vec![ids[2]], Some(now + 99)));
+    assert_eq!(c.claimed[0].attempt, 1);
     let c = claim(&s, "a", 4, now + 100).await;
     let next: Vec<(i64, u32)> = c.claimed.iter().map(|d| (d.rowid, d.attempt)).collect();
-    assert_eq!(next, [(ids[2], 1), (ids[1], 2)], "by due time");
+    assert_eq!((next, c.next_due_ms), (vec![(ids[1], 2)], None));
 }
 
 /// Leases end by expiry (due again at once), as strays (every lease but those the caller

@@ -607,53 +607,68 @@ async fn a_delivery_an_ingest_left_for_a_removed_subscriber_goes_dead_at_the_nex
 /// non-empty database is refused.
 #[tokio::test]
 async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
-    use fanout_origin::ledger::sqlite::{self as sq, Ledger};
+    use fanout_origin::ledger::sqlite::Ledger;
+    use fanout_origin::ledger::store::Store;
+    use fanout_origin::ledger::{Deliveries as _, DispatchLedger as _, Subscribers as _};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fanout.db");
     let n = 12_000; // more than one copy chunk
     {
-        let ledger = Ledger::open(&path).unwrap();
+        let ledger = Store::from(Ledger::open(&path).unwrap());
         let (mut a, b) = (
             sub("a", &["*"], 1e6, 1_000_000, 100_000),
             sub("gone", &["*"], 5.0, 9, 3),
         );
         a.payload = fanout_origin::model::Payload::Thin;
         a.signature = fanout_origin::model::Scheme::Both;
+        let keys = fanout_origin::keyring::NewSecret {
+            secret: "whsec_a".into(),
+            signing_key: Some(fanout_origin::keyring::new_signing_key(&[5; 32])),
+        };
+        ledger.create_subscriber(a, keys).await.unwrap();
+        ledger.create_subscriber(b, "whsec_b".into()).await.unwrap();
+        ledger.ingest(evs("e", n), 1).await.unwrap();
+        // Dead and sent deliveries with attempts, one still in flight, and a limiter.
+        let turn = |t: Turn| {
+            let ledger = ledger.clone();
+            async move { ledger.record_turn(t).await.map_err(|e| e.error).unwrap() }
+        };
+        let leased = turn(Turn {
+            now_ms: 2,
+            claims: vec![("a".into(), 3)],
+            lease_until_ms: 100_000,
+            ..Turn::default()
+        })
+        .await;
+        let ids: Vec<i64> = leased.claims[0].claimed.iter().map(|d| d.rowid).collect();
+        let mut gone = sent(ids[1], None, 3).outcome;
+        gone.transition = Transition::Dead {
+            reason: "410".into(),
+        };
+        let limiter = fanout_core::limiter::LimiterState {
+            paused_until_ms: Some(123_456),
+            ..Default::default()
+        };
+        turn(Turn {
+            now_ms: 4,
+            outcomes: vec![sent(ids[0], None, 3).outcome, gone],
+            limiters: vec![("a".into(), limiter)],
+            ..Turn::default()
+        })
+        .await;
+        ledger.delete_subscriber("gone".into(), 5).await.unwrap();
         // Both filters come over (set after ingest: the events match neither): the operator's
         // and the customer's own.
-        let mut filtered = a.clone();
-        filtered.filter = Some(serde_json::json!({ "customer": "acme" }));
-        filtered.customer_filter = Some(serde_json::json!({ "amount": { "$gt": 5 } }));
         ledger
-            .tx(move |c| {
-                let keys = fanout_origin::keyring::NewSecret {
-                    secret: "whsec_a".into(),
-                    signing_key: Some(fanout_origin::keyring::new_signing_key(&[5; 32])),
-                };
-                sq::create_subscriber(c, &a, keys)?;
-                sq::create_subscriber(c, &b, "whsec_b")?;
-                sq::ingest(c, &evs("e", n), 1)?;
-                // Dead and sent deliveries with attempts, some still in flight.
-                let claims = sq::claim(c, &[("a".into(), 3)], &[], 2, 100_000)?;
-                let ids: Vec<i64> = claims[0].claimed.iter().map(|d| d.rowid).collect();
-                let mut o0 = sent(ids[0], None, 3).outcome;
-                let mut o1 = sent(ids[1], None, 3).outcome;
-                o1.transition = Transition::Dead {
-                    reason: "410".into(),
-                };
-                o0.transition = Transition::Sent;
-                sq::apply(c, &[o0, o1], &[], 4)?;
-                let limiter = fanout_core::limiter::LimiterState {
-                    paused_until_ms: Some(123_456),
-                    ..Default::default()
-                };
-                sq::store_limiters(c, &[("a".into(), limiter)])?;
-                sq::delete_subscriber(c, "gone", 5)?;
-                sq::update_subscriber(c, &filtered)?;
-                Ok(())
+            .update_subscriber("a".into(), None, |mut x| {
+                x.filter = Some(serde_json::json!({ "customer": "acme" }));
+                x.customer_filter = Some(serde_json::json!({ "amount": { "$gt": 5 } }));
+                Ok::<_, String>((x, false))
             })
             .await
+            .unwrap()
             .unwrap();
+        ledger.close().await.unwrap();
     }
     let server = PgServer::start();
     let url = server.database("copy").await;

@@ -646,7 +646,7 @@ async fn a_turn_records_every_transition_and_its_attempt_once(s: Store, now: i64
         transition: Transition::Defer { at_ms: now + 77 },
         attempt: None,
     };
-    let outcomes = vec![sent(ids[0], now + 2), retry, defer, dead(ids[3], now + 2)];
+    let outcomes = vec![sent(ids[0], now + 2), retry, defer, dead(ids[3], now + 1)];
     finish(&s, outcomes.clone(), now + 3).await;
     // Again, as after an answer that was lost: nothing more.
     finish(&s, outcomes, now + 4).await;
@@ -683,6 +683,11 @@ async fn a_turn_records_every_transition_and_its_attempt_once(s: Store, now: i64
         statuses(&s, now + 5).await,
         counts(&[("dead", 1), ("pending", 2), ("sent", 1)])
     );
+    // The last failed attempt is the subscriber's last error.
+    let (_, figures) = s.subscribers(Some("a".into()), true, None).await.unwrap();
+    let a = &figures.unwrap()["a"];
+    assert_eq!((a.pending, a.sent, a.dead), (2, 1, 1));
+    assert_eq!(a.last_error, Some((now + 2, "HTTP 500".to_string())));
     // Each when it is due: the deferred one first (its first attempt), then the retried one
     // (its second).
     let c = claim(&s, "a", 4, now + 80).await;
@@ -1065,15 +1070,31 @@ async fn customers_weights_subscribers_and_portal_links(s: Store, now: i64) {
     ));
     assert_eq!(s.portal_key(vec![1; 32], now).await.unwrap(), vec![1; 32]);
     assert_eq!(s.portal_key(vec![2; 32], now).await.unwrap(), vec![1; 32]);
+    // A removed endpoint keeps its owner while its deliveries are kept: another customer
+    // cannot take its id over.
+    s.ingest(evs("e", 1), now + 3).await.unwrap();
     for id in ["s1", "s2"] {
         s.delete_subscriber(id.into(), now + 3).await.unwrap();
     }
+    s.create_customer(Customer {
+        id: "globex".into(),
+        ..acme.clone()
+    })
+    .await
+    .unwrap();
+    let mut taken = sub("s1", &["*"]);
+    taken.customer = Some("globex".into());
+    let taken = s.create_subscriber(taken, "x".into()).await;
+    assert!(matches!(taken, Err(LedgerError::Conflict(_))), "{taken:?}");
     s.delete_customer("acme".into()).await.unwrap();
     assert!(matches!(
         s.customer("acme".into()).await,
         Err(LedgerError::NotFound(_))
     ));
-    assert!(s.dispatch_customers().await.unwrap().is_empty());
+    assert_eq!(
+        s.dispatch_customers().await.unwrap(),
+        [("globex".to_string(), 3, Some(7))]
+    );
 }
 
 /// A test event makes one delivery, to the subscriber named alone (whatever its types), if

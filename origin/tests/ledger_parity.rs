@@ -1479,7 +1479,8 @@ async fn gauges_pings_and_the_share(s: Store, now: i64) {
     by_status.sort();
     assert_eq!(by_status, counts(&[("in_flight", 1), ("pending", 5)]));
     assert_eq!(report, Default::default());
-    let got: Vec<(&str, i64, i64, Option<i64>, Option<i64>, &str)> = stats
+    type Gauge<'a> = (&'a str, i64, i64, Option<i64>, Option<i64>, &'a str);
+    let got: Vec<Gauge> = stats
         .iter()
         .map(|x| {
             (

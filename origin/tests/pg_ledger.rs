@@ -18,10 +18,11 @@ use common::pg::PgServer;
 use fanout_core::retry::Attempt;
 use fanout_origin::ledger::postgres::{Announcement, Feedback, LeasedOutcome, PgLedger};
 use fanout_origin::ledger::{
-    DeliveryFilter, DispatchLedger, LedgerError, NewEvent, Outcome, Transition, Turn,
+    Deliveries, DeliveryFilter, DispatchLedger, LedgerError, NewEvent, Outcome, Subscribers,
+    Transition, Turn,
 };
 use fanout_origin::model::Status;
-use pg_fixtures::{ev, evs, ledgers, sent, sub, BREAKER, LEASE};
+use pg_fixtures::{add, ev, evs, ledgers, sent, sub, BREAKER, LEASE};
 
 #[tokio::test]
 async fn migrations_run_once_even_when_daemons_start_together_and_a_newer_schema_is_refused() {
@@ -69,9 +70,7 @@ async fn ingest_and_changes_wake_other_daemons_and_a_resend_through_them_is_a_du
     let server = PgServer::start();
     let l = ledgers(&server, "i", 2).await;
     for (id, ty) in [("a", "video.*"), ("b", "video.trending"), ("c", "audio.*")] {
-        l[0].create_subscriber(&sub(id, &[ty], 10.0, 20, 8), "s")
-            .await
-            .unwrap();
+        add(&l[0], sub(id, &[ty], 10.0, 20, 8)).await;
     }
     let mut listener = l[1].listen().await.unwrap();
     let (_, touched) = l[0]
@@ -81,7 +80,9 @@ async fn ingest_and_changes_wake_other_daemons_and_a_resend_through_them_is_a_du
     assert_eq!(touched, ["a", "b"]);
     let due = Announcement::Due(vec!["a".to_string(), "b".to_string()]);
     assert_eq!(hear(&mut listener).await, due);
-    l[0].rotate_secret("c", "s2", 7, 0).await.unwrap();
+    Subscribers::rotate_secret(&l[0], "c".into(), "s2".into(), 7, 0, None)
+        .await
+        .unwrap();
     assert_eq!(hear(&mut listener).await, Announcement::Changed("c".into()));
     let (again, touched) = l[1].ingest(vec![ev("e2", "video.new")], 6).await.unwrap();
     assert_eq!((again[0].deliveries, again[0].duplicate), (0, true));
@@ -90,16 +91,20 @@ async fn ingest_and_changes_wake_other_daemons_and_a_resend_through_them_is_a_du
         limit: 100,
         ..Default::default()
     };
-    assert_eq!(l[1].list_deliveries(&all).await.unwrap().len(), 3);
+    assert_eq!(
+        Deliveries::list_deliveries(&l[1], all.clone())
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
 }
 
 #[tokio::test]
 async fn leases_carry_their_owner_and_a_stale_result_is_ignored() {
     let server = PgServer::start();
     let l = ledgers(&server, "l", 2).await;
-    l[0].create_subscriber(&sub("a", &["*"], 1000.0, 1000, 100), "s")
-        .await
-        .unwrap();
+    add(&l[0], sub("a", &["*"], 1000.0, 1000, 100)).await;
     l[0].ingest(evs("e", 3), 0).await.unwrap();
     // Daemon 0 leases all three until 10 + LEASE, and dies.
     let c0 = l[0]
@@ -160,7 +165,7 @@ async fn leases_carry_their_owner_and_a_stale_result_is_ignored() {
         .await
         .unwrap();
     assert_eq!(twice.recorded, 0, "a result recorded twice counts once");
-    let d = l[0].get_delivery(ids[0]).await.unwrap();
+    let d = Deliveries::get_delivery(&l[0], ids[0], None).await.unwrap();
     assert_eq!(d.status, Status::Sent);
     assert_eq!(d.attempt_count, 1);
     assert_eq!(d.attempts.map(|a| a.len()), Some(1));
@@ -187,9 +192,7 @@ async fn concurrent_claimers_never_get_the_same_delivery() {
     let server = PgServer::start();
     let l = ledgers(&server, "c", 4).await;
     for s in ["a", "b"] {
-        l[0].create_subscriber(&sub(s, &["*"], 1e6, 1_000_000, 1_000_000), "s")
-            .await
-            .unwrap();
+        add(&l[0], sub(s, &["*"], 1e6, 1_000_000, 1_000_000)).await;
     }
     let n = 3_000;
     l[0].ingest(evs("e", n), 0).await.unwrap();
@@ -239,12 +242,8 @@ async fn concurrent_claimers_never_get_the_same_delivery() {
 async fn the_shared_limiter_never_grants_more_than_the_bucket_across_claimers() {
     let server = PgServer::start();
     let l = ledgers(&server, "r", 3).await;
-    l[0].create_subscriber(&sub("slow", &["*"], 20.0, 40, 1_000), "s")
-        .await
-        .unwrap();
-    l[0].create_subscriber(&sub("capped", &["*"], 1e6, 1_000_000, 5), "s")
-        .await
-        .unwrap();
+    add(&l[0], sub("slow", &["*"], 20.0, 40, 1_000)).await;
+    add(&l[0], sub("capped", &["*"], 1e6, 1_000_000, 5)).await;
     l[0].ingest(evs("e", 500), 0).await.unwrap();
     let t0 = 1_000_000;
     // All three at t0, each asking for far more than the burst, many times.
@@ -312,9 +311,7 @@ async fn the_shared_limiter_never_grants_more_than_the_bucket_across_claimers() 
 async fn a_retry_after_pause_is_shared_by_every_daemon() {
     let server = PgServer::start();
     let l = ledgers(&server, "p", 2).await;
-    l[0].create_subscriber(&sub("a", &["*"], 1000.0, 1000, 100), "s")
-        .await
-        .unwrap();
+    add(&l[0], sub("a", &["*"], 1000.0, 1000, 100)).await;
     l[0].ingest(evs("e", 10), 0).await.unwrap();
     let t0 = 5_000;
     let c = l[0]
@@ -380,9 +377,7 @@ async fn a_retry_after_pause_is_shared_by_every_daemon() {
 async fn a_full_in_flight_cap_is_no_wait() {
     let server = PgServer::start();
     let l = ledgers(&server, "cap", 1).await;
-    l[0].create_subscriber(&sub("a", &["*"], 1000.0, 1000, 2), "s")
-        .await
-        .unwrap();
+    add(&l[0], sub("a", &["*"], 1000.0, 1000, 2)).await;
     l[0].ingest(evs("e", 5), 0).await.unwrap();
     let turn = l[0]
         .record_turn(Turn {
@@ -404,9 +399,7 @@ async fn renewed_leases_hold_and_lapsed_ones_are_taken_over() {
     use fanout_origin::ledger::postgres::LEASE_MS;
     let server = PgServer::start();
     let l = ledgers(&server, "renew", 2).await;
-    l[0].create_subscriber(&sub("a", &["*"], 1e6, 1_000_000, 100), "s")
-        .await
-        .unwrap();
+    add(&l[0], sub("a", &["*"], 1e6, 1_000_000, 100)).await;
     l[0].ingest(evs("e", 4), 0).await.unwrap();
     let t0 = 1_000;
     let c = l[0]
@@ -445,9 +438,7 @@ async fn leases_of_a_turn_whose_answer_was_lost_are_released_but_those_held() {
     use fanout_origin::ledger::postgres::LEASE_MS;
     let server = PgServer::start();
     let l = ledgers(&server, "strays", 2).await;
-    l[0].create_subscriber(&sub("a", &["*"], 1e6, 1_000_000, 100), "s")
-        .await
-        .unwrap();
+    add(&l[0], sub("a", &["*"], 1e6, 1_000_000, 100)).await;
     l[0].ingest(evs("e", 5), 0).await.unwrap();
     let t0 = 1_000;
     // Daemon 0 holds one send; a lost answer leased it three more; daemon 1 holds one.
@@ -559,9 +550,7 @@ async fn a_claim_takes_tokens_only_for_what_it_leased() {
     let server = PgServer::start();
     let l = ledgers(&server, "tokens", 1).await.remove(0);
     // A burst of 10 refilling one token per 1,000 s: nothing refills during the test.
-    l.create_subscriber(&sub("a", &["*"], 0.001, 10, 100), "s")
-        .await
-        .unwrap();
+    add(&l, sub("a", &["*"], 0.001, 10, 100)).await;
     l.ingest(evs("x", 3), 0).await.unwrap();
     let t0 = 1_000;
     let first = l
@@ -587,9 +576,7 @@ async fn daemons_count_a_batch_in_flight_as_one_request() {
     let server = PgServer::start();
     let l = ledgers(&server, "batch", 2).await;
     // Two requests in flight at most; a burst of 3 refilling one token per 1,000 s.
-    l[0].create_subscriber(&sub("b", &["*"], 0.001, 3, 2), "s")
-        .await
-        .unwrap();
+    add(&l[0], sub("b", &["*"], 0.001, 3, 2)).await;
     l[0].ingest(evs("x", 23), 0).await.unwrap();
     let per = [("b".to_string(), 5)];
     let t0 = 1_000;
@@ -657,7 +644,7 @@ async fn an_ordered_batching_claim_takes_runs_and_an_expired_run_keeps_one_head(
     let mut s = sub("o", &["*"], 1000.0, 1000, 4);
     s.ordering = Ordering::Key;
     s.ordering_key = Some("/k".into());
-    l[0].create_subscriber(&s, "s").await.unwrap();
+    add(&l[0], s).await;
     let events: Vec<NewEvent> = (1..=4)
         .flat_map(|i| {
             ["a", "b"].map(|k| NewEvent {

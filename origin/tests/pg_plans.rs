@@ -12,9 +12,11 @@ use common::pg::PgServer;
 use fanout_core::retry::Attempt;
 use fanout_origin::ledger::postgres::{Feedback, LeasedOutcome, PgLedger};
 use fanout_origin::ledger::Retention as _;
-use fanout_origin::ledger::{DeliveryFilter, DispatchLedger, Outcome, Transition, Turn};
+use fanout_origin::ledger::{
+    Deliveries, DeliveryFilter, DispatchLedger, Outcome, Subscribers, Transition, Turn,
+};
 use fanout_origin::model::Status;
-use pg_fixtures::{ev, evs, ledgers, sent, sub, BREAKER, LEASE};
+use pg_fixtures::{add, ev, evs, ledgers, sent, sub, BREAKER, LEASE};
 
 /// The query-plan test on PostgreSQL (SQLite's is `ledger/plans.rs`): every statement the hot
 /// paths run (ingest, claims, results, leases, due lookups, lists by status, subscriber,
@@ -41,9 +43,7 @@ async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
         PgLedger::open(&url, "d1").await.unwrap(),
     ];
     for id in ["a", "b"] {
-        l[0].create_subscriber(&sub(id, &["t"], 1e6, 1_000_000, 1_000), "s")
-            .await
-            .unwrap();
+        add(&l[0], sub(id, &["t"], 1e6, 1_000_000, 1_000)).await;
     }
     l[0].ingest(evs("e", 20), 0).await.unwrap();
     l[1].ingest(vec![ev("lonely", "other")], 0).await.unwrap();
@@ -147,10 +147,12 @@ async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
             limit: 100,
             ..f.clone()
         };
-        l[1].list_deliveries(&f).await.unwrap();
+        Deliveries::list_deliveries(&l[1], f.clone()).await.unwrap();
     }
-    l[1].get_delivery(ids[0]).await.unwrap();
-    l[1].replay_one(ids[2], 6).await.unwrap();
+    Deliveries::get_delivery(&l[1], ids[0], None).await.unwrap();
+    Deliveries::replay_one(&l[1], ids[2], 6, None)
+        .await
+        .unwrap();
     l[1].replay_step(
         &DeliveryFilter {
             subscriber: Some("b".into()),
@@ -182,7 +184,9 @@ async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
     .unwrap();
     store.retention_report().await.unwrap();
     l[1].fold_counts().await.unwrap();
-    l[0].delete_subscriber("b", 9).await.unwrap();
+    Subscribers::delete_subscriber(&l[0], "b".into(), 9)
+        .await
+        .unwrap();
 
     let statements: Vec<String> = logged_statements(&server.log())
         .into_iter()
@@ -224,9 +228,7 @@ async fn a_queue_that_outgrows_its_statistics_is_analyzed_and_turns_read_it_by_i
     let url = server.database("stats").await;
     let l = PgLedger::open(&url, "d0").await.unwrap();
     for id in ["a", "b"] {
-        l.create_subscriber(&sub(id, &["t"], 1e6, 1_000_000, 1_000), "s")
-            .await
-            .unwrap();
+        add(&l, sub(id, &["t"], 1e6, 1_000_000, 1_000)).await;
     }
     assert!(
         !l.refresh_statistics().await.unwrap(),
@@ -325,9 +327,7 @@ async fn a_queue_that_outgrows_its_statistics_is_analyzed_and_turns_read_it_by_i
 async fn churned_tables_are_vacuumed_and_their_space_reused() {
     let server = PgServer::start();
     let l = ledgers(&server, "vacuum", 1).await.remove(0);
-    l.create_subscriber(&sub("v", &["*"], 10.0, 20, 8), "s")
-        .await
-        .unwrap();
+    add(&l, sub("v", &["*"], 10.0, 20, 8)).await;
     l.ingest(evs("v", 3_000), 0).await.unwrap();
     let c = server.connect("vacuum").await;
     let stat = |col: &'static str| {

@@ -6,7 +6,7 @@
 
 use fanout_core::breaker::BreakerConfig;
 use fanout_origin::ledger::postgres::{LeasedOutcome, PgLedger};
-use fanout_origin::ledger::{AttemptRecord, NewEvent, Outcome, Transition};
+use fanout_origin::ledger::{AttemptRecord, NewEvent, Outcome, Subscribers, Transition};
 use fanout_origin::model::{Lane, Limits, Subscriber};
 
 use crate::common::pg::PgServer;
@@ -90,4 +90,11 @@ pub async fn ledgers(server: &PgServer, db: &str, n: usize) -> Vec<PgLedger> {
         out.push(PgLedger::open(&url, &format!("daemon-{k}")).await.unwrap());
     }
     out
+}
+
+/// Create `s` with secret `s`, through the contract.
+pub async fn add(l: &PgLedger, s: Subscriber) {
+    Subscribers::create_subscriber(l, s, "s".into())
+        .await
+        .unwrap();
 }

@@ -67,6 +67,7 @@ const CASES: &[(&str, CaseFn)] = cases![
     ordered_keys_hold_back_and_runs_are_leased_together,
     retention_removes_finished_deliveries_past_their_window,
     retention_forgets_a_key_idle_past_it,
+    a_removed_ids_history_is_forgotten_once_none_of_its_deliveries_is_kept,
     series_rows_add_up_are_scoped_and_trimmed,
     gauges_pings_and_the_share,
 ];
@@ -1365,11 +1366,12 @@ async fn retention_forgets_a_key_idle_past_it(s: Store, now: i64) {
     .await
     .unwrap();
     // Each key's head goes at +100; a2, released by a1, at +5_000.
-    for (at, n) in [(now + 100, 2), (now + 5_000, 1)] {
+    // An ended head that releases a held delivery makes its subscriber due at once.
+    for (at, n, due) in [(now + 100, 2, vec!["o"]), (now + 5_000, 1, vec![])] {
         let c = claim(&s, "o", 10, at).await;
         assert_eq!(c.claimed.len(), n);
         let done = c.claimed.iter().map(|d| sent(d.rowid, at)).collect();
-        finish(&s, done, at).await;
+        assert_eq!(finish(&s, done, at).await.due, due);
     }
     let (r, _) = s
         .purge_finished(Finished::Sent, now + 1_000, 10)
@@ -1513,4 +1515,69 @@ async fn gauges_pings_and_the_share(s: Store, now: i64) {
         (shared, share) => panic!("shared {shared}, share {share:?}"),
     }
     s.leave().await.unwrap();
+}
+
+/// An id brought back while its deliveries are kept goes on from its history (its numbers
+/// continue); once retention removed them all, the id created again starts anew: sequence 1
+/// and an empty chart.
+async fn a_removed_ids_history_is_forgotten_once_none_of_its_deliveries_is_kept(
+    s: Store,
+    now: i64,
+) {
+    let sequences = |events: Vec<NewEvent>, at: i64| {
+        let s = s.clone();
+        async move {
+            s.ingest(events, at).await.unwrap();
+            let c = claim(&s, "a", 10, at).await;
+            let numbers: Vec<u64> = c.claimed.iter().map(|d| d.sequence).collect();
+            let done = c.claimed.iter().map(|d| sent(d.rowid, at)).collect();
+            finish(&s, done, at).await;
+            numbers
+        }
+    };
+    add(&s, sub("a", &["*"])).await;
+    assert_eq!(sequences(evs("e", 2), now).await, [1, 2]);
+    let chart = SeriesRow {
+        resolution_ms: 10_000,
+        bucket_ms: now - now % 10_000,
+        subscriber_id: "a".into(),
+        counts: Counts {
+            delivered: 2,
+            ..Counts::default()
+        },
+        latency: Vec::new(),
+        gauges: Gauges::default(),
+    };
+    s.add_series(vec![chart.clone()]).await.unwrap();
+    let charted = |s: Store| async move {
+        let to = chart.bucket_ms + 10_000;
+        let rows = s.read_series(10_000, chart.bucket_ms, to, Some("a".into()), None);
+        rows.await.unwrap().len()
+    };
+    s.delete_subscriber("a".into(), now + 1).await.unwrap();
+    add(&s, sub("a", &["*"])).await;
+    assert_eq!(
+        sequences(evs("f", 1), now + 2).await,
+        [3],
+        "its history is kept"
+    );
+    assert_eq!(charted(s.clone()).await, 1);
+    s.delete_subscriber("a".into(), now + 3).await.unwrap();
+    let (r, _) = s
+        .purge_finished(Finished::Sent, now + 10, 10)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.deliveries, 3);
+    add(&s, sub("a", &["*"])).await;
+    assert_eq!(
+        charted(s.clone()).await,
+        0,
+        "a new endpoint's chart starts empty"
+    );
+    assert_eq!(
+        sequences(evs("g", 1), now + 20).await,
+        [1],
+        "and its numbers at 1"
+    );
 }

@@ -53,6 +53,7 @@ macro_rules! cases {
 
 const CASES: &[(&str, CaseFn)] = cases![
     subscribers_are_created_read_changed_and_rotated,
+    every_subscriber_field_round_trips_and_filters_decide_at_ingest,
     removing_a_subscriber_ends_its_work_and_its_id_comes_back_new,
     ingest_fans_out_once_per_subscriber_and_event,
     deliveries_are_listed_by_every_filter_and_page,
@@ -379,6 +380,93 @@ async fn subscribers_are_created_read_changed_and_rotated(s: Store, now: i64) {
             .await,
         Err(LedgerError::NotFound(_))
     ));
+}
+
+/// Every field of a subscriber comes back as written, created and then changed to other
+/// values (its secret with its signing key too), and its filters decide at ingest which
+/// events make deliveries.
+async fn every_subscriber_field_round_trips_and_filters_decide_at_ingest(s: Store, now: i64) {
+    use fanout_core::batch::BatchSpec;
+    use fanout_origin::keyring::{new_signing_key, NewSecret};
+    s.create_customer(Customer {
+        id: "acme".into(),
+        weight: 1,
+        max_in_flight: None,
+        portal_nonce: "n".into(),
+        created_ms: now,
+        updated_ms: now,
+    })
+    .await
+    .unwrap();
+    let mut x = sub("full", &["video.*", "audio.new"]);
+    x.url = "https://example.com/full?x=1".into();
+    x.limits = Limits {
+        rate_per_sec: 2.5,
+        burst: 7,
+        max_in_flight: 3,
+        timeout_ms: 4_500,
+    };
+    x.lane = Lane::Edge;
+    x.legacy_signature = true;
+    (x.created_ms, x.updated_ms) = (now, now);
+    x.customer = Some("acme".into());
+    x.filter = Some(serde_json::json!({ "region": "eu" }));
+    x.customer_filter = Some(serde_json::json!({ "amount": { "$gt": 5 } }));
+    x.payload = fanout_origin::payload::Payload::Thin;
+    x.ordering = Ordering::Subscriber;
+    x.propagate_trace = true;
+    x.signature = fanout_core::sign::Scheme::Both;
+    x.batch = Some(BatchSpec {
+        max_events: 10,
+        max_bytes: 65_536,
+        max_wait_ms: 200,
+    });
+    let key = new_signing_key(&[7; 32]);
+    let keys = NewSecret {
+        secret: "whsec_full".into(),
+        signing_key: Some(key.clone()),
+    };
+    s.create_subscriber(x.clone(), keys).await.unwrap();
+    let mut got = s.subscriber("full".into(), None).await.unwrap();
+    let secrets = std::mem::take(&mut got.secrets);
+    assert_eq!(got, x);
+    let stored: Vec<(&str, Option<&str>, i64)> = secrets
+        .iter()
+        .map(|g| (g.secret.as_str(), g.signing_key.as_deref(), g.created_ms))
+        .collect();
+    assert_eq!(stored, [("whsec_full", Some(key.as_str()), now)]);
+    let body = |region: &str, amount: i64| format!(r#"{{"region":"{region}","amount":{amount}}}"#);
+    let events = [
+        ("in", "video.x", body("eu", 10)),
+        ("other_region", "video.x", body("us", 10)),
+        ("too_small", "video.x", body("eu", 1)),
+        ("other_type", "audio.old", body("eu", 10)),
+    ];
+    let events: Vec<NewEvent> = events
+        .iter()
+        .map(|(id, ty, body)| NewEvent {
+            body: body.clone(),
+            ..ev(id, ty)
+        })
+        .collect();
+    let (made, _) = s.ingest(events, now + 1).await.unwrap();
+    let made: Vec<u32> = made.iter().map(|m| m.deliveries).collect();
+    assert_eq!(made, [1, 0, 0, 0], "both filters and the types decide");
+
+    let mut y = sub("full", &["t"]);
+    y.url = "https://example.com/other".into();
+    (y.created_ms, y.updated_ms) = (now, now + 2);
+    y.lane = Lane::Auto;
+    y.ordering = Ordering::Key;
+    y.ordering_key = Some("/k".into());
+    y.secrets = secrets.clone();
+    let next = y.clone();
+    s.update_subscriber("full".into(), None, move |_| Ok::<_, String>((next, false)))
+        .await
+        .unwrap()
+        .unwrap();
+    let got = s.subscriber("full".into(), None).await.unwrap();
+    assert_eq!(got, y);
 }
 
 /// Removing a subscriber makes its unfinished work dead (a replay of it is then refused),

@@ -53,7 +53,7 @@ else
   apt_install "$CHROMIUM_BIN is missing" chromium
 fi
 
-# --- PostgreSQL server binaries for the PostgreSQL ledger's tests (origin/tests/pg_ledger.rs) ---
+# --- PostgreSQL server binaries for the PostgreSQL ledger's tests (origin/tests/pg_*.rs, ledger_parity.rs) ---
 # The tests start a throwaway server of their own (initdb into a temp dir); only the binaries
 # are needed, no running service.
 pg_postgres="$(ls /usr/lib/postgresql/*/bin/postgres 2>/dev/null | sort -V | tail -n 1 || true)"

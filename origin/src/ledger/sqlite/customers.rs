@@ -312,12 +312,4 @@ mod tests {
             Err(LedgerError::NotFound(_))
         ));
     }
-
-    #[test]
-    fn portal_key_is_made_once() {
-        let c = test_db();
-        let first = portal_key(&c, b"first-key", 1).unwrap();
-        assert_eq!(first, b"first-key");
-        assert_eq!(portal_key(&c, b"second-key", 2).unwrap(), b"first-key");
-    }
 }

@@ -71,8 +71,7 @@ impl OutboxLocation {
     /// `postgres://…` (checked as the ledger's URLs are), `sqlite:PATH` or a path.
     pub fn parse(text: &str) -> Result<OutboxLocation, OutboxError> {
         if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-            crate::ledger::postgres::parse_url(text)
-                .map_err(|e| OutboxError::Config(format!("outbox: {e}")))?;
+            crate::pg::parse_url(text).map_err(|e| OutboxError::Config(format!("outbox: {e}")))?;
             return Ok(OutboxLocation::Postgres(text.to_string()));
         }
         let path = text.strip_prefix("sqlite:").unwrap_or(text);

@@ -144,7 +144,8 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 per_call,
                 at_ms,
             } => {
-                self.launch(target, deliveries, per_call, at_ms);
+                let sends = deliveries.into_iter().map(|d| vec![d]).collect();
+                self.launch(target, sends, false, per_call, at_ms);
                 Vec::new()
             }
             Effect::LaunchBatches {
@@ -153,7 +154,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 per_call,
                 at_ms,
             } => {
-                self.launch_batches(target, batches, per_call, at_ms);
+                self.launch(target, batches, true, per_call, at_ms);
                 Vec::new()
             }
             Effect::Raise(notices) => {
@@ -604,7 +605,7 @@ mod tests {
             traceparent: None,
         };
         let mut result_of = async |at_ms| {
-            d.launch(target.clone(), vec![claimed(at_ms)], 1, at_ms);
+            d.launch(target.clone(), vec![vec![claimed(at_ms)]], false, 1, at_ms);
             match d.done_rx.recv().await {
                 Some(Event::Results { mut items, .. }) => items.pop().expect("one result").1,
                 other => panic!("expected the send's result, got {other:?}"),

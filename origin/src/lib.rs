@@ -19,6 +19,7 @@ pub mod duration;
 pub mod event_filter;
 pub mod event_input;
 pub mod health;
+pub mod ingest;
 pub mod keyring;
 pub mod ledger;
 pub mod load;

@@ -1284,7 +1284,14 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the ledger: its contract and both backends", &["ledger"]),
     (
         "running: the dispatcher and what it feeds",
-        &["dispatch", "metrics", "health", "retention", "charts"],
+        &[
+            "dispatch",
+            "metrics",
+            "health",
+            "retention",
+            "charts",
+            "ingest",
+        ],
     ),
     (
         "doors: the API and the pages, the outbox",

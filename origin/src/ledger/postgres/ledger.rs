@@ -127,7 +127,7 @@ impl PgLedger {
     /// leases renewed, the kept counts folded, the planner's statistics refreshed, the churned
     /// tables vacuumed, and probes
     /// for room while the ledger cannot write. They run until the answer drops.
-    pub fn start_rounds(&self) -> Rounds {
+    pub(in crate::ledger) fn start_rounds(&self) -> Rounds {
         let mut stops = Vec::new();
         let mut stop = || {
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -144,14 +144,12 @@ impl PgLedger {
     }
 
     /// The breaker settings the dispatcher's claims use (the default otherwise).
-    pub fn with_breaker(mut self, breaker: fanout_core::breaker::BreakerConfig) -> PgLedger {
+    pub(in crate::ledger) fn with_breaker(
+        mut self,
+        breaker: fanout_core::breaker::BreakerConfig,
+    ) -> PgLedger {
         self.breaker = breaker;
         self
-    }
-
-    /// This daemon's name in its leases.
-    pub fn owner(&self) -> &str {
-        &self.owner
     }
 
     /// Whether the ledger can write, as this daemon's ingest and dispatcher turns last found
@@ -185,7 +183,7 @@ impl PgLedger {
     /// While the ledger cannot write, probe it every second ([`PgLedger::probe_room`]) so that
     /// it is reported writable again without waiting for the next producer, until `stop`
     /// fires or is dropped.
-    pub fn keep_probing_room(&self, stop: tokio::sync::oneshot::Receiver<()>) {
+    pub(super) fn keep_probing_room(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();
         every(
             std::time::Duration::from_secs(1),

@@ -140,21 +140,11 @@ impl<L: DispatchLedger> Dispatcher<L> {
             },
             Effect::Launch {
                 target,
-                deliveries,
+                sends,
                 per_call,
                 at_ms,
             } => {
-                let sends = deliveries.into_iter().map(|d| vec![d]).collect();
-                self.launch(target, sends, false, per_call, at_ms);
-                Vec::new()
-            }
-            Effect::LaunchBatches {
-                target,
-                batches,
-                per_call,
-                at_ms,
-            } => {
-                self.launch(target, batches, true, per_call, at_ms);
+                self.launch(target, sends, per_call, at_ms);
                 Vec::new()
             }
             Effect::Raise(notices) => {
@@ -605,7 +595,7 @@ mod tests {
             traceparent: None,
         };
         let mut result_of = async |at_ms| {
-            d.launch(target.clone(), vec![vec![claimed(at_ms)]], false, 1, at_ms);
+            d.launch(target.clone(), vec![vec![claimed(at_ms)]], 1, at_ms);
             match d.done_rx.recv().await {
                 Some(Event::Results { mut items, .. }) => items.pop().expect("one result").1,
                 other => panic!("expected the send's result, got {other:?}"),

@@ -51,16 +51,16 @@ fn late(delivery_id: &str) -> Attempted {
 
 impl<L: DispatchLedger> Dispatcher<L> {
     /// Start sending leased deliveries by the lane the state chose: each of `sends` one
-    /// request, a single delivery's webhook or, `batched` (a batching subscriber's,
+    /// request, a single delivery's webhook or, for a batching subscriber (`target.batch`,
     /// `fanout_core::batch`), one request carrying the listed deliveries in order.
     pub(super) fn launch(
         &self,
         target: Arc<Target>,
         sends: Vec<Vec<Claimed>>,
-        batched: bool,
         per_call: usize,
         at_ms: i64,
     ) {
+        let batched = target.batch.is_some();
         let now = (self.clock)();
         let keys = target
             .keyring

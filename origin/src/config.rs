@@ -198,7 +198,7 @@ impl LedgerLocation {
             return Ok(LedgerLocation::Sqlite(text.to_path_buf()));
         };
         if t.starts_with("postgres://") || t.starts_with("postgresql://") {
-            crate::ledger::postgres::parse_url(t).map_err(|e| ConfigError(format!("--db: {e}")))?;
+            crate::pg::parse_url(t).map_err(|e| ConfigError(format!("--db: {e}")))?;
             return Ok(LedgerLocation::Postgres(t.to_string()));
         }
         if let Some(path) = t.strip_prefix("sqlite:") {

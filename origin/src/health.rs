@@ -5,17 +5,34 @@
 //!
 //! The verdict is a pure function of those figures and `now` ([`verdict`]), tested by a table.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::dispatch::Heartbeat;
 use crate::ledger::{Unavailable, WriteState};
 
 /// The dispatcher's loop turns at least every few seconds (its rescan); one that has not beaten
 /// for this long is stalled.
 pub const STALL_AFTER_MS: i64 = 30_000;
+
+/// The dispatcher's liveness, for `/healthz` (beaten by its executor's loop): the time (unix ms) its loop last began a turn, 0
+/// before the first. A running dispatcher beats at least every couple of seconds
+/// (`RESCAN_EVERY_MS`) plus the time of one ledger write; a dispatcher stuck behind the ledger
+/// or stopped does not. Cheap to clone; every clone reads the same beat.
+#[derive(Debug, Clone, Default)]
+pub struct Heartbeat(Arc<AtomicI64>);
+
+impl Heartbeat {
+    pub fn beat(&self, now_ms: i64) {
+        self.0.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// The last beat (unix ms), 0 if none yet.
+    pub fn last_ms(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
 
 /// The shared health handle: cheap to clone, read with atomics only.
 #[derive(Debug, Clone)]

@@ -9,6 +9,7 @@
 
 pub mod alert;
 pub mod api;
+pub mod charts;
 pub mod cli;
 pub mod config;
 pub mod console;
@@ -18,6 +19,7 @@ pub mod duration;
 pub mod event_filter;
 pub mod event_input;
 pub mod health;
+pub mod ingest;
 pub mod keyring;
 pub mod ledger;
 pub mod load;
@@ -28,6 +30,7 @@ pub mod outbound;
 pub mod outbox;
 pub mod pages;
 pub mod payload;
+pub mod pg;
 pub mod portal;
 pub mod redact;
 pub mod retention;
@@ -161,7 +164,7 @@ fn heard(announced: Announcement) -> dispatch::Control {
 /// The dispatcher's settings from the configuration, with its HTTP client and alerter.
 fn dispatch_config(
     cfg: &Config,
-    heartbeat: dispatch::Heartbeat,
+    heartbeat: health::Heartbeat,
     telemetry: trace::Telemetry,
 ) -> Result<DispatchConfig, RunError> {
     let outbound = outbound::Outbound::new(cfg.allow_loopback)?;
@@ -265,7 +268,7 @@ async fn serve(
     }
     let metrics = Arc::new(metrics::Metrics::new(cfg.edge.is_some()));
     // The dispatcher's liveness (unix ms of its loop's last turn), for `/healthz`.
-    let heartbeat = dispatch::Heartbeat::default();
+    let heartbeat = health::Heartbeat::default();
     let health = health::Health::new(store.write_state(), heartbeat.clone());
     let dispatcher = Dispatcher::new(
         store.clone(),
@@ -283,7 +286,7 @@ async fn serve(
         metrics.clone(),
         stop_rx.clone(),
     ));
-    let series_task = series::Running::start(store.clone(), metrics.clone(), cfg.breaker);
+    let series_task = charts::Running::start(store.clone(), metrics.clone(), cfg.breaker);
     let outbox_task = start_outbox(
         &cfg,
         outbox::Daemon {

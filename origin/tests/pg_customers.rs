@@ -17,7 +17,7 @@ use common::pg::PgServer;
 use common::*;
 use fanout_origin::customer::Customer;
 use fanout_origin::ledger::postgres::PgLedger;
-use fanout_origin::ledger::LedgerError;
+use fanout_origin::ledger::{Customers, LedgerError, Subscribers};
 use fanout_origin::model::{Lane, Limits, Subscriber as Definition};
 use serde_json::json;
 
@@ -91,8 +91,12 @@ async fn a_customer_is_never_removed_while_a_live_subscriber_names_it() {
     let url = server.database("c").await;
     let ledger = PgLedger::open(&url, "daemon-a").await.unwrap();
     let watcher = server.connect("c").await;
-    ledger.create_customer(&customer("acme")).await.unwrap();
-    ledger.create_customer(&customer("globex")).await.unwrap();
+    Customers::create_customer(&ledger, customer("acme"))
+        .await
+        .unwrap();
+    Customers::create_customer(&ledger, customer("globex"))
+        .await
+        .unwrap();
 
     // 1. A subscriber is being created under acme (not committed yet) when acme is removed.
     let mut other = server.connect("c").await;
@@ -113,7 +117,7 @@ async fn a_customer_is_never_removed_while_a_live_subscriber_names_it() {
         .unwrap();
     let removing = tokio::spawn({
         let ledger = ledger.clone();
-        async move { ledger.delete_customer("acme").await }
+        async move { Customers::delete_customer(&ledger, "acme".into()).await }
     });
     waiting_on_a_lock(&watcher, 1).await;
     creating.commit().await.unwrap();
@@ -122,7 +126,13 @@ async fn a_customer_is_never_removed_while_a_live_subscriber_names_it() {
         matches!(removed, Err(LedgerError::Conflict(_))),
         "{removed:?}"
     );
-    assert_eq!(ledger.get_customer("acme").await.unwrap().id, "acme");
+    assert_eq!(
+        Customers::customer(&ledger, "acme".into())
+            .await
+            .unwrap()
+            .id,
+        "acme"
+    );
 
     // 2. Globex is being removed (not committed yet) when a subscriber is created under it.
     let removing = other.transaction().await.unwrap();
@@ -132,7 +142,7 @@ async fn a_customer_is_never_removed_while_a_live_subscriber_names_it() {
         .unwrap();
     let creating = tokio::spawn({
         let ledger = ledger.clone();
-        async move { ledger.create_subscriber(&owned("g1", "globex"), "s").await }
+        async move { Subscribers::create_subscriber(&ledger, owned("g1", "globex"), "s".into()).await }
     });
     waiting_on_a_lock(&watcher, 1).await;
     removing.commit().await.unwrap();
@@ -142,7 +152,7 @@ async fn a_customer_is_never_removed_while_a_live_subscriber_names_it() {
         "{created:?}"
     );
     assert!(matches!(
-        ledger.get_subscriber("g1").await,
+        Subscribers::subscriber(&ledger, "g1".into(), None).await,
         Err(LedgerError::NotFound(_))
     ));
     let names_a_missing_customer: i64 = watcher

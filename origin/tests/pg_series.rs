@@ -14,6 +14,7 @@ use fanout_origin::customer::Customer;
 use fanout_origin::ledger::postgres::PgLedger;
 use fanout_origin::ledger::series::SeriesLedger;
 use fanout_origin::ledger::Retention as _;
+use fanout_origin::ledger::{Customers, Subscribers};
 use fanout_origin::model::{Lane, Limits, Subscriber};
 use fanout_origin::series::buckets::{
     combine, flush_rows, percentile, Gauges, Tally, Window, COARSE_MS, FINE_MS,
@@ -79,20 +80,25 @@ async fn two_daemons_flushes_add_up_exactly_are_scoped_and_trimmed() {
     let url = server.database("series").await;
     let a = PgLedger::open(&url, "daemon-a").await.unwrap();
     let b = PgLedger::open(&url, "daemon-b").await.unwrap();
-    a.create_customer(&Customer {
-        id: "acme".into(),
-        weight: 1,
-        max_in_flight: None,
-        portal_nonce: "n".into(),
-        created_ms: 1,
-        updated_ms: 1,
-    })
+    Customers::create_customer(
+        &a,
+        Customer {
+            id: "acme".into(),
+            weight: 1,
+            max_in_flight: None,
+            portal_nonce: "n".into(),
+            created_ms: 1,
+            updated_ms: 1,
+        },
+    )
     .await
     .unwrap();
-    a.create_subscriber(&sub("acme_orders", Some("acme")), "s")
+    Subscribers::create_subscriber(&a, sub("acme_orders", Some("acme")), "s".into())
         .await
         .unwrap();
-    a.create_subscriber(&sub("ops", None), "s").await.unwrap();
+    Subscribers::create_subscriber(&a, sub("ops", None), "s".into())
+        .await
+        .unwrap();
 
     let now = 100 * 86_400_000 + 7_000;
     let (from, _) = Window::Hour.range(now);

@@ -14,9 +14,7 @@ use super::body::{read_body, MAX_REQUEST_BYTES};
 use super::error::ApiError;
 use super::state::AppState;
 use super::views;
-use crate::dispatch::Control;
 use crate::event_input::EventError;
-use crate::ledger::Deliveries as _;
 use crate::ledger::NewEvent;
 use crate::time::now_ms;
 use fanout_core::traceparent::TraceParent;
@@ -102,19 +100,8 @@ async fn ingest(
         }
     }
     let now = now_ms();
-    let (results, touched) = state.ledger.ingest(events, now).await?;
-    let dups = results.iter().filter(|r| r.duplicate).count() as u64;
-    state.metrics.events_ingested.fetch_add(
-        results.len() as u64 - dups,
-        std::sync::atomic::Ordering::Relaxed,
-    );
-    state
-        .metrics
-        .events_duplicate
-        .fetch_add(dups, std::sync::atomic::Ordering::Relaxed);
-    if !touched.is_empty() {
-        state.tell(Control::Due(touched));
-    }
+    let results =
+        crate::ingest::ingest(&state.ledger, &state.metrics, &state.control, events, now).await?;
     Ok(if is_array {
         serde_json::to_value(views::IngestedBatch { events: results })
     } else {

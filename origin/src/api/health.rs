@@ -89,7 +89,7 @@ mod tests {
     async fn healthz_never_waits_behind_the_writer_and_tells_why() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Store::scratch(dir.path());
-        let health = Health::new(ledger.write_state(), crate::dispatch::Heartbeat::default());
+        let health = Health::new(ledger.write_state(), crate::health::Heartbeat::default());
         let state = AppState::new(
             ledger.clone(),
             tokio::sync::mpsc::unbounded_channel().0,

@@ -34,7 +34,7 @@ pub struct ApiConfig {
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub(super) ledger: Store,
-    control: UnboundedSender<Control>,
+    pub(super) control: UnboundedSender<Control>,
     pub(super) cfg: Arc<ApiConfig>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) health: Health,

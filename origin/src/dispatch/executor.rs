@@ -8,7 +8,7 @@
 //! tasks and report back over a channel, so a subscriber that hangs holds only its own slots.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use super::plan::RetryRules;
 use super::state::{Settings, State, SHUTDOWN_FLUSHES, SHUTDOWN_FLUSH_EVERY_MS};
 use super::vocab::{Control, Effect, Event, Meta, Read, StallReport};
 use crate::alert::{AlertRules, Alerter};
+use crate::health::Heartbeat;
 use crate::ledger::{DispatchLedger, LedgerError};
 use crate::metrics::Metrics;
 use crate::model::delivery_public_id;
@@ -28,24 +29,6 @@ use crate::outbound::Outbound;
 use crate::time::{jitter, now_ms};
 use fanout_core::logrec::LogRecord;
 use fanout_core::wire::{Delivery, DeliveryResult};
-
-/// The executor's liveness, for `/healthz`: the time (unix ms) its loop last began a turn, 0
-/// before the first. A running dispatcher beats at least every couple of seconds
-/// (`RESCAN_EVERY_MS`) plus the time of one ledger write; a dispatcher stuck behind the ledger
-/// or stopped does not. Cheap to clone; every clone reads the same beat.
-#[derive(Debug, Clone, Default)]
-pub struct Heartbeat(Arc<AtomicI64>);
-
-impl Heartbeat {
-    pub fn beat(&self, now_ms: i64) {
-        self.0.store(now_ms, Ordering::Relaxed);
-    }
-
-    /// The last beat (unix ms), 0 if none yet.
-    pub fn last_ms(&self) -> i64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct DispatchConfig {
@@ -157,20 +140,11 @@ impl<L: DispatchLedger> Dispatcher<L> {
             },
             Effect::Launch {
                 target,
-                deliveries,
+                sends,
                 per_call,
                 at_ms,
             } => {
-                self.launch(target, deliveries, per_call, at_ms);
-                Vec::new()
-            }
-            Effect::LaunchBatches {
-                target,
-                batches,
-                per_call,
-                at_ms,
-            } => {
-                self.launch_batches(target, batches, per_call, at_ms);
+                self.launch(target, sends, per_call, at_ms);
                 Vec::new()
             }
             Effect::Raise(notices) => {
@@ -621,7 +595,7 @@ mod tests {
             traceparent: None,
         };
         let mut result_of = async |at_ms| {
-            d.launch(target.clone(), vec![claimed(at_ms)], 1, at_ms);
+            d.launch(target.clone(), vec![vec![claimed(at_ms)]], 1, at_ms);
             match d.done_rx.recv().await {
                 Some(Event::Results { mut items, .. }) => items.pop().expect("one result").1,
                 other => panic!("expected the send's result, got {other:?}"),

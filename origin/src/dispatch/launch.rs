@@ -50,14 +50,17 @@ fn late(delivery_id: &str) -> Attempted {
 }
 
 impl<L: DispatchLedger> Dispatcher<L> {
-    /// Start sending leased deliveries by the lane the state chose.
+    /// Start sending leased deliveries by the lane the state chose: each of `sends` one
+    /// request, a single delivery's webhook or, for a batching subscriber (`target.batch`,
+    /// `fanout_core::batch`), one request carrying the listed deliveries in order.
     pub(super) fn launch(
         &self,
         target: Arc<Target>,
-        claimed: Vec<Claimed>,
+        sends: Vec<Vec<Claimed>>,
         per_call: usize,
         at_ms: i64,
     ) {
+        let batched = target.batch.is_some();
         let now = (self.clock)();
         let keys = target
             .keyring
@@ -67,7 +70,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
             let _ = self.done_tx.send(Event::Unsendable {
                 sub: target.id.clone(),
                 lane,
-                items: claimed.iter().map(Meta::of).collect(),
+                items: sends.iter().flatten().map(Meta::of).collect(),
                 error: error.into(),
             });
         };
@@ -85,60 +88,95 @@ impl<L: DispatchLedger> Dispatcher<L> {
                 };
                 let (secrets, signing_keys) = target.keyring.wire(target.signature, now);
                 let spec = subscriber_spec(&target, secrets, signing_keys, self.cfg.breaker);
-                self.launch_edge(edge, &target, spec, claimed, per_call);
+                let url = self.span_url(&target);
+                let units = sends
+                    .into_iter()
+                    .map(|s| {
+                        self.form(&target, s, batched, url.as_ref(), "edge")
+                            .edge_unit()
+                    })
+                    .collect();
+                self.send_edge_units(edge, &target, spec, units, per_call);
             }
             Lane::Origin | Lane::Auto => {
                 let signer = Signer::new(keys);
                 // Parsed and checked once for the whole launch; each send reuses the parse.
                 let url = Arc::new(check_url(&target.url, self.cfg.allow_loopback).ok());
-                for mut d in claimed {
-                    let out = self.cfg.outbound.clone();
-                    let done = self.done_tx.clone();
-                    let target = target.clone();
-                    let signer = signer.clone();
-                    let url = url.clone();
-                    let clock = self.clock.clone();
-                    let telemetry = self.cfg.telemetry.clone();
-                    let body = body_of(target.payload, &mut d, self.cfg.event_url.as_ref());
-                    tokio::spawn(async move {
-                        let mut unreported =
-                            Unreported::new(&done, &target.id, Lane::Origin, vec![Meta::of(&d)]);
-                        let id = delivery_public_id(d.rowid);
-                        let started = std::time::Instant::now();
-                        let (span, traceparent) =
-                            traced(&telemetry, &target, (*url).as_ref(), &d, &id, "origin");
-                        let send = origin_lane::Outgoing {
-                            delivery_id: &id,
-                            event_id: &d.event_id,
-                            url: (*url).as_ref(),
-                            signer: &signer,
-                            timeout_ms: target.limits.timeout_ms,
-                            sequence: d.sequence,
-                            order: d.order.as_ref().map(Order::headers),
-                            traceparent: traceparent.as_deref(),
-                            sequences: None,
-                        };
-                        let result = if too_late(at_ms, clock()) {
-                            late(&id)
-                        } else {
-                            origin_lane::deliver(&out, &send, body).await
-                        };
-                        if let Some(span) = span {
-                            span.finish(&result.result);
-                        }
-                        let latency_ms = Some(started.elapsed().as_millis() as u64);
-                        if let Some(meta) = unreported.take().pop() {
-                            let _ = done.send(Event::Results {
-                                sub: target.id.clone(),
-                                lane: Lane::Origin,
-                                items: vec![(Meta { latency_ms, ..meta }, result)],
-                                at_ms: clock(),
-                            });
-                        }
-                    });
+                for s in sends {
+                    let formed = self.form(&target, s, batched, (*url).as_ref(), "origin");
+                    self.send_origin(&target, &signer, &url, formed, at_ms);
                 }
             }
         }
+    }
+
+    /// One request on the origin lane, in a task of its own: sent unless it would start too
+    /// late, its result handed to each of its deliveries (a batch's: the events its 2xx named
+    /// as `failed` failed).
+    fn send_origin(
+        &self,
+        target: &Arc<Target>,
+        signer: &Signer,
+        url: &Arc<Option<url::Url>>,
+        f: Formed,
+        at_ms: i64,
+    ) {
+        let out = self.cfg.outbound.clone();
+        let done = self.done_tx.clone();
+        let target = target.clone();
+        let signer = signer.clone();
+        let url = url.clone();
+        let clock = self.clock.clone();
+        tokio::spawn(async move {
+            let mut unreported = Unreported::new(&done, &target.id, Lane::Origin, f.metas.clone());
+            let started = std::time::Instant::now();
+            let send = origin_lane::Outgoing {
+                delivery_id: &f.id,
+                event_id: &f.webhook_id,
+                url: (*url).as_ref(),
+                signer: &signer,
+                timeout_ms: target.limits.timeout_ms,
+                sequence: f.sequences.first().copied().unwrap_or(0),
+                order: f.order.clone(),
+                traceparent: f.traceparent.as_deref(),
+                sequences: f.sequences_header(),
+            };
+            let late_now = too_late(at_ms, clock());
+            let results = if !f.batched {
+                vec![if late_now {
+                    late(&f.id)
+                } else {
+                    origin_lane::deliver(&out, &send, f.body).await
+                }]
+            } else {
+                let (sent, answer) = if late_now {
+                    (late(&f.id), String::new())
+                } else {
+                    origin_lane::deliver_batch(&out, &send, f.body).await
+                };
+                let failed = match &sent.result {
+                    DeliveryResult::Delivered { .. } => batch::failed_of(&answer, &f.event_ids),
+                    _ => Vec::new(),
+                };
+                let metas: Vec<&Meta> = f.metas.iter().collect();
+                each_event(&sent, &metas, &failed)
+            };
+            end_spans(f.spans, Some(&results));
+            let latency_ms = Some(started.elapsed().as_millis() as u64);
+            let items = unreported.take();
+            if !items.is_empty() {
+                let _ = done.send(Event::Results {
+                    sub: target.id.clone(),
+                    lane: Lane::Origin,
+                    items: items
+                        .into_iter()
+                        .map(|m| Meta { latency_ms, ..m })
+                        .zip(results)
+                        .collect(),
+                    at_ms: clock(),
+                });
+            }
+        });
     }
 
     /// The subscriber's URL for its attempt spans' `server.address`: parsed only when exporting.
@@ -148,46 +186,6 @@ impl<L: DispatchLedger> Dispatcher<L> {
             .is_on()
             .then(|| url::Url::parse(&target.url).ok())
             .flatten()
-    }
-
-    /// The edge lane for one-event requests: each delivery its own send.
-    fn launch_edge(
-        &self,
-        edge: &EdgeClient,
-        target: &Arc<Target>,
-        spec: SubscriberSpec,
-        claimed: Vec<Claimed>,
-        per_call: usize,
-    ) {
-        let (telemetry, url) = (&self.cfg.telemetry, self.span_url(target));
-        let units = claimed
-            .into_iter()
-            .map(|mut d| {
-                let meta = Meta::of(&d);
-                let body = body_of(target.payload, &mut d, self.cfg.event_url.as_ref());
-                let (ordering_key, previous_sequence) =
-                    d.order.as_ref().map_or((None, None), Order::headers);
-                let id = delivery_public_id(d.rowid);
-                let (span, traceparent) = traced(telemetry, target, url.as_ref(), &d, &id, "edge");
-                EdgeUnit {
-                    delivery: Delivery {
-                        id,
-                        event_id: d.event_id,
-                        event_type: d.event_type,
-                        attempt: d.attempt,
-                        body,
-                        sequence: (d.sequence > 0).then_some(d.sequence),
-                        ordering_key,
-                        previous_sequence,
-                        traceparent,
-                        batch: None,
-                    },
-                    metas: vec![meta],
-                    spans: vec![span],
-                }
-            })
-            .collect();
-        self.send_edge_units(edge, target, spec, units, per_call);
     }
 
     /// Encode each send once, cut the calls by encoded length, and send them all at once. A
@@ -304,119 +302,13 @@ impl<L: DispatchLedger> Dispatcher<L> {
         }
     }
 
-    /// Start sending a batching subscriber's requests (`fanout_core::batch`), each a list of
-    /// leased deliveries, by the lane the state chose: one signed POST per request.
-    pub(super) fn launch_batches(
-        &self,
-        target: Arc<Target>,
-        batches: Vec<Vec<Claimed>>,
-        per_call: usize,
-        at_ms: i64,
-    ) {
-        let now = (self.clock)();
-        let keys = target
-            .keyring
-            .keys(target.signature, target.legacy_signature, now);
-        let lane = target.lane;
-        let unsendable = |batches: &[Vec<Claimed>], error: &str| {
-            let _ = self.done_tx.send(Event::Unsendable {
-                sub: target.id.clone(),
-                lane,
-                items: batches.iter().flatten().map(Meta::of).collect(),
-                error: error.into(),
-            });
-        };
-        if keys.is_empty() {
-            unsendable(&batches, "the subscriber has no usable signing secret");
-            return;
-        }
-        let lane_name = if lane == Lane::Edge { "edge" } else { "origin" };
-        let span_url = self.span_url(&target);
-        let formed: Vec<Formed> = batches
-            .into_iter()
-            .map(|b| self.form(&target, b, span_url.as_ref(), lane_name))
-            .collect();
-        match lane {
-            Lane::Edge => {
-                let Some(edge) = &self.cfg.edge else {
-                    let _ = self.done_tx.send(Event::Unsendable {
-                        sub: target.id.clone(),
-                        lane,
-                        items: formed.into_iter().flat_map(|f| f.metas).collect(),
-                        error: "no edge is configured".into(),
-                    });
-                    return;
-                };
-                let (secrets, signing_keys) = target.keyring.wire(target.signature, now);
-                let spec = subscriber_spec(&target, secrets, signing_keys, self.cfg.breaker);
-                let units = formed.into_iter().map(Formed::edge_unit).collect();
-                self.send_edge_units(edge, &target, spec, units, per_call);
-            }
-            Lane::Origin | Lane::Auto => {
-                let signer = Signer::new(keys);
-                let url = Arc::new(check_url(&target.url, self.cfg.allow_loopback).ok());
-                for f in formed {
-                    let out = self.cfg.outbound.clone();
-                    let done = self.done_tx.clone();
-                    let target = target.clone();
-                    let signer = signer.clone();
-                    let url = url.clone();
-                    let clock = self.clock.clone();
-                    tokio::spawn(async move {
-                        let mut unreported =
-                            Unreported::new(&done, &target.id, Lane::Origin, f.metas.clone());
-                        let started = std::time::Instant::now();
-                        let send = origin_lane::Outgoing {
-                            delivery_id: &f.id,
-                            event_id: &f.webhook_id,
-                            url: (*url).as_ref(),
-                            signer: &signer,
-                            timeout_ms: target.limits.timeout_ms,
-                            sequence: f.sequences.first().copied().unwrap_or(0),
-                            order: f.order.clone(),
-                            traceparent: f.traceparent.as_deref(),
-                            sequences: f.sequences_header(),
-                        };
-                        let (sent, answer) = if too_late(at_ms, clock()) {
-                            (late(&f.id), String::new())
-                        } else {
-                            origin_lane::deliver_batch(&out, &send, f.body).await
-                        };
-                        let failed = match &sent.result {
-                            DeliveryResult::Delivered { .. } => {
-                                batch::failed_of(&answer, &f.event_ids)
-                            }
-                            _ => Vec::new(),
-                        };
-                        let metas: Vec<&Meta> = f.metas.iter().collect();
-                        let results = each_event(&sent, &metas, &failed);
-                        end_spans(f.spans, Some(&results));
-                        let latency_ms = Some(started.elapsed().as_millis() as u64);
-                        let items = unreported.take();
-                        if !items.is_empty() {
-                            let _ = done.send(Event::Results {
-                                sub: target.id.clone(),
-                                lane: Lane::Origin,
-                                items: items
-                                    .into_iter()
-                                    .map(|m| Meta { latency_ms, ..m })
-                                    .zip(results)
-                                    .collect(),
-                                at_ms: clock(),
-                            });
-                        }
-                    });
-                }
-            }
-        }
-    }
-
-    /// One request of a batch: its body, `webhook-id`, its events' sequences, and each event's
-    /// attempt span.
+    /// One request: its body, `webhook-id`, its events' sequences, and each event's attempt
+    /// span. Not `batched`, it is its one delivery's webhook (its body, its event's id).
     fn form(
         &self,
         target: &Target,
         batch: Vec<Claimed>,
+        batched: bool,
         span_url: Option<&url::Url>,
         lane: &'static str,
     ) -> Formed {
@@ -439,6 +331,7 @@ impl<L: DispatchLedger> Dispatcher<L> {
             order: None,
             webhook_id: String::new(),
             body: String::new(),
+            batched,
         };
         // An ordered request is a run of one key in order: its key's headers are its first's
         // (`webhook-previous-sequence` the sequence before the run).
@@ -464,8 +357,13 @@ impl<L: DispatchLedger> Dispatcher<L> {
             // Events from before sequence numbers: no sequence header at all.
             f.sequences.clear();
         }
-        f.webhook_id = batch::webhook_id(&f.event_ids);
-        f.body = batch::body(&elements);
+        if batched {
+            f.webhook_id = batch::webhook_id(&f.event_ids);
+            f.body = batch::body(&elements);
+        } else {
+            f.webhook_id = f.event_ids.first().cloned().unwrap_or_default();
+            f.body = elements.pop().unwrap_or_default();
+        }
         f
     }
 }
@@ -478,7 +376,7 @@ struct EdgeUnit {
     spans: Vec<Option<AttemptSpan>>,
 }
 
-/// One batched request, formed (`Dispatcher::form`).
+/// One request, formed (`Dispatcher::form`): a batch's, or one delivery's.
 struct Formed {
     /// Its first delivery's public id: what the edge reports the request under.
     id: String,
@@ -494,11 +392,15 @@ struct Formed {
     order: Option<(Option<String>, Option<u64>)>,
     webhook_id: String,
     body: String,
+    /// A batch's request (a JSON array, `webhook-sequences`, its members' results split), not
+    /// one delivery's webhook.
+    batched: bool,
 }
 
 impl Formed {
     fn sequences_header(&self) -> Option<String> {
-        (!self.sequences.is_empty()).then(|| batch::sequences_header(&self.sequences))
+        (self.batched && !self.sequences.is_empty())
+            .then(|| batch::sequences_header(&self.sequences))
     }
 
     fn edge_unit(self) -> EdgeUnit {
@@ -515,7 +417,7 @@ impl Formed {
                 ordering_key,
                 previous_sequence,
                 traceparent: self.traceparent,
-                batch: Some(BatchMembers {
+                batch: self.batched.then_some(BatchMembers {
                     events: self.event_ids,
                     sequences: self.sequences,
                 }),

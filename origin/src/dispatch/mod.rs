@@ -23,6 +23,6 @@ mod simulation;
 pub mod state;
 pub mod vocab;
 
-pub use executor::{Clock, DispatchConfig, Dispatcher, Heartbeat};
+pub use executor::{Clock, DispatchConfig, Dispatcher};
 pub use state::{LEASE_MS, SHARE_EVERY_MS};
 pub use vocab::Control;

@@ -371,8 +371,8 @@ impl Sim {
                     effects.extend(self.state.handle(due, now, &mut jitter));
                 }
             }
-            if let Effect::Launch { deliveries, .. } = e {
-                for d in &deliveries {
+            if let Effect::Launch { sends, .. } = e {
+                for d in sends.iter().flatten() {
                     self.out.push(Out {
                         meta: Meta::of(d),
                         back_at: now + self.latency,

@@ -217,22 +217,16 @@ pub enum Read {
 pub enum Effect {
     /// Record this turn (one transaction) and answer with `Recorded` or `NotRecorded`.
     Record(Turn),
-    /// Send these leased deliveries by `target.lane`; edge calls carry at most `per_call`
-    /// deliveries each, and all of them go at once.
+    /// Send these leased deliveries by `target.lane`, each of `sends` one request: a
+    /// delivery's own webhook, or a batching subscriber's (`target.batch`) request carrying
+    /// several (`fanout_core::batch`). Edge calls carry at most `per_call` requests each, and
+    /// all of them go at once.
     Launch {
         target: Arc<Target>,
-        deliveries: Vec<Claimed>,
+        sends: Vec<Vec<Claimed>>,
         per_call: usize,
         /// When the state leased them: a send that would start long after is not made
         /// (`launch::LATE_START_MS`).
-        at_ms: i64,
-    },
-    /// Send these leased deliveries of a batching subscriber by `target.lane`, each inner list
-    /// one request (`fanout_core::batch`); edge calls carry at most `per_call` requests each.
-    LaunchBatches {
-        target: Arc<Target>,
-        batches: Vec<Vec<Claimed>>,
-        per_call: usize,
         at_ms: i64,
     },
     /// Tell the operator.

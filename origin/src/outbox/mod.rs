@@ -33,7 +33,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::dispatch::Control;
 use crate::ledger::store::Store;
-use crate::ledger::{Deliveries as _, LedgerError, NewEvent};
+use crate::ledger::{LedgerError, NewEvent};
 use crate::metrics::Metrics;
 use postgres::PgOutbox;
 use sqlite::SqliteOutbox;
@@ -71,8 +71,7 @@ impl OutboxLocation {
     /// `postgres://…` (checked as the ledger's URLs are), `sqlite:PATH` or a path.
     pub fn parse(text: &str) -> Result<OutboxLocation, OutboxError> {
         if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-            crate::ledger::postgres::parse_url(text)
-                .map_err(|e| OutboxError::Config(format!("outbox: {e}")))?;
+            crate::pg::parse_url(text).map_err(|e| OutboxError::Config(format!("outbox: {e}")))?;
             return Ok(OutboxLocation::Postgres(text.to_string()));
         }
         let path = text.strip_prefix("sqlite:").unwrap_or(text);
@@ -369,15 +368,8 @@ async fn ingest(
     events: Vec<NewEvent>,
     rows: &[i64],
 ) -> Result<Vec<(i64, String)>, LedgerError> {
-    let (results, touched) = d.store.ingest(events, crate::time::now_ms()).await?;
-    let dups = results.iter().filter(|r| r.duplicate).count() as u64;
-    d.metrics
-        .events_ingested
-        .fetch_add(results.len() as u64 - dups, Relaxed);
-    d.metrics.events_duplicate.fetch_add(dups, Relaxed);
-    if !touched.is_empty() {
-        let _ = d.control.send(Control::Due(touched));
-    }
+    let now = crate::time::now_ms();
+    let results = crate::ingest::ingest(&d.store, &d.metrics, &d.control, events, now).await?;
     Ok(results
         .iter()
         .zip(rows)

@@ -15,7 +15,7 @@
 //! inserted, the rows deleted, `COMMIT`. If the ledger fails, `ROLLBACK`: the rows stay. A
 //! crash in between loses the connection, the server rolls back, and the next round reads the
 //! rows again (ingest is idempotent by event id).
-//! Connections use the ledger's URL grammar and TLS (`ledger::postgres::{parse_url, tls}`).
+//! Connections use the ledger's URL grammar and TLS (`crate::pg`).
 
 use std::sync::Arc;
 
@@ -23,7 +23,7 @@ use tokio_postgres::{Client, Statement};
 
 use super::plan::Row;
 use super::OutboxError;
-use crate::ledger::postgres::{parse_url, tls};
+use crate::pg::{parse_url, tls};
 
 /// The DDL for `table`: idempotent (`init` may run again). `<table>_rejected` keeps every
 /// rejection, also of a row whose id an earlier rejected row had (its `id` is not unique; an

@@ -1,6 +1,6 @@
 //! The dispatcher's side of the series: one [`Tally`] per subscriber since the last flush,
 //! behind one short lock taken once per result (`crate::metrics::Metrics::record`). No clock,
-//! no ledger: the flush task (`super::run`) takes the tallies every [`super::buckets::FINE_MS`]
+//! no ledger: the flush task (`crate::charts`) takes the tallies every [`super::buckets::FINE_MS`]
 //! and writes them in one ledger operation.
 
 use std::collections::HashMap;

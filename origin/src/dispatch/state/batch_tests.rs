@@ -39,7 +39,7 @@ fn a_batch_is_one_request_against_the_cap_and_the_rate() {
     let batches: Vec<Vec<Claimed>> = effects
         .into_iter()
         .find_map(|e| match e {
-            Effect::LaunchBatches { batches, .. } => Some(batches),
+            Effect::Launch { sends: batches, .. } => Some(batches),
             _ => None,
         })
         .expect("a batch launch");
@@ -156,7 +156,7 @@ fn a_refused_edge_call_of_batches_counts_attempts() {
     let metas: Vec<Meta> = on(&mut state, Event::Recorded(q.answer(&turn)), 1)
         .into_iter()
         .find_map(|e| match e {
-            Effect::LaunchBatches { batches, .. } => {
+            Effect::Launch { sends: batches, .. } => {
                 Some(batches.iter().flatten().map(Meta::of).collect())
             }
             _ => None,
@@ -309,7 +309,7 @@ fn an_ordered_batch_is_a_run_of_one_key_and_keeps_one_head() {
     let batches: Vec<Vec<i64>> = on(&mut state, recorded(vec![claim]), 1)
         .into_iter()
         .find_map(|e| match e {
-            Effect::LaunchBatches { batches, .. } => Some(
+            Effect::Launch { sends: batches, .. } => Some(
                 batches
                     .iter()
                     .map(|b| b.iter().map(|d| d.rowid).collect())

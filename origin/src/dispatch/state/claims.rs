@@ -229,24 +229,18 @@ impl State {
             if got == 0 {
                 continue;
             }
-            let id = st.target.id.clone();
             let edge_batch = self.cfg.edge_batch.max(1);
-            if let (Some((per, groups)), Some(spec)) = (requests, st.target.batch) {
-                let target = st.target.clone();
+            let target = st.target.clone();
+            if let (Some((per, groups)), Some(spec)) = (requests, target.batch) {
                 effects.push(self.launch_batched(target, spec, per, &groups, claim.claimed, now));
                 continue;
             }
-            st.in_flight += got as u32;
-            for d in &claim.claimed {
-                self.out.insert(d.rowid, id.clone());
-            }
-            if st.target.lane != Lane::Edge || self.suspects.is_empty() {
-                effects.push(Effect::Launch {
-                    target: st.target.clone(),
-                    deliveries: claim.claimed,
-                    per_call: edge_per_call(got, edge_batch),
-                    at_ms: now,
-                });
+            let alone = |ds: Vec<Claimed>| -> Vec<Vec<Claimed>> {
+                ds.into_iter().map(|d| vec![d]).collect()
+            };
+            if target.lane != Lane::Edge || self.suspects.is_empty() {
+                let per_call = edge_per_call(got, edge_batch);
+                effects.push(self.send_out(target, alone(claim.claimed), per_call, now));
                 continue;
             }
             // Suspects of a refused call go in calls of their own size, the rest as usual.
@@ -259,21 +253,11 @@ impl State {
                 }
             }
             if !rest.is_empty() {
-                let n = rest.len();
-                effects.push(Effect::Launch {
-                    target: st.target.clone(),
-                    deliveries: rest,
-                    per_call: edge_per_call(n, edge_batch),
-                    at_ms: now,
-                });
+                let per_call = edge_per_call(rest.len(), edge_batch);
+                effects.push(self.send_out(target.clone(), alone(rest), per_call, now));
             }
             for (size, deliveries) in by_size {
-                effects.push(Effect::Launch {
-                    target: st.target.clone(),
-                    deliveries,
-                    per_call: size,
-                    at_ms: now,
-                });
+                effects.push(self.send_out(target.clone(), alone(deliveries), size, now));
             }
         }
         // A reservation the answer did not mention (cannot happen with a well-behaved ledger)
@@ -307,11 +291,9 @@ impl State {
         held
     }
 
-    /// A batching subscriber's claim: cut into requests (`cut_batches`), each one slot in
-    /// flight (its first delivery in `out`, the others in `members`); what did not fit goes
-    /// back due now, no attempt spent — or, ordered, held behind its key's request (its
-    /// run's first delivery is the key's head). An ordered request's deliveries are noted in
-    /// `runs`: its results keep one head per key (`push_outcome`).
+    /// A batching subscriber's claim: cut into requests (`cut_batches`) and sent out
+    /// (`send_out`); what did not fit goes back due now, no attempt spent — or, ordered, held
+    /// behind its key's request (its run's first delivery is the key's head).
     fn launch_batched(
         &mut self,
         target: Arc<Target>,
@@ -333,20 +315,6 @@ impl State {
         );
         if let Some(st) = self.subs.get_mut(&id) {
             st.batch_per = fitted;
-            st.in_flight += batches.len() as u32;
-        }
-        for b in &batches {
-            let mut rows = b.iter();
-            let Some(lead) = rows.next() else {
-                continue;
-            };
-            self.out.insert(lead.rowid, id.clone());
-            for d in rows {
-                self.members.insert(d.rowid, id.clone());
-            }
-            if target.ordered && b.len() > 1 {
-                self.runs.open(lead.rowid, b.iter().map(|d| d.rowid));
-            }
         }
         let back = if target.ordered { HELD_MS } else { now };
         for d in rest {
@@ -359,11 +327,41 @@ impl State {
                 },
             );
         }
-        let n = batches.len();
-        Effect::LaunchBatches {
+        let per_call = edge_per_call(batches.len(), edge_batch);
+        self.send_out(target, batches, per_call, now)
+    }
+
+    /// Launch `sends` (each one request: a delivery alone, or a batch), each one slot in
+    /// flight: its first delivery in `out`, the others in `members`. An ordered request's
+    /// deliveries are noted in `runs`: its results keep one head per key (`push_outcome`).
+    fn send_out(
+        &mut self,
+        target: Arc<Target>,
+        sends: Vec<Vec<Claimed>>,
+        per_call: usize,
+        now: i64,
+    ) -> Effect {
+        let id = target.id.clone();
+        if let Some(st) = self.subs.get_mut(&id) {
+            st.in_flight += sends.len() as u32;
+        }
+        for send in &sends {
+            let mut rows = send.iter();
+            let Some(lead) = rows.next() else {
+                continue;
+            };
+            self.out.insert(lead.rowid, id.clone());
+            for d in rows {
+                self.members.insert(d.rowid, id.clone());
+            }
+            if target.ordered && send.len() > 1 {
+                self.runs.open(lead.rowid, send.iter().map(|d| d.rowid));
+            }
+        }
+        Effect::Launch {
             target,
-            batches,
-            per_call: edge_per_call(n, edge_batch),
+            sends,
+            per_call,
             at_ms: now,
         }
     }

@@ -37,12 +37,10 @@ fn edge_tick(state: &mut State, q: &mut Queue, now: i64) -> (Vec<Meta>, usize) {
         };
         for e in on(state, Event::Recorded(q.answer(&turn)), now) {
             if let Effect::Launch {
-                deliveries,
-                per_call,
-                ..
+                sends, per_call, ..
             } = e
             {
-                metas.extend(deliveries.iter().map(Meta::of));
+                metas.extend(sends.iter().flatten().map(Meta::of));
                 per = per_call;
             }
         }
@@ -135,10 +133,8 @@ fn relaunch(state: &mut State, rows: &[Claimed], now: i64) -> Vec<(usize, usize)
         .iter()
         .filter_map(|e| match e {
             Effect::Launch {
-                deliveries,
-                per_call,
-                ..
-            } => Some((deliveries.len(), *per_call)),
+                sends, per_call, ..
+            } => Some((sends.len(), *per_call)),
             _ => None,
         })
         .collect()

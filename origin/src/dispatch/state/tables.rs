@@ -132,24 +132,24 @@ fn show(effect: &Effect, now: i64) -> String {
         Effect::Record(turn) => show_turn(turn, now),
         Effect::Launch {
             target,
-            deliveries,
+            sends,
             per_call,
             ..
-        } => {
-            let rows: Vec<i64> = deliveries.iter().map(|d| d.rowid).collect();
-            format!("launch {} {rows:?} per={per_call}", target.id)
-        }
-        Effect::LaunchBatches {
-            target,
-            batches,
-            per_call,
-            ..
-        } => {
-            let rows: Vec<Vec<i64>> = batches
+        } if target.batch.is_some() => {
+            let rows: Vec<Vec<i64>> = sends
                 .iter()
                 .map(|b| b.iter().map(|d| d.rowid).collect())
                 .collect();
             format!("launch batches {} {rows:?} per={per_call}", target.id)
+        }
+        Effect::Launch {
+            target,
+            sends,
+            per_call,
+            ..
+        } => {
+            let rows: Vec<i64> = sends.iter().flatten().map(|d| d.rowid).collect();
+            format!("launch {} {rows:?} per={per_call}", target.id)
         }
         Effect::Raise(notices) => {
             let kinds: Vec<&str> = notices.iter().map(|n| n.alert.kind()).collect();

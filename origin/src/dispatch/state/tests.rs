@@ -103,13 +103,10 @@ pub(super) fn tick(state: &mut State, q: &mut Queue, now: i64) -> Vec<(String, V
             panic!("a tick only records: {effect:?}");
         };
         for e in on(state, Event::Recorded(q.answer(&turn)), now) {
-            if let Effect::Launch {
-                target, deliveries, ..
-            } = e
-            {
+            if let Effect::Launch { target, sends, .. } = e {
                 launched.push((
                     target.id.to_string(),
-                    deliveries.iter().map(Meta::of).collect(),
+                    sends.iter().flatten().map(Meta::of).collect(),
                 ));
             }
         }
@@ -683,12 +680,11 @@ fn a_turn_not_recorded_is_retried_whole() {
     );
     // The launch, then the leases of a turn that may have been written all the same go back
     // but those out: the five just launched (the first three's results are written).
-    let [Effect::Launch { deliveries, .. }, Effect::ReleaseStrays { held, .. }] =
-        launched.as_slice()
+    let [Effect::Launch { sends, .. }, Effect::ReleaseStrays { held, .. }] = launched.as_slice()
     else {
         panic!("{launched:?}");
     };
-    let mut out: Vec<i64> = deliveries.iter().map(|d| d.rowid).collect();
+    let mut out: Vec<i64> = sends.iter().flatten().map(|d| d.rowid).collect();
     out.sort_unstable();
     assert_eq!(held, &out);
     assert_eq!(state.in_flight(), 5);

@@ -68,7 +68,7 @@ impl PgLedger {
     /// Measure the server's clock again every `MEASURE_EVERY` until `stop` fires or is
     /// dropped, adopting a new offset when it moved beyond the measurement's error, and
     /// reporting when the verdict on which clock is off changed.
-    pub fn keep_clock(&self, stop: tokio::sync::oneshot::Receiver<()>) {
+    pub(super) fn keep_clock(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();
         let verdict = std::sync::Arc::new(std::sync::Mutex::new(ClockVerdict::of(
             crate::time::offset_ms(),

@@ -131,7 +131,7 @@ impl PgLedger {
     // -----------------------------------------------------------------------------------------
     // Customers
 
-    pub async fn create_customer(&self, cu: &Customer) -> Result<(), LedgerError> {
+    pub(super) async fn create_customer(&self, cu: &Customer) -> Result<(), LedgerError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let n = tx
@@ -162,7 +162,7 @@ impl PgLedger {
         Ok(())
     }
 
-    pub async fn get_customer(&self, id: &str) -> Result<Customer, LedgerError> {
+    pub(super) async fn get_customer(&self, id: &str) -> Result<Customer, LedgerError> {
         let c = self.client().await?;
         let row = c
             .query_opt(
@@ -176,7 +176,7 @@ impl PgLedger {
 
     /// Customers (`only` one, or all, by id) with how many live subscribers each owns, in one
     /// statement.
-    pub async fn customers_with_counts(
+    pub(super) async fn customers_with_counts(
         &self,
         only: Option<&str>,
     ) -> Result<Vec<(Customer, u32)>, LedgerError> {
@@ -199,7 +199,7 @@ impl PgLedger {
             .collect()
     }
 
-    pub async fn list_customers(&self) -> Result<Vec<Customer>, LedgerError> {
+    pub(super) async fn list_customers(&self) -> Result<Vec<Customer>, LedgerError> {
         let c = self.client().await?;
         c.query(
             &format!("SELECT {CUSTOMER_COLUMNS} FROM customers ORDER BY id"),
@@ -213,7 +213,7 @@ impl PgLedger {
 
     /// Change a customer: `change` gets it as stored (its row locked) and returns the next one
     /// (weight, cap and time are stored), or refuses with its own error, changing nothing.
-    pub async fn update_customer<E, F>(
+    pub(super) async fn update_customer<E, F>(
         &self,
         id: &str,
         change: F,
@@ -251,7 +251,7 @@ impl PgLedger {
 
     /// Remove a customer that owns no live subscriber (one with endpoints is refused with a
     /// conflict: remove or move them first). Its portal links stop working with it.
-    pub async fn delete_customer(&self, id: &str) -> Result<(), LedgerError> {
+    pub(super) async fn delete_customer(&self, id: &str) -> Result<(), LedgerError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         // The row first: a subscriber naming it meanwhile waits for this, or this for it.
@@ -287,7 +287,7 @@ impl PgLedger {
 
     /// End every portal link issued for customer `id` so far: a new nonce, which the links
     /// issued before do not carry. Every daemon checks the nonce on each call.
-    pub async fn revoke_portal_links(
+    pub(super) async fn revoke_portal_links(
         &self,
         id: &str,
         nonce: &str,
@@ -308,7 +308,11 @@ impl PgLedger {
 
     /// The key that signs portal tokens: the stored one, or `fresh` stored now if there is none
     /// (the first daemon to start on this ledger makes it; every other one reads it).
-    pub async fn portal_key(&self, fresh: &[u8], now_ms: i64) -> Result<Vec<u8>, LedgerError> {
+    pub(super) async fn portal_key(
+        &self,
+        fresh: &[u8],
+        now_ms: i64,
+    ) -> Result<Vec<u8>, LedgerError> {
         let c = self.client().await?;
         c.execute(
             "INSERT INTO portal_key (id, key, created_ms) VALUES (1, $1, $2)
@@ -325,7 +329,7 @@ impl PgLedger {
     // Scoped to one customer (`scope`: a portal token's customer; `None`: the operator)
 
     /// The customer owning a delivery's subscriber. `NotFound` when there is no such delivery.
-    pub async fn delivery_owner(&self, rowid: i64) -> Result<Option<String>, LedgerError> {
+    pub(super) async fn delivery_owner(&self, rowid: i64) -> Result<Option<String>, LedgerError> {
         let c = self.client().await?;
         let row = c
             .query_opt(
@@ -344,7 +348,7 @@ impl PgLedger {
     /// `change` gets it as stored and returns the next definition and whether its disabled
     /// state was set (or refuses with its own error, changing nothing). A customer the next
     /// definition names must exist.
-    pub async fn change_subscriber<E, F>(
+    pub(super) async fn change_subscriber<E, F>(
         &self,
         id: &str,
         scope: Option<&str>,
@@ -376,7 +380,7 @@ impl PgLedger {
     }
 
     /// [`PgLedger::rotate_secret`] of a live subscriber `scope` sees (`NotFound` otherwise).
-    pub async fn rotate_secret_scoped(
+    pub(super) async fn rotate_secret_scoped(
         &self,
         id: &str,
         secret: &crate::keyring::NewSecret,
@@ -393,7 +397,7 @@ impl PgLedger {
     }
 
     /// [`PgLedger::replay_one`] of a delivery `scope` sees (`NotFound` otherwise).
-    pub async fn replay_one_scoped(
+    pub(super) async fn replay_one_scoped(
         &self,
         rowid: i64,
         now_ms: i64,
@@ -410,7 +414,7 @@ impl PgLedger {
     /// Store a test event and a delivery of it to the live subscriber `subscriber` alone (no
     /// other subscriber's patterns are consulted), if `scope` sees it; announce the work.
     /// Returns the delivery's row id.
-    pub async fn ingest_test(
+    pub(super) async fn ingest_test(
         &self,
         subscriber: &str,
         event: &NewEvent,

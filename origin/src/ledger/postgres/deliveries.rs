@@ -243,7 +243,7 @@ impl PgLedger {
     }
 
     /// How many deliveries a bulk replay with this filter would replay now (`dry_run`).
-    pub async fn count_replayable(&self, f: &DeliveryFilter) -> Result<u64, LedgerError> {
+    pub(super) async fn count_replayable(&self, f: &DeliveryFilter) -> Result<u64, LedgerError> {
         let c = self.client().await?;
         let parts = match customer_ranges(&c, f).await? {
             Some(per_subscriber) => per_subscriber,

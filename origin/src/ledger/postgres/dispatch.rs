@@ -252,7 +252,7 @@ impl PgLedger {
     }
 
     /// Renew this daemon's leases every [`RENEW_EVERY_MS`] until `stop` is dropped.
-    pub fn keep_leases(&self, stop: tokio::sync::oneshot::Receiver<()>) {
+    pub(super) fn keep_leases(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();
         every(
             std::time::Duration::from_millis(RENEW_EVERY_MS as u64),
@@ -268,7 +268,10 @@ impl PgLedger {
 
     /// Leases of any daemon that expired before `now_ms` back to pending, due at `now_ms`
     /// (one being recorded right now is left to that transaction). Returns the subscribers.
-    pub async fn release_expired_leases(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
+    pub(super) async fn release_expired_leases(
+        &self,
+        now_ms: i64,
+    ) -> Result<Vec<String>, LedgerError> {
         let c = self.client().await?;
         let mut subs: Vec<String> = c
             .query(

@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use super::tls;
 use crate::ledger::error::{DriverError, LedgerError, Unavailable};
 
 /// Errors of the PostgreSQL driver and pool (cheap to clone, like every `LedgerError`).
@@ -17,8 +16,9 @@ pub enum PgError {
     Pool(Arc<deadpool_postgres::PoolError>),
     #[error("{0}")]
     Config(String),
-    #[error("TLS to PostgreSQL: {0}")]
-    Tls(tls::TlsError),
+    /// The URL or its TLS settings (`crate::pg`).
+    #[error(transparent)]
+    Url(crate::pg::UrlError),
 }
 
 impl PgError {
@@ -28,7 +28,7 @@ impl PgError {
         match self {
             PgError::Pool(_) => true,
             PgError::Db(e) => e.as_db_error().is_none() && e.is_closed(),
-            PgError::Config(_) | PgError::Tls(_) => false,
+            PgError::Config(_) | PgError::Url(_) => false,
         }
     }
 

@@ -3,16 +3,16 @@
 //! migrates), probes for room, and runs the background rounds (`every`). What the operations
 //! do is in the files beside this one.
 
-use std::str::FromStr;
 use std::sync::Arc;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
 use super::error::PgError;
 use super::growth::Growth;
-use super::{schema, tls};
+use super::schema;
 use crate::ledger::error::LedgerError;
 use crate::ledger::write_state::WriteState;
+use crate::pg::{parse_url, tls};
 
 /// Run `work` every `period` (and whenever `wake` is notified) until `stop` fires or is
 /// dropped; a failed round is logged with `what` and the next one comes on time.
@@ -77,45 +77,6 @@ impl std::fmt::Debug for PgLedger {
     }
 }
 
-/// TCP keepalives on every connection unless the URL sets its own (`keepalives_idle`, …): the
-/// first probe after 30 s without traffic, then every 10 s, the connection given up after 3
-/// unanswered. Idle connections stay open through proxies and load balancers that drop idle
-/// ones silently (after minutes, for most), and a server gone is noticed within a minute
-/// instead of the system's default two hours.
-const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
-const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
-const KEEPALIVE_RETRIES: u32 = 3;
-/// A connection not made within this long fails (unless the URL sets `connect_timeout`): a
-/// server behind a black hole costs a pool checkout or a new listener seconds, not the
-/// system's two minutes.
-const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// `url` parsed, or why not (without repeating a password), with `KEEPALIVE_IDLE`, the rest
-/// and `CONNECT_TIMEOUT` where the URL leaves them to the defaults, and the TLS its
-/// `sslmode` (and `sslrootcert`) ask for (`tls.rs`).
-pub fn parse_url(url: &str) -> Result<(tokio_postgres::Config, tls::Mode), LedgerError> {
-    let params = tls::TlsParams::split(url).map_err(|e| LedgerError::from(PgError::Tls(e)))?;
-    let mut config = tokio_postgres::Config::from_str(&params.url).map_err(|e| {
-        LedgerError::from(PgError::Config(format!(
-            "not a PostgreSQL URL like postgres://user@host:5432/dbname: {e}"
-        )))
-    })?;
-    // tokio-postgres' default idle time is two hours; the URL's own setting is kept.
-    if config.get_keepalives_idle() == tokio_postgres::Config::new().get_keepalives_idle() {
-        config.keepalives_idle(KEEPALIVE_IDLE);
-    }
-    if config.get_keepalives_interval().is_none() {
-        config.keepalives_interval(KEEPALIVE_INTERVAL);
-    }
-    if config.get_keepalives_retries().is_none() {
-        config.keepalives_retries(KEEPALIVE_RETRIES);
-    }
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(CONNECT_TIMEOUT);
-    }
-    Ok((config, params.mode))
-}
-
 /// The background rounds of a daemon serving a shared ledger ([`PgLedger::start_rounds`]):
 /// each ends when this drops.
 #[derive(Debug)]
@@ -127,8 +88,9 @@ impl PgLedger {
     /// Connect to `url` and bring its schema up to date (refusing a newer one). `owner` names
     /// this daemon in the leases it takes; it must differ between daemons sharing the database.
     pub async fn open(url: &str, owner: &str) -> Result<PgLedger, LedgerError> {
-        let (config, mode) = parse_url(url)?;
-        let tls = tls::Tls::from_params(&mode).map_err(|e| LedgerError::from(PgError::Tls(e)))?;
+        let (config, mode) = parse_url(url).map_err(PgError::Url)?;
+        let tls =
+            tls::Tls::from_params(&mode).map_err(|e| PgError::Url(crate::pg::UrlError::Tls(e)))?;
         let manager = Manager::from_config(
             config.clone(),
             tls.clone(),
@@ -165,7 +127,7 @@ impl PgLedger {
     /// leases renewed, the kept counts folded, the planner's statistics refreshed, the churned
     /// tables vacuumed, and probes
     /// for room while the ledger cannot write. They run until the answer drops.
-    pub fn start_rounds(&self) -> Rounds {
+    pub(in crate::ledger) fn start_rounds(&self) -> Rounds {
         let mut stops = Vec::new();
         let mut stop = || {
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -182,14 +144,12 @@ impl PgLedger {
     }
 
     /// The breaker settings the dispatcher's claims use (the default otherwise).
-    pub fn with_breaker(mut self, breaker: fanout_core::breaker::BreakerConfig) -> PgLedger {
+    pub(in crate::ledger) fn with_breaker(
+        mut self,
+        breaker: fanout_core::breaker::BreakerConfig,
+    ) -> PgLedger {
         self.breaker = breaker;
         self
-    }
-
-    /// This daemon's name in its leases.
-    pub fn owner(&self) -> &str {
-        &self.owner
     }
 
     /// Whether the ledger can write, as this daemon's ingest and dispatcher turns last found
@@ -223,7 +183,7 @@ impl PgLedger {
     /// While the ledger cannot write, probe it every second ([`PgLedger::probe_room`]) so that
     /// it is reported writable again without waiting for the next producer, until `stop`
     /// fires or is dropped.
-    pub fn keep_probing_room(&self, stop: tokio::sync::oneshot::Receiver<()>) {
+    pub(super) fn keep_probing_room(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();
         every(
             std::time::Duration::from_secs(1),
@@ -248,48 +208,5 @@ impl PgLedger {
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, LedgerError> {
         Ok(self.pool.get().await?)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    /// Keepalives and the connect timeout: ours where the URL leaves the defaults, the URL's
-    /// own where it sets them.
-    #[test]
-    fn urls_get_keepalives_and_a_connect_timeout_unless_they_set_their_own() {
-        let s = Duration::from_secs;
-        // (URL's query, keepalives on, idle, interval, retries, connect timeout)
-        type Case = (&'static str, bool, Duration, Duration, u32, Duration);
-        let cases: &[Case] = &[
-            ("", true, s(30), s(10), 3, s(10)),
-            ("?keepalives_idle=600", true, s(600), s(10), 3, s(10)),
-            (
-                "?keepalives_interval=2&keepalives_retries=9",
-                true,
-                s(30),
-                s(2),
-                9,
-                s(10),
-            ),
-            ("?keepalives=0", false, s(30), s(10), 3, s(10)),
-            ("?connect_timeout=3", true, s(30), s(10), 3, s(3)),
-        ];
-        for &(query, on, idle, interval, retries, connect) in cases {
-            let (c, _) = parse_url(&format!("postgres://u@db:5432/fanout{query}")).unwrap();
-            assert_eq!(
-                (
-                    c.get_keepalives(),
-                    c.get_keepalives_idle(),
-                    c.get_keepalives_interval(),
-                    c.get_keepalives_retries(),
-                    c.get_connect_timeout().copied()
-                ),
-                (on, idle, Some(interval), Some(retries), Some(connect)),
-                "{query}"
-            );
-        }
     }
 }

@@ -36,9 +36,10 @@
 //! (rows read into the contract's types), `shared.rs` (the shared limiter's
 //! arithmetic, pure), `schema.rs`; the server's own machinery: `ledger.rs` (the handle and its
 //! pool), `error.rs` (the driver's errors into the contract's), `listen.rs` (`LISTEN`/`NOTIFY`
-//! between daemons), `clock.rs` (one clock for every daemon), `statistics.rs`, `vacuum.rs`, `tls.rs`.
-//! Nothing here is SQLite's, and nothing outside this folder (but the copy command) names
-//! `tokio_postgres` or `deadpool`.
+//! between daemons), `clock.rs` (one clock for every daemon), `statistics.rs`, `vacuum.rs`.
+//! The URL grammar and TLS are `crate::pg`'s, shared with the outbox. Nothing here is SQLite's,
+//! and nothing outside this folder (but the copy command, `crate::pg` and the outbox) names
+//! `tokio_postgres`, nothing else `deadpool`.
 //!
 //! # PostgreSQL ledger: driver, and what differs from SQLite
 //!
@@ -51,7 +52,7 @@
 //! database at compile time for checked queries, its own pool and runtime glue) for no gain here —
 //! the SQL is hand-written, tested against a real server, and half of it is `unnest` over arrays,
 //! which `sqlx`'s checked macros do not help with. TLS is rustls (the provider reqwest already
-//! uses) behind tokio-postgres' `MakeTlsConnect` (`tls.rs`, a small adapter over
+//! uses) behind tokio-postgres' `MakeTlsConnect` (`crate::pg::tls`, a small adapter over
 //! `tokio-rustls` rather than one more crate): the URL's `sslmode` as libpq names it, `require`
 //! (encrypted, unchecked) or `verify-full` (chain and host name, against the system's roots
 //! from `rustls-native-certs` or `sslrootcert=PATH`); `disable`/`prefer` stay plain.
@@ -217,7 +218,7 @@ mod health;
 mod ingest;
 mod leases;
 mod ledger;
-pub mod listen;
+pub(super) mod listen;
 mod ordered;
 mod retention;
 mod rows;
@@ -227,16 +228,21 @@ mod shared;
 mod statistics;
 mod stats;
 mod subscribers;
-pub mod tls;
 mod vacuum;
 
+// The door: the handle (`PgLedger::open`); the contract's implementations come with it.
+pub use ledger::PgLedger;
+
+pub(super) use ledger::Rounds;
+
+// Only for `origin/tests/pg_ledger.rs`, which drives leases and retention's lock by hand; to
+// go once it goes through the store (issue 36's parity suite).
 pub use crate::ledger::dispatch::Announcement;
-pub use dispatch::{LEASE_MS, RENEW_EVERY_MS};
-pub use error::PgError;
-pub use leases::{Applied, Feedback, LeasedOutcome, PgClaim};
-pub use ledger::{parse_url, PgLedger, Rounds};
-pub use listen::{Listener, CHANGED_CHANNEL, CUSTOMERS_CHANNEL, DUE_CHANNEL};
-pub use retention::{FOLD_EVERY, RETENTION_LOCK};
+pub use dispatch::LEASE_MS;
+pub use leases::{Feedback, LeasedOutcome};
+pub use retention::RETENTION_LOCK;
 pub use schema::VERSION as SCHEMA_VERSION;
-pub use shared::{grant_shared, merge_limiter, shared_wait};
-pub use vacuum::{to_vacuum, Dead, CHURNED, VACUUM_EVERY};
+
+/// The shared limiter's arithmetic, for the dispatcher's simulation of several daemons.
+#[cfg(test)]
+pub(crate) use shared::{grant_shared, merge_limiter, shared_wait};

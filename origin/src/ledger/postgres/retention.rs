@@ -77,7 +77,7 @@ impl PgLedger {
     /// Remove up to `batch` deliveries of status `kind` last changed before `cutoff_ms`, their
     /// attempts, and the events no delivery refers to any more. `None` when another daemon
     /// is purging (nothing done); otherwise what was removed and how long the step took.
-    pub async fn purge_finished(
+    pub(super) async fn purge_finished(
         &self,
         kind: Finished,
         cutoff_ms: i64,
@@ -156,7 +156,7 @@ impl PgLedger {
     /// An event committed with a receive time already behind the sweep's mark would be
     /// skipped: the daemons' receive times are on one clock, the server's (`clock.rs`), so
     /// that is a matter of milliseconds against `--retain-sent`.
-    pub async fn sweep_events(
+    pub(super) async fn sweep_events(
         &self,
         cutoff_ms: i64,
         batch: usize,
@@ -203,7 +203,7 @@ impl PgLedger {
 
     /// Note that the pass run at `now_ms` (its cut-offs' reference) has completed (a later
     /// pass of another daemon is not moved back).
-    pub async fn mark_retention_run(&self, now_ms: i64) -> Result<(), LedgerError> {
+    pub(super) async fn mark_retention_run(&self, now_ms: i64) -> Result<(), LedgerError> {
         self.client()
             .await?
             .execute(
@@ -219,7 +219,7 @@ impl PgLedger {
     /// age order with a LIMIT, not as `MIN(updated_ms)`: where the planner guesses that a
     /// status has one row (a table not yet analyzed, whose guess falls as its rows widen), it
     /// plans a MIN as an aggregate over the whole of another index of that status.
-    pub async fn retention_report(&self) -> Result<RetentionReport, LedgerError> {
+    pub(super) async fn retention_report(&self) -> Result<RetentionReport, LedgerError> {
         let c = self.client().await?;
         let row = c
             .query_one(
@@ -277,7 +277,7 @@ impl PgLedger {
 
     /// Fold the kept counts every [`FOLD_EVERY`] until `stop` (every daemon runs this; the
     /// advisory lock lets one fold at a time).
-    pub fn keep_counts_folded(&self, stop: tokio::sync::oneshot::Receiver<()>) {
+    pub(super) fn keep_counts_folded(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();
         every(
             FOLD_EVERY,

@@ -72,7 +72,7 @@ impl PgLedger {
     /// Refresh the statistics of `deliveries` when due ([`PgLedger::refresh_statistics`]),
     /// looking every `STATISTICS_EVERY`, and at once when this daemon's ingest outgrew
     /// them, until `stop` fires or is dropped.
-    pub fn keep_statistics(&self, stop: tokio::sync::oneshot::Receiver<()>) {
+    pub(super) fn keep_statistics(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();
         every(
             STATISTICS_EVERY,

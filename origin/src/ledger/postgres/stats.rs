@@ -17,7 +17,7 @@ use crate::ledger::stats::{MetricsSnapshot, Observe};
 
 impl PgLedger {
     /// Answers when the database does.
-    pub async fn ping(&self) -> Result<(), LedgerError> {
+    pub(super) async fn ping(&self) -> Result<(), LedgerError> {
         self.client().await?.query_one("SELECT 1", &[]).await?;
         Ok(())
     }

@@ -290,7 +290,7 @@ impl PgLedger {
     /// removal cannot see a delivery not yet committed, and an ingest's statement cannot see a
     /// removal committed while it waited for the counters' lock). Run with every rescan
     /// (`due_work`): nothing is left pending for good. Returns how many.
-    pub async fn bury_removed(&self) -> Result<u64, LedgerError> {
+    pub(super) async fn bury_removed(&self) -> Result<u64, LedgerError> {
         let c = self.client().await?;
         let st = c.prepare_cached(BURY_REMOVED).await?;
         Ok(c.execute(&st, &[]).await?)

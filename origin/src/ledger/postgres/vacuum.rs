@@ -104,7 +104,7 @@ impl PgLedger {
 
     /// Vacuum what churned ([`PgLedger::vacuum_churned`]) every [`VACUUM_EVERY`] until
     /// `stop` fires or is dropped.
-    pub fn keep_vacuumed(&self, stop: tokio::sync::oneshot::Receiver<()>) {
+    pub(super) fn keep_vacuumed(&self, stop: tokio::sync::oneshot::Receiver<()>) {
         let me = self.clone();
         every(
             VACUUM_EVERY,

@@ -155,6 +155,7 @@ pub fn revoke_portal_links(
 
 /// The customer of a subscriber, removed ones included (their deliveries stay readable).
 /// `NotFound` when no subscriber ever had that id.
+#[cfg(test)]
 pub fn subscriber_owner(c: &Connection, subscriber: &str) -> Result<Option<String>, LedgerError> {
     c.prepare_cached("SELECT customer FROM subscribers WHERE id = ?1")?
         .query_row([subscriber], |r| r.get(0))

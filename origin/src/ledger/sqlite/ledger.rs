@@ -162,7 +162,10 @@ impl Ledger {
     /// a power loss (group commit shares one commit among the operations queued together, and
     /// the writer's sync thread one sync among the groups committed while the last ran:
     /// `writer.rs`).
-    pub fn open_with(path: &Path, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
+    pub(in crate::ledger) fn open_with(
+        path: &Path,
+        opts: LedgerOptions,
+    ) -> Result<Ledger, LedgerError> {
         // Created 0600 here, not by SQLite (which would follow the umask); SQLite gives the
         // `-wal` and `-shm` files it creates the database's mode.
         files::open_private(path).map_err(|e| {
@@ -204,12 +207,12 @@ impl Ledger {
     }
 
     /// Whether the ledger can write (atomics: never waits behind the writer).
-    pub fn write_state(&self) -> Arc<WriteState> {
+    pub(in crate::ledger) fn write_state(&self) -> Arc<WriteState> {
         self.writes.clone()
     }
 
     /// Run `f` on the writer thread.
-    pub async fn call<T, F>(&self, f: F) -> Result<T, LedgerError>
+    pub(crate) async fn call<T, F>(&self, f: F) -> Result<T, LedgerError>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, LedgerError> + Send + 'static,
@@ -221,7 +224,7 @@ impl Ledger {
 
     /// Run a read-only `f` on the reader thread: it sees every transaction committed before it
     /// starts, and never waits for the writer.
-    pub async fn read<T, F>(&self, f: F) -> Result<T, LedgerError>
+    pub(crate) async fn read<T, F>(&self, f: F) -> Result<T, LedgerError>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, LedgerError> + Send + 'static,
@@ -244,7 +247,7 @@ impl Ledger {
     /// an I/O error): it runs without a savepoint of its own, and should it fail, every
     /// operation sharing its transaction fails with its error and nothing of them is kept.
     /// Ingest: a savepoint per operation cost a tenth of the writer's time on single events.
-    pub async fn tx_shared<T, F>(&self, f: F) -> Result<T, LedgerError>
+    pub(super) async fn tx_shared<T, F>(&self, f: F) -> Result<T, LedgerError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, LedgerError> + Send + 'static,

@@ -516,7 +516,13 @@ async fn retention_purges_on_one_daemon_at_a_time() {
         .await
         .unwrap();
     assert_eq!(none, Default::default());
-    assert_eq!(l[0].retention_report().await.unwrap().last_run_at_ms, None);
+    assert_eq!(
+        fanout_origin::ledger::Retention::retention_report(&l[0])
+            .await
+            .unwrap()
+            .last_run_at_ms,
+        None
+    );
     holder
         .execute("SELECT pg_advisory_unlock($1)", &[lock])
         .await
@@ -530,7 +536,9 @@ async fn retention_purges_on_one_daemon_at_a_time() {
     assert_eq!(x.deliveries + y.deliveries, 5, "{x:?} {y:?}");
     // The first step removes one: more than one step.
     assert!(stats.steps.load(std::sync::atomic::Ordering::Relaxed) >= 2);
-    let r = l[1].retention_report().await.unwrap();
+    let r = fanout_origin::ledger::Retention::retention_report(&l[1])
+        .await
+        .unwrap();
     assert_eq!((r.removed_sent, r.removed_dead), (5, 0));
     assert_eq!(r.last_run_at_ms, Some(10_000));
     assert_eq!(

@@ -877,6 +877,7 @@ const DOORS: &[Door] = &[
             ("LEASE_MS", FOR_PG_LEDGER_RS),
             ("Feedback", FOR_PG_LEDGER_RS),
             ("LeasedOutcome", FOR_PG_LEDGER_RS),
+            ("Listener", FOR_PG_LEDGER_RS),
             ("RETENTION_LOCK", FOR_PG_LEDGER_RS),
             ("SCHEMA_VERSION", FOR_PG_LEDGER_RS),
         ],

@@ -240,6 +240,7 @@ pub(super) use ledger::Rounds;
 pub use crate::ledger::dispatch::Announcement;
 pub use dispatch::LEASE_MS;
 pub use leases::{Feedback, LeasedOutcome};
+pub use listen::Listener;
 pub use retention::RETENTION_LOCK;
 pub use schema::VERSION as SCHEMA_VERSION;
 

@@ -31,7 +31,7 @@ use fanout_origin::ledger::{
 };
 use fanout_origin::model::{Disabled, Lane, Limits, Status, Subscriber};
 use fanout_origin::ordering::Ordering;
-use fanout_origin::series::buckets::{Counts, Gauges, SeriesRow};
+use fanout_origin::series::buckets::{Counts, Gauges, SeriesRow, HIST_LEN};
 
 /// The time every case starts at (a case adds to it; no clock is read).
 const NOW: i64 = 1_000_000;
@@ -1490,7 +1490,10 @@ async fn series_rows_add_up_are_scoped_and_trimmed(s: Store, now: i64) {
             delivered,
             ..Counts::default()
         },
-        latency: Vec::new(),
+        // The latency histogram: `delivered` sends in its fourth bucket.
+        latency: (0..HIST_LEN as u64)
+            .map(|i| if i == 3 { delivered } else { 0 })
+            .collect(),
         gauges: Gauges {
             backlog,
             ..Gauges::default()
@@ -1527,15 +1530,27 @@ async fn series_rows_add_up_are_scoped_and_trimmed(s: Store, now: i64) {
         read(Some("a"), None).await,
         [(b0, "a".into(), 5, 5), (b0 + res, "a".into(), 1, 1)]
     );
+    let first = s.read_series(res, b0, b0 + res, Some("a".into()), None);
+    assert_eq!(first.await.unwrap()[0].latency[3], 5, "histograms add");
     assert_eq!(read(None, None).await, [(b0, "*".into(), 2, 5)]);
     assert_eq!(read(None, Some("acme")).await, [(b0, "*acme".into(), 1, 1)]);
+    assert!(
+        read(Some("a"), Some("acme")).await.is_empty(),
+        "a scope reads its own subscribers' rows only"
+    );
     let other_res = s
         .read_series(res * 2, b0, b0 + 2 * res, Some("a".into()), None)
         .await
         .unwrap();
     assert!(other_res.is_empty());
     assert_eq!(s.purge_series(res * 2, b0 + res, 10).await.unwrap(), 0);
-    assert_eq!(s.purge_series(res, b0 + res, 10).await.unwrap(), 3);
+    assert_eq!(
+        s.purge_series(res, b0 + res, 1).await.unwrap(),
+        1,
+        "bounded"
+    );
+    assert_eq!(s.purge_series(res, b0 + res, 10).await.unwrap(), 2);
+    assert_eq!(s.purge_series(res, b0 + res, 10).await.unwrap(), 0);
     assert_eq!(read(Some("a"), None).await, [(b0 + res, "a".into(), 1, 1)]);
 }
 
@@ -1546,7 +1561,8 @@ async fn gauges_pings_and_the_share(s: Store, now: i64) {
     s.ping().await.unwrap();
     add(&s, sub("a", &["*"])).await;
     add(&s, sub("b", &["*"])).await;
-    s.ingest(evs("e", 3), now).await.unwrap();
+    s.ingest(evs("e", 2), now).await.unwrap();
+    s.ingest(evs("f", 2), now + 100).await.unwrap();
     let paused = LimiterState {
         paused_until_ms: Some(now + 2_000),
         ..Default::default()
@@ -1554,40 +1570,84 @@ async fn gauges_pings_and_the_share(s: Store, now: i64) {
     let c = record(
         &s,
         Turn {
-            now_ms: now + 1,
-            limiters: vec![("a".into(), paused)],
-            claims: vec![("b".into(), 1)],
-            lease_until_ms: now + 1 + LEASE,
+            now_ms: now + 101,
+            claims: vec![("a".into(), 3), ("b".into(), 1)],
+            lease_until_ms: now + 101 + LEASE,
             ..Turn::default()
         },
     )
     .await;
-    assert_eq!(c.claims[0].claimed.len(), 1);
-    let (by_status, stats, report) = s.metrics_snapshot(now + 2, BREAKER).await.unwrap();
+    let ids = rowids(&c.claims[0]);
+    assert_eq!((ids.len(), c.claims[1].claimed.len()), (3, 1));
+    // a: one sent, one retrying, one dead, one never tried; b: one in flight, disabled.
+    let retry = Outcome {
+        rowid: ids[1],
+        transition: Transition::Retry {
+            at_ms: now + 5_000,
+            error: "status 503".into(),
+        },
+        attempt: attempt(now + 102, "failed", 503),
+    };
+    let ended = vec![sent(ids[0], now + 102), retry, dead(ids[2], now + 102)];
+    record(
+        &s,
+        Turn {
+            now_ms: now + 102,
+            outcomes: ended,
+            limiters: vec![("a".into(), paused)],
+            ..Turn::default()
+        },
+    )
+    .await;
+    s.update_subscriber("b".into(), None, move |mut x| {
+        x.health.disabled = Some(Disabled {
+            at_ms: now + 103,
+            reason: "by hand".into(),
+            by_operator: true,
+        });
+        Ok::<_, String>((x, true))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let (by_status, stats, report) = s.metrics_snapshot(now + 200, BREAKER).await.unwrap();
     let mut by_status: Vec<(String, i64)> =
         by_status.into_iter().filter(|(_, n)| *n != 0).collect();
     by_status.sort();
-    assert_eq!(by_status, counts(&[("in_flight", 1), ("pending", 5)]));
-    assert_eq!(report, Default::default());
-    type Gauge<'a> = (&'a str, i64, i64, Option<i64>, Option<i64>, &'a str);
+    assert_eq!(
+        by_status,
+        counts(&[("dead", 1), ("in_flight", 1), ("pending", 5), ("sent", 1)])
+    );
+    assert_eq!(
+        (report.oldest_sent_at_ms, report.oldest_dead_at_ms),
+        (Some(now + 102), Some(now + 102))
+    );
+    type Gauge<'a> = (&'a str, [i64; 4], Option<i64>, Option<i64>, &'a str, bool);
     let got: Vec<Gauge> = stats
         .iter()
         .map(|x| {
             (
                 x.id.as_str(),
-                x.pending,
-                x.in_flight,
+                [x.pending, x.in_flight, x.sent, x.dead],
                 x.oldest_pending_at_ms,
                 x.paused_until_ms,
                 x.breaker.as_str(),
+                x.disabled,
             )
         })
         .collect();
     assert_eq!(
         got,
         [
-            ("a", 3, 0, Some(now), Some(now + 2_000), "closed"),
-            ("b", 2, 1, Some(now), None, "closed")
+            (
+                "a",
+                [2, 0, 1, 1],
+                Some(now),
+                Some(now + 2_000),
+                "closed",
+                false
+            ),
+            ("b", [3, 1, 0, 0], Some(now), None, "closed", true)
         ]
     );
     let (_, limiter) = s.dispatch_subscriber("a").await.unwrap().unwrap();

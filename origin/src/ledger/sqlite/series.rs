@@ -159,58 +159,6 @@ impl SeriesLedger for Ledger {
 mod tests {
     use super::*;
     use crate::ledger::sqlite::test_db;
-    use crate::series::buckets::{FINE_MS, HIST_LEN};
-
-    fn r(sub: &str, bucket: i64, delivered: u64, backlog: i64) -> SeriesRow {
-        let mut latency = vec![0; HIST_LEN];
-        latency[3] = delivered;
-        SeriesRow {
-            resolution_ms: FINE_MS,
-            bucket_ms: bucket,
-            subscriber_id: sub.into(),
-            counts: Counts {
-                delivered,
-                ..Counts::default()
-            },
-            latency,
-            gauges: Gauges {
-                backlog,
-                ..Gauges::default()
-            },
-        }
-    }
-
-    #[test]
-    fn flushes_add_up_and_a_window_is_a_range() {
-        let c = test_db();
-        add_series(&c, &[r("a", 0, 2, 5), r("b", 0, 1, 0)]).unwrap();
-        add_series(&c, &[r("a", 0, 3, 1), r("a", FINE_MS, 7, 0)]).unwrap();
-        let got = read_series(&c, FINE_MS, 0, FINE_MS, Some("a"), None).unwrap();
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].counts.delivered, 5);
-        assert_eq!(got[0].latency[3], 5);
-        assert_eq!(got[0].gauges.backlog, 5);
-        assert_eq!(
-            read_series(&c, FINE_MS, 0, 2 * FINE_MS, Some("a"), None)
-                .unwrap()
-                .len(),
-            2
-        );
-        // A customer sees only its own subscribers' rows.
-        assert!(
-            read_series(&c, FINE_MS, 0, 2 * FINE_MS, Some("a"), Some("acme"))
-                .unwrap()
-                .is_empty()
-        );
-        // Retention: buckets before the cut-off go, in bounded steps; later ones stay.
-        let purge = super::super::retention::purge_series;
-        assert_eq!(purge(&c, FINE_MS, FINE_MS, 1).unwrap(), 1);
-        assert_eq!(purge(&c, FINE_MS, FINE_MS, 10).unwrap(), 1);
-        assert_eq!(purge(&c, FINE_MS, FINE_MS, 10).unwrap(), 0);
-        let left = read_series(&c, FINE_MS, 0, 2 * FINE_MS, Some("a"), None).unwrap();
-        assert_eq!(left.len(), 1);
-        assert_eq!(left[0].bucket_ms, FINE_MS);
-    }
 
     /// A combined chart reads the totals each flush wrote: one row per bucket, however many
     /// subscribers were charted (here 500 over a day's 288 buckets would be 144,000 rows), each

@@ -66,6 +66,7 @@ const CASES: &[(&str, CaseFn)] = cases![
     a_test_event_goes_to_its_one_subscriber,
     an_events_traceparent_comes_back_with_its_claims,
     ordered_keys_hold_back_and_runs_are_leased_together,
+    an_expired_run_comes_back_with_one_head_per_key,
     retention_removes_finished_deliveries_past_their_window,
     retention_forgets_a_key_idle_past_it,
     a_removed_ids_history_is_forgotten_once_none_of_its_deliveries_is_kept,
@@ -1728,4 +1729,41 @@ async fn a_removed_ids_history_is_forgotten_once_none_of_its_deliveries_is_kept(
         [1],
         "and its numbers at 1"
     );
+}
+
+/// Expired (the dispatcher's sweep, `release_expired_leases`), a run of one key comes back as
+/// a released one does: one head per key, the rest held, so no later delivery of a key is
+/// leased before or beside its head.
+async fn an_expired_run_comes_back_with_one_head_per_key(s: Store, now: i64) {
+    add(&s, ordered("o", 4)).await;
+    let events: Vec<NewEvent> = (1..=4)
+        .flat_map(|i| ["a", "b"].map(|k| keyed(&format!("{k}{i}"), k)))
+        .collect();
+    s.ingest(events, now).await.unwrap();
+    let turn = |at: i64| Turn {
+        now_ms: at,
+        claims: vec![("o".into(), 12)],
+        batch_per: vec![("o".into(), 3)],
+        runs: vec!["o".into()],
+        lease_until_ms: at + LEASE,
+        ..Turn::default()
+    };
+    assert_eq!(record(&s, turn(now)).await.claims[0].runs, [3, 3]);
+    let later = now + LEASE + 10;
+    assert_eq!(s.release_expired_leases(later).await.unwrap(), ["o"]);
+    let heads: Vec<String> = s
+        .list_deliveries(DeliveryFilter {
+            subscriber: Some("o".into()),
+            ..all(20)
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|d| !d.held)
+        .map(|d| d.event_id)
+        .collect();
+    assert_eq!(heads, ["a1", "b1"], "one head per key, the rest held");
+    let taken = record(&s, turn(later)).await.claims.remove(0);
+    let ids: Vec<&str> = taken.claimed.iter().map(|d| d.event_id.as_str()).collect();
+    assert_eq!(ids, ["a1", "a2", "a3", "b1", "b2", "b3"]);
 }

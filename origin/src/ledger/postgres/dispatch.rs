@@ -276,7 +276,11 @@ impl PgLedger {
         let mut subs: Vec<String> = c
             .query(
                 "UPDATE deliveries SET status = 'pending', lease_owner = NULL,
-                     lease_expires_ms = NULL, next_attempt_ms = $1, updated_ms = $1
+                     lease_expires_ms = NULL, next_attempt_ms = CASE
+                         WHEN ordering_key IS NOT NULL AND batch_lead IS NOT NULL
+                              AND batch_lead <> id
+                         THEN 9223372036854775807 ELSE $1 END,
+                     updated_ms = $1
                  WHERE id IN (SELECT id FROM deliveries
                               WHERE status = 'in_flight' AND lease_expires_ms < $1
                               FOR UPDATE SKIP LOCKED)

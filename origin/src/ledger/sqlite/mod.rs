@@ -19,6 +19,7 @@
 //! flight.
 
 pub mod backup;
+mod cells;
 mod customers;
 mod deliveries;
 mod dispatch;

@@ -25,7 +25,7 @@ mod rows;
 pub use rows::Copied;
 use rows::{copy_table, has_column, requeue};
 
-use super::rows::{subscribers, tables};
+use super::rows::{deliveries, subscribers, tables};
 
 /// Copy the SQLite ledger at `from` into the empty PostgreSQL ledger at `to` (created and
 /// migrated if needed); `progress` hears a line now and then.
@@ -106,12 +106,12 @@ pub async fn copy_sqlite_to_pg(
     progress(&format!("customers: {}", done.customers));
 
     done.events = copy_table(&src, &tx, &tables::EVENTS, |_| {}, &mut progress).await?;
-    let (status, due) = (tables::DELIVERY_STATUS, tables::DELIVERY_DUE);
+    let (status, due) = (deliveries::DELIVERY_STATUS, deliveries::DELIVERY_DUE);
     let requeued = &mut 0;
     done.deliveries = copy_table(
         &src,
         &tx,
-        &tables::DELIVERIES,
+        &deliveries::DELIVERIES,
         |page| *requeued += requeue(page, status, due, now_ms),
         &mut progress,
     )
@@ -119,7 +119,7 @@ pub async fn copy_sqlite_to_pg(
     done.requeued = *requeued;
     copy_sequences(&src, &tx).await?;
     copy_table(&src, &tx, &tables::ORDERING_KEYS, |_| {}, quiet).await?;
-    done.attempts = copy_table(&src, &tx, &tables::ATTEMPTS, |_| {}, &mut progress).await?;
+    done.attempts = copy_table(&src, &tx, &deliveries::ATTEMPTS, |_| {}, &mut progress).await?;
 
     // New rows continue after the copied ids.
     tx.batch_execute(

@@ -34,16 +34,6 @@ pub(super) fn transaction_aborted(e: &tokio_postgres::Error) -> bool {
 /// How many times a statement PostgreSQL aborted as a deadlock is tried again at start-up.
 pub(super) const RELEASE_TRIES: u32 = 5;
 
-/// A text column holding one of an enum's names.
-pub(super) fn enum_column<T>(
-    r: &Row,
-    i: usize,
-    parse: fn(&str) -> Option<T>,
-) -> Result<T, LedgerError> {
-    let text: String = r.try_get(i)?;
-    parse(&text).ok_or_else(|| LedgerError::Schema(format!("unknown value {text:?} in column {i}")))
-}
-
 /// The stored limiter, or — when it does not decode (another version wrote it) — an empty
 /// bucket, never a full one, with a warning an operator sees.
 pub(super) fn decode_limiter(id: &str, raw: Option<&str>, now_ms: i64) -> LimiterState {

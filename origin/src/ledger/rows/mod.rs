@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use super::error::LedgerError;
 
 pub mod customers;
+pub mod deliveries;
 pub mod subscribers;
 pub mod tables;
 

@@ -1,9 +1,7 @@
-//! The tables that hold what was sent, beside the subscribers and customers: events,
-//! deliveries, attempts and the counters of sequence numbers, each as both backends keep the
-//! columns `fanout ledger copy` carries. (A delivery's lease is not among them: the copy
-//! brings every delivery over unleased.)
+//! The events and the counters of sequence numbers, as both backends keep the columns
+//! `fanout ledger copy` carries (deliveries and attempts are in `deliveries.rs`).
 
-use super::{added, col, Column, Kind, Table};
+use super::{added, col, Kind, Table};
 
 use Kind::{Int, Text};
 
@@ -15,51 +13,6 @@ pub const EVENTS: Table = Table {
         col("body", Text),
         col("received_ms", Int),
         added("traceparent", Text, "NULL"),
-    ],
-    paged: true,
-};
-
-/// `status` and `next_attempt_ms` are where [`DELIVERY_STATUS`] and [`DELIVERY_DUE`] say.
-pub const DELIVERIES: Table = Table {
-    name: "deliveries",
-    columns: DELIVERY_COLUMNS,
-    paged: true,
-};
-
-const DELIVERY_COLUMNS: &[Column] = &[
-    col("id", Int),
-    col("subscriber_id", Text),
-    col("event_id", Text),
-    col("status", Text),
-    col("attempts", Int),
-    col("next_attempt_ms", Int),
-    col("last_error", Text),
-    col("created_ms", Int),
-    col("updated_ms", Int),
-    // A ledger from before sequence numbers has none: the copy numbers them as the migration
-    // that added them does.
-    added("sequence", Int, "0"),
-    added("ordering_key", Text, "NULL"),
-    added("previous_sequence", Int, "NULL"),
-];
-
-/// Where [`DELIVERIES`] has a delivery's status and its due time.
-pub const DELIVERY_STATUS: usize = 3;
-pub const DELIVERY_DUE: usize = 5;
-
-pub const ATTEMPTS: Table = Table {
-    name: "attempts",
-    columns: &[
-        col("id", Int),
-        col("delivery_id", Int),
-        col("attempt", Int),
-        col("at_ms", Int),
-        col("lane", Text),
-        col("outcome", Text),
-        col("status", Int),
-        col("latency_ms", Int),
-        col("response_body", Text),
-        col("error", Text),
     ],
     paged: true,
 };

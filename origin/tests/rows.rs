@@ -13,7 +13,7 @@ use fanout_core::batch::BatchSpec;
 use fanout_origin::customer::Customer;
 use fanout_origin::ledger::store::{Location, OpenOptions, Store};
 use fanout_origin::ledger::{Customers, Deliveries, LedgerError, Subscribers};
-use fanout_origin::model::{Disabled, Health, Lane, Limits, Ordering, Payload, Scheme, Subscriber};
+use fanout_origin::model::{Disabled, Lane, Limits, Ordering, Payload, Scheme, Subscriber};
 
 fn customer() -> Customer {
     Customer {
@@ -39,10 +39,8 @@ fn full_subscriber() -> Subscriber {
         },
         lane: Lane::Edge,
         legacy_signature: true,
-        secrets: Vec::new(),
         created_ms: 11,
         updated_ms: 11,
-        health: Health::default(),
         customer: Some("acme".into()),
         filter: Some(serde_json::json!({ "region": "eu" })),
         customer_filter: Some(serde_json::json!({ "amount": { "$gt": 5 } })),
@@ -56,6 +54,17 @@ fn full_subscriber() -> Subscriber {
             max_bytes: 65_536,
             max_wait_ms: 200,
         }),
+        ..Subscriber::new(
+            "",
+            "",
+            &[],
+            Limits {
+                rate_per_sec: 1.0,
+                burst: 1,
+                max_in_flight: 1,
+                timeout_ms: 1,
+            },
+        )
     }
 }
 

@@ -62,30 +62,14 @@ pub(crate) fn test_events(n: usize) -> Vec<NewEvent> {
 #[cfg(test)]
 pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscriber {
     use crate::model::{Lane, Limits, Subscriber};
+    let limits = Limits {
+        rate_per_sec: 10.0,
+        burst: 20,
+        max_in_flight: 8,
+        timeout_ms: 1000,
+    };
     Subscriber {
-        id: id.into(),
-        url: "https://example.com/h".into(),
-        event_types: types.iter().map(|s| s.to_string()).collect(),
-        limits: Limits {
-            rate_per_sec: 10.0,
-            burst: 20,
-            max_in_flight: 8,
-            timeout_ms: 1000,
-        },
         lane: Lane::Origin,
-        legacy_signature: false,
-        secrets: vec![],
-        created_ms: 0,
-        updated_ms: 0,
-        health: Default::default(),
-        customer: None,
-        filter: None,
-        customer_filter: None,
-        payload: Default::default(),
-        ordering: Default::default(),
-        ordering_key: None,
-        propagate_trace: false,
-        signature: Default::default(),
-        batch: None,
+        ..Subscriber::new(id, "https://example.com/h", types, limits)
     }
 }

@@ -88,7 +88,7 @@ impl PgLedger {
             )
             .await?
             .iter()
-            .map(|r| decode_attempt(r))
+            .map(decode_attempt)
             .collect::<Result<Vec<_>, LedgerError>>()?;
         d.attempts = Some(attempts);
         Ok(d)

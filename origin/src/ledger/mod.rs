@@ -3,14 +3,16 @@
 //! This folder's own files are the contract: the traits the dispatcher (`dispatch.rs`), the API
 //! (`subscribers.rs`, `deliveries.rs`, `customers.rs`, `stats.rs`) and retention
 //! (`retention.rs`) call, the rows they speak, the one error (`error.rs`, naming no driver), the
-//! one customer-scope rule (`scope.rs`), the one delivery-filter builder (`filter.rs`) and
-//! whether writes fail (`write_state.rs`). None of them names a driver, runs SQL or holds a
-//! connection.
+//! one customer-scope rule (`scope.rs`), the one delivery-filter builder (`filter.rs`),
+//! whether writes fail (`write_state.rs`) and each table's columns, values and decoding
+//! (`rows/`, read through a `Cells` trait each backend implements once for its driver). None of
+//! them names a driver, runs SQL or holds a connection.
 //!
 //! `sqlite/` (the embedded ledger, one daemon) and `postgres/` (shared by several daemons) are
 //! siblings implementing the contract, each split by subject; neither imports the other.
 //! `store.rs` is the one place that chooses a backend (from the configuration) and forwards the
-//! contract to it; `copy/` (`fanout ledger copy`) is the one place that names both drivers.
+//! contract to it; `copy/` (`fanout ledger copy`) is the one place that names both drivers: it
+//! decodes each table with one and encodes it with the other, by `rows/`' column lists.
 
 pub mod copy;
 pub mod customers;

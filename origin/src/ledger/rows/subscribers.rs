@@ -8,9 +8,6 @@ use std::sync::LazyLock;
 
 use super::{added, col, count, Cells, Column, Kind, Reader, Statement, Table, Value};
 use crate::ledger::error::LedgerError;
-use crate::ledger::subscribers::{
-    batch_column, batch_from_column, filter_column, filter_from_column,
-};
 use crate::model::{
     Disabled, Health, Lane, Limits, Ordering, Payload, Scheme, StoredSecret, Subscriber,
 };
@@ -125,6 +122,29 @@ pub fn definition(s: &Subscriber, at_ms: i64) -> [Value<'_>; DEFINED + 1] {
         filter_column(&s.customer_filter).into(),
         at_ms.into(),
     ]
+}
+
+/// A subscriber's content filter (the operator's `filter` or the `customer_filter`) as both
+/// backends store it: its JSON text, or NULL for none.
+fn filter_column(filter: &Option<serde_json::Value>) -> Option<String> {
+    filter.as_ref().map(|f| f.to_string())
+}
+
+/// A stored filter column back as JSON. Only the API writes it, from a checked value, so it
+/// decodes; a text that does not is shown as the string it is rather than hidden.
+fn filter_from_column(text: Option<String>) -> Option<serde_json::Value> {
+    text.map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::String(t)))
+}
+
+/// A subscriber's `batch` as its column holds it: JSON, or NULL for one event per request.
+fn batch_column(s: &Subscriber) -> Option<String> {
+    s.batch.map(|b| serde_json::json!(b).to_string())
+}
+
+/// A stored `batch` column back. Only the API writes it, from checked settings; a text that
+/// does not decode is read as no batching (one event per request), the safe default.
+fn batch_from_column(text: Option<String>) -> Option<fanout_core::batch::BatchSpec> {
+    text.and_then(|t| serde_json::from_str(&t).ok())
 }
 
 /// A row of [`SELECT`]'s columns, from its column `from`, back as a subscriber (no secrets).

@@ -63,12 +63,12 @@ pub(super) fn decode_one<T>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::customers::{create_customer, get_customer};
+    use super::super::health::set_disabled;
+    use super::super::subscribers::{create_subscriber, get_subscriber, update_subscriber};
+    use super::super::test_db;
     use crate::customer::Customer;
     use crate::ledger::rows::subscribers::tests::full_subscriber;
-    use crate::ledger::sqlite::{
-        create_customer, create_subscriber, get_customer, get_subscriber, set_disabled, test_db,
-        update_subscriber,
-    };
     use crate::model::{Disabled, Health, Lane, Payload};
 
     #[test]

@@ -282,6 +282,34 @@ pub struct StoredSecret {
 }
 
 impl Subscriber {
+    /// A subscriber with these and every other field at its default: the `auto` lane, no
+    /// secrets yet, created at 0, enabled, nobody's, unfiltered, full payloads, unordered, no
+    /// `traceparent`, HMAC signatures, one event per request. (Fixtures start here, so that a
+    /// new field is written in the places that store or read it, not in every test.)
+    pub fn new(id: &str, url: &str, event_types: &[&str], limits: Limits) -> Subscriber {
+        Subscriber {
+            id: id.into(),
+            url: url.into(),
+            event_types: event_types.iter().map(|t| t.to_string()).collect(),
+            limits,
+            lane: Lane::default(),
+            legacy_signature: false,
+            secrets: Vec::new(),
+            created_ms: 0,
+            updated_ms: 0,
+            health: Health::default(),
+            customer: None,
+            filter: None,
+            customer_filter: None,
+            payload: Payload::default(),
+            ordering: Ordering::default(),
+            ordering_key: None,
+            propagate_trace: false,
+            signature: Scheme::default(),
+            batch: None,
+        }
+    }
+
     /// The secrets that sign at `now_ms`, newest first.
     pub fn active_secrets(&self, now_ms: i64) -> Vec<String> {
         active_secrets(&self.secrets, now_ms)

@@ -119,30 +119,18 @@ async fn every_case_on_postgres() {
 /// A subscriber to every type in `types`, whose limits never hold a case's claims back.
 fn sub(id: &str, types: &[&str]) -> Subscriber {
     Subscriber {
-        id: id.into(),
-        url: "https://example.com/h".into(),
-        event_types: types.iter().map(|s| s.to_string()).collect(),
-        limits: Limits {
-            rate_per_sec: 1e6,
-            burst: 1_000_000,
-            max_in_flight: 1_000,
-            timeout_ms: 1000,
-        },
         lane: Lane::Origin,
-        legacy_signature: false,
-        secrets: vec![],
-        created_ms: 0,
-        updated_ms: 0,
-        health: Default::default(),
-        customer: None,
-        filter: None,
-        customer_filter: None,
-        payload: Default::default(),
-        ordering: Default::default(),
-        ordering_key: None,
-        propagate_trace: false,
-        signature: Default::default(),
-        batch: None,
+        ..Subscriber::new(
+            id,
+            "https://example.com/h",
+            types,
+            Limits {
+                rate_per_sec: 1e6,
+                burst: 1_000_000,
+                max_in_flight: 1_000,
+                timeout_ms: 1000,
+            },
+        )
     }
 }
 

@@ -33,31 +33,18 @@ fn customer(id: &str) -> Customer {
 }
 
 fn owned(id: &str, customer: &str) -> Definition {
+    let limits = Limits {
+        rate_per_sec: 10.0,
+        burst: 10,
+        max_in_flight: 4,
+        timeout_ms: 1000,
+    };
     Definition {
-        id: id.into(),
-        url: "https://example.com/h".into(),
-        event_types: vec!["*".into()],
-        limits: Limits {
-            rate_per_sec: 10.0,
-            burst: 10,
-            max_in_flight: 4,
-            timeout_ms: 1000,
-        },
         lane: Lane::Origin,
-        legacy_signature: false,
-        secrets: vec![],
         created_ms: 1,
         updated_ms: 1,
-        health: Default::default(),
         customer: Some(customer.into()),
-        filter: None,
-        customer_filter: None,
-        payload: Default::default(),
-        ordering: Default::default(),
-        ordering_key: None,
-        propagate_trace: false,
-        signature: Default::default(),
-        batch: None,
+        ..Definition::new(id, "https://example.com/h", &["*"], limits)
     }
 }
 

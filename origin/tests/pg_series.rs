@@ -21,31 +21,16 @@ use fanout_origin::series::buckets::{
 };
 
 fn sub(id: &str, customer: Option<&str>) -> Subscriber {
+    let limits = Limits {
+        rate_per_sec: 10.0,
+        burst: 10,
+        max_in_flight: 4,
+        timeout_ms: 1000,
+    };
     Subscriber {
-        id: id.into(),
-        url: "https://example.com/h".into(),
-        event_types: vec!["*".into()],
-        limits: Limits {
-            rate_per_sec: 10.0,
-            burst: 10,
-            max_in_flight: 4,
-            timeout_ms: 1000,
-        },
         lane: Lane::Origin,
-        legacy_signature: false,
-        secrets: vec![],
-        created_ms: 0,
-        updated_ms: 0,
-        health: Default::default(),
         customer: customer.map(Into::into),
-        filter: None,
-        customer_filter: None,
-        payload: Default::default(),
-        ordering: Default::default(),
-        ordering_key: None,
-        propagate_trace: false,
-        signature: Default::default(),
-        batch: None,
+        ..Subscriber::new(id, "https://example.com/h", &["*"], limits)
     }
 }
 

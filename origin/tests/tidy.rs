@@ -547,6 +547,7 @@ const PURE: &[&str] = &[
     "origin/src/dispatch/vocab",
     "origin/src/ledger/filter",
     "origin/src/ledger/scope",
+    "origin/src/ledger/rows",
     "origin/src/duration",
     "origin/src/event_filter",
     "origin/src/event_input",

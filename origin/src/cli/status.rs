@@ -218,37 +218,23 @@ mod tests {
 
     use super::*;
     use crate::api::views::{SubscriberStats, SubscriberView, ViewWithStats};
-    use crate::model::Lane;
+    use crate::model::{Lane, Limits, Subscriber};
 
     fn view(id: &str, lane: Lane, rate_per_sec: f64, burst: u32) -> SubscriberView {
-        SubscriberView {
-            id: id.into(),
-            url: "https://example.com/h".into(),
-            event_types: vec!["*".into()],
+        let limits = Limits {
             rate_per_sec,
             burst,
             max_in_flight: 8,
             timeout_ms: 10_000,
+        };
+        SubscriberView {
             lane,
-            legacy_signature: false,
-            created_at_ms: 0,
-            updated_at_ms: 0,
             active_secrets: 1,
-            disabled: false,
-            disabled_reason: None,
-            disabled_at_ms: None,
-            failing_since_ms: None,
-            customer: None,
-            filter: None,
-            customer_filter: None,
-            payload: Default::default(),
-            ordering: Default::default(),
-            ordering_key: None,
-            propagate_trace: false,
-            signature: Default::default(),
-            public_key: None,
-            batch: None,
-            secret: None,
+            ..SubscriberView::of(
+                &Subscriber::new(id, "https://example.com/h", &["*"], limits),
+                0,
+                None,
+            )
         }
     }
 

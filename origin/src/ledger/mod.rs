@@ -3,14 +3,16 @@
 //! This folder's own files are the contract: the traits the dispatcher (`dispatch.rs`), the API
 //! (`subscribers.rs`, `deliveries.rs`, `customers.rs`, `stats.rs`) and retention
 //! (`retention.rs`) call, the rows they speak, the one error (`error.rs`, naming no driver), the
-//! one customer-scope rule (`scope.rs`), the one delivery-filter builder (`filter.rs`) and
-//! whether writes fail (`write_state.rs`). None of them names a driver, runs SQL or holds a
-//! connection.
+//! one customer-scope rule (`scope.rs`), the one delivery-filter builder (`filter.rs`),
+//! whether writes fail (`write_state.rs`) and each table's columns, values and decoding
+//! (`rows/`, read through a `Cells` trait each backend implements once for its driver). None of
+//! them names a driver, runs SQL or holds a connection.
 //!
 //! `sqlite/` (the embedded ledger, one daemon) and `postgres/` (shared by several daemons) are
 //! siblings implementing the contract, each split by subject; neither imports the other.
 //! `store.rs` is the one place that chooses a backend (from the configuration) and forwards the
-//! contract to it; `copy/` (`fanout ledger copy`) is the one place that names both drivers.
+//! contract to it; `copy/` (`fanout ledger copy`) is the one place that names both drivers: it
+//! decodes each table with one and encodes it with the other, by `rows/`' column lists.
 
 pub mod copy;
 pub mod customers;
@@ -21,6 +23,7 @@ pub mod fanout;
 pub mod filter;
 pub mod postgres;
 pub mod retention;
+pub mod rows;
 pub mod scope;
 pub mod sequence;
 pub mod series;
@@ -61,30 +64,14 @@ pub(crate) fn test_events(n: usize) -> Vec<NewEvent> {
 #[cfg(test)]
 pub(crate) fn test_subscriber(id: &str, types: &[&str]) -> crate::model::Subscriber {
     use crate::model::{Lane, Limits, Subscriber};
+    let limits = Limits {
+        rate_per_sec: 10.0,
+        burst: 20,
+        max_in_flight: 8,
+        timeout_ms: 1000,
+    };
     Subscriber {
-        id: id.into(),
-        url: "https://example.com/h".into(),
-        event_types: types.iter().map(|s| s.to_string()).collect(),
-        limits: Limits {
-            rate_per_sec: 10.0,
-            burst: 20,
-            max_in_flight: 8,
-            timeout_ms: 1000,
-        },
         lane: Lane::Origin,
-        legacy_signature: false,
-        secrets: vec![],
-        created_ms: 0,
-        updated_ms: 0,
-        health: Default::default(),
-        customer: None,
-        filter: None,
-        customer_filter: None,
-        payload: Default::default(),
-        ordering: Default::default(),
-        ordering_key: None,
-        propagate_trace: false,
-        signature: Default::default(),
-        batch: None,
+        ..Subscriber::new(id, "https://example.com/h", types, limits)
     }
 }

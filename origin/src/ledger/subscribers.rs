@@ -10,29 +10,6 @@ use super::error::LedgerError;
 use crate::keyring::NewSecret;
 use crate::model::Subscriber;
 
-/// A subscriber's content filter (the operator's `filter` or the `customer_filter`) as both
-/// backends store it: its JSON text, or NULL for none.
-pub fn filter_column(filter: &Option<serde_json::Value>) -> Option<String> {
-    filter.as_ref().map(|f| f.to_string())
-}
-
-/// A stored filter column back as JSON. Only the API writes it, from a checked value, so it
-/// decodes; a text that does not is shown as the string it is rather than hidden.
-pub fn filter_from_column(text: Option<String>) -> Option<serde_json::Value> {
-    text.map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::String(t)))
-}
-
-/// A subscriber's `batch` as its column holds it: JSON, or NULL for one event per request.
-pub fn batch_column(s: &Subscriber) -> Option<String> {
-    s.batch.map(|b| serde_json::json!(b).to_string())
-}
-
-/// A stored `batch` column back. Only the API writes it, from checked settings; a text that
-/// does not decode is read as no batching (one event per request), the safe default.
-pub fn batch_from_column(text: Option<String>) -> Option<fanout_core::batch::BatchSpec> {
-    text.and_then(|t| serde_json::from_str(&t).ok())
-}
-
 /// What an id keeps of a removed endpoint besides its deliveries, forgotten when the id is
 /// created again once none of its deliveries are kept (retention removed them): the new
 /// endpoint, maybe another customer's, starts with an empty chart (`series`), sequence 1

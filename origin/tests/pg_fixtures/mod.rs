@@ -20,30 +20,18 @@ pub const LEASE: i64 = 60_000;
 
 pub fn sub(id: &str, types: &[&str], rate: f64, burst: u32, max_in_flight: u32) -> Subscriber {
     Subscriber {
-        id: id.into(),
-        url: "https://example.com/h".into(),
-        event_types: types.iter().map(|s| s.to_string()).collect(),
-        limits: Limits {
-            rate_per_sec: rate,
-            burst,
-            max_in_flight,
-            timeout_ms: 1000,
-        },
         lane: Lane::Origin,
-        legacy_signature: false,
-        secrets: vec![],
-        created_ms: 0,
-        updated_ms: 0,
-        health: Default::default(),
-        customer: None,
-        filter: None,
-        customer_filter: None,
-        payload: Default::default(),
-        ordering: Default::default(),
-        ordering_key: None,
-        propagate_trace: false,
-        signature: Default::default(),
-        batch: None,
+        ..Subscriber::new(
+            id,
+            "https://example.com/h",
+            types,
+            Limits {
+                rate_per_sec: rate,
+                burst,
+                max_in_flight,
+                timeout_ms: 1000,
+            },
+        )
     }
 }
 

@@ -231,31 +231,16 @@ fn settings(max_total: usize) -> Settings {
 }
 
 fn sub(id: &str, max_in_flight: u32, customer: Option<&str>) -> (Subscriber, LimiterState) {
+    let limits = Limits {
+        rate_per_sec: 1000.0,
+        burst: 1000,
+        max_in_flight,
+        timeout_ms: 1000,
+    };
     let s = Subscriber {
-        id: id.into(),
-        url: "https://example.com/h".into(),
-        event_types: vec!["*".into()],
-        limits: Limits {
-            rate_per_sec: 1000.0,
-            burst: 1000,
-            max_in_flight,
-            timeout_ms: 1000,
-        },
         lane: Lane::Origin,
-        legacy_signature: false,
-        secrets: vec![],
-        created_ms: 0,
-        updated_ms: 0,
-        health: Default::default(),
         customer: customer.map(str::to_string),
-        filter: None,
-        customer_filter: None,
-        payload: Default::default(),
-        ordering: Default::default(),
-        ordering_key: None,
-        propagate_trace: false,
-        signature: Default::default(),
-        batch: None,
+        ..Subscriber::new(id, "https://example.com/h", &["*"], limits)
     };
     (s, LimiterState::default())
 }

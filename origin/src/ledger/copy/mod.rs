@@ -1,15 +1,18 @@
 //! `fanout ledger copy`: move a SQLite ledger (its daemon stopped: the copy takes its owner
 //! lock, and refuses while a daemon holds it) into an empty PostgreSQL one, in one PostgreSQL
-//! transaction (a failed copy leaves the target empty). Subscribers (removed ones too, for
-//! their history), secrets, events, deliveries with their status and attempt counts, attempts,
-//! limiter and health state, content filters come over as they are; deliveries that were in flight come over
-//! pending, due at once (their lease died with the daemon). Public delivery ids (`dlv_<id>`)
-//! and sequence numbers (with each subscriber's counter) stay the same. Customers, which subscriber each owns and the portal signing key come over
-//! too (`customers.rs`): links issued before the move keep working. The one place in the
-//! daemon that names both drivers; it decides nothing either backend does at run time.
+//! transaction (a failed copy leaves the target empty). Each table both backends keep comes
+//! over as its column list in `ledger/rows/` says (`rows.rs` decodes with one driver and
+//! encodes with the other; no code per column): subscribers (removed ones too, for their
+//! history) with their limiter, health and filters, secrets, customers, events, deliveries
+//! with their status and attempt counts, attempts, the sequence counters. Deliveries that were
+//! in flight come over pending, due at once (their lease died with the daemon). Public delivery
+//! ids (`dlv_<id>`) and sequence numbers stay the same; the portal signing key comes over too
+//! (`customers.rs`): links issued before the move keep working. The one place in the daemon
+//! that names both drivers; it decides nothing either backend does at run time.
 
 use std::path::Path;
 
+use deadpool_postgres::Transaction;
 use rusqlite::{Connection, OpenFlags};
 
 use super::postgres::PgLedger;
@@ -19,13 +22,10 @@ use super::LedgerError;
 mod customers;
 mod rows;
 
-use rows::copy_filters;
 pub use rows::Copied;
-use rows::{
-    copy_attempts, copy_deliveries, copy_events, copy_ordering, copy_secrets, copy_sequences,
-    copy_subscribers,
-};
-use rows::{copy_batch, copy_propagate_trace};
+use rows::{copy_table, has_column, requeue};
+
+use super::rows::{deliveries, subscribers, tables};
 
 /// Copy the SQLite ledger at `from` into the empty PostgreSQL ledger at `to` (created and
 /// migrated if needed); `progress` hears a line now and then.
@@ -83,9 +83,9 @@ pub async fn copy_sqlite_to_pg(
     }
     let mut done = Copied::default();
 
-    copy_subscribers(&src, &tx, version, &mut done).await?;
-    copy_secrets(&src, &tx, &mut done).await?;
-    copy_filters(&src, &tx).await?;
+    let quiet = &mut |_: &str| {};
+    done.subscribers = copy_table(&src, &tx, &subscribers::TABLE, |_| {}, quiet).await?;
+    done.secrets = copy_table(&src, &tx, &subscribers::SECRETS, |_| {}, quiet).await?;
     progress(&format!(
         "subscribers: {} ({} secrets)",
         done.subscribers, done.secrets
@@ -105,15 +105,21 @@ pub async fn copy_sqlite_to_pg(
     .await?;
     progress(&format!("customers: {}", done.customers));
 
-    copy_propagate_trace(&src, &tx).await?;
-    copy_batch(&src, &tx).await?;
-    copy_events(&src, &tx, &mut done, &mut progress).await?;
-
-    copy_deliveries(&src, &tx, now_ms, &mut done, &mut progress).await?;
+    done.events = copy_table(&src, &tx, &tables::EVENTS, |_| {}, &mut progress).await?;
+    let (status, due) = (deliveries::DELIVERY_STATUS, deliveries::DELIVERY_DUE);
+    let requeued = &mut 0;
+    done.deliveries = copy_table(
+        &src,
+        &tx,
+        &deliveries::DELIVERIES,
+        |page| *requeued += requeue(page, status, due, now_ms),
+        &mut progress,
+    )
+    .await?;
+    done.requeued = *requeued;
     copy_sequences(&src, &tx).await?;
-    copy_ordering(&src, &tx).await?;
-
-    copy_attempts(&src, &tx, &mut done, &mut progress).await?;
+    copy_table(&src, &tx, &tables::ORDERING_KEYS, |_| {}, quiet).await?;
+    done.attempts = copy_table(&src, &tx, &deliveries::ATTEMPTS, |_| {}, &mut progress).await?;
 
     // New rows continue after the copied ids.
     tx.batch_execute(
@@ -130,4 +136,25 @@ pub async fn copy_sqlite_to_pg(
         done.customers, done.subscribers, done.events, done.deliveries, done.requeued, done.attempts
     ));
     Ok(done)
+}
+
+/// Each subscriber's sequence counter: the source's (retention may have removed deliveries
+/// whose numbers it counts), or, from a ledger from before sequence numbers, its deliveries
+/// numbered per subscriber in id order and the counters seeded from them (as the migration
+/// that added them does).
+async fn copy_sequences(src: &Connection, tx: &Transaction<'_>) -> Result<(), LedgerError> {
+    if has_column(src, "deliveries", "sequence")? {
+        copy_table(src, tx, &tables::SEQUENCES, |_| {}, &mut |_| {}).await?;
+        return Ok(());
+    }
+    tx.batch_execute(
+        "UPDATE deliveries d SET sequence = n.k
+             FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY subscriber_id ORDER BY id) AS k
+                   FROM deliveries) n
+             WHERE d.id = n.id;
+         INSERT INTO sequences (subscriber_id, last)
+             SELECT subscriber_id, MAX(sequence) FROM deliveries GROUP BY subscriber_id;",
+    )
+    .await?;
+    Ok(())
 }

@@ -15,30 +15,18 @@
 //! customer goes only when no live subscriber names it.
 
 use deadpool_postgres::{GenericClient, Transaction};
-use tokio_postgres::Row;
 
 use super::ledger::PgLedger;
 use super::listen::{notify_payload, CUSTOMERS_CHANNEL, DUE_CHANNEL};
+use super::rows::bind;
 use crate::customer::Customer;
 use crate::ledger::customers::{Customers, FORGET_TOTALS};
 use crate::ledger::deliveries::NewEvent;
 use crate::ledger::error::LedgerError;
+use crate::ledger::rows::customers as rows;
 use crate::ledger::scope;
 use crate::model::{delivery_public_id, Subscriber};
 use crate::series::buckets::total_key;
-
-const CUSTOMER_COLUMNS: &str = "id, weight, max_in_flight, portal_nonce, created_ms, updated_ms";
-
-fn customer_from_row(r: &Row) -> Result<Customer, LedgerError> {
-    Ok(Customer {
-        id: r.try_get(0)?,
-        weight: r.try_get::<_, i32>(1)?.max(1) as u32,
-        max_in_flight: r.try_get::<_, Option<i32>>(2)?.map(|m| m.max(1) as u32),
-        portal_nonce: r.try_get(3)?,
-        created_ms: r.try_get(4)?,
-        updated_ms: r.try_get(5)?,
-    })
-}
 
 fn int(n: u32) -> i32 {
     n.min(i32::MAX as u32) as i32
@@ -135,19 +123,7 @@ impl PgLedger {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let n = tx
-            .execute(
-                "INSERT INTO customers (id, weight, max_in_flight, portal_nonce, created_ms,
-                     updated_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
-                &[
-                    &cu.id,
-                    &int(cu.weight),
-                    &cu.max_in_flight.map(int),
-                    &cu.portal_nonce,
-                    &cu.created_ms,
-                    &cu.updated_ms,
-                ],
-            )
+            .execute(rows::INSERT.postgres(), &bind(&rows::values(cu)))
             .await?;
         if n == 0 {
             return Err(LedgerError::Conflict(format!(
@@ -166,12 +142,12 @@ impl PgLedger {
         let c = self.client().await?;
         let row = c
             .query_opt(
-                &format!("SELECT {CUSTOMER_COLUMNS} FROM customers WHERE id = $1"),
+                &format!("SELECT {} FROM customers WHERE id = $1", *rows::SELECT),
                 &[&id],
             )
             .await?
             .ok_or_else(|| no_customer(id))?;
-        customer_from_row(&row)
+        rows::decode(&row, 0)
     }
 
     /// Customers (`only` one, or all, by id) with how many live subscribers each owns, in one
@@ -183,18 +159,19 @@ impl PgLedger {
         let c = self.client().await?;
         let rows = c
             .query(
-                "SELECT c.id, c.weight, c.max_in_flight, c.portal_nonce, c.created_ms,
-                     c.updated_ms,
-                     (SELECT COUNT(*) FROM subscribers s
-                      WHERE s.customer = c.id AND s.deleted_ms IS NULL)
-                 FROM customers c WHERE $1::text IS NULL OR c.id = $1 ORDER BY c.id",
+                &format!(
+                    "SELECT {}, (SELECT COUNT(*) FROM subscribers s
+                                 WHERE s.customer = c.id AND s.deleted_ms IS NULL)
+                     FROM customers c WHERE $1::text IS NULL OR c.id = $1 ORDER BY c.id",
+                    *rows::SELECT
+                ),
                 &[&only],
             )
             .await?;
         rows.iter()
             .map(|r| {
                 let n: i64 = r.try_get(6)?;
-                Ok((customer_from_row(r)?, n.clamp(0, u32::MAX as i64) as u32))
+                Ok((rows::decode(r, 0)?, n.clamp(0, u32::MAX as i64) as u32))
             })
             .collect()
     }
@@ -202,12 +179,12 @@ impl PgLedger {
     pub(super) async fn list_customers(&self) -> Result<Vec<Customer>, LedgerError> {
         let c = self.client().await?;
         c.query(
-            &format!("SELECT {CUSTOMER_COLUMNS} FROM customers ORDER BY id"),
+            &format!("SELECT {} FROM customers ORDER BY id", *rows::SELECT),
             &[],
         )
         .await?
         .iter()
-        .map(customer_from_row)
+        .map(|r| rows::decode(r, 0))
         .collect()
     }
 
@@ -225,12 +202,15 @@ impl PgLedger {
         let tx = c.transaction().await?;
         let row = tx
             .query_opt(
-                &format!("SELECT {CUSTOMER_COLUMNS} FROM customers WHERE id = $1 FOR UPDATE"),
+                &format!(
+                    "SELECT {} FROM customers WHERE id = $1 FOR UPDATE",
+                    *rows::SELECT
+                ),
                 &[&id],
             )
             .await?
             .ok_or_else(|| no_customer(id))?;
-        let next = match change(customer_from_row(&row)?) {
+        let next = match change(rows::decode(&row, 0)?) {
             Ok(next) => next,
             Err(e) => return Ok(Err(e)),
         };

@@ -3,17 +3,18 @@
 //! [`Deliveries`] for the API.
 
 use deadpool_postgres::Transaction;
-use tokio_postgres::Row;
 
 use super::ledger::PgLedger;
 use super::listen::{notify_payload, DUE_CHANNEL};
 use crate::ledger::filter::{self, Arg, Dialect};
-use crate::ledger::AttemptRecordView;
 use crate::ledger::{DeliveryFilter, DeliveryView, Ingested, LedgerError, NewEvent};
-use crate::model::{delivery_public_id, AttemptOutcome, Lane, Status};
+use crate::model::{delivery_public_id, Status};
 
 use super::rows::*;
 use crate::ledger::deliveries::{Deliveries, HeldKey, ReplayStep};
+use crate::ledger::rows::deliveries::{
+    decode_attempt, decode_delivery, ATTEMPT_VIEW, DELIVERY_VIEW,
+};
 use crate::ledger::scope;
 
 impl PgLedger {
@@ -67,7 +68,7 @@ impl PgLedger {
         let row = c
             .query_opt(
                 &format!(
-                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d
+                    "SELECT {DELIVERY_VIEW} FROM deliveries d
                      LEFT JOIN events e ON e.id = d.event_id WHERE d.id = $1"
                 ),
                 &[&rowid],
@@ -76,29 +77,18 @@ impl PgLedger {
             .ok_or_else(|| {
                 LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid)))
             })?;
-        let mut d = delivery_from_row(&row)?;
+        let mut d = decode_delivery(&row, 0)?;
         let attempts = c
             .query(
-                "SELECT attempt, at_ms, lane, outcome, status, latency_ms, response_body, error
-                 FROM attempts WHERE delivery_id = $1 ORDER BY id",
+                &format!(
+                    "SELECT {} FROM attempts WHERE delivery_id = $1 ORDER BY id",
+                    *ATTEMPT_VIEW
+                ),
                 &[&rowid],
             )
             .await?
             .iter()
-            .map(|r| {
-                Ok(AttemptRecordView {
-                    attempt: r.try_get::<_, i32>(0)?.max(0) as u32,
-                    at_ms: r.try_get(1)?,
-                    lane: enum_column(r, 2, Lane::parse)?,
-                    outcome: enum_column(r, 3, AttemptOutcome::parse)?,
-                    status: r
-                        .try_get::<_, Option<i32>>(4)?
-                        .and_then(|s| u16::try_from(s).ok()),
-                    latency_ms: r.try_get(5)?,
-                    response_body: r.try_get(6)?,
-                    error: r.try_get(7)?,
-                })
-            })
+            .map(decode_attempt)
             .collect::<Result<Vec<_>, LedgerError>>()?;
         d.attempts = Some(attempts);
         Ok(d)
@@ -265,34 +255,6 @@ impl PgLedger {
     }
 }
 
-pub(super) const DELIVERY_COLUMNS: &str =
-    "d.id, d.subscriber_id, d.event_id, COALESCE(e.type, ''), d.status, \
-     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms, d.sequence, \
-     d.ordering_key, d.previous_sequence";
-
-pub(super) fn delivery_from_row(r: &Row) -> Result<DeliveryView, LedgerError> {
-    let status = enum_column(r, 4, Status::parse)?;
-    let next: i64 = r.try_get(6)?;
-    Ok(DeliveryView {
-        id: delivery_public_id(r.try_get(0)?),
-        subscriber_id: r.try_get(1)?,
-        event_id: r.try_get(2)?,
-        event_type: r.try_get(3)?,
-        next_attempt_at_ms: (status == Status::Pending).then_some(next),
-        status,
-        attempt_count: r.try_get::<_, i32>(5)?.max(0) as u32,
-        last_error: r.try_get(7)?,
-        created_at_ms: r.try_get(8)?,
-        updated_at_ms: r.try_get(9)?,
-        sequence: r.try_get::<_, i64>(10)?.max(0) as u64,
-        ordering_key: None,
-        previous_sequence: None,
-        held: false,
-        attempts: None,
-    }
-    .ordered(r.try_get(11)?, r.try_get(12)?))
-}
-
 /// `WHERE …` for what a bulk replay with this filter replays (`filter.rs`).
 pub(super) fn replayable_sql(f: &DeliveryFilter) -> Result<(String, Vec<Param>), LedgerError> {
     let (clause, args) = filter::replayable(f, Dialect::Postgres)?;
@@ -357,7 +319,7 @@ pub(super) async fn list_range(
     let sql = if per_subscriber {
         let status = f.status.map_or("", |s| s.as_str());
         format!(
-            "SELECT {DELIVERY_COLUMNS} FROM
+            "SELECT {DELIVERY_VIEW} FROM
                  (SELECT subscriber_id FROM delivery_counts WHERE status = '{status}'
                   GROUP BY subscriber_id HAVING SUM(n) > 0) s
              CROSS JOIN LATERAL (SELECT * FROM deliveries d
@@ -367,7 +329,7 @@ pub(super) async fn list_range(
         )
     } else {
         format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
+            "SELECT {DELIVERY_VIEW} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
              {filter} ORDER BY d.id LIMIT {}",
             f.limit
         )
@@ -375,7 +337,7 @@ pub(super) async fn list_range(
     c.query(&sql, &refs(&params))
         .await?
         .iter()
-        .map(|r| Ok((r.try_get(0)?, delivery_from_row(r)?)))
+        .map(|r| Ok((r.try_get(0)?, decode_delivery(r, 0)?)))
         .collect()
 }
 

@@ -1,13 +1,14 @@
 //! The rows PostgreSQL answers with, read into the contract's types, and the values its
-//! statements take: shared by the files beside this one. No statement runs here.
+//! statements take: shared by the files beside this one; tokio_postgres's side of
+//! `ledger/rows/` (a row's [`Cells`], the [`Value`]s a statement binds). No statement runs here.
 
 use fanout_core::bucket::Bucket;
 use fanout_core::limiter::LimiterState;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{IsNull, ToSql, Type};
 use tokio_postgres::Row;
 
+use crate::ledger::rows::{Cells, Value};
 use crate::ledger::LedgerError;
-use crate::model::{Disabled, Health, Lane, Limits, Payload, Scheme, Subscriber};
 
 pub(super) type Param = Box<dyn ToSql + Sync + Send>;
 
@@ -33,72 +34,6 @@ pub(super) fn transaction_aborted(e: &tokio_postgres::Error) -> bool {
 /// How many times a statement PostgreSQL aborted as a deadlock is tried again at start-up.
 pub(super) const RELEASE_TRIES: u32 = 5;
 
-// ---------------------------------------------------------------------------------------------
-// Subscribers
-
-pub(super) const SUBSCRIBER_COLUMNS: &str =
-    "id, url, event_types, rate_per_sec, burst, max_in_flight, \
-     timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms, customer, disabled_by_operator, filter, payload, ordering, ordering_key,
-     propagate_trace, signature, batch, customer_filter";
-
-/// A text column holding one of an enum's names.
-pub(super) fn enum_column<T>(
-    r: &Row,
-    i: usize,
-    parse: fn(&str) -> Option<T>,
-) -> Result<T, LedgerError> {
-    let text: String = r.try_get(i)?;
-    parse(&text).ok_or_else(|| LedgerError::Schema(format!("unknown value {text:?} in column {i}")))
-}
-
-pub(super) fn subscriber_from_row(r: &Row) -> Result<Subscriber, LedgerError> {
-    let types: String = r.try_get(2)?;
-    let lane: String = r.try_get(7)?;
-    let disabled_ms: Option<i64> = r.try_get(11)?;
-    let disabled_reason: Option<String> = r.try_get(12)?;
-    let by_operator: bool = r.try_get(15)?;
-    Ok(Subscriber {
-        id: r.try_get(0)?,
-        url: r.try_get(1)?,
-        event_types: serde_json::from_str(&types)
-            .map_err(|e| LedgerError::Invalid(format!("stored event types do not decode: {e}")))?,
-        limits: Limits {
-            rate_per_sec: r.try_get(3)?,
-            burst: r.try_get::<_, i32>(4)?.max(1) as u32,
-            max_in_flight: r.try_get::<_, i32>(5)?.max(1) as u32,
-            timeout_ms: r.try_get::<_, i64>(6)?.max(0) as u64,
-        },
-        lane: Lane::parse(&lane)
-            .ok_or_else(|| LedgerError::Invalid(format!("stored lane {lane:?} is unknown")))?,
-        legacy_signature: r.try_get(8)?,
-        secrets: Vec::new(),
-        created_ms: r.try_get(9)?,
-        updated_ms: r.try_get(10)?,
-        health: Health {
-            disabled: disabled_ms.map(|at_ms| Disabled {
-                at_ms,
-                reason: disabled_reason.unwrap_or_default(),
-                by_operator,
-            }),
-            failing_since_ms: r.try_get(13)?,
-        },
-        customer: r.try_get(14)?,
-        filter: crate::ledger::subscribers::filter_from_column(r.try_get(16)?),
-        payload: enum_column(r, 17, Payload::parse)?,
-        ordering: enum_column(r, 18, crate::ordering::Ordering::parse)?,
-        ordering_key: r.try_get(19)?,
-        propagate_trace: r.try_get(20)?,
-        signature: enum_column(r, 21, Scheme::parse)?,
-        batch: crate::ledger::subscribers::batch_from_column(r.try_get(22)?),
-        customer_filter: crate::ledger::subscribers::filter_from_column(r.try_get(23)?),
-    })
-}
-
-pub(super) fn event_types_json(s: &Subscriber) -> String {
-    serde_json::to_string(&s.event_types).unwrap_or_else(|_| "[]".into())
-}
-
 /// The stored limiter, or — when it does not decode (another version wrote it) — an empty
 /// bucket, never a full one, with a warning an operator sees.
 pub(super) fn decode_limiter(id: &str, raw: Option<&str>, now_ms: i64) -> LimiterState {
@@ -121,4 +56,61 @@ pub(super) fn decode_limiter(id: &str, raw: Option<&str>, now_ms: i64) -> Limite
 
 pub(super) fn encode_limiter(state: &LimiterState) -> String {
     serde_json::to_string(state).unwrap_or_default()
+}
+
+impl Cells for Row {
+    fn text(&self, i: usize) -> Result<Option<String>, LedgerError> {
+        Ok(self.try_get(i)?)
+    }
+
+    /// A 64-bit column, or a 32- or 16-bit one widened.
+    fn int(&self, i: usize) -> Result<Option<i64>, LedgerError> {
+        let ty = self.columns().get(i).map(|c| c.type_());
+        Ok(match ty {
+            Some(&Type::INT4) => self.try_get::<_, Option<i32>>(i)?.map(i64::from),
+            Some(&Type::INT2) => self.try_get::<_, Option<i16>>(i)?.map(i64::from),
+            _ => self.try_get(i)?,
+        })
+    }
+
+    fn real(&self, i: usize) -> Result<Option<f64>, LedgerError> {
+        Ok(self.try_get(i)?)
+    }
+
+    fn flag(&self, i: usize) -> Result<Option<bool>, LedgerError> {
+        Ok(self.try_get(i)?)
+    }
+}
+
+/// A value as the parameter's declared type: an integer into a 32- or 16-bit column is
+/// checked (out of range is an error, never cut); otherwise each as its own type is.
+impl ToSql for Value<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            Value::Null => Ok(IsNull::Yes),
+            Value::Text(t) => t.as_ref().to_sql_checked(ty, out),
+            Value::Int(n) => match *ty {
+                Type::INT4 => i32::try_from(*n)?.to_sql_checked(ty, out),
+                Type::INT2 => i16::try_from(*n)?.to_sql_checked(ty, out),
+                _ => n.to_sql_checked(ty, out),
+            },
+            Value::Real(x) => x.to_sql_checked(ty, out),
+            Value::Flag(b) => b.to_sql_checked(ty, out),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
+/// `values` as a statement's parameters.
+pub(super) fn bind<'v>(values: &'v [Value<'_>]) -> Vec<&'v (dyn ToSql + Sync)> {
+    values.iter().map(|v| v as &(dyn ToSql + Sync)).collect()
 }

@@ -11,11 +11,12 @@ use fanout_core::limiter::LimiterState;
 use super::ledger::PgLedger;
 use super::listen::CHANGED_CHANNEL;
 use crate::keyring::NewSecret;
-use crate::ledger::subscribers::{batch_column, filter_column, SubscriberCounts, FORGET_REMOVED};
+use crate::ledger::rows::subscribers as rows;
+use crate::ledger::subscribers::{SubscriberCounts, FORGET_REMOVED};
 use crate::ledger::LedgerError;
 use crate::model::{Disabled, StoredSecret, Subscriber};
 
-use super::rows::*;
+use super::rows::{bind, decode_limiter, encode_limiter, unique_violation};
 use crate::ledger::scope;
 use crate::ledger::subscribers::Subscribers;
 
@@ -24,22 +25,21 @@ impl PgLedger {
         c: &impl deadpool_postgres::GenericClient,
         ids: &[String],
     ) -> Result<HashMap<String, Vec<StoredSecret>>, LedgerError> {
-        let rows = c
+        let found = c
             .query(
-                "SELECT subscriber_id, secret, created_ms, expires_ms, signing_key
-                 FROM subscriber_secrets
-                 WHERE subscriber_id = ANY($1) ORDER BY created_ms DESC, id DESC",
+                &format!(
+                    "SELECT {} FROM subscriber_secrets
+                     WHERE subscriber_id = ANY($1) ORDER BY created_ms DESC, id DESC",
+                    *rows::SELECT_SECRETS
+                ),
                 &[&ids],
             )
             .await?;
         let mut out: HashMap<String, Vec<StoredSecret>> = HashMap::new();
-        for r in rows {
-            out.entry(r.try_get(0)?).or_default().push(StoredSecret {
-                secret: r.try_get(1)?,
-                created_ms: r.try_get(2)?,
-                expires_ms: r.try_get(3)?,
-                signing_key: r.try_get(4)?,
-            });
+        for r in found {
+            out.entry(r.try_get(0)?)
+                .or_default()
+                .push(rows::decode_secret(&r)?);
         }
         Ok(out)
     }
@@ -51,14 +51,14 @@ impl PgLedger {
         let row = c
             .query_opt(
                 &format!(
-                    "SELECT {SUBSCRIBER_COLUMNS} FROM subscribers
-                     WHERE id = $1 AND deleted_ms IS NULL"
+                    "SELECT {} FROM subscribers WHERE id = $1 AND deleted_ms IS NULL",
+                    *rows::SELECT
                 ),
                 &[&id],
             )
             .await?
             .ok_or_else(|| LedgerError::NotFound(format!("subscriber {id}")))?;
-        let mut s = subscriber_from_row(&row)?;
+        let mut s = rows::decode(&row, 0)?;
         s.secrets = Self::secrets_of(c, &[s.id.clone()])
             .await?
             .remove(&s.id)
@@ -75,15 +75,15 @@ impl PgLedger {
         let rows = c
             .query(
                 &format!(
-                    "SELECT {SUBSCRIBER_COLUMNS} FROM subscribers WHERE deleted_ms IS NULL
-                     ORDER BY id"
+                    "SELECT {} FROM subscribers WHERE deleted_ms IS NULL ORDER BY id",
+                    *rows::SELECT
                 ),
                 &[],
             )
             .await?;
         let mut subs = rows
             .iter()
-            .map(subscriber_from_row)
+            .map(|r| rows::decode(r, 0))
             .collect::<Result<Vec<_>, _>>()?;
         let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
         let mut secrets = Self::secrets_of(&c, &ids).await?;
@@ -151,33 +151,8 @@ impl PgLedger {
         super::customers::hold_customer(&tx, s.customer.as_deref()).await?;
         let inserted = tx
             .execute(
-                "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
-                     timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
-                     payload, ordering, ordering_key, propagate_trace, signature, batch,
-                     customer_filter)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14, $15, $16,
-                     $17, $18, $19)",
-                &[
-                    &s.id,
-                    &s.url,
-                    &event_types_json(s),
-                    &s.limits.rate_per_sec,
-                    &(s.limits.burst.min(i32::MAX as u32) as i32),
-                    &(s.limits.max_in_flight.min(i32::MAX as u32) as i32),
-                    &(s.limits.timeout_ms.min(i64::MAX as u64) as i64),
-                    &s.lane.as_str(),
-                    &s.legacy_signature,
-                    &s.created_ms,
-                    &s.customer,
-                    &filter_column(&s.filter),
-                    &s.payload.as_str(),
-                    &s.ordering.as_str(),
-                    &s.ordering_key,
-                    &s.propagate_trace,
-                    &s.signature.as_str(),
-                    &batch_column(s),
-                    &filter_column(&s.customer_filter),
-                ],
+                rows::INSERT.postgres(),
+                &bind(&rows::definition(s, s.created_ms)),
             )
             .await;
         match inserted {
@@ -207,33 +182,8 @@ impl PgLedger {
     ) -> Result<(), LedgerError> {
         let n = tx
             .execute(
-                "UPDATE subscribers SET url = $2, event_types = $3, rate_per_sec = $4, burst = $5,
-                     max_in_flight = $6, timeout_ms = $7, lane = $8, legacy_signature = $9,
-                     updated_ms = $10, customer = $11, filter = $12, payload = $13,
-                     ordering = $14, ordering_key = $15, propagate_trace = $16, signature = $17,
-                     batch = $18, customer_filter = $19
-                 WHERE id = $1 AND deleted_ms IS NULL",
-                &[
-                    &s.id,
-                    &s.url,
-                    &event_types_json(s),
-                    &s.limits.rate_per_sec,
-                    &(s.limits.burst.min(i32::MAX as u32) as i32),
-                    &(s.limits.max_in_flight.min(i32::MAX as u32) as i32),
-                    &(s.limits.timeout_ms.min(i64::MAX as u64) as i64),
-                    &s.lane.as_str(),
-                    &s.legacy_signature,
-                    &s.updated_ms,
-                    &s.customer,
-                    &filter_column(&s.filter),
-                    &s.payload.as_str(),
-                    &s.ordering.as_str(),
-                    &s.ordering_key,
-                    &s.propagate_trace,
-                    &s.signature.as_str(),
-                    &batch_column(s),
-                    &filter_column(&s.customer_filter),
-                ],
+                rows::UPDATE.postgres(),
+                &bind(&rows::definition(s, s.updated_ms)),
             )
             .await?;
         if n == 0 {

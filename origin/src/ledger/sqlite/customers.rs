@@ -1,42 +1,20 @@
 //! The ledger's customer operations: customers, which subscriber belongs to whom, the portal
 //! signing key, and a test event for one subscriber.
 
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
+use super::cells::{decode_all, decode_one};
 use super::ledger::Ledger;
 use crate::customer::Customer;
 use crate::ledger::customers::{Customers, FORGET_TOTALS};
 use crate::ledger::error::LedgerError;
+use crate::ledger::rows::customers as rows;
 use crate::series::buckets::total_key;
-
-const CUSTOMER_COLUMNS: &str = "id, weight, max_in_flight, portal_nonce, created_ms, updated_ms";
-
-fn customer_from_row(r: &Row<'_>) -> rusqlite::Result<Customer> {
-    Ok(Customer {
-        id: r.get(0)?,
-        weight: r.get(1)?,
-        max_in_flight: r.get(2)?,
-        portal_nonce: r.get(3)?,
-        created_ms: r.get(4)?,
-        updated_ms: r.get(5)?,
-    })
-}
 
 pub fn create_customer(c: &Connection, cu: &Customer) -> Result<(), LedgerError> {
     let n = c
-        .prepare_cached(
-            "INSERT OR IGNORE INTO customers (id, weight, max_in_flight, portal_nonce, created_ms,
-                 updated_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )?
-        .execute(params![
-            cu.id,
-            cu.weight,
-            cu.max_in_flight,
-            cu.portal_nonce,
-            cu.created_ms,
-            cu.updated_ms
-        ])?;
+        .prepare_cached(rows::INSERT.sqlite())?
+        .execute(params_from_iter(rows::values(cu)))?;
     if n == 0 {
         return Err(LedgerError::Conflict(format!(
             "customer {} already exists",
@@ -49,20 +27,14 @@ pub fn create_customer(c: &Connection, cu: &Customer) -> Result<(), LedgerError>
 }
 
 pub fn get_customer(c: &Connection, id: &str) -> Result<Customer, LedgerError> {
-    c.prepare_cached(&format!(
-        "SELECT {CUSTOMER_COLUMNS} FROM customers WHERE id = ?1"
-    ))?
-    .query_row([id], customer_from_row)
-    .optional()?
-    .ok_or_else(|| LedgerError::NotFound(format!("customer {id}")))
+    let sql = format!("SELECT {} FROM customers WHERE id = ?1", *rows::SELECT);
+    decode_one(&mut c.prepare_cached(&sql)?, [id], |r| rows::decode(r, 0))?
+        .ok_or_else(|| LedgerError::NotFound(format!("customer {id}")))
 }
 
 pub fn list_customers(c: &Connection) -> Result<Vec<Customer>, LedgerError> {
-    let mut st = c.prepare_cached(&format!(
-        "SELECT {CUSTOMER_COLUMNS} FROM customers ORDER BY id"
-    ))?;
-    let rows = st.query_map([], customer_from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    let sql = format!("SELECT {} FROM customers ORDER BY id", *rows::SELECT);
+    decode_all(&mut c.prepare_cached(&sql)?, [], |r| rows::decode(r, 0))
 }
 
 /// Live subscribers per customer.

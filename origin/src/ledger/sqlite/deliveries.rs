@@ -2,8 +2,9 @@
 //! writes the `WHERE`), one delivery with its attempts, replays one at a time or in steps;
 //! [`Deliveries`] for the API. Ingest itself is `ingest.rs`.
 
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{params, Connection, OptionalExtension};
 
+use super::cells::{decode_all, decode_one};
 use super::customers::delivery_owner;
 use super::ingest::ingest;
 use super::leases::id_list;
@@ -12,13 +13,15 @@ use super::ordered;
 use super::subscribers::{get_subscriber, visible_subscriber};
 use crate::ledger::deliveries::HELD_COUNT_MAX;
 use crate::ledger::deliveries::{
-    AttemptRecordView, Deliveries, DeliveryFilter, DeliveryView, HeldKey, Ingested, NewEvent,
-    ReplayStep,
+    Deliveries, DeliveryFilter, DeliveryView, HeldKey, Ingested, NewEvent, ReplayStep,
 };
 use crate::ledger::error::{test_too_soon, LedgerError};
 use crate::ledger::filter::{self, Arg, Dialect};
+use crate::ledger::rows::deliveries::{
+    decode_attempt, decode_delivery, ATTEMPT_VIEW, DELIVERY_VIEW,
+};
 use crate::ledger::scope;
-use crate::model::{delivery_public_id, AttemptOutcome, Lane, Status};
+use crate::model::{delivery_public_id, Status};
 use crate::ordering::{header_value, HELD_MS};
 
 /// A filter's arguments as SQLite values.
@@ -30,46 +33,6 @@ fn values(args: Vec<Arg>) -> Vec<rusqlite::types::Value> {
             Arg::Int(n) => Value::Integer(n),
         })
         .collect()
-}
-
-const DELIVERY_COLUMNS: &str =
-    "d.id, d.subscriber_id, d.event_id, COALESCE(e.type, ''), d.status, \
-     d.attempts, d.next_attempt_ms, d.last_error, d.created_ms, d.updated_ms, d.sequence, \
-     d.ordering_key, d.previous_sequence";
-
-/// A text column that must hold one of an enum's names.
-fn enum_column<T>(r: &Row<'_>, i: usize, parse: fn(&str) -> Option<T>) -> rusqlite::Result<T> {
-    let text: String = r.get(i)?;
-    parse(&text).ok_or_else(|| {
-        rusqlite::Error::FromSqlConversionFailure(
-            i,
-            rusqlite::types::Type::Text,
-            format!("unknown value {text:?}").into(),
-        )
-    })
-}
-
-fn delivery_from_row(r: &Row<'_>) -> rusqlite::Result<DeliveryView> {
-    let status = enum_column(r, 4, Status::parse)?;
-    let next: i64 = r.get(6)?;
-    Ok(DeliveryView {
-        id: delivery_public_id(r.get(0)?),
-        subscriber_id: r.get(1)?,
-        event_id: r.get(2)?,
-        event_type: r.get(3)?,
-        next_attempt_at_ms: (status == Status::Pending).then_some(next),
-        status,
-        attempt_count: r.get(5)?,
-        last_error: r.get(7)?,
-        created_at_ms: r.get(8)?,
-        updated_at_ms: r.get(9)?,
-        sequence: r.get::<_, i64>(10)?.max(0) as u64,
-        ordering_key: None,
-        previous_sequence: None,
-        held: false,
-        attempts: None,
-    }
-    .ordered(r.get(11)?, r.get(12)?))
 }
 
 /// The `WHERE` clause of a delivery filter and its arguments (`filter.rs`).
@@ -145,45 +108,30 @@ fn customer_ranges(
 fn list_range(c: &Connection, f: &DeliveryFilter) -> Result<Vec<(i64, DeliveryView)>, LedgerError> {
     let (filter, args) = filter_sql(f);
     let sql = format!(
-        "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
+        "SELECT {DELIVERY_VIEW} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
          {filter} ORDER BY d.id LIMIT {}",
         f.limit
     );
     let mut st = c.prepare_cached(&sql)?;
-    let rows = st.query_map(rusqlite::params_from_iter(args), |r| {
-        Ok((r.get::<_, i64>(0)?, delivery_from_row(r)?))
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    decode_all(&mut st, rusqlite::params_from_iter(args), |r| {
+        Ok((r.get::<_, i64>(0)?, decode_delivery(r, 0)?))
+    })
 }
 
 pub fn get_delivery(c: &Connection, rowid: i64) -> Result<DeliveryView, LedgerError> {
     let sql = format!(
-        "SELECT {DELIVERY_COLUMNS} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
+        "SELECT {DELIVERY_VIEW} FROM deliveries d LEFT JOIN events e ON e.id = d.event_id
          WHERE d.id = ?1"
     );
-    let mut d = c
-        .prepare_cached(&sql)?
-        .query_row([rowid], delivery_from_row)
-        .optional()?
-        .ok_or_else(|| LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid))))?;
-    let mut st = c.prepare_cached(
-        "SELECT attempt, at_ms, lane, outcome, status, latency_ms, response_body, error
-         FROM attempts WHERE delivery_id = ?1 ORDER BY id",
-    )?;
-    let attempts = st
-        .query_map([rowid], |r| {
-            Ok(AttemptRecordView {
-                attempt: r.get(0)?,
-                at_ms: r.get(1)?,
-                lane: enum_column(r, 2, Lane::parse)?,
-                outcome: enum_column(r, 3, AttemptOutcome::parse)?,
-                status: r.get(4)?,
-                latency_ms: r.get(5)?,
-                response_body: r.get(6)?,
-                error: r.get(7)?,
-            })
-        })?
-        .collect::<Result<_, _>>()?;
+    let mut d = decode_one(&mut c.prepare_cached(&sql)?, [rowid], |r| {
+        decode_delivery(r, 0)
+    })?
+    .ok_or_else(|| LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid))))?;
+    let sql = format!(
+        "SELECT {} FROM attempts WHERE delivery_id = ?1 ORDER BY id",
+        *ATTEMPT_VIEW
+    );
+    let attempts = decode_all(&mut c.prepare_cached(&sql)?, [rowid], |r| decode_attempt(r))?;
     d.attempts = Some(attempts);
     Ok(d)
 }

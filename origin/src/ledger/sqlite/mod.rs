@@ -19,6 +19,7 @@
 //! flight.
 
 pub mod backup;
+mod cells;
 mod customers;
 mod deliveries;
 mod dispatch;
@@ -49,7 +50,6 @@ mod writer;
 pub use ledger::Ledger;
 pub(super) use ledger::LedgerOptions;
 
-pub(super) use customers::list_customers;
 pub(super) use schema::VERSION as SCHEMA_VERSION;
 
 // Only for `origin/tests/pg_ledger.rs`'s copy test, which fills a SQLite ledger by hand; to go

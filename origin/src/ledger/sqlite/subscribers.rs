@@ -5,94 +5,35 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
+use super::cells::{decode_all, decode_one};
 use super::customers::check_customer_exists;
 use super::health::set_disabled;
 use super::ledger::Ledger;
 use super::status::subscriber_counts;
 use crate::keyring::NewSecret;
 use crate::ledger::error::{id_still_holds_history, rotation_too_soon, LedgerError};
+use crate::ledger::rows::subscribers as rows;
 use crate::ledger::scope;
-use crate::ledger::subscribers::{SubscriberCounts, Subscribers};
-use crate::model::{
-    rotation_wait_ms, Disabled, Health, Lane, Limits, Ordering, Payload, Scheme, StoredSecret,
-    Subscriber,
-};
-
-const SUBSCRIBER_COLUMNS: &str = "id, url, event_types, rate_per_sec, burst, max_in_flight, \
-     timeout_ms, lane, legacy_signature, created_ms, updated_ms, disabled_ms, disabled_reason, \
-     failing_since_ms, customer, disabled_by_operator, filter, payload, ordering, ordering_key,
-     propagate_trace, signature, batch, customer_filter";
-
-fn subscriber_from_row(r: &Row<'_>) -> rusqlite::Result<Subscriber> {
-    let types: String = r.get(2)?;
-    let lane: String = r.get(7)?;
-    Ok(Subscriber {
-        id: r.get(0)?,
-        url: r.get(1)?,
-        event_types: serde_json::from_str(&types).unwrap_or_default(),
-        limits: Limits {
-            rate_per_sec: r.get(3)?,
-            burst: r.get(4)?,
-            max_in_flight: r.get(5)?,
-            timeout_ms: r.get::<_, i64>(6)?.max(0) as u64,
-        },
-        lane: Lane::parse(&lane).unwrap_or_default(),
-        legacy_signature: r.get(8)?,
-        secrets: Vec::new(),
-        created_ms: r.get(9)?,
-        updated_ms: r.get(10)?,
-        health: Health {
-            disabled: match (
-                r.get::<_, Option<i64>>(11)?,
-                r.get::<_, Option<String>>(12)?,
-            ) {
-                (Some(at_ms), reason) => Some(Disabled {
-                    at_ms,
-                    reason: reason.unwrap_or_default(),
-                    by_operator: r.get(15)?,
-                }),
-                (None, _) => None,
-            },
-            failing_since_ms: r.get(13)?,
-        },
-        customer: r.get(14)?,
-        filter: filter_from_column(r.get(16)?),
-        payload: Payload::parse(&r.get::<_, String>(17)?).unwrap_or_default(),
-        ordering: Ordering::parse(&r.get::<_, String>(18)?).unwrap_or_default(),
-        ordering_key: r.get(19)?,
-        propagate_trace: r.get(20)?,
-        signature: Scheme::parse(&r.get::<_, String>(21)?).unwrap_or_default(),
-        batch: batch_from_column(r.get(22)?),
-        customer_filter: filter_from_column(r.get(23)?),
-    })
-}
+use crate::ledger::subscribers::{SubscriberCounts, Subscribers, FORGET_REMOVED};
+use crate::model::{rotation_wait_ms, StoredSecret, Subscriber};
 
 fn load_secrets(c: &Connection, id: &str) -> Result<Vec<StoredSecret>, LedgerError> {
-    let mut st = c.prepare_cached(
-        "SELECT secret, created_ms, expires_ms, signing_key FROM subscriber_secrets
+    let mut st = c.prepare_cached(&format!(
+        "SELECT {} FROM subscriber_secrets
          WHERE subscriber_id = ?1 ORDER BY created_ms DESC, rowid DESC",
-    )?;
-    let rows = st.query_map([id], |r| {
-        Ok(StoredSecret {
-            secret: r.get(0)?,
-            created_ms: r.get(1)?,
-            expires_ms: r.get(2)?,
-            signing_key: r.get(3)?,
-        })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+        *rows::SELECT_SECRETS
+    ))?;
+    decode_all(&mut st, [id], |r| rows::decode_secret(r))
 }
 
 pub fn get_subscriber(c: &Connection, id: &str) -> Result<Subscriber, LedgerError> {
     let sql = format!(
-        "SELECT {SUBSCRIBER_COLUMNS} FROM subscribers WHERE id = ?1 AND deleted_ms IS NULL"
+        "SELECT {} FROM subscribers WHERE id = ?1 AND deleted_ms IS NULL",
+        *rows::SELECT
     );
-    let mut st = c.prepare_cached(&sql)?;
-    let mut sub = st
-        .query_row([id], subscriber_from_row)
-        .optional()?
+    let mut sub = decode_one(&mut c.prepare_cached(&sql)?, [id], |r| rows::decode(r, 0))?
         .ok_or_else(|| LedgerError::NotFound(format!("subscriber {id}")))?;
     sub.secrets = load_secrets(c, id)?;
     Ok(sub)
@@ -100,59 +41,14 @@ pub fn get_subscriber(c: &Connection, id: &str) -> Result<Subscriber, LedgerErro
 
 pub fn list_subscribers(c: &Connection) -> Result<Vec<Subscriber>, LedgerError> {
     let sql = format!(
-        "SELECT {SUBSCRIBER_COLUMNS} FROM subscribers WHERE deleted_ms IS NULL ORDER BY id"
+        "SELECT {} FROM subscribers WHERE deleted_ms IS NULL ORDER BY id",
+        *rows::SELECT
     );
-    let mut st = c.prepare_cached(&sql)?;
-    let mut subs = st
-        .query_map([], subscriber_from_row)?
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut subs = decode_all(&mut c.prepare_cached(&sql)?, [], |r| rows::decode(r, 0))?;
     for s in &mut subs {
         s.secrets = load_secrets(c, &s.id)?;
     }
     Ok(subs)
-}
-
-/// What `create_subscriber` and `update_subscriber` both bind, in one order: ?1 id, ?2 url,
-/// ?3 event_types (JSON), ?4 rate_per_sec, ?5 burst, ?6 max_in_flight, ?7 timeout_ms, ?8 lane,
-/// ?9 legacy_signature, ?10 the time of the change, ?11 customer, ?12 filter (JSON or NULL),
-/// ?13 payload, ?14 ordering, ?15 ordering_key, ?16 propagate_trace, ?17 signature, ?18 batch
-/// (JSON or NULL), ?19 customer_filter (JSON or NULL).
-fn definition_params<'a>(
-    s: &'a Subscriber,
-    event_types_json: &'a str,
-    at_ms: i64,
-) -> impl rusqlite::Params + 'a {
-    // More than the 16 a tuple binds: boxed, in this order.
-    let params: Vec<Box<dyn rusqlite::ToSql + 'a>> = vec![
-        Box::new(s.id.as_str()),
-        Box::new(s.url.as_str()),
-        Box::new(event_types_json),
-        Box::new(s.limits.rate_per_sec),
-        Box::new(s.limits.burst),
-        Box::new(s.limits.max_in_flight),
-        Box::new(s.limits.timeout_ms as i64),
-        Box::new(s.lane.as_str()),
-        Box::new(s.legacy_signature),
-        Box::new(at_ms),
-        Box::new(s.customer.as_deref()),
-        Box::new(filter_column(&s.filter)),
-        Box::new(s.payload.as_str()),
-        Box::new(s.ordering.as_str()),
-        Box::new(s.ordering_key.as_deref()),
-        Box::new(s.propagate_trace),
-        Box::new(s.signature.as_str()),
-        Box::new(batch_column(s)),
-        Box::new(filter_column(&s.customer_filter)),
-    ];
-    rusqlite::params_from_iter(params)
-}
-
-use crate::ledger::subscribers::{
-    batch_column, batch_from_column, filter_column, filter_from_column, FORGET_REMOVED,
-};
-
-fn event_types_json(s: &Subscriber) -> String {
-    serde_json::to_string(&s.event_types).unwrap_or_else(|_| "[]".into())
 }
 
 /// Insert a new subscriber (or bring back a removed one under the same id) with its first
@@ -194,14 +90,8 @@ pub fn create_subscriber(
         }
         None => {}
     }
-    c.prepare_cached(
-        "INSERT INTO subscribers (id, url, event_types, rate_per_sec, burst, max_in_flight,
-             timeout_ms, lane, legacy_signature, created_ms, updated_ms, customer, filter,
-             payload, ordering, ordering_key, propagate_trace, signature, batch, customer_filter)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-             ?18, ?19)",
-    )?
-    .execute(definition_params(s, &event_types_json(s), s.created_ms))?;
+    c.prepare_cached(rows::INSERT.sqlite())?
+        .execute(params_from_iter(rows::definition(s, s.created_ms)))?;
     insert_secret(c, &s.id, &secret, s.created_ms)?;
     Ok(())
 }
@@ -218,15 +108,8 @@ fn has_deliveries(c: &Connection, id: &str) -> Result<bool, LedgerError> {
 /// change never grants a fresh burst, and a pause still holds.
 pub fn update_subscriber(c: &Connection, s: &Subscriber) -> Result<(), LedgerError> {
     let n = c
-        .prepare_cached(
-            "UPDATE subscribers SET url = ?2, event_types = ?3, rate_per_sec = ?4, burst = ?5,
-                 max_in_flight = ?6, timeout_ms = ?7, lane = ?8, legacy_signature = ?9,
-                 updated_ms = ?10, customer = ?11, filter = ?12, payload = ?13, ordering = ?14,
-                 ordering_key = ?15, propagate_trace = ?16, signature = ?17, batch = ?18,
-                 customer_filter = ?19
-             WHERE id = ?1 AND deleted_ms IS NULL",
-        )?
-        .execute(definition_params(s, &event_types_json(s), s.updated_ms))?;
+        .prepare_cached(rows::UPDATE.sqlite())?
+        .execute(params_from_iter(rows::definition(s, s.updated_ms)))?;
     if n == 0 {
         return Err(LedgerError::NotFound(format!("subscriber {}", s.id)));
     }

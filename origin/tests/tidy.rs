@@ -543,6 +543,7 @@ const PURE: &[&str] = &[
     "origin/src/dispatch/vocab",
     "origin/src/ledger/filter",
     "origin/src/ledger/scope",
+    "origin/src/ledger/rules",
     "origin/src/duration",
     "origin/src/event_filter",
     "origin/src/event_input",

@@ -21,6 +21,7 @@ pub mod fanout;
 pub mod filter;
 pub mod postgres;
 pub mod retention;
+pub mod rules;
 pub mod scope;
 pub mod sequence;
 pub mod series;

@@ -6,8 +6,8 @@ use std::collections::HashSet;
 use deadpool_postgres::Transaction;
 
 use super::ledger::PgLedger;
-use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
+use crate::ledger::rules::{dead_check, dead_rearms};
 use crate::ledger::HealthWrite;
 use crate::ledger::LedgerError;
 
@@ -103,21 +103,15 @@ impl PgLedger {
             };
             let alerted_ms: Option<i64> = row.try_get(0)?;
             let dead = dead_count_on(tx, sub, threshold).await?;
-            let (alerted, alert) = after_dead_count(alerted_ms.is_some(), dead, threshold);
-            if alerted != alerted_ms.is_some() {
+            let check = dead_check(sub, alerted_ms, dead, threshold, now_ms);
+            if let Some(mark) = check.mark {
                 tx.execute(
                     "UPDATE subscribers SET dead_alerted_ms = $2 WHERE id = $1",
-                    &[sub, &alerted.then_some(now_ms)],
+                    &[sub, &mark],
                 )
                 .await?;
             }
-            if let Some(alert) = alert {
-                out.push(Notice {
-                    subscriber: sub.clone(),
-                    at_ms: now_ms,
-                    alert,
-                });
-            }
+            out.extend(check.notice);
         }
         Ok(out)
     }
@@ -136,7 +130,7 @@ impl PgLedger {
             .collect::<Result<_, _>>()?;
         let mut n = 0;
         for sub in alerted {
-            if dead_count_on(&c, &sub, threshold).await? < threshold.max(1) {
+            if dead_rearms(dead_count_on(&c, &sub, threshold).await?, threshold) {
                 n += c
                     .execute(
                         "UPDATE subscribers SET dead_alerted_ms = NULL WHERE id = $1",

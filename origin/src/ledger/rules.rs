@@ -1,0 +1,101 @@
+//! The ledger's decisions that are the same on every backend, as pure functions: each backend
+//! reads the rows (under its own locks, in its own transaction), hands them here with `now`,
+//! and writes what comes back. What differs between the backends — locking, group commit,
+//! leases and their owners, `LISTEN`/`NOTIFY`, the clock — stays in `sqlite/` and `postgres/`.
+//! (`crate::ordering::chain`, how an ingest links ordered deliveries, is one more such rule.)
+
+use crate::alert::rules::after_dead_count;
+use crate::alert::Notice;
+
+/// What checking one subscriber's dead count against the alert threshold decides.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadCheck {
+    /// The subscriber's new `dead_alerted_ms`, when it changes (`Some(None)`: cleared).
+    pub mark: Option<Option<i64>>,
+    /// The alert to raise once the transaction commits.
+    pub notice: Option<Notice>,
+}
+
+/// The dead-count alert for `subscriber` whose stored mark is `alerted_ms` (set when the
+/// current crossing was reported) and whose dead count is `dead` (counted up to `threshold`):
+/// the alert fires once per crossing (`alert::rules::after_dead_count`), and the mark records
+/// when.
+pub fn dead_check(
+    subscriber: &str,
+    alerted_ms: Option<i64>,
+    dead: u64,
+    threshold: u64,
+    now_ms: i64,
+) -> DeadCheck {
+    let (alerted, alert) = after_dead_count(alerted_ms.is_some(), dead, threshold);
+    DeadCheck {
+        mark: (alerted != alerted_ms.is_some()).then_some(alerted.then_some(now_ms)),
+        notice: alert.map(|alert| Notice {
+            subscriber: subscriber.to_string(),
+            at_ms: now_ms,
+            alert,
+        }),
+    }
+}
+
+/// Whether an alerted subscriber whose dead count is now `dead` (counted up to `threshold`) is
+/// re-armed: it is back under the threshold (a replay), so its next crossing is reported.
+pub fn dead_rearms(dead: u64, threshold: u64) -> bool {
+    !after_dead_count(true, dead, threshold).0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alert::Alert;
+
+    #[test]
+    fn dead_count_table() {
+        // (alerted_ms, dead, threshold, now) -> (mark, alerted with this dead count)
+        type Case = (Option<i64>, u64, u64, i64, Option<Option<i64>>, Option<u64>);
+        let cases: &[Case] = &[
+            (None, 0, 3, 5, None, None),             // under, never alerted: nothing
+            (None, 2, 3, 5, None, None),             // still under
+            (None, 3, 3, 6, Some(Some(6)), Some(3)), // crossing: alert, mark now
+            (Some(6), 3, 3, 7, None, None),          // still over, already told
+            (Some(6), 2, 3, 8, Some(None), None),    // back under: the mark clears
+            (None, 1, 0, 9, Some(Some(9)), Some(1)), // threshold 0 counts as 1
+            (None, 0, 0, 9, None, None),
+        ];
+        for &(alerted_ms, dead, threshold, now, mark, alert) in cases {
+            let got = dead_check("a", alerted_ms, dead, threshold, now);
+            let want = DeadCheck {
+                mark,
+                notice: alert.map(|dead| Notice {
+                    subscriber: "a".into(),
+                    at_ms: now,
+                    alert: Alert::DeadThreshold {
+                        dead,
+                        threshold: threshold.max(1),
+                    },
+                }),
+            };
+            assert_eq!(got, want, "{alerted_ms:?} dead {dead} of {threshold}");
+        }
+    }
+
+    #[test]
+    fn rearm_table() {
+        // (dead, threshold, re-armed)
+        let cases: &[(u64, u64, bool)] = &[
+            (0, 3, true),
+            (2, 3, true),
+            (3, 3, false),
+            (4, 3, false),
+            (0, 0, true),
+            (1, 0, false),
+        ];
+        for &(dead, threshold, rearmed) in cases {
+            assert_eq!(
+                dead_rearms(dead, threshold),
+                rearmed,
+                "{dead} of {threshold}"
+            );
+        }
+    }
+}

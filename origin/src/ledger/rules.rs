@@ -6,6 +6,7 @@
 
 use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
+use crate::model::HealthWrite;
 
 /// What checking one subscriber's dead count against the alert threshold decides.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +43,21 @@ pub fn dead_check(
 /// re-armed: it is back under the threshold (a replay), so its next crossing is reported.
 pub fn dead_rearms(dead: u64, threshold: u64) -> bool {
     !after_dead_count(true, dead, threshold).0
+}
+
+/// The health changes of a turn as they are written, in the order to write them: last first,
+/// and of each subscriber's run-of-failures changes only its last (a flapping endpoint makes
+/// many in one turn). Every disable is kept: the ledger keeps the first reason it stores.
+pub fn health_writes(writes: &[HealthWrite]) -> Vec<&HealthWrite> {
+    let mut latest = std::collections::HashSet::new();
+    writes
+        .iter()
+        .rev()
+        .filter(|w| match w {
+            HealthWrite::FailingSince { subscriber, .. } => latest.insert(subscriber.as_str()),
+            HealthWrite::Disable { .. } => true,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -96,6 +112,51 @@ mod tests {
                 rearmed,
                 "{dead} of {threshold}"
             );
+        }
+    }
+    #[test]
+    fn health_writes_table() {
+        use crate::model::Disabled;
+        let failing = |s: &str, at: Option<i64>| HealthWrite::FailingSince {
+            subscriber: s.into(),
+            since_ms: at,
+        };
+        let disable = |s: &str, why: &str| HealthWrite::Disable {
+            subscriber: s.into(),
+            disabled: Disabled {
+                at_ms: 1,
+                reason: why.into(),
+                by_operator: false,
+            },
+        };
+        // (the turn's changes, what is written in order)
+        let cases: Vec<(Vec<HealthWrite>, Vec<HealthWrite>)> = vec![
+            (vec![], vec![]),
+            (vec![failing("a", Some(1))], vec![failing("a", Some(1))]),
+            (
+                vec![
+                    failing("a", Some(1)),
+                    failing("a", None),
+                    failing("a", Some(3)),
+                ],
+                vec![failing("a", Some(3))],
+            ),
+            (
+                vec![
+                    failing("a", Some(1)),
+                    failing("b", Some(2)),
+                    failing("a", None),
+                ],
+                vec![failing("a", None), failing("b", Some(2))],
+            ),
+            (
+                vec![disable("a", "x"), failing("a", Some(1)), disable("a", "y")],
+                vec![disable("a", "y"), failing("a", Some(1)), disable("a", "x")],
+            ),
+        ];
+        for (turn, written) in &cases {
+            let got: Vec<HealthWrite> = health_writes(turn).into_iter().cloned().collect();
+            assert_eq!(&got, written, "{turn:?}");
         }
     }
 }

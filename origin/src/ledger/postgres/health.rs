@@ -1,13 +1,11 @@
 //! Subscriber health on PostgreSQL (as `sqlite/health.rs`): runs of failures and disabling
 //! stored, dead counts checked against the alert threshold once per crossing, and re-armed.
 
-use std::collections::HashSet;
-
 use deadpool_postgres::Transaction;
 
 use super::ledger::PgLedger;
 use crate::alert::Notice;
-use crate::ledger::rules::{dead_check, dead_rearms};
+use crate::ledger::rules::{dead_check, dead_rearms, health_writes};
 use crate::ledger::HealthWrite;
 use crate::ledger::LedgerError;
 
@@ -26,16 +24,12 @@ impl PgLedger {
         tx: &Transaction<'_>,
         writes: &[HealthWrite],
     ) -> Result<(), LedgerError> {
-        let mut latest = HashSet::new();
-        for w in writes.iter().rev() {
+        for w in health_writes(writes) {
             match w {
                 HealthWrite::FailingSince {
                     subscriber,
                     since_ms,
                 } => {
-                    if !latest.insert(subscriber.as_str()) {
-                        continue;
-                    }
                     tx.execute(
                         "UPDATE subscribers SET failing_since_ms = $2 WHERE id = $1",
                         &[subscriber, since_ms],

@@ -7,7 +7,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::limiters::{read_limiter, store_limiters, StoredLimiter};
 use crate::alert::Notice;
 use crate::ledger::error::LedgerError;
-use crate::ledger::rules::{dead_check, dead_rearms};
+use crate::ledger::rules::{dead_check, dead_rearms, health_writes};
 use crate::model::{Disabled, HealthWrite};
 
 pub fn apply_health(c: &Connection, writes: &[HealthWrite]) -> Result<(), LedgerError> {
@@ -18,20 +18,12 @@ pub fn apply_health(c: &Connection, writes: &[HealthWrite]) -> Result<(), Ledger
         "UPDATE subscribers SET disabled_ms = ?2, disabled_reason = ?3
          WHERE id = ?1 AND disabled_ms IS NULL",
     )?;
-    // Only the last run-of-failures change per subscriber matters (a flapping endpoint
-    // makes many in one turn).
-    let mut latest = std::collections::HashSet::new();
-    for w in writes.iter().rev() {
+    for w in health_writes(writes) {
         match w {
             HealthWrite::FailingSince {
                 subscriber,
                 since_ms,
-            } => {
-                if !latest.insert(subscriber.as_str()) {
-                    continue;
-                }
-                failing.execute(params![subscriber, since_ms])?
-            }
+            } => failing.execute(params![subscriber, since_ms])?,
             HealthWrite::Disable {
                 subscriber,
                 disabled,

@@ -6,7 +6,7 @@
 
 use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
-use crate::model::HealthWrite;
+use crate::model::{HealthWrite, Outcome, Status, Transition};
 
 /// What checking one subscriber's dead count against the alert threshold decides.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +58,70 @@ pub fn health_writes(writes: &[HealthWrite]) -> Vec<&HealthWrite> {
             HealthWrite::Disable { .. } => true,
         })
         .collect()
+}
+
+/// How a recorded result changes its delivery's row (when the delivery is still in flight
+/// under the lease it was sent under: that check is the backend's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written<'a> {
+    pub status: Status,
+    /// Attempts it spends.
+    pub spent: i32,
+    /// Its new due time; `None`: unchanged.
+    pub next_attempt_ms: Option<i64>,
+    pub last_error: LastError<'a>,
+}
+
+/// What a result does to a delivery's `last_error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LastError<'a> {
+    Clear,
+    Set(&'a str),
+    Keep,
+}
+
+impl<'a> LastError<'a> {
+    /// As two columns: the error to store, and whether the stored one is kept instead.
+    pub fn columns(self) -> (Option<&'a str>, bool) {
+        match self {
+            LastError::Clear => (None, false),
+            LastError::Set(e) => (Some(e), false),
+            LastError::Keep => (None, true),
+        }
+    }
+}
+
+/// The row change a result makes: sent spends its attempt and clears the error; a retry
+/// spends it, is due again at its time and keeps why; dead keeps why and spends an attempt
+/// only if one was made (a delivery given up without a send spends none); a deferral spends
+/// nothing and keeps the last error.
+pub fn written(o: &Outcome) -> Written<'_> {
+    let (status, spent, next_attempt_ms, last_error) = match &o.transition {
+        Transition::Sent => (Status::Sent, 1, None, LastError::Clear),
+        Transition::Retry { at_ms, error } => {
+            (Status::Pending, 1, Some(*at_ms), LastError::Set(error))
+        }
+        Transition::Dead { reason } => (
+            Status::Dead,
+            i32::from(o.attempt.is_some()),
+            None,
+            LastError::Set(reason),
+        ),
+        Transition::Defer { at_ms } => (Status::Pending, 0, Some(*at_ms), LastError::Keep),
+    };
+    Written {
+        status,
+        spent,
+        next_attempt_ms,
+        last_error,
+    }
+}
+
+/// The ordering key whose head a recorded result ended, if any: a delivery of an ordered key
+/// (`ordering_key`) that is now `sent` or `dead` (`crate::ordering`: its key's next held one
+/// may go). A retry or a deferral keeps it the head.
+pub fn ended_key<K>(status: Option<Status>, ordering_key: Option<K>) -> Option<K> {
+    ordering_key.filter(|_| matches!(status, Some(Status::Sent | Status::Dead)))
 }
 
 #[cfg(test)]
@@ -157,6 +221,84 @@ mod tests {
         for (turn, written) in &cases {
             let got: Vec<HealthWrite> = health_writes(turn).into_iter().cloned().collect();
             assert_eq!(&got, written, "{turn:?}");
+        }
+    }
+    #[test]
+    fn results_written_table() {
+        use crate::model::AttemptRecord;
+        let attempt = AttemptRecord {
+            attempt: 1,
+            at_ms: 5,
+            lane: "origin",
+            outcome: "failed",
+            status: Some(500),
+            latency_ms: Some(1),
+            response_body: None,
+            error: None,
+        };
+        let retry = Transition::Retry {
+            at_ms: 70,
+            error: "status 500".into(),
+        };
+        let dead = Transition::Dead {
+            reason: "gone".into(),
+        };
+        use LastError::*;
+        // (result, whether an attempt was made) -> (status, spent, due, last error)
+        type Case<'a> = (Transition, bool, Status, i32, Option<i64>, LastError<'a>);
+        let cases: &[Case] = &[
+            (Transition::Sent, true, Status::Sent, 1, None, Clear),
+            (
+                retry.clone(),
+                true,
+                Status::Pending,
+                1,
+                Some(70),
+                Set("status 500"),
+            ),
+            (dead.clone(), true, Status::Dead, 1, None, Set("gone")),
+            (dead, false, Status::Dead, 0, None, Set("gone")),
+            (
+                Transition::Defer { at_ms: 80 },
+                false,
+                Status::Pending,
+                0,
+                Some(80),
+                Keep,
+            ),
+        ];
+        for (transition, tried, status, spent, next, error) in cases {
+            let o = Outcome {
+                rowid: 1,
+                transition: transition.clone(),
+                attempt: tried.then(|| attempt.clone()),
+            };
+            let want = Written {
+                status: *status,
+                spent: *spent,
+                next_attempt_ms: *next,
+                last_error: *error,
+            };
+            assert_eq!(written(&o), want, "{transition:?}");
+        }
+        assert_eq!(Clear.columns(), (None, false));
+        assert_eq!(Set("x").columns(), (Some("x"), false));
+        assert_eq!(Keep.columns(), (None, true));
+    }
+
+    #[test]
+    fn ended_keys_table() {
+        // (status now, its key) -> the key whose head ended
+        let cases: &[(Option<Status>, Option<&str>, Option<&str>)] = &[
+            (Some(Status::Sent), Some("k"), Some("k")),
+            (Some(Status::Dead), Some(""), Some("")),
+            (Some(Status::Sent), None, None),
+            (Some(Status::Pending), Some("k"), None),
+            (Some(Status::InFlight), Some("k"), None),
+            (None, Some("k"), None),
+        ];
+        for &(status, key, ended) in cases {
+            assert_eq!(ended_key(status, key), ended, "{status:?} {key:?}");
         }
     }
 }

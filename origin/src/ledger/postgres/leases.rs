@@ -14,9 +14,10 @@ use tokio_postgres::Row;
 
 use super::ledger::PgLedger;
 use super::shared::{grant_shared, shared_wait};
-use crate::ledger::{Claimed, LedgerError, Outcome, Transition};
+use crate::ledger::rules::{ended_key, written};
+use crate::ledger::{Claimed, LedgerError, Outcome};
 use crate::model::Limits;
-use crate::model::Order;
+use crate::model::{Order, Status};
 
 use super::rows::*;
 
@@ -209,9 +210,7 @@ pub(super) const RECORD_OUTCOMES: &str = "WITH done AS (
                                   error, ord)
          WHERE x.delivery IN (SELECT id FROM done)
          ORDER BY x.ord)
-     SELECT id, subscriber_id, status IN ('sent', 'dead') AND ordering_key IS NOT NULL,
-         ordering_key
-     FROM done";
+     SELECT id, subscriber_id, status, ordering_key FROM done";
 
 /// How a batching subscriber's claim is taken (`Turn::batch_per`, `Turn::runs`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -687,23 +686,11 @@ impl PgLedger {
         for (o, lease) in outcomes {
             ids.push(o.rowid);
             leases.push(*lease);
-            let (status, s, at, err, keep) = match &o.transition {
-                Transition::Sent => ("sent", 1, None, None, false),
-                Transition::Retry { at_ms, error } => {
-                    ("pending", 1, Some(*at_ms), Some(error.as_str()), false)
-                }
-                Transition::Dead { reason } => (
-                    "dead",
-                    i32::from(o.attempt.is_some()),
-                    None,
-                    Some(reason.as_str()),
-                    false,
-                ),
-                Transition::Defer { at_ms } => ("pending", 0, Some(*at_ms), None, true),
-            };
-            statuses.push(status);
-            spent.push(s);
-            next.push(at);
+            let w = written(o);
+            let (err, keep) = w.last_error.columns();
+            statuses.push(w.status.as_str());
+            spent.push(w.spent);
+            next.push(w.next_attempt_ms);
             errors.push(err);
             keep_error.push(keep);
             if let Some(a) = &o.attempt {
@@ -748,8 +735,9 @@ impl PgLedger {
         let mut ended: Vec<(String, String)> = Vec::new();
         for r in &done {
             recorded.insert(r.try_get(0)?);
-            if r.try_get::<_, bool>(2)? {
-                ended.push((r.try_get(1)?, r.try_get(3)?));
+            let status = Status::parse(r.try_get(2)?);
+            if let Some(key) = ended_key(status, r.try_get::<_, Option<String>>(3)?) {
+                ended.push((r.try_get(1)?, key));
             }
         }
         Ok(Applied {

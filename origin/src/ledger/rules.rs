@@ -6,7 +6,9 @@
 
 use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
-use crate::model::{HealthWrite, Outcome, Status, Transition};
+use crate::ledger::deliveries::ReplayStep;
+use crate::ledger::error::LedgerError;
+use crate::model::{delivery_public_id, HealthWrite, Outcome, Status, Transition};
 
 /// What checking one subscriber's dead count against the alert threshold decides.
 #[derive(Debug, Clone, PartialEq)]
@@ -122,6 +124,61 @@ pub fn written(o: &Outcome) -> Written<'_> {
 /// may go). A retry or a deferral keeps it the head.
 pub fn ended_key<K>(status: Option<Status>, ordering_key: Option<K>) -> Option<K> {
     ordering_key.filter(|_| matches!(status, Some(Status::Sent | Status::Dead)))
+}
+
+/// A delivery as a replay of it reads it: its subscriber, its status, whether the subscriber
+/// is live (exists and is not removed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayRow<'a> {
+    pub subscriber: &'a str,
+    pub status: Option<Status>,
+    pub subscriber_live: bool,
+}
+
+/// Whether delivery `rowid` (its row, `None` when there is none) may be replayed: not found,
+/// in flight (it is being sent) and a removed subscriber's are refused. `Ok(rejoins)`: it goes
+/// back to the queue, and `rejoins` when it had ended (not pending): an ordered one then
+/// rejoins its key (a held one stays held).
+pub fn replay_one(rowid: i64, row: Option<ReplayRow<'_>>) -> Result<bool, LedgerError> {
+    let row = row
+        .ok_or_else(|| LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid))))?;
+    if row.status == Some(Status::InFlight) {
+        return Err(LedgerError::Conflict(format!(
+            "delivery {} is in flight",
+            delivery_public_id(rowid)
+        )));
+    }
+    if !row.subscriber_live {
+        return Err(LedgerError::Conflict(format!(
+            "subscriber {} has been removed",
+            row.subscriber
+        )));
+    }
+    Ok(row.status != Some(Status::Pending))
+}
+
+/// The ids one step of a bulk replay takes: the first `limit` of `parts` (each in id order:
+/// one per subscriber for a customer's replay, else one).
+pub fn replay_ids(parts: Vec<Vec<i64>>, limit: usize) -> Vec<i64> {
+    let mut ids: Vec<i64> = parts.into_iter().flatten().collect();
+    ids.sort_unstable();
+    ids.truncate(limit);
+    ids
+}
+
+/// What a step that looked at `ids` (of at most `limit`) did: `replayed` holds the subscriber
+/// of each delivery it put back (those in flight, pending or taken by another transaction are
+/// not); the next step starts after its last id; none is needed after a short one.
+pub fn replay_step(ids: &[i64], limit: usize, mut replayed: Vec<String>) -> ReplayStep {
+    let n = replayed.len() as u64;
+    replayed.sort();
+    replayed.dedup();
+    ReplayStep {
+        replayed: n,
+        subscribers: replayed,
+        last: ids.last().copied(),
+        done: ids.len() < limit,
+    }
 }
 
 #[cfg(test)]
@@ -299,6 +356,117 @@ mod tests {
         ];
         for &(status, key, ended) in cases {
             assert_eq!(ended_key(status, key), ended, "{status:?} {key:?}");
+        }
+    }
+    #[test]
+    fn replay_one_table() {
+        use Status::*;
+        // (status, subscriber live) -> Ok(rejoins) or the error's kind and text
+        type Case = (Option<Status>, bool, Result<bool, &'static str>);
+        let cases: &[Case] = &[
+            (Some(Dead), true, Ok(true)),
+            (Some(Sent), true, Ok(true)),
+            (Some(Pending), true, Ok(false)),
+            (
+                Some(InFlight),
+                true,
+                Err("conflict: delivery dlv_7 is in flight"),
+            ),
+            (
+                Some(InFlight),
+                false,
+                Err("conflict: delivery dlv_7 is in flight"),
+            ),
+            (
+                Some(Dead),
+                false,
+                Err("conflict: subscriber a has been removed"),
+            ),
+            (
+                Some(Pending),
+                false,
+                Err("conflict: subscriber a has been removed"),
+            ),
+        ];
+        let said = |e: LedgerError| match e {
+            LedgerError::Conflict(m) => format!("conflict: {m}"),
+            LedgerError::NotFound(m) => format!("not found: {m}"),
+            other => format!("{other:?}"),
+        };
+        for &(status, live, want) in cases {
+            let row = ReplayRow {
+                subscriber: "a",
+                status,
+                subscriber_live: live,
+            };
+            let got = replay_one(7, Some(row)).map_err(said);
+            assert_eq!(got, want.map_err(String::from), "{status:?} live {live}");
+        }
+        assert_eq!(
+            replay_one(7, None).map_err(said),
+            Err("not found: delivery dlv_7".to_string())
+        );
+    }
+
+    #[test]
+    fn replay_step_table() {
+        // (the parts' ids, limit, the replayed deliveries' subscribers) ->
+        // (ids taken, replayed, subscribers, last, done)
+        type Case = (
+            Vec<Vec<i64>>,
+            usize,
+            Vec<&'static str>,
+            Vec<i64>,
+            u64,
+            Vec<&'static str>,
+            Option<i64>,
+            bool,
+        );
+        let cases: Vec<Case> = vec![
+            (vec![vec![]], 3, vec![], vec![], 0, vec![], None, true),
+            (
+                vec![vec![1, 2, 3]],
+                3,
+                vec!["b", "a", "b"],
+                vec![1, 2, 3],
+                3,
+                vec!["a", "b"],
+                Some(3),
+                false,
+            ),
+            (
+                vec![vec![4, 9]],
+                3,
+                vec!["a"],
+                vec![4, 9],
+                1,
+                vec!["a"],
+                Some(9),
+                true,
+            ),
+            // A customer's: its subscribers' first ids, merged.
+            (
+                vec![vec![2, 8, 9], vec![1, 3, 10]],
+                3,
+                vec!["x", "y"],
+                vec![1, 2, 3],
+                2,
+                vec!["x", "y"],
+                Some(3),
+                false,
+            ),
+        ];
+        for (parts, limit, subs, ids, replayed, subscribers, last, done) in cases {
+            let taken = replay_ids(parts.clone(), limit);
+            assert_eq!(taken, ids, "{parts:?}");
+            let subs = subs.into_iter().map(String::from).collect();
+            let want = ReplayStep {
+                replayed,
+                subscribers: subscribers.into_iter().map(String::from).collect(),
+                last,
+                done,
+            };
+            assert_eq!(replay_step(&taken, limit, subs), want, "{parts:?}");
         }
     }
 }

@@ -181,6 +181,19 @@ pub fn replay_step(ids: &[i64], limit: usize, mut replayed: Vec<String>) -> Repl
     }
 }
 
+/// A batching subscriber's claim (`Turn::batch_per`) of `asked` deliveries, `per` to a
+/// request: the requests it takes, each one send against the limiter and the in-flight cap.
+/// In runs of one ordered key (`Turn::runs`) each request is a due head.
+pub fn requests(asked: usize, per: usize) -> usize {
+    asked.div_ceil(per.max(1))
+}
+
+/// In a claim in runs, how many of a head's key's held deliveries (the lowest-numbered
+/// first) are leased with it: the rest of its request.
+pub fn run_tail(per: usize) -> usize {
+    per.max(1) - 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -467,6 +480,26 @@ mod tests {
                 done,
             };
             assert_eq!(replay_step(&taken, limit, subs), want, "{parts:?}");
+        }
+    }
+    #[test]
+    fn runs_table() {
+        // (asked, per request) -> (requests, held deliveries leased with each head)
+        let cases: &[(usize, usize, usize, usize)] = &[
+            (0, 4, 0, 3),
+            (1, 4, 1, 3),
+            (4, 4, 1, 3),
+            (5, 4, 2, 3),
+            (8, 4, 2, 3),
+            (3, 1, 3, 0),
+            (3, 0, 3, 0), // a per of 0 counts as 1
+        ];
+        for &(asked, per, heads, tail) in cases {
+            assert_eq!(
+                (requests(asked, per), run_tail(per)),
+                (heads, tail),
+                "{asked} by {per}"
+            );
         }
     }
 }

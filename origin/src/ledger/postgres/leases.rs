@@ -14,7 +14,7 @@ use tokio_postgres::Row;
 
 use super::ledger::PgLedger;
 use super::shared::{grant_shared, shared_wait};
-use crate::ledger::rules::{ended_key, written};
+use crate::ledger::rules::{ended_key, requests, run_tail, written};
 use crate::ledger::{Claimed, LedgerError, Outcome};
 use crate::model::Limits;
 use crate::model::{Order, Status};
@@ -251,7 +251,7 @@ fn split_grants<'a>(
                 g.batch_ids.push(id.as_str());
                 g.batch_counts.push(requests as i64);
                 g.batch_pers.push(1);
-                g.runs.insert(id.as_str(), p.n.max(1) as i64 - 1);
+                g.runs.insert(id.as_str(), run_tail(p.n) as i64);
             }
             Some(p) => {
                 g.batch_ids.push(id.as_str());
@@ -459,11 +459,10 @@ impl PgLedger {
         // what the in-flight cap leaves: reserved here, committed below to what was found.
         let mut held = Vec::with_capacity(live.len());
         // A batching subscriber's grant is in requests, each `per` deliveries.
-        let per_of = |id: &str| per.get(id).map_or(1, |p| p.n.max(1));
         for (id, l, mut limiter) in live {
             let busy = in_flight.get(&id).copied().unwrap_or(0);
             let most = wanted.get(id.as_str()).copied().unwrap_or(0);
-            let most = most.div_ceil(per_of(&id));
+            let most = per.get(id.as_str()).map_or(most, |p| requests(most, p.n));
             let reservation = grant_shared(&mut limiter, l, busy, most, now_ms);
             held.push((id, l, limiter, reservation));
         }

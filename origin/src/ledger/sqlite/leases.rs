@@ -11,7 +11,7 @@ use super::ingest::{multi_row_sql, ROWS_PER_INSERT};
 use super::limiters::store_limiters;
 use super::ordered;
 use crate::ledger::error::LedgerError;
-use crate::ledger::rules::{ended_key, written};
+use crate::ledger::rules::{ended_key, requests, run_tail, written};
 use crate::model::{AttemptRecord, Claim, Claimed, Order, Outcome, Transition};
 use crate::ordering::HELD_MS;
 
@@ -67,11 +67,9 @@ pub fn claim_runs(
     )?;
     let mut out = Vec::with_capacity(wants.len());
     for (sub, limit) in wants {
-        let per = runs.get(sub.as_str()).copied().map(|p| p.max(1));
-        let heads = match per {
-            Some(p) => limit.div_ceil(p),
-            None => *limit,
-        };
+        let per = runs.get(sub.as_str()).copied();
+        let heads = per.map_or(*limit, |p| requests(*limit, p));
+        let tail = per.map_or(0, run_tail);
         let mut claimed: Vec<Claimed> = if heads == 0 {
             Vec::new()
         } else {
@@ -80,8 +78,8 @@ pub fn claim_runs(
                 .collect::<Result<_, _>>()?
         };
         let mut sizes = Vec::new();
-        if let Some(p) = per.filter(|&p| p > 1) {
-            let mut with_runs = Vec::with_capacity(claimed.len() * p);
+        if tail > 0 {
+            let mut with_runs = Vec::with_capacity(claimed.len() * (tail + 1));
             // A key's run is taken once, even if (against the rule) two of its heads were due.
             let mut keys = std::collections::HashSet::new();
             for head in claimed {
@@ -90,7 +88,7 @@ pub fn claim_runs(
                 let mut n = 1;
                 if let Some(key) = key.filter(|k| keys.insert(k.clone())) {
                     let run =
-                        held.query_map(params![sub, key, HELD_MS, (p - 1) as i64], claimed_row)?;
+                        held.query_map(params![sub, key, HELD_MS, tail as i64], claimed_row)?;
                     for d in run {
                         with_runs.push(d?);
                         n += 1;

@@ -7,7 +7,7 @@
 use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
 use crate::ledger::deliveries::ReplayStep;
-use crate::ledger::error::LedgerError;
+use crate::ledger::error::{id_still_holds_history, subscriber_exists, LedgerError};
 use crate::model::{delivery_public_id, HealthWrite, Outcome, Status, Transition};
 
 /// What checking one subscriber's dead count against the alert threshold decides.
@@ -192,6 +192,49 @@ pub fn requests(asked: usize, per: usize) -> usize {
 /// first) are leased with it: the rest of its request.
 pub fn run_tail(per: usize) -> usize {
     per.max(1) - 1
+}
+
+/// What the ledger holds under the id a new subscriber asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoredId<'a> {
+    Free,
+    /// A live subscriber.
+    Live,
+    /// A removed subscriber of `owner` (its customer; `None`: the operator's), with
+    /// deliveries still kept under the id or none.
+    Removed {
+        owner: Option<&'a str>,
+        kept: bool,
+    },
+}
+
+/// What creating the subscriber does with its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdUse {
+    Insert,
+    /// The removed subscriber's row (and its secrets) goes first; when none of its
+    /// deliveries is kept, its counters are forgotten too (the id starts afresh).
+    Replace {
+        forget: bool,
+    },
+}
+
+/// Whether subscriber `id` may be created for `customer` over what is `stored` under it: a
+/// live one is a conflict, and so is a removed one of another owner whose deliveries are
+/// still kept (the new owner would see and replay them) until retention removes them.
+pub fn subscriber_id(
+    id: &str,
+    stored: StoredId<'_>,
+    customer: Option<&str>,
+) -> Result<IdUse, LedgerError> {
+    match stored {
+        StoredId::Free => Ok(IdUse::Insert),
+        StoredId::Live => Err(subscriber_exists(id)),
+        StoredId::Removed { owner, kept } if kept && owner != customer => {
+            Err(id_still_holds_history(id))
+        }
+        StoredId::Removed { kept, .. } => Ok(IdUse::Replace { forget: !kept }),
+    }
 }
 
 #[cfg(test)]
@@ -500,6 +543,53 @@ mod tests {
                 (heads, tail),
                 "{asked} by {per}"
             );
+        }
+    }
+    #[test]
+    fn subscriber_id_table() {
+        use IdUse::*;
+        let removed = |owner, kept| StoredId::Removed { owner, kept };
+        // (stored under the id, the new subscriber's customer) -> its use, or the refusal
+        type Case<'a> = (StoredId<'a>, Option<&'a str>, Result<IdUse, &'a str>);
+        let cases: &[Case] = &[
+            (StoredId::Free, None, Ok(Insert)),
+            (StoredId::Free, Some("c"), Ok(Insert)),
+            (StoredId::Live, None, Err("subscriber s already exists")),
+            (
+                removed(None, false),
+                Some("c"),
+                Ok(Replace { forget: true }),
+            ),
+            (
+                removed(Some("c"), true),
+                Some("c"),
+                Ok(Replace { forget: false }),
+            ),
+            (removed(None, true), None, Ok(Replace { forget: false })),
+            (
+                removed(Some("c"), true),
+                Some("d"),
+                Err("belonged to a removed subscriber"),
+            ),
+            (
+                removed(Some("c"), true),
+                None,
+                Err("belonged to a removed subscriber"),
+            ),
+            (
+                removed(None, true),
+                Some("c"),
+                Err("belonged to a removed subscriber"),
+            ),
+        ];
+        for &(stored, customer, want) in cases {
+            match (subscriber_id("s", stored, customer), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{stored:?} {customer:?}"),
+                (Err(LedgerError::Conflict(m)), Err(want)) => {
+                    assert!(m.contains(want), "{stored:?} {customer:?}: {m}")
+                }
+                (got, want) => panic!("{stored:?} {customer:?}: {got:?}, not {want:?}"),
+            }
         }
     }
 }

@@ -237,6 +237,18 @@ pub fn subscriber_id(
     }
 }
 
+/// Whether customer `id`, which owns `live` subscribers not removed, may be removed: only
+/// once it owns none (each must be removed or moved first).
+pub fn customer_removable(id: &str, live: i64) -> Result<(), LedgerError> {
+    if live > 0 {
+        return Err(LedgerError::Conflict(format!(
+            "customer {id} still owns {live} subscriber(s): remove them or move them to \
+             another customer first"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -589,6 +601,23 @@ mod tests {
                     assert!(m.contains(want), "{stored:?} {customer:?}: {m}")
                 }
                 (got, want) => panic!("{stored:?} {customer:?}: {got:?}, not {want:?}"),
+            }
+        }
+    }
+    #[test]
+    fn customer_removal_table() {
+        // (live subscribers it owns) -> refused with
+        let cases: &[(i64, Option<&str>)] = &[
+            (0, None),
+            (-1, None),
+            (1, Some("customer c still owns 1 subscriber(s)")),
+            (7, Some("customer c still owns 7 subscriber(s)")),
+        ];
+        for &(live, refused) in cases {
+            match (customer_removable("c", live), refused) {
+                (Ok(()), None) => {}
+                (Err(LedgerError::Conflict(m)), Some(want)) => assert!(m.contains(want), "{m}"),
+                (got, want) => panic!("{live}: {got:?}, not {want:?}"),
             }
         }
     }

@@ -7,6 +7,7 @@ use super::ledger::Ledger;
 use crate::customer::Customer;
 use crate::ledger::customers::{Customers, FORGET_TOTALS};
 use crate::ledger::error::LedgerError;
+use crate::ledger::rules;
 use crate::series::buckets::total_key;
 
 const CUSTOMER_COLUMNS: &str = "id, weight, max_in_flight, portal_nonce, created_ms, updated_ms";
@@ -114,12 +115,7 @@ pub fn delete_customer(c: &Connection, id: &str) -> Result<(), LedgerError> {
             "SELECT COUNT(*) FROM subscribers WHERE customer = ?1 AND deleted_ms IS NULL",
         )?
         .query_row([id], |r| r.get(0))?;
-    if live > 0 {
-        return Err(LedgerError::Conflict(format!(
-            "customer {id} still owns {live} subscriber(s): remove them or move them to \
-             another customer first"
-        )));
-    }
+    rules::customer_removable(id, live)?;
     detach_removed_subscribers(c, id)?;
     c.execute("DELETE FROM customers WHERE id = ?1", [id])?;
     Ok(())

@@ -548,6 +548,7 @@ const PURE: &[&str] = &[
     "origin/src/ledger/filter",
     "origin/src/ledger/scope",
     "origin/src/ledger/rows",
+    "origin/src/ledger/rules",
     "origin/src/duration",
     "origin/src/event_filter",
     "origin/src/event_input",

@@ -160,6 +160,11 @@ impl std::fmt::Display for Unavailable {
 
 // The refusals both backends answer with, worded once.
 
+/// A subscriber created under the id of a live one.
+pub fn subscriber_exists(id: &str) -> LedgerError {
+    LedgerError::Conflict(format!("subscriber {id} already exists"))
+}
+
 /// A removed subscriber's id asked for by another owner while its deliveries are kept.
 pub fn id_still_holds_history(id: &str) -> LedgerError {
     LedgerError::Conflict(format!(

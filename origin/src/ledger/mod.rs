@@ -24,6 +24,7 @@ pub mod filter;
 pub mod postgres;
 pub mod retention;
 pub mod rows;
+pub mod rules;
 pub mod scope;
 pub mod sequence;
 pub mod series;

@@ -24,6 +24,7 @@ use crate::ledger::customers::{Customers, FORGET_TOTALS};
 use crate::ledger::deliveries::NewEvent;
 use crate::ledger::error::LedgerError;
 use crate::ledger::rows::customers as rows;
+use crate::ledger::rules;
 use crate::ledger::scope;
 use crate::model::{delivery_public_id, Subscriber};
 use crate::series::buckets::total_key;
@@ -245,12 +246,7 @@ impl PgLedger {
             )
             .await?
             .try_get(0)?;
-        if live > 0 {
-            return Err(LedgerError::Conflict(format!(
-                "customer {id} still owns {live} subscriber(s): remove them or move them to \
-                 another customer first"
-            )));
-        }
+        rules::customer_removable(id, live)?;
         // Its removed endpoints' history passes to the operator (as on SQLite): a customer
         // created later under the same id sees nothing of it.
         tx.execute(

@@ -7,6 +7,7 @@ use deadpool_postgres::Transaction;
 use super::ledger::PgLedger;
 use super::listen::{notify_payload, DUE_CHANNEL};
 use crate::ledger::filter::{self, Arg, Dialect};
+use crate::ledger::rules;
 use crate::ledger::{DeliveryFilter, DeliveryView, Ingested, LedgerError, NewEvent};
 use crate::model::{delivery_public_id, Status};
 
@@ -117,24 +118,19 @@ impl PgLedger {
                  WHERE d.id = $1 FOR UPDATE OF d",
                 &[&rowid],
             )
-            .await?
-            .ok_or_else(|| {
-                LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid)))
-            })?;
-        let sub: String = row.try_get(0)?;
-        let status: String = row.try_get(1)?;
-        let live: bool = row.try_get::<_, Option<bool>>(2)?.unwrap_or(false);
-        if status == Status::InFlight.as_str() {
-            return Err(LedgerError::Conflict(format!(
-                "delivery {} is in flight",
-                delivery_public_id(rowid)
-            )));
-        }
-        if !live {
-            return Err(LedgerError::Conflict(format!(
-                "subscriber {sub} has been removed"
-            )));
-        }
+            .await?;
+        let read = row
+            .as_ref()
+            .map(|r| -> Result<_, LedgerError> {
+                Ok(rules::ReplayRow {
+                    subscriber: r.try_get(0)?,
+                    status: Status::parse(r.try_get(1)?),
+                    subscriber_live: r.try_get::<_, Option<bool>>(2)?.unwrap_or(false),
+                })
+            })
+            .transpose()?;
+        let rejoins = rules::replay_one(rowid, read)?;
+        let sub = read.map_or_else(String::new, |r| r.subscriber.to_string());
         // A held delivery stays held; an ended one of an ordered key rejoins its key.
         tx.execute(
             "UPDATE deliveries SET status = 'pending', attempts = 0, last_error = NULL,
@@ -145,7 +141,7 @@ impl PgLedger {
             &[&rowid, &now_ms, &crate::ordering::HELD_MS],
         )
         .await?;
-        if status != Status::Pending.as_str() {
+        if rejoins {
             super::ordered::rejoin(tx, &[rowid], now_ms).await?;
         }
         tx.execute(
@@ -172,10 +168,10 @@ impl PgLedger {
             Some(per_subscriber) => per_subscriber,
             None => vec![f.clone()],
         };
-        let mut ids: Vec<i64> = Vec::new();
+        let mut ids: Vec<Vec<i64>> = Vec::new();
         for part in &parts {
             let (filter, params) = replayable_sql(part)?;
-            for r in tx
+            let rows = tx
                 .query(
                     &format!(
                         "SELECT d.id FROM deliveries d {filter} ORDER BY d.id LIMIT {}",
@@ -183,13 +179,14 @@ impl PgLedger {
                     ),
                     &refs(&params),
                 )
-                .await?
-            {
-                ids.push(r.try_get(0)?);
-            }
+                .await?;
+            ids.push(
+                rows.iter()
+                    .map(|r| r.try_get(0))
+                    .collect::<Result<_, _>>()?,
+            );
         }
-        ids.sort_unstable();
-        ids.truncate(f.limit);
+        let ids = rules::replay_ids(ids, f.limit);
         // Rows another transaction holds (a claim, a result) are skipped, never waited for.
         let rows = tx
             .query(
@@ -209,27 +206,20 @@ impl PgLedger {
             }
         }
         super::ordered::rejoin(&tx, &keyed, now_ms).await?;
-        let replayed = rows.len() as u64;
-        let mut subs: Vec<String> = rows
+        let subs: Vec<String> = rows
             .iter()
             .map(|r| r.try_get(0))
             .collect::<Result<_, _>>()?;
-        subs.sort();
-        subs.dedup();
-        if !subs.is_empty() {
+        let step = rules::replay_step(&ids, f.limit, subs);
+        if !step.subscribers.is_empty() {
             tx.execute(
                 "SELECT pg_notify($1, $2)",
-                &[&DUE_CHANNEL, &notify_payload(&subs)],
+                &[&DUE_CHANNEL, &notify_payload(&step.subscribers)],
             )
             .await?;
         }
         tx.commit().await?;
-        Ok(crate::ledger::ReplayStep {
-            replayed,
-            subscribers: subs,
-            last: ids.last().copied(),
-            done: ids.len() < f.limit,
-        })
+        Ok(step)
     }
 
     /// How many deliveries a bulk replay with this filter would replay now (`dry_run`).

@@ -1,13 +1,11 @@
 //! Subscriber health on PostgreSQL (as `sqlite/health.rs`): runs of failures and disabling
 //! stored, dead counts checked against the alert threshold once per crossing, and re-armed.
 
-use std::collections::HashSet;
-
 use deadpool_postgres::Transaction;
 
 use super::ledger::PgLedger;
-use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
+use crate::ledger::rules::{dead_check, dead_rearms, health_writes};
 use crate::ledger::HealthWrite;
 use crate::ledger::LedgerError;
 
@@ -26,16 +24,12 @@ impl PgLedger {
         tx: &Transaction<'_>,
         writes: &[HealthWrite],
     ) -> Result<(), LedgerError> {
-        let mut latest = HashSet::new();
-        for w in writes.iter().rev() {
+        for w in health_writes(writes) {
             match w {
                 HealthWrite::FailingSince {
                     subscriber,
                     since_ms,
                 } => {
-                    if !latest.insert(subscriber.as_str()) {
-                        continue;
-                    }
                     tx.execute(
                         "UPDATE subscribers SET failing_since_ms = $2 WHERE id = $1",
                         &[subscriber, since_ms],
@@ -103,21 +97,15 @@ impl PgLedger {
             };
             let alerted_ms: Option<i64> = row.try_get(0)?;
             let dead = dead_count_on(tx, sub, threshold).await?;
-            let (alerted, alert) = after_dead_count(alerted_ms.is_some(), dead, threshold);
-            if alerted != alerted_ms.is_some() {
+            let check = dead_check(sub, alerted_ms, dead, threshold, now_ms);
+            if let Some(mark) = check.mark {
                 tx.execute(
                     "UPDATE subscribers SET dead_alerted_ms = $2 WHERE id = $1",
-                    &[sub, &alerted.then_some(now_ms)],
+                    &[sub, &mark],
                 )
                 .await?;
             }
-            if let Some(alert) = alert {
-                out.push(Notice {
-                    subscriber: sub.clone(),
-                    at_ms: now_ms,
-                    alert,
-                });
-            }
+            out.extend(check.notice);
         }
         Ok(out)
     }
@@ -136,7 +124,7 @@ impl PgLedger {
             .collect::<Result<_, _>>()?;
         let mut n = 0;
         for sub in alerted {
-            if dead_count_on(&c, &sub, threshold).await? < threshold.max(1) {
+            if dead_rearms(dead_count_on(&c, &sub, threshold).await?, threshold) {
                 n += c
                     .execute(
                         "UPDATE subscribers SET dead_alerted_ms = NULL WHERE id = $1",

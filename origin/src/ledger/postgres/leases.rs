@@ -14,9 +14,10 @@ use tokio_postgres::Row;
 
 use super::ledger::PgLedger;
 use super::shared::{grant_shared, shared_wait};
-use crate::ledger::{Claimed, LedgerError, Outcome, Transition};
+use crate::ledger::rules::{ended_key, requests, run_tail, written};
+use crate::ledger::{Claimed, LedgerError, Outcome};
 use crate::model::Limits;
-use crate::model::Order;
+use crate::model::{Order, Status};
 
 use super::rows::*;
 
@@ -209,9 +210,7 @@ pub(super) const RECORD_OUTCOMES: &str = "WITH done AS (
                                   error, ord)
          WHERE x.delivery IN (SELECT id FROM done)
          ORDER BY x.ord)
-     SELECT id, subscriber_id, status IN ('sent', 'dead') AND ordering_key IS NOT NULL,
-         ordering_key
-     FROM done";
+     SELECT id, subscriber_id, status, ordering_key FROM done";
 
 /// How a batching subscriber's claim is taken (`Turn::batch_per`, `Turn::runs`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -252,7 +251,7 @@ fn split_grants<'a>(
                 g.batch_ids.push(id.as_str());
                 g.batch_counts.push(requests as i64);
                 g.batch_pers.push(1);
-                g.runs.insert(id.as_str(), p.n.max(1) as i64 - 1);
+                g.runs.insert(id.as_str(), run_tail(p.n) as i64);
             }
             Some(p) => {
                 g.batch_ids.push(id.as_str());
@@ -460,11 +459,10 @@ impl PgLedger {
         // what the in-flight cap leaves: reserved here, committed below to what was found.
         let mut held = Vec::with_capacity(live.len());
         // A batching subscriber's grant is in requests, each `per` deliveries.
-        let per_of = |id: &str| per.get(id).map_or(1, |p| p.n.max(1));
         for (id, l, mut limiter) in live {
             let busy = in_flight.get(&id).copied().unwrap_or(0);
             let most = wanted.get(id.as_str()).copied().unwrap_or(0);
-            let most = most.div_ceil(per_of(&id));
+            let most = per.get(id.as_str()).map_or(most, |p| requests(most, p.n));
             let reservation = grant_shared(&mut limiter, l, busy, most, now_ms);
             held.push((id, l, limiter, reservation));
         }
@@ -687,23 +685,11 @@ impl PgLedger {
         for (o, lease) in outcomes {
             ids.push(o.rowid);
             leases.push(*lease);
-            let (status, s, at, err, keep) = match &o.transition {
-                Transition::Sent => ("sent", 1, None, None, false),
-                Transition::Retry { at_ms, error } => {
-                    ("pending", 1, Some(*at_ms), Some(error.as_str()), false)
-                }
-                Transition::Dead { reason } => (
-                    "dead",
-                    i32::from(o.attempt.is_some()),
-                    None,
-                    Some(reason.as_str()),
-                    false,
-                ),
-                Transition::Defer { at_ms } => ("pending", 0, Some(*at_ms), None, true),
-            };
-            statuses.push(status);
-            spent.push(s);
-            next.push(at);
+            let w = written(o);
+            let (err, keep) = w.last_error.columns();
+            statuses.push(w.status.as_str());
+            spent.push(w.spent);
+            next.push(w.next_attempt_ms);
             errors.push(err);
             keep_error.push(keep);
             if let Some(a) = &o.attempt {
@@ -748,8 +734,9 @@ impl PgLedger {
         let mut ended: Vec<(String, String)> = Vec::new();
         for r in &done {
             recorded.insert(r.try_get(0)?);
-            if r.try_get::<_, bool>(2)? {
-                ended.push((r.try_get(1)?, r.try_get(3)?));
+            let status = Status::parse(r.try_get(2)?);
+            if let Some(key) = ended_key(status, r.try_get::<_, Option<String>>(3)?) {
+                ended.push((r.try_get(1)?, key));
             }
         }
         Ok(Applied {

@@ -11,7 +11,9 @@ use fanout_core::limiter::LimiterState;
 use super::ledger::PgLedger;
 use super::listen::CHANGED_CHANNEL;
 use crate::keyring::NewSecret;
+use crate::ledger::error::subscriber_exists;
 use crate::ledger::rows::subscribers as rows;
+use crate::ledger::rules::{self, IdUse, StoredId};
 use crate::ledger::subscribers::{SubscriberCounts, FORGET_REMOVED};
 use crate::ledger::LedgerError;
 use crate::model::{Disabled, StoredSecret, Subscriber};
@@ -109,44 +111,44 @@ impl PgLedger {
                 &[&s.id],
             )
             .await?;
-        let conflict = || LedgerError::Conflict(format!("subscriber {} already exists", s.id));
         let existing: Option<(Option<i64>, Option<String>)> = existing
             .map(|r| Ok::<_, LedgerError>((r.try_get(0)?, r.try_get(1)?)))
             .transpose()?;
-        match existing {
-            Some((None, _)) => return Err(conflict()),
-            Some((Some(_), owner)) => {
-                // The removed row is locked (`FOR UPDATE`): another daemon creating the same
-                // id waits here, then finds it live. Ingest never fans out to a removed
-                // endpoint, so nothing adds a delivery (or a number) to the id meanwhile; a
-                // retention sweep only removes them.
-                let kept: i64 = tx
+        let stored = match &existing {
+            None => StoredId::Free,
+            Some((None, _)) => StoredId::Live,
+            // The removed row is locked (`FOR UPDATE`): another daemon creating the same id
+            // waits here, then finds it live. Ingest never fans out to a removed endpoint, so
+            // nothing adds a delivery (or a number) to the id meanwhile; a retention sweep
+            // only removes them.
+            Some((Some(_), owner)) => StoredId::Removed {
+                owner: owner.as_deref(),
+                kept: tx
                     .query_one(
                         "SELECT COALESCE(SUM(n), 0)::BIGINT FROM delivery_counts
                          WHERE subscriber_id = $1",
                         &[&s.id],
                     )
                     .await?
-                    .try_get(0)?;
-                // A removed endpoint's deliveries stay under its id: another owner taking the
-                // id over would see and replay them. Refused until retention has removed them.
-                if kept > 0 && owner != s.customer {
-                    return Err(crate::ledger::error::id_still_holds_history(&s.id));
-                }
-                tx.execute(
-                    "DELETE FROM subscriber_secrets WHERE subscriber_id = $1",
-                    &[&s.id],
-                )
+                    .try_get::<_, i64>(0)?
+                    > 0,
+            },
+        };
+        if let IdUse::Replace { forget } =
+            rules::subscriber_id(&s.id, stored, s.customer.as_deref())?
+        {
+            tx.execute(
+                "DELETE FROM subscriber_secrets WHERE subscriber_id = $1",
+                &[&s.id],
+            )
+            .await?;
+            tx.execute("DELETE FROM subscribers WHERE id = $1", &[&s.id])
                 .await?;
-                tx.execute("DELETE FROM subscribers WHERE id = $1", &[&s.id])
-                    .await?;
-                if kept == 0 {
-                    for forget in FORGET_REMOVED {
-                        tx.execute(*forget, &[&s.id]).await?;
-                    }
+            if forget {
+                for forget in FORGET_REMOVED {
+                    tx.execute(*forget, &[&s.id]).await?;
                 }
             }
-            None => {}
         }
         super::customers::hold_customer(&tx, s.customer.as_deref()).await?;
         let inserted = tx
@@ -156,7 +158,7 @@ impl PgLedger {
             )
             .await;
         match inserted {
-            Err(e) if unique_violation(&e) => return Err(conflict()),
+            Err(e) if unique_violation(&e) => return Err(subscriber_exists(&s.id)),
             other => other?,
         };
         insert_secret(&tx, &s.id, &secret, s.created_ms).await?;

@@ -9,6 +9,7 @@ use crate::customer::Customer;
 use crate::ledger::customers::{Customers, FORGET_TOTALS};
 use crate::ledger::error::LedgerError;
 use crate::ledger::rows::customers as rows;
+use crate::ledger::rules;
 use crate::series::buckets::total_key;
 
 pub fn create_customer(c: &Connection, cu: &Customer) -> Result<(), LedgerError> {
@@ -86,12 +87,7 @@ pub fn delete_customer(c: &Connection, id: &str) -> Result<(), LedgerError> {
             "SELECT COUNT(*) FROM subscribers WHERE customer = ?1 AND deleted_ms IS NULL",
         )?
         .query_row([id], |r| r.get(0))?;
-    if live > 0 {
-        return Err(LedgerError::Conflict(format!(
-            "customer {id} still owns {live} subscriber(s): remove them or move them to \
-             another customer first"
-        )));
-    }
+    rules::customer_removable(id, live)?;
     detach_removed_subscribers(c, id)?;
     c.execute("DELETE FROM customers WHERE id = ?1", [id])?;
     Ok(())

@@ -20,6 +20,7 @@ use crate::ledger::filter::{self, Arg, Dialect};
 use crate::ledger::rows::deliveries::{
     decode_attempt, decode_delivery, ATTEMPT_VIEW, DELIVERY_VIEW,
 };
+use crate::ledger::rules;
 use crate::ledger::scope;
 use crate::model::{delivery_public_id, Status};
 use crate::ordering::{header_value, HELD_MS};
@@ -143,16 +144,15 @@ pub fn replay_one(c: &Connection, rowid: i64, now_ms: i64) -> Result<String, Led
         .prepare_cached("SELECT subscriber_id, status FROM deliveries WHERE id = ?1")?
         .query_row([rowid], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
-    let (sub, status) = row
-        .ok_or_else(|| LedgerError::NotFound(format!("delivery {}", delivery_public_id(rowid))))?;
-    if status == "in_flight" {
-        return Err(LedgerError::Conflict(format!(
-            "delivery {} is in flight",
-            delivery_public_id(rowid)
-        )));
-    }
-    get_subscriber(c, &sub)
-        .map_err(|_| LedgerError::Conflict(format!("subscriber {sub} has been removed")))?;
+    let rejoins = rules::replay_one(
+        rowid,
+        row.as_ref().map(|(sub, status)| rules::ReplayRow {
+            subscriber: sub,
+            status: Status::parse(status),
+            subscriber_live: get_subscriber(c, sub).is_ok(),
+        }),
+    )?;
+    let sub = row.map(|(sub, _)| sub).unwrap_or_default();
     // A held delivery stays held; an ended one of an ordered key rejoins its key.
     c.execute(
         "UPDATE deliveries SET status = 'pending', attempts = 0, last_error = NULL, updated_ms = ?2,
@@ -161,7 +161,7 @@ pub fn replay_one(c: &Connection, rowid: i64, now_ms: i64) -> Result<String, Led
          WHERE id = ?1",
         params![rowid, now_ms, HELD_MS],
     )?;
-    if status != "pending" {
+    if rejoins {
         ordered::rejoin(c, &[rowid], now_ms)?;
     }
     Ok(sub)
@@ -199,22 +199,18 @@ pub fn replay_step(
     f: &DeliveryFilter,
     now_ms: i64,
 ) -> Result<ReplayStep, LedgerError> {
-    let ids = match customer_ranges(c, f)? {
+    let parts = match customer_ranges(c, f)? {
         // A customer's: its subscribers' first ids, merged.
-        Some(per_subscriber) => {
-            let mut all = Vec::new();
-            for one in per_subscriber {
-                all.extend(replayable_ids(c, &one)?);
-            }
-            all.sort_unstable();
-            all.truncate(f.limit);
-            all
-        }
-        None => replayable_ids(c, f)?,
+        Some(per_subscriber) => per_subscriber
+            .iter()
+            .map(|one| replayable_ids(c, one))
+            .collect::<Result<_, _>>()?,
+        None => vec![replayable_ids(c, f)?],
     };
+    let ids = rules::replay_ids(parts, f.limit);
     // Replayed deliveries of ordered keys rejoin their keys (`ordered::rejoin`).
     let mut keyed: Vec<i64> = Vec::new();
-    let mut subs: Vec<String> = c
+    let subs: Vec<String> = c
         .prepare_cached(
             "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_ms = ?1,
                  last_error = NULL, updated_ms = ?1
@@ -233,15 +229,7 @@ pub fn replay_step(
         })
         .collect::<Result<_, _>>()?;
     ordered::rejoin(c, &keyed, now_ms)?;
-    let replayed = subs.len() as u64;
-    subs.sort();
-    subs.dedup();
-    Ok(ReplayStep {
-        replayed,
-        subscribers: subs,
-        last: ids.last().copied(),
-        done: ids.len() < f.limit,
-    })
+    Ok(rules::replay_step(&ids, f.limit, subs))
 }
 
 /// The first `f.limit` ids a bulk replay with this filter takes after `f.after`.

@@ -5,9 +5,9 @@ use fanout_core::breaker::Breaker;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::limiters::{read_limiter, store_limiters, StoredLimiter};
-use crate::alert::rules::after_dead_count;
 use crate::alert::Notice;
 use crate::ledger::error::LedgerError;
+use crate::ledger::rules::{dead_check, dead_rearms, health_writes};
 use crate::model::{Disabled, HealthWrite};
 
 pub fn apply_health(c: &Connection, writes: &[HealthWrite]) -> Result<(), LedgerError> {
@@ -18,20 +18,12 @@ pub fn apply_health(c: &Connection, writes: &[HealthWrite]) -> Result<(), Ledger
         "UPDATE subscribers SET disabled_ms = ?2, disabled_reason = ?3
          WHERE id = ?1 AND disabled_ms IS NULL",
     )?;
-    // Only the last run-of-failures change per subscriber matters (a flapping endpoint
-    // makes many in one turn).
-    let mut latest = std::collections::HashSet::new();
-    for w in writes.iter().rev() {
+    for w in health_writes(writes) {
         match w {
             HealthWrite::FailingSince {
                 subscriber,
                 since_ms,
-            } => {
-                if !latest.insert(subscriber.as_str()) {
-                    continue;
-                }
-                failing.execute(params![subscriber, since_ms])?
-            }
+            } => failing.execute(params![subscriber, since_ms])?,
             HealthWrite::Disable {
                 subscriber,
                 disabled,
@@ -77,17 +69,11 @@ pub fn check_dead_counts(
             continue;
         };
         let dead = dead_count_capped(c, sub, threshold)?;
-        let (alerted, alert) = after_dead_count(alerted_ms.is_some(), dead, threshold);
-        if alerted != alerted_ms.is_some() {
-            store.execute(params![sub, alerted.then_some(now_ms)])?;
+        let check = dead_check(sub, alerted_ms, dead, threshold, now_ms);
+        if let Some(mark) = check.mark {
+            store.execute(params![sub, mark])?;
         }
-        if let Some(alert) = alert {
-            out.push(Notice {
-                subscriber: sub.clone(),
-                at_ms: now_ms,
-                alert,
-            });
-        }
+        out.extend(check.notice);
     }
     Ok(out)
 }
@@ -101,7 +87,7 @@ pub fn rearm_dead_alerts(c: &Connection, threshold: u64) -> Result<usize, Ledger
         .collect::<Result<_, _>>()?;
     let mut n = 0;
     for sub in alerted {
-        if dead_count_capped(c, &sub, threshold)? < threshold.max(1) {
+        if dead_rearms(dead_count_capped(c, &sub, threshold)?, threshold) {
             c.prepare_cached("UPDATE subscribers SET dead_alerted_ms = NULL WHERE id = ?1")?
                 .execute([&sub])?;
             n += 1;

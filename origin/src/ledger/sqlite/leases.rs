@@ -5,12 +5,13 @@
 use std::collections::HashMap;
 
 use fanout_core::limiter::LimiterState;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 
 use super::ingest::{multi_row_sql, ROWS_PER_INSERT};
 use super::limiters::store_limiters;
 use super::ordered;
 use crate::ledger::error::LedgerError;
+use crate::ledger::rules::{ended_key, requests, run_tail, written};
 use crate::model::{AttemptRecord, Claim, Claimed, Order, Outcome, Transition};
 use crate::ordering::HELD_MS;
 
@@ -66,11 +67,9 @@ pub fn claim_runs(
     )?;
     let mut out = Vec::with_capacity(wants.len());
     for (sub, limit) in wants {
-        let per = runs.get(sub.as_str()).copied().map(|p| p.max(1));
-        let heads = match per {
-            Some(p) => limit.div_ceil(p),
-            None => *limit,
-        };
+        let per = runs.get(sub.as_str()).copied();
+        let heads = per.map_or(*limit, |p| requests(*limit, p));
+        let tail = per.map_or(0, run_tail);
         let mut claimed: Vec<Claimed> = if heads == 0 {
             Vec::new()
         } else {
@@ -79,8 +78,8 @@ pub fn claim_runs(
                 .collect::<Result<_, _>>()?
         };
         let mut sizes = Vec::new();
-        if let Some(p) = per.filter(|&p| p > 1) {
-            let mut with_runs = Vec::with_capacity(claimed.len() * p);
+        if tail > 0 {
+            let mut with_runs = Vec::with_capacity(claimed.len() * (tail + 1));
             // A key's run is taken once, even if (against the rule) two of its heads were due.
             let mut keys = std::collections::HashSet::new();
             for head in claimed {
@@ -89,7 +88,7 @@ pub fn claim_runs(
                 let mut n = 1;
                 if let Some(key) = key.filter(|k| keys.insert(k.clone())) {
                     let run =
-                        held.query_map(params![sub, key, HELD_MS, (p - 1) as i64], claimed_row)?;
+                        held.query_map(params![sub, key, HELD_MS, tail as i64], claimed_row)?;
                     for d in run {
                         with_runs.push(d?);
                         n += 1;
@@ -156,86 +155,61 @@ pub fn apply(
     limiters: &[(String, LimiterState)],
     now_ms: i64,
 ) -> Result<Vec<String>, LedgerError> {
-    // Sent is by far the commonest outcome: a run of them is one statement.
-    let mut sent = c.prepare_cached(
-        "UPDATE deliveries SET status = 'sent', attempts = attempts + 1, lease_expires_ms = NULL,
-             last_error = NULL, updated_ms = ?2
+    // What a result writes is `rules::written`'s; a run of sent results (by far the
+    // commonest) is one statement.
+    let mut write = c.prepare_cached(
+        "UPDATE deliveries SET status = ?2, attempts = attempts + ?3,
+             next_attempt_ms = COALESCE(?4, next_attempt_ms),
+             last_error = CASE WHEN ?6 THEN last_error ELSE ?5 END,
+             lease_expires_ms = NULL, updated_ms = ?7
          WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'in_flight'
          RETURNING id, subscriber_id, ordering_key",
-    )?;
-    let mut retry = c.prepare_cached(
-        "UPDATE deliveries SET status = 'pending', attempts = attempts + 1, next_attempt_ms = ?2,
-             lease_expires_ms = NULL, last_error = ?3, updated_ms = ?4
-         WHERE id = ?1 AND status = 'in_flight'",
-    )?;
-    let mut dead = c.prepare_cached(
-        "UPDATE deliveries SET status = 'dead', attempts = attempts + ?4, lease_expires_ms = NULL,
-             last_error = ?2, updated_ms = ?3
-         WHERE id = ?1 AND status = 'in_flight'
-         RETURNING subscriber_id, ordering_key",
-    )?;
-    let mut defer = c.prepare_cached(
-        "UPDATE deliveries SET status = 'pending', next_attempt_ms = ?2, lease_expires_ms = NULL,
-             updated_ms = ?3
-         WHERE id = ?1 AND status = 'in_flight'",
     )?;
     // The outcomes that found their delivery in flight (the others were already recorded, or
     // the delivery was taken away: removed subscriber, expired lease).
     let mut applied = vec![false; outcomes.len()];
     // The keys of ordered deliveries that ended.
     let mut ended: Vec<(String, String)> = Vec::new();
-    // In order: consecutive Sent outcomes are updated together.
     let mut i = 0;
     while i < outcomes.len() {
-        let o = &outcomes[i];
-        match &o.transition {
-            Transition::Sent => {
-                let run = outcomes[i..]
-                    .iter()
-                    .take_while(|o| o.transition == Transition::Sent)
-                    .count();
-                let ids = id_list(outcomes[i..i + run].iter().map(|o| o.rowid));
-                let mut hit = std::collections::HashSet::new();
-                let rows = sent.query_map(params![ids, now_ms], |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        r.get(1)?,
-                        r.get::<_, Option<String>>(2)?,
-                    ))
-                })?;
-                for row in rows {
-                    let (id, sub, key) = row?;
-                    hit.insert(id);
-                    if let Some(key) = key {
-                        ended.push((sub, key));
-                    }
-                }
-                for k in i..i + run {
-                    applied[k] = hit.contains(&outcomes[k].rowid);
-                }
-                i += run;
-                continue;
-            }
-            Transition::Retry { at_ms, error } => {
-                applied[i] = retry.execute(params![o.rowid, at_ms, error, now_ms])? > 0
-            }
-            Transition::Dead { reason } => {
-                let spent = i64::from(o.attempt.is_some());
-                let row: Option<(String, Option<String>)> = dead
-                    .query_row(params![o.rowid, reason, now_ms, spent], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
-                    })
-                    .optional()?;
-                applied[i] = row.is_some();
-                if let Some((sub, Some(key))) = row {
-                    ended.push((sub, key));
-                }
-            }
-            Transition::Defer { at_ms } => {
-                applied[i] = defer.execute(params![o.rowid, at_ms, now_ms])? > 0
-            }
+        let w = written(&outcomes[i]);
+        let run = match outcomes[i].transition {
+            Transition::Sent => outcomes[i..]
+                .iter()
+                .take_while(|o| o.transition == Transition::Sent)
+                .count(),
+            _ => 1,
         };
-        i += 1;
+        let ids = id_list(outcomes[i..i + run].iter().map(|o| o.rowid));
+        let (error, keep) = w.last_error.columns();
+        let args = params![
+            ids,
+            w.status.as_str(),
+            w.spent,
+            w.next_attempt_ms,
+            error,
+            keep,
+            now_ms
+        ];
+        let mut hit = std::collections::HashSet::new();
+        let rows = write.query_map(args, |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get(1)?,
+                r.get::<_, Option<String>>(2)?,
+            ))
+        })?;
+        for row in rows {
+            let (id, sub, key) = row?;
+            hit.insert(id);
+            if let Some(key) = ended_key(Some(w.status), key) {
+                ended.push((sub, key));
+            }
+        }
+        for k in i..i + run {
+            applied[k] = hit.contains(&outcomes[k].rowid);
+        }
+        i += run;
     }
     insert_attempts(c, outcomes, &applied)?;
     store_limiters(c, limiters)?;

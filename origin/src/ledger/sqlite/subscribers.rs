@@ -13,8 +13,9 @@ use super::health::set_disabled;
 use super::ledger::Ledger;
 use super::status::subscriber_counts;
 use crate::keyring::NewSecret;
-use crate::ledger::error::{id_still_holds_history, rotation_too_soon, LedgerError};
+use crate::ledger::error::{rotation_too_soon, LedgerError};
 use crate::ledger::rows::subscribers as rows;
+use crate::ledger::rules::{self, IdUse, StoredId};
 use crate::ledger::scope;
 use crate::ledger::subscribers::{SubscriberCounts, Subscribers, FORGET_REMOVED};
 use crate::model::{rotation_wait_ms, StoredSecret, Subscriber};
@@ -63,32 +64,25 @@ pub fn create_subscriber(
         .prepare_cached("SELECT deleted_ms, customer FROM subscribers WHERE id = ?1")?
         .query_row([&s.id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
-    match existing {
-        Some((None, _)) => {
-            return Err(LedgerError::Conflict(format!(
-                "subscriber {} already exists",
-                s.id
-            )))
-        }
-        Some((Some(_), owner)) => {
-            let kept = has_deliveries(c, &s.id)?;
-            // A removed endpoint's deliveries stay under its id: another owner taking the id
-            // over would see and replay them. Refused until retention has removed them.
-            if kept && owner != s.customer {
-                return Err(id_still_holds_history(&s.id));
-            }
-            c.execute(
-                "DELETE FROM subscriber_secrets WHERE subscriber_id = ?1",
-                [&s.id],
-            )?;
-            c.execute("DELETE FROM subscribers WHERE id = ?1", [&s.id])?;
-            if !kept {
-                for forget in FORGET_REMOVED {
-                    c.prepare_cached(forget)?.execute([&s.id])?;
-                }
+    let stored = match &existing {
+        None => StoredId::Free,
+        Some((None, _)) => StoredId::Live,
+        Some((Some(_), owner)) => StoredId::Removed {
+            owner: owner.as_deref(),
+            kept: has_deliveries(c, &s.id)?,
+        },
+    };
+    if let IdUse::Replace { forget } = rules::subscriber_id(&s.id, stored, s.customer.as_deref())? {
+        c.execute(
+            "DELETE FROM subscriber_secrets WHERE subscriber_id = ?1",
+            [&s.id],
+        )?;
+        c.execute("DELETE FROM subscribers WHERE id = ?1", [&s.id])?;
+        if forget {
+            for forget in FORGET_REMOVED {
+                c.prepare_cached(forget)?.execute([&s.id])?;
             }
         }
-        None => {}
     }
     c.prepare_cached(rows::INSERT.sqlite())?
         .execute(params_from_iter(rows::definition(s, s.created_ms)))?;

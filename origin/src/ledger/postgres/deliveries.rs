@@ -25,7 +25,7 @@ impl PgLedger {
     /// the in-flight caps). A subscriber without a status is read as one range per status, and
     /// a status without a subscriber as one range per subscriber that has deliveries in it
     /// (`delivery_counts`), merged: no list reads more than a few ranges of `limit` rows.
-    pub async fn list_deliveries(
+    pub(super) async fn list_deliveries(
         &self,
         f: &DeliveryFilter,
     ) -> Result<Vec<DeliveryView>, LedgerError> {
@@ -64,7 +64,7 @@ impl PgLedger {
         Ok(all.into_iter().map(|(_, d)| d).collect())
     }
 
-    pub async fn get_delivery(&self, rowid: i64) -> Result<DeliveryView, LedgerError> {
+    pub(super) async fn get_delivery(&self, rowid: i64) -> Result<DeliveryView, LedgerError> {
         let c = self.client().await?;
         let row = c
             .query_opt(
@@ -93,16 +93,6 @@ impl PgLedger {
             .collect::<Result<Vec<_>, LedgerError>>()?;
         d.attempts = Some(attempts);
         Ok(d)
-    }
-
-    /// Put one delivery back in the queue, due now, with a fresh attempt budget. One in
-    /// flight cannot be replayed. Returns its subscriber.
-    pub async fn replay_one(&self, rowid: i64, now_ms: i64) -> Result<String, LedgerError> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        let sub = Self::replay_one_in(&tx, rowid, now_ms).await?;
-        tx.commit().await?;
-        Ok(sub)
     }
 
     /// [`PgLedger::replay_one`] inside the caller's transaction.

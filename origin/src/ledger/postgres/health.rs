@@ -12,14 +12,6 @@ use crate::ledger::LedgerError;
 use super::subscribers::announce_change;
 
 impl PgLedger {
-    pub async fn apply_health(&self, writes: &[HealthWrite]) -> Result<(), LedgerError> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        Self::apply_health_in(&tx, writes).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
     pub(super) async fn apply_health_in(
         tx: &Transaction<'_>,
         writes: &[HealthWrite],

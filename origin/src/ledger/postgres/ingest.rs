@@ -25,7 +25,7 @@ impl PgLedger {
     /// in a transaction shared with the ingests that wait meanwhile (the module doc); announce
     /// the subscribers that got work to every listening daemon (on commit). Returns the
     /// per-event outcome and those subscribers. A server without room is noted for `/healthz`.
-    pub async fn ingest(&self, events: Vec<NewEvent>, now_ms: i64) -> Outcome {
+    pub(super) async fn ingest(&self, events: Vec<NewEvent>, now_ms: i64) -> Outcome {
         let (reply, answer) = oneshot::channel();
         let waiter = Waiter {
             events,

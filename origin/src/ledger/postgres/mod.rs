@@ -235,8 +235,9 @@ pub use ledger::PgLedger;
 
 pub(super) use ledger::Rounds;
 
-// Only for `origin/tests/pg_ledger.rs`, which drives leases and retention's lock by hand; to
-// go once it goes through the store (issue 36's parity suite).
+// Only for the PostgreSQL-only tests (`origin/tests/pg_ledger.rs`, `pg_plans.rs`,
+// `pg_writes.rs`), which drive leases, listening, statement plans and retention's lock by
+// hand; what every backend does is tested through the store (`ledger_parity.rs`).
 pub use crate::ledger::dispatch::Announcement;
 pub use dispatch::LEASE_MS;
 pub use leases::{Feedback, LeasedOutcome};

@@ -219,7 +219,7 @@ impl PgLedger {
     /// age order with a LIMIT, not as `MIN(updated_ms)`: where the planner guesses that a
     /// status has one row (a table not yet analyzed, whose guess falls as its rows widen), it
     /// plans a MIN as an aggregate over the whole of another index of that status.
-    pub(super) async fn retention_report(&self) -> Result<RetentionReport, LedgerError> {
+    pub async fn retention_report(&self) -> Result<RetentionReport, LedgerError> {
         let c = self.client().await?;
         let row = c
             .query_one(

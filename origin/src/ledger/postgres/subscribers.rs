@@ -68,11 +68,11 @@ impl PgLedger {
         Ok(s)
     }
 
-    pub async fn get_subscriber(&self, id: &str) -> Result<Subscriber, LedgerError> {
+    pub(super) async fn get_subscriber(&self, id: &str) -> Result<Subscriber, LedgerError> {
         Self::get_subscriber_on(&self.client().await?, id).await
     }
 
-    pub async fn list_subscribers(&self) -> Result<Vec<Subscriber>, LedgerError> {
+    pub(super) async fn list_subscribers(&self) -> Result<Vec<Subscriber>, LedgerError> {
         let c = self.client().await?;
         let rows = c
             .query(
@@ -97,7 +97,7 @@ impl PgLedger {
 
     /// Insert a new subscriber (or bring back a removed one under the same id) with its first
     /// secret (and signing key).
-    pub async fn create_subscriber(
+    pub(super) async fn create_subscriber(
         &self,
         s: &Subscriber,
         secret: impl Into<NewSecret>,
@@ -167,16 +167,6 @@ impl PgLedger {
         Ok(())
     }
 
-    /// Store a changed definition (not its secrets; its customer must exist): the limiter is
-    /// kept, so a change never grants a fresh burst.
-    pub async fn update_subscriber(&self, s: &Subscriber) -> Result<(), LedgerError> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        Self::update_subscriber_in(&tx, s).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
     /// [`PgLedger::update_subscriber`] inside the caller's transaction.
     pub(super) async fn update_subscriber_in(
         tx: &Transaction<'_>,
@@ -210,7 +200,11 @@ impl PgLedger {
 
     /// Remove a subscriber: it matches no new event, and its unfinished deliveries go dead
     /// (replayable if it comes back). Returns how many went dead.
-    pub async fn delete_subscriber(&self, id: &str, now_ms: i64) -> Result<u64, LedgerError> {
+    pub(super) async fn delete_subscriber(
+        &self,
+        id: &str,
+        now_ms: i64,
+    ) -> Result<u64, LedgerError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let n = tx
@@ -246,22 +240,6 @@ impl PgLedger {
         let c = self.client().await?;
         let st = c.prepare_cached(BURY_REMOVED).await?;
         Ok(c.execute(&st, &[]).await?)
-    }
-
-    /// Add `secret` as the current secret; every other active one keeps signing until
-    /// `now + grace_ms`.
-    pub async fn rotate_secret(
-        &self,
-        id: &str,
-        secret: impl Into<NewSecret>,
-        now_ms: i64,
-        grace_ms: i64,
-    ) -> Result<(), LedgerError> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        Self::rotate_secret_in(&tx, id, &secret.into(), now_ms, grace_ms).await?;
-        tx.commit().await?;
-        Ok(())
     }
 
     /// [`PgLedger::rotate_secret`] inside the caller's transaction.
@@ -317,21 +295,6 @@ impl PgLedger {
         Ok(())
     }
 
-    /// Disable (`Some`) or re-enable (`None`) a subscriber; re-enabling clears its failure run
-    /// and resets its breaker in the shared limiter. Returns whether anything changed.
-    pub async fn set_disabled(
-        &self,
-        id: &str,
-        disabled: Option<&Disabled>,
-        now_ms: i64,
-    ) -> Result<bool, LedgerError> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        let changed = Self::set_disabled_in(&tx, id, disabled, now_ms).await?;
-        tx.commit().await?;
-        Ok(changed)
-    }
-
     /// [`PgLedger::set_disabled`] inside the caller's transaction.
     pub(super) async fn set_disabled_in(
         tx: &Transaction<'_>,
@@ -379,7 +342,11 @@ impl PgLedger {
     }
 
     /// The shared limiter state as last stored (an undecodable one reads as an empty bucket).
-    pub async fn load_limiter(&self, id: &str, now_ms: i64) -> Result<LimiterState, LedgerError> {
+    pub(super) async fn load_limiter(
+        &self,
+        id: &str,
+        now_ms: i64,
+    ) -> Result<LimiterState, LedgerError> {
         let c = self.client().await?;
         let raw: Option<String> = c
             .query_opt("SELECT limiter FROM subscribers WHERE id = $1", &[&id])

@@ -17,6 +17,7 @@ use crate::ordering::HELD_MS;
 
 /// Lease up to `limit` due deliveries of each subscriber until `lease_until_ms`, oldest due
 /// first, and store the limiter states that granted them.
+#[cfg(test)]
 pub fn claim(
     c: &Connection,
     wants: &[(String, usize)],

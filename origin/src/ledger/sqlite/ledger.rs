@@ -235,7 +235,7 @@ impl Ledger {
     /// Run `f` in a transaction on the writer thread: all of its changes are kept or none, and
     /// it returns once they are committed. An `Err` from `f` undoes them. The transaction may
     /// be shared with other operations queued at the same time (each under its own savepoint).
-    pub async fn tx<T, F>(&self, f: F) -> Result<T, LedgerError>
+    pub(crate) async fn tx<T, F>(&self, f: F) -> Result<T, LedgerError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, LedgerError> + Send + 'static,

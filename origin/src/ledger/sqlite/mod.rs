@@ -52,16 +52,11 @@ pub(super) use ledger::LedgerOptions;
 
 pub(super) use schema::VERSION as SCHEMA_VERSION;
 
-// Only for `origin/tests/pg_ledger.rs`'s copy test, which fills a SQLite ledger by hand; to go
-// once it fills it through the store (issue 36's parity suite).
-pub use ingest::ingest;
-pub use leases::{apply, claim};
-pub use limiters::store_limiters;
-pub use subscribers::{create_subscriber, delete_subscriber, update_subscriber};
-
 /// What the crate's unit tests outside `ledger/` read directly.
 #[cfg(test)]
-pub(crate) use {retention::report, stats::subscriber_stats};
+pub(crate) use {
+    ingest::ingest, retention::report, stats::subscriber_stats, subscribers::create_subscriber,
+};
 
 /// The backend's own tests name its operations from here.
 #[cfg(test)]

@@ -36,15 +36,18 @@ pub struct Settings {
     #[arg(long, env = "FANOUT_LISTEN")]
     pub listen: Option<String>,
     /// Base URL of the edge Worker; without it everything goes by the origin lane
+    /// [default: none]
     #[arg(long, env = "FANOUT_EDGE_URL")]
     pub edge_url: Option<String>,
-    /// The edge's EDGE_SIGNING_KEY (a whsec_ secret) that signs every call to it
+    /// The edge's EDGE_SIGNING_KEY (a whsec_ secret) that signs every call to it; required
+    /// with --edge-url [default: none]
     #[arg(long, env = "FANOUT_EDGE_KEY")]
     pub edge_key: Option<String>,
-    /// Bearer token that producer and admin calls must carry
+    /// Bearer token that producer and admin calls must carry (required) [default: none]
     #[arg(long, env = "FANOUT_API_TOKEN")]
     pub api_token: Option<String>,
     /// Let subscribers use http://127.0.0.1 and http://localhost endpoints (development, tests)
+    /// [default: false]
     #[arg(long, env = "FANOUT_ALLOW_LOOPBACK", num_args = 0..=1, default_missing_value = "true",
           value_parser = clap::builder::BoolishValueParser::new())]
     pub allow_loopback: Option<bool>,
@@ -74,10 +77,11 @@ pub struct Settings {
     #[arg(long, env = "FANOUT_BREAKER_COOLDOWN")]
     pub breaker_cooldown: Option<String>,
     /// Operator endpoint for alerts (breaker opened, dead threshold crossed, subscriber
-    /// disabled), sent signed; without it alerts are only logged
+    /// disabled), sent signed; without it alerts are only logged [default: none]
     #[arg(long, env = "FANOUT_ALERT_URL")]
     pub alert_url: Option<String>,
-    /// The whsec_ secret that signs alerts (Standard Webhooks headers); required with --alert-url
+    /// The whsec_ secret that signs alerts (Standard Webhooks headers); required with
+    /// --alert-url [default: none]
     #[arg(long, env = "FANOUT_ALERT_SECRET")]
     pub alert_secret: Option<String>,
     /// Alert when this many of a subscriber's deliveries are dead [default: 100]
@@ -112,11 +116,11 @@ pub struct Settings {
     #[arg(long, env = "FANOUT_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
     /// Origins allowed to frame the customer portal, comma-separated
-    /// (https://app.example.com); without it nobody may frame it
+    /// (https://app.example.com); without it nobody may frame it [default: none]
     #[arg(long, env = "FANOUT_PORTAL_FRAME_ANCESTORS", value_delimiter = ',')]
     pub portal_frame_ancestors: Option<Vec<String>>,
     /// A producer's outbox to move into the ledger: postgres://user@host:port/dbname or a
-    /// SQLite file (`fanout outbox init` creates its table)
+    /// SQLite file (`fanout outbox init` creates its table) [default: none]
     #[arg(long, env = "FANOUT_OUTBOX")]
     pub outbox: Option<String>,
     /// The outbox's table [default: fanout_outbox]
@@ -127,7 +131,7 @@ pub struct Settings {
     #[arg(long, env = "FANOUT_OUTBOX_POLL")]
     pub outbox_poll: Option<String>,
     /// Where a thin webhook says its event can be fetched: a URL template with {id}
-    /// (https://api.example.com/events/{id}), sent as the thin body's "url"
+    /// (https://api.example.com/events/{id}), sent as the thin body's "url" [default: none]
     #[arg(long, env = "FANOUT_EVENT_URL")]
     pub event_url: Option<String>,
 }

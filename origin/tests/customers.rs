@@ -675,7 +675,7 @@ async fn customer_commands() {
     assert!(ok);
     let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(row, ["acme", "4", "20", "0"]);
-    let (ok, out, _) = run(args(&["customer", "show", "acme"])).await;
+    let (ok, out, _) = run(args(&["customer", "show", "acme", "--json"])).await;
     assert!(ok);
     assert_eq!(
         serde_json::from_str::<Value>(&out).unwrap()["max_in_flight"],

@@ -151,8 +151,19 @@ test('charts: the series survive a restart, are drawn in the console and scoped 
   await buttonsInside(page, '#dl-table');
 
   await page.click('#nav a[data-view=charts]');
-  await page.locator('#charts[data-loaded="360"]').waitFor();
+  // 15 minutes by default: 90 buckets of 10 s.
+  await page.locator('#charts[data-loaded="90"]').waitFor();
   assert.equal(await page.locator('#charts .chart canvas').count(), 4);
+  // Each legend shows the latest values without a pointer over the chart; the cap is the
+  // configured one (acme's 5 and globex's endpoint), never a sum of samples.
+  const legend = await page.locator('#charts .chart[data-chart=inflight] .u-legend .u-value').allTextContents();
+  assert.deepEqual(legend.slice(0, 1), ['latest'], `the legend: ${legend}`);
+  assert.ok(legend.slice(1).every((v) => v !== '--' && v !== ''), `the legend: ${legend}`);
+  const seriesView = await must(origin, '/v1/series?window=15m', {}, 200);
+  assert.equal(legend[2], String(seriesView.in_flight_cap), 'the cap in the legend');
+  assert.match(await page.locator('#charts [data-field=summary]').textContent(), /^last 15 minutes: .* in flight \d+ of at most [1-9]\d*\.$/);
+  await page.selectOption('#charts select[data-field=window]', '1h');
+  await page.locator('#charts[data-loaded="360"]').waitFor();
   // The delivered line (#2e7d32) in the first chart, p50/p99 (#1565c0) in the second.
   await shot(page, 'console-charts-1280');
   const green = await pixelsOf(page, '#charts', [0x2e, 0x7d, 0x32]);
@@ -197,7 +208,7 @@ test('charts: the series survive a restart, are drawn in the console and scoped 
   // The portal link, on a phone: the charts of acme's endpoint only.
   const portal = await openPage(browser, { width: 390, height: 844 });
   await portal.page.goto(url);
-  await portal.page.locator('#charts[data-loaded="360"]').waitFor();
+  await portal.page.locator('#charts[data-loaded="90"]').waitFor();
   assert.equal(await portal.page.locator('#charts .chart canvas').count(), 4);
   assert.ok((await pixelsOf(portal.page, '#charts', [0x2e, 0x7d, 0x32]))[0] > 20, 'the portal draws its rate');
   await noOverflow(portal.page, 'the portal at 390 px');

@@ -201,6 +201,7 @@ fn api_config(cfg: &Config, portal_key: Vec<u8>, telemetry: trace::Telemetry) ->
         portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
         breaker: cfg.breaker,
         telemetry,
+        max_total_in_flight: cfg.max_total_in_flight,
     }
 }
 

@@ -104,6 +104,7 @@ mod tests {
                 breaker: Default::default(),
                 portal_frame_ancestors: "'none'".into(),
                 telemetry: Default::default(),
+                max_total_in_flight: 1,
             },
             Arc::new(Metrics::new(false)),
             health.clone(),

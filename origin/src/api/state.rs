@@ -29,6 +29,8 @@ pub struct ApiConfig {
     pub breaker: fanout_core::breaker::BreakerConfig,
     /// The ingest spans (`crate::trace`; off unless an OTLP endpoint is set).
     pub telemetry: crate::trace::Telemetry,
+    /// `--max-total-in-flight`: the operator's charts draw it as the cap when it is lower.
+    pub max_total_in_flight: usize,
 }
 
 #[derive(Debug, Clone)]

@@ -105,6 +105,7 @@ mod tests {
                 portal_frame_ancestors: "'none'".into(),
                 telemetry: Default::default(),
                 max_total_in_flight: 1,
+                public_url: "http://127.0.0.1:1".into(),
             },
             Arc::new(Metrics::new(false)),
             health.clone(),

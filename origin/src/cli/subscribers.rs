@@ -341,14 +341,23 @@ async fn subscriber_secret(id: &str, json: bool, client: &ClientArgs) -> Result<
     if json {
         print(&secrets);
     } else {
-        print!("{}", secrets_lines(&secrets));
+        // The public keys matter to a receiver only when the subscriber signs with them.
+        let sub: SubscriberView = Client::new(client)?
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/subscribers/{}", encode(id)),
+                None,
+            )
+            .await?;
+        print!("{}", secrets_lines(&secrets, sub.signature.ed25519()));
     }
     Ok(())
 }
 
 /// One line per secret, newest first: the secret, a tab, `current` or `until <RFC 3339>`, and
-/// when the secret has an Ed25519 key, a tab and its `whpk_` public key (pure).
-pub fn secrets_lines(v: &crate::model::SecretsView) -> String {
+/// for a subscriber that signs with Ed25519 (`with_keys`), a tab and the `whpk_` public key of
+/// the secret's generation (pure).
+pub fn secrets_lines(v: &crate::model::SecretsView, with_keys: bool) -> String {
     v.secrets
         .iter()
         .map(|s| {
@@ -356,9 +365,9 @@ pub fn secrets_lines(v: &crate::model::SecretsView) -> String {
                 None => "current".to_string(),
                 Some(ms) => format!("until {}", format_rfc3339(ms)),
             };
-            match &s.public_key {
-                Some(key) => format!("{}\t{when}\t{key}\n", s.secret),
-                None => format!("{}\t{when}\n", s.secret),
+            match (&s.public_key, with_keys) {
+                (Some(key), true) => format!("{}\t{when}\t{key}\n", s.secret),
+                _ => format!("{}\t{when}\n", s.secret),
             }
         })
         .collect()
@@ -546,7 +555,7 @@ mod tests {
             ],
         };
         assert_eq!(
-            secrets_lines(&v),
+            secrets_lines(&v, false),
             "whsec_new\tcurrent\nwhsec_old\tuntil 2023-11-14T22:13:20.000Z\n"
         );
         let asymmetric = SecretsView {
@@ -556,7 +565,11 @@ mod tests {
                 public_key: Some("whpk_new".into()),
             }],
         };
-        assert_eq!(secrets_lines(&asymmetric), "whsec_new\tcurrent\twhpk_new\n");
-        assert_eq!(secrets_lines(&SecretsView { secrets: vec![] }), "");
+        assert_eq!(
+            secrets_lines(&asymmetric, true),
+            "whsec_new\tcurrent\twhpk_new\n"
+        );
+        assert_eq!(secrets_lines(&asymmetric, false), "whsec_new\tcurrent\n");
+        assert_eq!(secrets_lines(&SecretsView { secrets: vec![] }, true), "");
     }
 }

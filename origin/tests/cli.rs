@@ -4,6 +4,9 @@
 //! UTC; an error names the command that was run and the one to run next; an Ed25519
 //! subscriber's secret comes with its public key.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::*;

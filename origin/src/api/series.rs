@@ -148,7 +148,8 @@ mod tests {
     fn the_cap_is_the_configured_one() {
         let caps: HashMap<String, u32> = [("acme".to_string(), 10)].into();
         // (subscribers' caps and customers, the total cap, the cap shown)
-        let cases: &[(&[(u32, Option<&str>)], Option<u64>, u64)] = &[
+        type Case<'a> = (&'a [(u32, Option<&'a str>)], Option<u64>, u64);
+        let cases: &[Case] = &[
             (&[], None, 0),
             (&[(16, None)], None, 16),
             (&[(16, None), (8, None)], None, 24),

@@ -6,7 +6,7 @@
 // - the customers page shows each customer's weight, cap, endpoints and share, and issues a
 //   portal link with a button;
 // - at 1280 px the row buttons of the subscribers and deliveries tables sit inside their table;
-//   at 390 px no page is wider than the screen.
+//   at 390 and 1920 px no page of the console or the portal is wider than the screen.
 // Screenshots go to $FANOUT_SCREENSHOT_DIR (default /tmp) and are checked in the test (pixels).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -90,7 +90,7 @@ async function buttonsInside(page, table) {
   assert.deepEqual(out, [], `${table}: row buttons outside the table`);
 }
 
-test('charts: the series survive a restart, are drawn in the console and scoped in the portal; customers; layouts at 1280 and 390 px', async (t) => {
+test('charts: the series survive a restart, are drawn in the console and scoped in the portal; customers; layouts at 390, 1280 and 1920 px', async (t) => {
   let n = 0;
   const sub = await startSubscriber(() => (++n % 4 === 0 ? { status: 500, body: 'no' } : { status: 200 }));
   const dir = fs.mkdtempSync('/tmp/fanout-charts-');
@@ -151,8 +151,19 @@ test('charts: the series survive a restart, are drawn in the console and scoped 
   await buttonsInside(page, '#dl-table');
 
   await page.click('#nav a[data-view=charts]');
-  await page.locator('#charts[data-loaded="360"]').waitFor();
+  // 15 minutes by default: 90 buckets of 10 s.
+  await page.locator('#charts[data-loaded="90"]').waitFor();
   assert.equal(await page.locator('#charts .chart canvas').count(), 4);
+  // Each legend shows the latest values without a pointer over the chart; the cap is the
+  // configured one (acme's 5 and globex's endpoint), never a sum of samples.
+  const legend = await page.locator('#charts .chart[data-chart=inflight] .u-legend .u-value').allTextContents();
+  assert.deepEqual(legend.slice(0, 1), ['latest'], `the legend: ${legend}`);
+  assert.ok(legend.slice(1).every((v) => v !== '--' && v !== ''), `the legend: ${legend}`);
+  const seriesView = await must(origin, '/v1/series?window=15m', {}, 200);
+  assert.equal(legend[2], String(seriesView.in_flight_cap), 'the cap in the legend');
+  assert.match(await page.locator('#charts [data-field=summary]').textContent(), /^last 15 minutes: .* in flight \d+ of at most [1-9]\d*\.$/);
+  await page.selectOption('#charts select[data-field=window]', '1h');
+  await page.locator('#charts[data-loaded="360"]').waitFor();
   // The delivered line (#2e7d32) in the first chart, p50/p99 (#1565c0) in the second.
   await shot(page, 'console-charts-1280');
   const green = await pixelsOf(page, '#charts', [0x2e, 0x7d, 0x32]);
@@ -194,10 +205,31 @@ test('charts: the series survive a restart, are drawn in the console and scoped 
     await shot(phone.page, `console-${view}-390`);
   }
 
+  // The same pages at 1920 px, the console's and the portal's: nothing wider than the screen.
+  const wide = await openPage(browser, { width: 1920, height: 1080 });
+  await wide.page.goto(`${origin.url}/`);
+  await wide.page.fill('#signin-token', origin.token);
+  await wide.page.click('#signin-submit');
+  await wide.page.locator('#sub-table tr[data-subscriber="acme_orders"]').waitFor();
+  await noOverflow(wide.page, 'subscribers at 1920 px');
+  for (const view of ['deliveries', 'customers', 'charts']) {
+    await wide.page.click(`#nav a[data-view=${view}]`);
+    await wide.page.locator(`#${view}-view:not([hidden])`).waitFor();
+    if (view === 'charts') await wide.page.locator('#charts[data-loaded]').waitFor();
+    await noOverflow(wide.page, `${view} at 1920 px`);
+  }
+  await shot(wide.page, 'console-charts-1920');
+  const widePortal = await openPage(browser, { width: 1920, height: 1080 });
+  await widePortal.page.goto(url);
+  await widePortal.page.locator('#charts[data-loaded="90"]').waitFor();
+  await widePortal.page.locator('#deliveries tbody tr').first().waitFor();
+  await noOverflow(widePortal.page, 'the portal at 1920 px');
+  await shot(widePortal.page, 'portal-1920');
+
   // The portal link, on a phone: the charts of acme's endpoint only.
   const portal = await openPage(browser, { width: 390, height: 844 });
   await portal.page.goto(url);
-  await portal.page.locator('#charts[data-loaded="360"]').waitFor();
+  await portal.page.locator('#charts[data-loaded="90"]').waitFor();
   assert.equal(await portal.page.locator('#charts .chart canvas').count(), 4);
   assert.ok((await pixelsOf(portal.page, '#charts', [0x2e, 0x7d, 0x32]))[0] > 20, 'the portal draws its rate');
   await noOverflow(portal.page, 'the portal at 390 px');
@@ -209,5 +241,5 @@ test('charts: the series survive a restart, are drawn in the console and scoped 
   assert.equal(scoped.status, 200);
   assert.equal(total(scoped.view, 'delivered') + total(scoped.view, 'failed'), 40, "acme's 40 results, not globex's");
   assert.equal(scoped.other, 404);
-  assert.deepEqual([...problems, ...phone.problems, ...portal.problems], []);
+  assert.deepEqual([...problems, ...phone.problems, ...wide.problems, ...widePortal.problems, ...portal.problems], []);
 });

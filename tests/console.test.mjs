@@ -270,8 +270,41 @@ test('console: add, edit and rotate a subscriber; bulk replay a time range', asy
   assert.notEqual(rotated, secret);
   view = await (await origin.api('/v1/subscribers/sub_chat')).json();
   assert.equal(view.active_secrets, 2);
+  // It signs with both: the public key a receiver needs is shown beside the new secret.
+  assert.match((await page.locator('#secret-key:not([hidden]) #secret-public-key').textContent()).trim(), /^whpk_/);
   console.log(`screenshot: ${await shot(page, 'rotated')}`);
   await page.click('#secret-dismiss');
+
+  // A customer made on the customers page; the subscriber moved to it with an ordering key in
+  // the form, then detached and unordered again.
+  await page.click('#nav a[data-view=customers]');
+  const cusForm = page.locator('#cus-form');
+  await cusForm.locator('[name=id]').fill('acme');
+  await cusForm.locator('[name=weight]').fill('2');
+  await cusForm.locator('[name=max_in_flight]').fill('7');
+  await page.click('#cus-add');
+  await page.locator('#cus-table tr[data-customer="acme"]').waitFor();
+  const acme = await (await origin.api('/v1/customers/acme')).json();
+  assert.deepEqual([acme.weight, acme.max_in_flight], [2, 7]);
+  await page.click('#nav a[data-view=subscribers]');
+  await row.getByRole('button', { name: 'Edit' }).click();
+  await form.locator('[name=customer] option[value="acme"]').waitFor({ state: 'attached' });
+  await form.locator('[name=customer]').selectOption('acme');
+  await form.locator('[name=ordering]').selectOption('key');
+  await form.locator('[name=ordering_key]').fill('/room');
+  await page.click('#sub-save');
+  await form.waitFor({ state: 'hidden' });
+  view = await (await origin.api('/v1/subscribers/sub_chat')).json();
+  assert.deepEqual([view.customer, view.ordering, view.ordering_key], ['acme', 'key', '/room']);
+  await row.getByRole('button', { name: 'Edit' }).click();
+  assert.equal(await form.locator('[name=customer]').inputValue(), 'acme');
+  assert.equal(await form.locator('[name=ordering_key]').inputValue(), '/room');
+  await form.locator('[name=customer]').selectOption('');
+  await form.locator('[name=ordering]').selectOption('none');
+  await page.click('#sub-save');
+  await form.waitFor({ state: 'hidden' });
+  view = await (await origin.api('/v1/subscribers/sub_chat')).json();
+  assert.deepEqual([view.customer, view.ordering, view.ordering_key], [null, 'none', undefined]);
 
   // Three events die; bulk replay from the filtered list sends them all.
   const res = await origin.api('/v1/events', {

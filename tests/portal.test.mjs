@@ -302,6 +302,29 @@ async function clickThrough(t, ledger) {
   assert.deepEqual(made.events.map((e) => e.deliveries), [1, 2]);
   assert.deepEqual((await deliveriesOf(origin, { subscriber: 'acme_orders', event: 'evt_small' })), []);
 
+  // Paged (a page size, the API's cursor) and searched by event id, its customer's only.
+  await must(origin, '/v1/events', { body: Array.from({ length: 30 }, (_, i) => ({ id: `evt_p${i}`, type: 'order.created', n: 20 })) }, 202);
+  const mine = await deliveriesOf(origin, { subscriber: 'acme_orders' });
+  assert.ok(mine.length > 25 && mine.length <= 50, `${mine.length} deliveries of acme`);
+  const rows = () => page.locator('#deliveries tbody tr').count();
+  await page.fill('#f-since', '');
+  await page.fill('#f-until', '');
+  await page.selectOption('#f-limit', '25');
+  await waitFor(async () => (await rows()) === 25 || null, 5_000);
+  await page.click('#page-next');
+  await page.locator('#page-info', { hasText: 'page 2' }).waitFor();
+  assert.equal(await rows(), mine.length - 25);
+  assert.ok(await page.isDisabled('#page-next'), 'the last page');
+  await page.click('#page-prev');
+  await page.locator('#page-info', { hasText: 'page 1' }).waitFor();
+  await page.fill('#f-event', 'evt_p7');
+  await page.click('#apply');
+  await waitFor(async () => (await rows()) === 1 || null, 5_000);
+  assert.equal((await deliveriesOf(origin, { event: 'evt_p7' })).length, 2, 'both customers got evt_p7');
+  assert.doesNotMatch(await page.locator('#deliveries').textContent(), /globex/);
+  await page.fill('#f-event', '');
+  await page.click('#apply');
+
   // The admin token never reached the page; the portal token only went in Authorization; no
   // cookie exists.
   for (const r of requests) {

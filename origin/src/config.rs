@@ -36,15 +36,18 @@ pub struct Settings {
     #[arg(long, env = "FANOUT_LISTEN")]
     pub listen: Option<String>,
     /// Base URL of the edge Worker; without it everything goes by the origin lane
+    /// [default: none]
     #[arg(long, env = "FANOUT_EDGE_URL")]
     pub edge_url: Option<String>,
-    /// The edge's EDGE_SIGNING_KEY (a whsec_ secret) that signs every call to it
+    /// The edge's EDGE_SIGNING_KEY (a whsec_ secret) that signs every call to it; required
+    /// with --edge-url [default: none]
     #[arg(long, env = "FANOUT_EDGE_KEY")]
     pub edge_key: Option<String>,
-    /// Bearer token that producer and admin calls must carry
+    /// Bearer token that producer and admin calls must carry (required) [default: none]
     #[arg(long, env = "FANOUT_API_TOKEN")]
     pub api_token: Option<String>,
     /// Let subscribers use http://127.0.0.1 and http://localhost endpoints (development, tests)
+    /// [default: false]
     #[arg(long, env = "FANOUT_ALLOW_LOOPBACK", num_args = 0..=1, default_missing_value = "true",
           value_parser = clap::builder::BoolishValueParser::new())]
     pub allow_loopback: Option<bool>,
@@ -74,10 +77,11 @@ pub struct Settings {
     #[arg(long, env = "FANOUT_BREAKER_COOLDOWN")]
     pub breaker_cooldown: Option<String>,
     /// Operator endpoint for alerts (breaker opened, dead threshold crossed, subscriber
-    /// disabled), sent signed; without it alerts are only logged
+    /// disabled), sent signed; without it alerts are only logged [default: none]
     #[arg(long, env = "FANOUT_ALERT_URL")]
     pub alert_url: Option<String>,
-    /// The whsec_ secret that signs alerts (Standard Webhooks headers); required with --alert-url
+    /// The whsec_ secret that signs alerts (Standard Webhooks headers); required with
+    /// --alert-url [default: none]
     #[arg(long, env = "FANOUT_ALERT_SECRET")]
     pub alert_secret: Option<String>,
     /// Alert when this many of a subscriber's deliveries are dead [default: 100]
@@ -112,11 +116,11 @@ pub struct Settings {
     #[arg(long, env = "FANOUT_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
     /// Origins allowed to frame the customer portal, comma-separated
-    /// (https://app.example.com); without it nobody may frame it
+    /// (https://app.example.com); without it nobody may frame it [default: none]
     #[arg(long, env = "FANOUT_PORTAL_FRAME_ANCESTORS", value_delimiter = ',')]
     pub portal_frame_ancestors: Option<Vec<String>>,
     /// A producer's outbox to move into the ledger: postgres://user@host:port/dbname or a
-    /// SQLite file (`fanout outbox init` creates its table)
+    /// SQLite file (`fanout outbox init` creates its table) [default: none]
     #[arg(long, env = "FANOUT_OUTBOX")]
     pub outbox: Option<String>,
     /// The outbox's table [default: fanout_outbox]
@@ -127,9 +131,14 @@ pub struct Settings {
     #[arg(long, env = "FANOUT_OUTBOX_POLL")]
     pub outbox_poll: Option<String>,
     /// Where a thin webhook says its event can be fetched: a URL template with {id}
-    /// (https://api.example.com/events/{id}), sent as the thin body's "url"
+    /// (https://api.example.com/events/{id}), sent as the thin body's "url" [default: none]
     #[arg(long, env = "FANOUT_EVENT_URL")]
     pub event_url: Option<String>,
+    /// The address people reach this daemon at (https://fanout.example.com): portal links are
+    /// built from it, never from a request's Host [default: http:// and the address it listens
+    /// on, 0.0.0.0 and [::] as 127.0.0.1]
+    #[arg(long, env = "FANOUT_PUBLIC_URL")]
+    pub public_url: Option<String>,
 }
 
 impl Settings {
@@ -165,6 +174,7 @@ impl Settings {
             outbox_table: self.outbox_table.or(lower.outbox_table),
             outbox_poll: self.outbox_poll.or(lower.outbox_poll),
             event_url: self.event_url.or(lower.event_url),
+            public_url: self.public_url.or(lower.public_url),
         }
     }
 
@@ -272,6 +282,51 @@ pub struct Config {
     pub outbox: Option<crate::outbox::OutboxConfig>,
     /// `--event-url`: the `url` of thin webhooks, if any.
     pub event_url: Option<EventUrl>,
+    /// `--public-url`, without a trailing `/`, if given (`public_url`).
+    pub public_url: Option<String>,
+}
+
+/// What portal links are built from without `--public-url`: `http://` and the address the
+/// daemon listens on, an unspecified one (0.0.0.0, [::]) as loopback (pure).
+pub fn default_public_url(local: SocketAddr) -> String {
+    let ip = match local.ip() {
+        std::net::IpAddr::V4(v4) if v4.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(v6) if v6.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, local.port()))
+}
+
+/// `--public-url`: an http(s) URL with a host and no query, fragment or credentials; kept
+/// without its trailing `/`. Without it, a daemon listening beyond loopback is warned that its
+/// portal links name its listen address.
+fn public_url(
+    given: Option<String>,
+    listen: SocketAddr,
+    warnings: &mut Vec<String>,
+) -> Result<Option<String>, ConfigError> {
+    let Some(text) = given else {
+        if !listen.ip().is_loopback() {
+            warnings.push(format!(
+                "--public-url is not set: portal links name http://{listen}; set it to the \
+                 address people reach this daemon at"
+            ));
+        }
+        return Ok(None);
+    };
+    let bad = |why: &str| ConfigError(format!("--public-url {text:?}: {why}"));
+    let u = url::Url::parse(&text).map_err(|e| bad(&e.to_string()))?;
+    if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
+        return Err(bad("must be an http:// or https:// URL with a host"));
+    }
+    if u.query().is_some()
+        || u.fragment().is_some()
+        || !u.username().is_empty()
+        || u.password().is_some()
+    {
+        return Err(bad("must have no query, fragment or credentials"));
+    }
+    Ok(Some(u.as_str().trim_end_matches('/').to_string()))
 }
 
 /// `--outbox` with `--outbox-table` and `--outbox-poll` (10ms to 1h).
@@ -691,6 +746,7 @@ impl Config {
             .map(EventUrl::parse)
             .transpose()
             .map_err(ConfigError)?;
+        let public_url = public_url(s.public_url, listen, &mut warnings)?;
         let config = Config {
             db,
             max_db_bytes,
@@ -713,6 +769,7 @@ impl Config {
             portal_frame_ancestors,
             outbox,
             event_url,
+            public_url,
         };
         Ok((config, warnings))
     }
@@ -772,6 +829,53 @@ mod tests {
             parsed.portal_frame_ancestors,
             Some(vec!["https://app.example.com".to_string()])
         );
+    }
+
+    #[test]
+    fn public_url_is_validated() {
+        let with = |v: Option<&str>, listen: &str| {
+            Config::from_settings(Settings {
+                public_url: v.map(Into::into),
+                listen: Some(listen.into()),
+                ..base()
+            })
+            .map(|(c, w)| (c.public_url, w.iter().any(|w| w.contains("--public-url"))))
+            .map_err(|e| e.0)
+        };
+        let local = "127.0.0.1:8080";
+        assert_eq!(with(None, local), Ok((None, false)));
+        assert_eq!(with(None, "0.0.0.0:8080"), Ok((None, true)));
+        for (given, kept) in [
+            ("https://fanout.example.com/", "https://fanout.example.com"),
+            ("http://10.0.0.5:8080", "http://10.0.0.5:8080"),
+            ("https://example.com/fanout/", "https://example.com/fanout"),
+        ] {
+            assert_eq!(
+                with(Some(given), "0.0.0.0:8080"),
+                Ok((Some(kept.into()), false))
+            );
+        }
+        assert_eq!(
+            default_public_url("0.0.0.0:8080".parse().unwrap()),
+            "http://127.0.0.1:8080"
+        );
+        assert_eq!(
+            default_public_url("[::]:80".parse().unwrap()),
+            "http://[::1]:80"
+        );
+        assert_eq!(
+            default_public_url("10.1.2.3:9".parse().unwrap()),
+            "http://10.1.2.3:9"
+        );
+        for bad in [
+            "fanout.example.com",
+            "ftp://x.example",
+            "https://x.example/?a=1",
+            "https://u:p@x.example",
+            "https://x.example/#f",
+        ] {
+            assert!(with(Some(bad), local).is_err(), "{bad}");
+        }
     }
 
     #[test]

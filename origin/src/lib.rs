@@ -192,7 +192,12 @@ fn dispatch_config(
 }
 
 /// The API's settings from the configuration.
-fn api_config(cfg: &Config, portal_key: Vec<u8>, telemetry: trace::Telemetry) -> api::ApiConfig {
+fn api_config(
+    cfg: &Config,
+    portal_key: Vec<u8>,
+    telemetry: trace::Telemetry,
+    local: std::net::SocketAddr,
+) -> api::ApiConfig {
     api::ApiConfig {
         api_token: cfg.api_token.clone(),
         allow_loopback: cfg.allow_loopback,
@@ -204,6 +209,11 @@ fn api_config(cfg: &Config, portal_key: Vec<u8>, telemetry: trace::Telemetry) ->
         portal_frame_ancestors: cfg.portal_frame_ancestors.clone(),
         breaker: cfg.breaker,
         telemetry,
+        max_total_in_flight: cfg.max_total_in_flight,
+        public_url: cfg
+            .public_url
+            .clone()
+            .unwrap_or_else(|| crate::config::default_public_url(local)),
     }
 }
 
@@ -304,7 +314,7 @@ async fn serve(
     let state = api::AppState::new(
         store,
         control_tx,
-        api_config(&cfg, portal_key, telemetry.clone()),
+        api_config(&cfg, portal_key, telemetry.clone(), listener.local_addr()?),
         metrics,
         health.clone(),
     );

@@ -39,6 +39,7 @@ fn init_logs(format: LogFormat) {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse_hiding_values();
     init_logs(cli.log_format);
+    let invoked = cli.invoked;
     match cli.command {
         Command::Serve(args) => {
             let (cfg, warnings) = Config::from_settings(args.merged()?)?;
@@ -53,7 +54,7 @@ async fn main() -> anyhow::Result<()> {
         }
         other => {
             if let Err(e) = run_client(other).await {
-                eprintln!("fanout: {e}");
+                eprintln!("fanout {invoked}: {e}");
                 std::process::exit(1);
             }
             Ok(())

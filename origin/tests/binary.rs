@@ -159,7 +159,7 @@ async fn cli_commands_drive_the_daemon() {
 
     // One event per line on stdin.
     let lines = "{\"id\":\"c1\",\"type\":\"video.a\"}\n{\"id\":\"c2\",\"type\":\"video.b\"}\n";
-    let (ok, sent, err) = cli(&["send"], &api, Some(lines));
+    let (ok, sent, err) = cli(&["send", "--json"], &api, Some(lines));
     assert!(ok, "{err}");
     assert_eq!(
         sent,
@@ -172,7 +172,7 @@ async fn cli_commands_drive_the_daemon() {
         r#"[{"id":"c2","type":"video.b"},{"id":"c3","type":"video.c"}]"#,
     )
     .unwrap();
-    let (ok, sent, _) = cli(&["send", file.to_str().unwrap()], &api, None);
+    let (ok, sent, _) = cli(&["send", "--json", file.to_str().unwrap()], &api, None);
     assert!(ok);
     assert_eq!(
         sent,
@@ -193,7 +193,11 @@ async fn cli_commands_drive_the_daemon() {
     let first = dead[0]["id"].as_str().unwrap();
     let (ok, _, err) = cli(&["replay", first], &api, None);
     assert!(ok, "{err}");
-    let (ok, bulk, _) = cli(&["replay", "--subscriber", "cli_fails"], &api, None);
+    let (ok, bulk, _) = cli(
+        &["replay", "--json", "--subscriber", "cli_fails"],
+        &api,
+        None,
+    );
     assert!(ok);
     assert_eq!(bulk["replayed"], 2);
     wait_for("all 6 sent", Duration::from_secs(20), || async {
@@ -201,7 +205,7 @@ async fn cli_commands_drive_the_daemon() {
     })
     .await;
 
-    let (ok, removed, _) = cli(&["subscriber", "remove", "cli_fails"], &api, None);
+    let (ok, removed, _) = cli(&["subscriber", "remove", "--json", "cli_fails"], &api, None);
     assert!(ok);
     assert_eq!(removed["deleted"], true);
     let (ok, _, err) = cli(&["subscriber", "remove", "cli_fails"], &api, None);

@@ -524,7 +524,9 @@ async fn signing_secrets_are_shown_to_the_admin_and_once_to_the_rotating_custome
         String::from_utf8(out.stdout).unwrap(),
         format!(
             "{new}\tcurrent\n{current}\tuntil {}\n",
-            rotated["previous_secrets_expire_at_ms"]
+            fanout_origin::time::format_rfc3339(
+                rotated["previous_secrets_expire_at_ms"].as_i64().unwrap()
+            )
         )
     );
     d.stop().await;
@@ -627,6 +629,38 @@ async fn a_link_outlives_a_restart() {
     );
 }
 
+/// Portal links start with `--public-url`, whatever `Host` (or `X-Forwarded-Proto`) the call
+/// that asks for one carries: a caller cannot have links point at a host of its choosing.
+#[tokio::test]
+async fn portal_links_take_their_host_from_public_url_not_the_request() {
+    let d = Daemon::start_with(|s| fanout_origin::config::Settings {
+        public_url: Some("https://hooks.example.com/".into()),
+        ..s
+    })
+    .await;
+    let (s, body) = d.api.post("/v1/customers", json!({ "id": "acme" })).await;
+    assert_eq!(s, 201, "{body}");
+    let resp = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .post(format!("{}/v1/customers/acme/portal", d.api.base))
+        .bearer_auth(&d.api.token)
+        .header("host", "evil.example")
+        .header("x-forwarded-proto", "http")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 201);
+    let link: Value = resp.json().await.unwrap();
+    let url = link["url"].as_str().unwrap();
+    assert!(
+        url.starts_with("https://hooks.example.com/portal#token=fpt_"),
+        "{url}"
+    );
+    d.stop().await;
+}
+
 /// `fanout customer add|list|show|portal|remove` against a running daemon.
 #[tokio::test]
 async fn customer_commands() {
@@ -675,7 +709,7 @@ async fn customer_commands() {
     assert!(ok);
     let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(row, ["acme", "4", "20", "0"]);
-    let (ok, out, _) = run(args(&["customer", "show", "acme"])).await;
+    let (ok, out, _) = run(args(&["customer", "show", "acme", "--json"])).await;
     assert!(ok);
     assert_eq!(
         serde_json::from_str::<Value>(&out).unwrap()["max_in_flight"],

@@ -439,7 +439,7 @@ async fn status_table_json_outputs_and_clean_stderr() {
         })
         .collect();
     std::fs::write(&file, lines.join("\n")).unwrap();
-    let (out, err) = client(&api, &["send", file.to_str().unwrap()]).await;
+    let (out, err) = client(&api, &["send", "--json", file.to_str().unwrap()]).await;
     assert_eq!(
         parse_json(&out),
         json!({ "events": n + missing, "duplicates": 0, "deliveries": n + missing })
@@ -555,7 +555,7 @@ async fn status_table_json_outputs_and_clean_stderr() {
     let (out, _) = client(&api, &["deliveries", "--id", first, "--json"]).await;
     assert_eq!(parse_json(&out)["attempts"].as_array().unwrap().len(), 1);
 
-    let (out, err) = client(&api, &["replay", "--subscriber", "st_missing"]).await;
+    let (out, err) = client(&api, &["replay", "--json", "--subscriber", "st_missing"]).await;
     assert_eq!(parse_json(&out)["replayed"], missing);
     assert_eq!(err, "", "the spinner is not drawn either");
 }

@@ -389,6 +389,70 @@ async fn a_recreated_id_starts_with_an_empty_chart_and_sequence_1() {
     d.stop().await;
 }
 
+/// The charts' 15-minute window, their cap (the one configured, not a sum of samples), and a
+/// subscriber created again under its id while its deliveries are kept (the next `fanout
+/// listen` session on the same port) starts with an empty chart.
+#[tokio::test]
+async fn charts_have_15_minutes_the_configured_cap_and_a_new_session_starts_empty() {
+    let d = Daemon::start().await;
+    let api = &d.api;
+    let sink = Subscriber::ok().await;
+    let (s, body) = api
+        .post(
+            "/v1/customers",
+            json!({ "id": "acme", "max_in_flight": 10 }),
+        )
+        .await;
+    assert_eq!(s, 201, "{body}");
+    for (id, cap, customer) in [
+        ("a1", 8, Some("acme")),
+        ("a2", 8, Some("acme")),
+        ("solo", 5, None),
+    ] {
+        let mut spec = sub_spec(id, &sink.url, &["*"]);
+        spec["max_in_flight"] = json!(cap);
+        spec["customer"] = json!(customer);
+        api.subscriber(spec).await;
+    }
+    let view = |q: &'static str| async move {
+        let (s, body) = api.get(&format!("/v1/series?{q}")).await;
+        assert_eq!(s, 200, "{q}: {body}");
+        body
+    };
+    let quarter = view("window=15m").await;
+    assert_eq!(quarter["window"], "15m");
+    assert_eq!(quarter["points"].as_array().unwrap().len(), 90);
+    assert_eq!(
+        quarter["in_flight_cap"], 15,
+        "acme's 16 held to its 10, and solo's 5"
+    );
+    assert_eq!(view("window=15m&subscriber=a1").await["in_flight_cap"], 8);
+    let portal = as_token(api, &portal_token(api, "acme").await);
+    let (_, mine) = portal.get("/v1/series?window=15m").await;
+    assert_eq!(mine["in_flight_cap"], 10, "{mine}");
+
+    api.events(events("old", 3, "order.created")).await;
+    let long = std::time::Duration::from_secs(60);
+    wait_for("charted", long, || async {
+        charted(api, "subscriber=solo").await == 3
+    })
+    .await;
+    let (s, body) = api.raw("DELETE", "/v1/subscribers/solo", None, true).await;
+    assert_eq!(s, 200, "{body}");
+    api.subscriber(sub_spec("solo", &sink.url, &["*"])).await;
+    assert_eq!(
+        charted(api, "subscriber=solo").await,
+        0,
+        "the new session's chart"
+    );
+    assert_eq!(
+        api.count("subscriber=solo").await,
+        3,
+        "its deliveries are kept"
+    );
+    d.stop().await;
+}
+
 /// `POST /v1/subscribers/{id}/test` never piles up: one test event at a time per endpoint (a
 /// paused endpoint keeps one pending, not thousands) and one every 10 s; past that 429
 /// `rate_limited` with `Retry-After`.

@@ -104,6 +104,8 @@ mod tests {
                 breaker: Default::default(),
                 portal_frame_ancestors: "'none'".into(),
                 telemetry: Default::default(),
+                max_total_in_flight: 1,
+                public_url: "http://127.0.0.1:1".into(),
             },
             Arc::new(Metrics::new(false)),
             health.clone(),

@@ -4,7 +4,7 @@
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::{Json, Router};
@@ -33,25 +33,6 @@ struct PortalInput {
     ttl_secs: Option<u64>,
 }
 
-/// Where the portal page is, as the caller reached this daemon: its `Host`, and https when a
-/// proxy in front says so (`X-Forwarded-Proto`).
-fn portal_base(headers: &HeaderMap) -> String {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .filter(|h| {
-            !h.is_empty()
-                && h.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
-        })
-        .unwrap_or("localhost");
-    let https = headers
-        .get("x-forwarded-proto")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|p| p.eq_ignore_ascii_case("https"));
-    format!("{}://{host}", if https { "https" } else { "http" })
-}
-
 pub(super) async fn portal_link(
     State(state): State<AppState>,
     PathId(id): PathId,
@@ -75,8 +56,10 @@ pub(super) async fn portal_link(
             expires_ms: expires_at_ms,
         },
     );
-    // The token travels in the fragment: browsers never send it to a server.
-    let url = format!("{}/portal#token={t}", portal_base(&headers));
+    // The token travels in the fragment: browsers never send it to a server. The host is the
+    // configured one (`--public-url`), never the request's `Host`: a caller cannot make the
+    // daemon hand out links to a host of its choosing.
+    let url = format!("{}/portal#token={t}", state.cfg.public_url);
     Ok((
         StatusCode::CREATED,
         Json(PortalLink {
@@ -100,36 +83,4 @@ pub(super) async fn revoke_links(
         .await
         .map_err(|e| unknown(e, &id))?;
     Ok(Json(json!({ "id": id, "links_revoked_at_ms": now })))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn portal_base_table() {
-        let h = |pairs: &[(&'static str, &str)]| {
-            let mut m = HeaderMap::new();
-            for (k, v) in pairs {
-                m.insert(*k, v.parse().unwrap());
-            }
-            m
-        };
-        assert_eq!(
-            portal_base(&h(&[("host", "127.0.0.1:8080")])),
-            "http://127.0.0.1:8080"
-        );
-        assert_eq!(
-            portal_base(&h(&[
-                ("host", "hooks.example.com"),
-                ("x-forwarded-proto", "https")
-            ])),
-            "https://hooks.example.com"
-        );
-        assert_eq!(
-            portal_base(&h(&[("host", "evil.com/x?")])),
-            "http://localhost"
-        );
-        assert_eq!(portal_base(&h(&[])), "http://localhost");
-    }
 }

@@ -29,6 +29,11 @@ pub struct ApiConfig {
     pub breaker: fanout_core::breaker::BreakerConfig,
     /// The ingest spans (`crate::trace`; off unless an OTLP endpoint is set).
     pub telemetry: crate::trace::Telemetry,
+    /// `--max-total-in-flight`: the operator's charts draw it as the cap when it is lower.
+    pub max_total_in_flight: usize,
+    /// Where people reach the daemon (`--public-url`, or `config::default_public_url`), no
+    /// trailing `/`: portal links start with it.
+    pub public_url: String,
 }
 
 #[derive(Debug, Clone)]

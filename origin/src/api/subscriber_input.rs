@@ -116,40 +116,72 @@ impl<'de> Deserialize<'de> for CreatedEnabled {
 }
 
 /// The body of `PATCH /v1/subscribers/{id}`: only the fields given change. It has no
-/// `secret` (rotate instead), so a body naming one is refused as an unknown field.
-#[derive(Debug, Default, Deserialize)]
+/// `secret` (rotate instead), so a body naming one is refused as an unknown field. The CLI's
+/// `fanout subscriber update` writes it with the same type.
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubscriberPatch {
     /// May only repeat the current id.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub event_types: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_per_sec: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub burst: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub lane: Option<Lane>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub legacy_signature: Option<bool>,
     /// `false` re-enables a disabled subscriber, `true` disables it.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub disabled: Option<bool>,
     /// Move to this customer; `null` detaches the subscriber from its customer.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub customer: Option<Option<String>>,
     /// A new operator's content filter; `null` removes it. Not for a portal token.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub filter: Option<Option<serde_json::Value>>,
     /// A new customer's own filter; `null` removes it.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub customer_filter: Option<Option<serde_json::Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub payload: Option<Payload>,
     /// A new ordering; leaving `key` drops the pointer. Applies to events ingested after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ordering: Option<Ordering>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ordering_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub propagate_trace: Option<bool>,
     /// Switching to `ed25519` or `both` gives the current secret a signing key if it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub signature: Option<Scheme>,
     /// New batch settings; `null` goes back to one event per request.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub batch: Option<Option<BatchSpec>>,
 }
 

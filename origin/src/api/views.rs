@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use super::stats::{SubscriberStats, ViewWithStats};
-pub use super::subscriber_input::SubscriberInput;
+pub use super::subscriber_input::{SubscriberInput, SubscriberPatch};
 pub use crate::ledger::{AttemptRecordView, DeliveryView, Ingested};
 pub use crate::model::SubscriberView;
 

@@ -30,7 +30,7 @@ pub struct ApplyArgs {
     #[arg(long)]
     pub prune: bool,
     /// Write created subscribers' secrets to this new file (mode 0600) instead of printing
-    /// them; an existing file is not overwritten
+    /// them; an existing file is not overwritten [default: none, printed]
     #[arg(long)]
     pub secrets_out: Option<PathBuf>,
     #[command(flatten)]

@@ -22,19 +22,28 @@ pub struct ClientArgs {
         env = "FANOUT_LISTEN"
     )]
     pub listen: Option<String>,
-    /// Bearer token of the daemon's API
+    /// Bearer token of the daemon's API (required; prefer the environment: `ps` shows
+    /// arguments) [default: none]
     #[arg(long, env = "FANOUT_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
 }
 
-/// A client command failed; the message is for the operator.
+/// A client command failed; the message is for the operator, who ran a command, not an API
+/// route: it says what to run next where the failure tells (`main` puts the command in front).
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot reach the daemon at {0}: {1}")]
+    #[error(
+        "cannot reach the daemon at {0}: {1}; is `fanout serve` running there? (--server or \
+         --daemon-listen say where it is)"
+    )]
     Unreachable(String, String),
     /// The daemon refused the call: its status, its error `code` (`invalid_url`, …; empty
     /// when the answer was not the API's error shape) and message.
-    #[error("{status}: {message}")]
+    #[error(
+        "the daemon refused it ({status}{}): {message}{}",
+        code_part(code),
+        next_step(code)
+    )]
     Api {
         status: u16,
         code: String,
@@ -46,6 +55,25 @@ pub enum ClientError {
     Ledger(#[from] crate::ledger::LedgerError),
     #[error("backup: {0}")]
     Backup(#[from] crate::ledger::sqlite::backup::BackupError),
+}
+
+fn code_part(code: &str) -> String {
+    if code.is_empty() {
+        String::new()
+    } else {
+        format!(" {code}")
+    }
+}
+
+/// The command that helps after an API error, by its code (pure).
+fn next_step(code: &str) -> &'static str {
+    match code {
+        "unauthorized" => "; give the daemon's API token with --api-token or FANOUT_API_TOKEN",
+        "unknown_subscriber" => "; `fanout subscriber list` shows the subscribers",
+        "unknown_customer" => "; `fanout customer list` shows the customers",
+        "rate_limited" => "; try again in a moment",
+        _ => "",
+    }
 }
 
 pub(super) struct Client {

@@ -7,23 +7,33 @@ use serde_json::json;
 use super::client::{encode, print, query, Client, ClientArgs, ClientError};
 use crate::api::views::{DeliveryList, DeliveryView, Replayed, ReplayedOne};
 use crate::term::or_dash;
+use crate::time::format_rfc3339;
 
 #[derive(Debug, Args)]
 pub struct DeliveriesArgs {
+    /// Only deliveries in this state: pending, in_flight, sent or dead
+    /// [default: any]
     #[arg(long)]
     pub status: Option<String>,
+    /// Only this subscriber's deliveries [default: every subscriber's]
     #[arg(long)]
     pub subscriber: Option<String>,
+    /// Only the deliveries of this event id [default: every event's]
     #[arg(long)]
     pub event: Option<String>,
-    /// Unix ms or RFC 3339
+    /// Only deliveries created at or after this time: RFC 3339 or unix ms [default: no bound]
     #[arg(long)]
     pub since: Option<String>,
+    /// Only deliveries created before this time: RFC 3339 or unix ms [default: no bound]
     #[arg(long)]
     pub until: Option<String>,
+    /// Most deliveries to list (1 to 10000) [default: 1000]
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Show one delivery with its attempts
+    /// The page after this delivery id: the `next` a page ended with [default: the first page]
+    #[arg(long)]
+    pub after: Option<String>,
+    /// Show one delivery (dlv_…) with its attempts, instead of a list [default: none]
     #[arg(long)]
     pub id: Option<String>,
     /// Print the daemon's JSON instead of a table
@@ -37,15 +47,21 @@ pub struct DeliveriesArgs {
 pub struct ReplayArgs {
     /// One delivery (dlv_…); without it, every match of the filters
     pub id: Option<String>,
+    /// Only this subscriber's deliveries [default: every subscriber's]
     #[arg(long)]
     pub subscriber: Option<String>,
-    /// dead (default) or sent
+    /// dead or sent [default: dead]
     #[arg(long)]
     pub status: Option<String>,
+    /// Only deliveries created at or after this time: RFC 3339 or unix ms [default: no bound]
     #[arg(long)]
     pub since: Option<String>,
+    /// Only deliveries created before this time: RFC 3339 or unix ms [default: no bound]
     #[arg(long)]
     pub until: Option<String>,
+    /// Print the daemon's JSON instead of a line
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -77,6 +93,7 @@ pub(super) async fn deliveries(a: DeliveriesArgs) -> Result<(), ClientError> {
                 ("since", &a.since),
                 ("until", &a.until),
                 ("limit", &limit),
+                ("after", &a.after),
             ]);
             let page: DeliveryList = client
                 .call(reqwest::Method::GET, &format!("/v1/deliveries{q}"), None)
@@ -103,7 +120,11 @@ pub(super) async fn replay(a: ReplayArgs) -> Result<(), ClientError> {
                     None,
                 )
                 .await?;
-            print(&one);
+            if a.json {
+                print(&one);
+            } else {
+                println!("delivery {} is {} again", one.id, one.status.as_str());
+            }
         }
         None => {
             let mut body = json!({ "subscriber": a.subscriber, "status": a.status, "since": a.since, "until": a.until });
@@ -133,7 +154,12 @@ pub(super) async fn replay(a: ReplayArgs) -> Result<(), ClientError> {
                 }
             };
             progress.finish_and_clear();
-            print(&replayed?);
+            let replayed = replayed?;
+            if a.json {
+                print(&replayed);
+            } else {
+                println!("replayed {} deliveries", replayed.replayed);
+            }
         }
     }
     Ok(())
@@ -176,7 +202,7 @@ pub fn deliveries_table(page: &DeliveryList) -> String {
     );
     if let Some(next) = &page.next {
         out.push_str(&format!(
-            "({} shown; more after {next}: use --limit, or --json for the `next` cursor)\n",
+            "({} shown; the next page: --after {next})\n",
             page.deliveries.len()
         ));
     }
@@ -194,8 +220,13 @@ pub fn delivery_detail(d: &DeliveryView) -> String {
         ("sequence", d.sequence.to_string()),
         ("status", d.status.as_str().into()),
         ("attempt_count", d.attempt_count.to_string()),
-        ("next_attempt_at_ms", or_dash(d.next_attempt_at_ms)),
+        (
+            "next_attempt_at",
+            or_dash(d.next_attempt_at_ms.map(format_rfc3339)),
+        ),
         ("last_error", or_dash(d.last_error.as_deref())),
+        ("created_at", format_rfc3339(d.created_at_ms)),
+        ("updated_at", format_rfc3339(d.updated_at_ms)),
     ] {
         out.push_str(&format!("{key:<20}{value}\n"));
     }
@@ -206,7 +237,7 @@ pub fn delivery_detail(d: &DeliveryView) -> String {
         .map(|a| {
             vec![
                 a.attempt.to_string(),
-                a.at_ms.to_string(),
+                format_rfc3339(a.at_ms),
                 a.lane.as_str().into(),
                 a.outcome.as_str().into(),
                 or_dash(a.status),
@@ -223,7 +254,7 @@ pub fn delivery_detail(d: &DeliveryView) -> String {
         out.push('\n');
         out.push_str(&crate::term::table(
             &[
-                "ATTEMPT", "AT (MS)", "LANE", "OUTCOME", "STATUS", "LATENCY", "ERROR", "BODY",
+                "ATTEMPT", "AT", "LANE", "OUTCOME", "STATUS", "LATENCY", "ERROR", "BODY",
             ],
             &rows,
         ));
@@ -269,7 +300,7 @@ mod tests {
             t.contains("dlv_1  s           e1     video.x  dead    3         gone\n"),
             "{t}"
         );
-        assert!(t.contains("more after dlv_1"), "{t}");
+        assert!(t.contains("the next page: --after dlv_1"), "{t}");
         let d = DeliveryView {
             status: Status::Sent,
             attempts: Some(vec![AttemptRecordView {
@@ -288,7 +319,11 @@ mod tests {
         assert!(t.contains("status              sent\n"), "{t}");
         assert!(t.contains("sequence            4\n"), "{t}");
         assert!(
-            t.contains("1        5        edge  failed   503     40"),
+            t.contains("1        1970-01-01T00:00:00.005Z  edge  failed   503     40"),
+            "{t}"
+        );
+        assert!(
+            t.contains("created_at          1970-01-01T00:00:00.000Z\n"),
             "{t}"
         );
     }

@@ -15,7 +15,7 @@ pub struct HealthcheckArgs {
     #[arg(long, env = "FANOUT_SERVER")]
     pub server: Option<String>,
     /// Address the daemon listens on, used when --server is not given (0.0.0.0 and [::] are
-    /// reached on loopback)
+    /// reached on loopback) [default: 127.0.0.1:8080]
     #[arg(long, env = "FANOUT_LISTEN")]
     pub listen: Option<String>,
 }

@@ -8,17 +8,19 @@ use super::client::ClientError;
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["url", "edge_url"])))]
 pub struct LoadArgs {
-    /// Flood this URL: 2xx counts as accepted, 429 as throttled
+    /// Flood this URL: 2xx counts as accepted, 429 as throttled [default: none; this or
+    /// --edge-url]
     #[arg(long)]
     pub url: Option<String>,
     /// Flood the edge's POST /v1/deliveries for one subscriber (needs --edge-key)
+    /// [default: none; this or --url]
     #[arg(long, requires = "edge_key")]
     pub edge_url: Option<String>,
-    /// The edge's EDGE_SIGNING_KEY (whsec_…)
+    /// The edge's EDGE_SIGNING_KEY (whsec_…) [default: none]
     #[arg(long, env = "FANOUT_EDGE_KEY", hide_env_values = true)]
     pub edge_key: Option<String>,
     /// Where the edge delivers; without it a local sink is started on 127.0.0.1 (which only
-    /// a local edge can reach)
+    /// a local edge can reach) [default: a local sink]
     #[arg(long)]
     pub sink: Option<String>,
     /// The load subscriber's id [default: a fresh load_<hex>, so its bucket starts full]

@@ -1,5 +1,5 @@
 //! The `fanout` command line: `serve`, client commands that talk to a running daemon's API
-//! (`status`, `subscriber add|list|remove|secret|filter`, `customer …`, `send`, `deliveries`,
+//! (`status`, `subscriber add|list|show|update|remove|secret|filter`, `customer …`, `send`, `deliveries`,
 //! `replay`, `listen`, `apply`, `export`), `load`, the commands that work on a ledger directly (`backup`,
 //! `ledger copy`), and `outbox schema|init` on a producer's database. This file holds the
 //! grammar's top ([`Cli`], [`Command`]) and sends each
@@ -7,6 +7,7 @@
 //! bars go to stderr only when it is a terminal. It does not run the daemon (`crate::run`).
 
 mod apply;
+mod args;
 mod client;
 mod customers;
 mod deliveries;
@@ -17,6 +18,7 @@ mod load;
 mod outbox;
 mod send;
 mod status;
+mod subscriber_update;
 mod subscribers;
 
 use std::path::PathBuf;
@@ -50,6 +52,9 @@ pub struct Cli {
     /// Log format on stderr: text (colour only on a terminal) or json (one object per line)
     #[arg(long, env = "FANOUT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
+    /// The command as the user typed its names (`subscriber add`): what an error names.
+    #[arg(skip)]
+    pub invoked: String,
 }
 
 impl Cli {
@@ -57,7 +62,9 @@ impl Cli {
     pub fn parse_hiding_values() -> Cli {
         use clap::FromArgMatches as _;
         let matches = Cli::command_hiding_values().get_matches();
-        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        cli.invoked = invoked(&matches);
+        cli
     }
 
     /// The command line's grammar with no variable's value shown in any help: `--help` names
@@ -71,6 +78,17 @@ impl Cli {
         }
         hide(<Cli as clap::CommandFactory>::command())
     }
+}
+
+/// The names of the subcommands matched, `subscriber add` (pure).
+fn invoked(matches: &clap::ArgMatches) -> String {
+    let mut names = Vec::new();
+    let mut at = matches;
+    while let Some((name, sub)) = at.subcommand() {
+        names.push(name);
+        at = sub;
+    }
+    names.join(" ")
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -140,7 +158,8 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// TOML config file (same names as the flags, with underscores)
+    /// TOML config file (same names as the flags, with underscores) [default: none, flags and
+    /// environment only]
     #[arg(long, env = "FANOUT_CONFIG")]
     pub config: Option<PathBuf>,
     #[command(flatten)]
@@ -281,6 +300,73 @@ mod tests {
             "filters",
         ] {
             assert!(copy.contains(what), "{what} not in\n{copy}");
+        }
+    }
+
+    /// Every flag and argument of every command says what it is, and every optional flag
+    /// that takes a value says what holds without it: clap's `[default: …]`, or the same
+    /// words in its description (`[default: the rate, rounded up]`, `[default: unchanged]`).
+    #[test]
+    fn every_flag_has_a_description_and_a_default() {
+        fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+            for a in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let text = a
+                    .get_long_help()
+                    .or(a.get_help())
+                    .map(|h| h.to_string())
+                    .unwrap_or_default();
+                if text.trim().is_empty() {
+                    out.push(format!("fanout {path} {id}: no description"));
+                }
+                let takes_value = matches!(
+                    a.get_action(),
+                    clap::ArgAction::Set | clap::ArgAction::Append
+                );
+                let positional = a.get_long().is_none() && a.get_short().is_none();
+                if takes_value
+                    && !positional
+                    && !a.is_required_set()
+                    && a.get_default_values().is_empty()
+                    && !text.contains("[default: ")
+                {
+                    out.push(format!("fanout {path} {id}: no default"));
+                }
+            }
+            for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+                let sub_path = format!("{path} {}", sub.get_name()).trim().to_string();
+                walk(sub, &sub_path, out);
+            }
+        }
+        use clap::CommandFactory as _;
+        let mut cli = Cli::command();
+        cli.build();
+        let mut missing = Vec::new();
+        walk(&cli, "", &mut missing);
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
+
+    #[test]
+    fn the_invoked_command_is_the_names_typed() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["fanout", "subscriber", "add", "s", "https://x.example/"],
+                "subscriber add",
+            ),
+            (&["fanout", "status"], "status"),
+            (
+                &["fanout", "ledger", "copy", "--from", "a", "--to", "b"],
+                "ledger copy",
+            ),
+        ];
+        for (words, expected) in cases {
+            let m = Cli::command_hiding_values()
+                .try_get_matches_from(*words)
+                .expect("parses");
+            assert_eq!(invoked(&m), *expected);
         }
     }
 

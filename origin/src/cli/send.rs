@@ -14,6 +14,9 @@ use crate::api::views::IngestedBatch;
 pub struct SendArgs {
     /// File of events; stdin when absent or `-`
     pub file: Option<PathBuf>,
+    /// Print the totals as JSON ({"events","duplicates","deliveries"}) instead of a line
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -74,7 +77,11 @@ pub(super) async fn send(a: SendArgs) -> Result<(), ClientError> {
         progress.inc(chunk.len() as u64);
     }
     progress.finish_and_clear();
-    print(&json!({ "events": new, "duplicates": dup, "deliveries": deliveries }));
+    if a.json {
+        print(&json!({ "events": new, "duplicates": dup, "deliveries": deliveries }));
+    } else {
+        println!("sent {new} new events ({dup} already known), {deliveries} deliveries created");
+    }
     Ok(())
 }
 

@@ -1,12 +1,15 @@
-//! `fanout subscriber add|list|remove|secret`, and the subscriber listing as a table (pure).
+//! `fanout subscriber add|list|show|update|remove|secret|filter`, and what each prints for a
+//! person (pure); `update`'s flags are `subscriber_update.rs`.
 
 use clap::{Args, Subcommand};
 use fanout_core::batch::BatchSpec;
 
+use super::args::{parse_json_arg, parse_lane, parse_ordering, parse_payload, parse_signature};
 use super::client::{encode, print, view, Client, ClientArgs, ClientError};
 use crate::api::views::{Deleted, SubscriberInput, SubscriberList, SubscriberView};
 use crate::model::{Lane, Ordering, Payload, Scheme};
 use crate::term::human_number;
+use crate::time::format_rfc3339;
 
 #[derive(Debug, Subcommand)]
 pub enum SubscriberCommand {
@@ -21,15 +24,32 @@ pub enum SubscriberCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Show one subscriber: every setting, its state and its public key
+    Show {
+        /// The subscriber's id
+        id: String,
+        /// Print the daemon's JSON instead of one line per field
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Change a subscriber: only the fields given change; prints the subscriber
+    Update(super::subscriber_update::SubscriberUpdate),
     /// Remove a subscriber (its unfinished deliveries go dead)
     Remove {
+        /// The subscriber's id
         id: String,
+        /// Print the daemon's JSON instead of a line
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
     /// Print a subscriber's active signing secrets, newest first (a rotated-out one with the
-    /// time it stops signing)
+    /// time it stops signing), each with its Ed25519 public key when it has one
     Secret {
+        /// The subscriber's id
         id: String,
         /// Print the daemon's JSON instead of one line per secret
         #[arg(long)]
@@ -40,40 +60,25 @@ pub enum SubscriberCommand {
     /// Set a subscriber's content filter (a JSON object, see the manual's "Content filters"),
     /// or remove it with `null`; prints the subscriber
     Filter {
+        /// The subscriber's id
         id: String,
         /// The filter, e.g. '{"amount": {"$gt": 100}}', or null
         #[arg(value_parser = parse_json_arg)]
         filter: serde_json::Value,
+        /// Print the daemon's JSON instead of one line per field
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
 }
 
-/// A JSON argument (a filter), checked by the daemon.
-fn parse_json_arg(s: &str) -> Result<serde_json::Value, String> {
-    serde_json::from_str(s).map_err(|e| format!("not JSON: {e}"))
-}
-
-fn parse_lane(s: &str) -> Result<Lane, String> {
-    Lane::parse(s).ok_or_else(|| format!("{s:?} is not a lane: edge, origin or auto"))
-}
-
-fn parse_ordering(s: &str) -> Result<Ordering, String> {
-    Ordering::parse(s).ok_or_else(|| format!("{s:?} is not an ordering: none, subscriber or key"))
-}
-
-fn parse_signature(s: &str) -> Result<Scheme, String> {
-    Scheme::parse(s)
-        .ok_or_else(|| format!("{s:?} is not a signature scheme: hmac, ed25519 or both"))
-}
-
-fn parse_payload(s: &str) -> Result<Payload, String> {
-    Payload::parse(s).ok_or_else(|| format!("{s:?} is not a payload: full or thin"))
-}
-
 #[derive(Debug, Args)]
 pub struct SubscriberAdd {
+    /// The subscriber's id (letters, digits, `_`, `-`, `.`)
     pub id: String,
+    /// Where its webhooks go (https://…; http:// and loopback only with the daemon's
+    /// --allow-loopback)
     pub url: String,
     /// Event type or prefix pattern like video.* (repeatable) [default: *]
     #[arg(long = "event-type", short = 't')]
@@ -93,39 +98,46 @@ pub struct SubscriberAdd {
     /// milliseconds (100 to 60000) [default: 10000]
     #[arg(long)]
     pub timeout_ms: Option<u64>,
-    /// edge, origin or auto
+    /// Which side sends its webhooks: edge, origin or auto [default: auto]
     #[arg(long, value_parser = parse_lane)]
     pub lane: Option<Lane>,
     /// Also send the legacy X-Fanout-Signature header
     #[arg(long)]
     pub legacy_signature: bool,
-    /// The customer that owns this endpoint (see `fanout customer add`)
+    /// The customer that owns this endpoint (see `fanout customer add`) [default: none]
     #[arg(long)]
     pub customer: Option<String>,
     /// Print the daemon's JSON (the subscriber with its secret) instead of a line for a person
     #[arg(long)]
     pub json: bool,
     /// Deliver only events whose body matches this content filter (JSON, see the manual's
-    /// "Content filters")
+    /// "Content filters") [default: none, every event]
     #[arg(long, value_parser = parse_json_arg)]
     pub filter: Option<serde_json::Value>,
-    /// full (the event's body) or thin ({"id","type","timestamp"} and the --event-url)
+    /// The customer's own content filter: an event must match both [default: none]
+    #[arg(long, value_parser = parse_json_arg)]
+    pub customer_filter: Option<serde_json::Value>,
+    /// full (the event's body) or thin ({"id","type","timestamp"} and the daemon's
+    /// --event-url) [default: full]
     #[arg(long, value_parser = parse_payload)]
     pub payload: Option<Payload>,
     /// none, subscriber (one delivery at a time) or key (one at a time per --ordering-key)
+    /// [default: none]
     #[arg(long, value_parser = parse_ordering)]
     pub ordering: Option<Ordering>,
     /// With --ordering key: a JSON Pointer into the event naming the key, e.g. /video_id
+    /// [default: none]
     #[arg(long)]
     pub ordering_key: Option<String>,
     /// Send each webhook the W3C traceparent its event arrived with (OpenTelemetry)
     #[arg(long)]
     pub propagate_trace: bool,
-    /// hmac (v1, the default), ed25519 (v1a, verified with the public key it prints) or both
+    /// hmac (v1), ed25519 (v1a, verified with the public key it prints) or both
+    /// [default: hmac]
     #[arg(long, value_parser = parse_signature)]
     pub signature: Option<Scheme>,
     /// Batch up to this many events per request (1-1000): one signed {"events":[...]}, one
-    /// request against the rate and the in-flight cap
+    /// request against the rate and the in-flight cap [default: none, one event per request]
     #[arg(long)]
     pub batch_max_events: Option<u32>,
     /// With --batch-max-events: at most this many bytes of body per request [default: 1 MiB]
@@ -143,13 +155,45 @@ pub(super) async fn run(command: SubscriberCommand) -> Result<(), ClientError> {
     match command {
         SubscriberCommand::Add(a) => subscriber_add(a).await,
         SubscriberCommand::List { json, client } => subscriber_list(&client, json).await,
-        SubscriberCommand::Remove { id, client } => subscriber_remove(&client, &id).await,
+        SubscriberCommand::Show { id, json, client } => {
+            let path = format!("/v1/subscribers/{}", encode(&id));
+            let v: SubscriberView = Client::new(&client)?
+                .call(reqwest::Method::GET, &path, None)
+                .await?;
+            show(&v, json);
+            Ok(())
+        }
+        SubscriberCommand::Update(a) => {
+            let body =
+                serde_json::to_vec(&a.patch()?).map_err(|e| ClientError::Input(e.to_string()))?;
+            let path = format!("/v1/subscribers/{}", encode(&a.id));
+            let v: SubscriberView = Client::new(&a.client)?
+                .call(reqwest::Method::PATCH, &path, Some(body))
+                .await?;
+            show(&v, a.json);
+            Ok(())
+        }
+        SubscriberCommand::Remove { id, json, client } => {
+            subscriber_remove(&client, &id, json).await
+        }
         SubscriberCommand::Secret { id, json, client } => {
             subscriber_secret(&id, json, &client).await
         }
-        SubscriberCommand::Filter { id, filter, client } => {
-            subscriber_filter(&id, filter, &client).await
-        }
+        SubscriberCommand::Filter {
+            id,
+            filter,
+            json,
+            client,
+        } => subscriber_filter(&id, filter, json, &client).await,
+    }
+}
+
+/// A subscriber for a person, or the daemon's JSON.
+fn show(v: &SubscriberView, json: bool) {
+    if json {
+        print(v);
+    } else {
+        print!("{}", subscriber_detail(v));
     }
 }
 
@@ -172,6 +216,7 @@ async fn subscriber_add(a: SubscriberAdd) -> Result<(), ClientError> {
         legacy_signature: a.legacy_signature.then_some(true),
         customer: a.customer.map(Some),
         filter: a.filter.map(Some),
+        customer_filter: a.customer_filter.map(Some),
         payload: a.payload,
         ordering: a.ordering,
         ordering_key: a.ordering_key,
@@ -250,12 +295,19 @@ async fn subscriber_list(client: &ClientArgs, json: bool) -> Result<(), ClientEr
 }
 
 /// `fanout subscriber remove`.
-async fn subscriber_remove(client: &ClientArgs, id: &str) -> Result<(), ClientError> {
+async fn subscriber_remove(client: &ClientArgs, id: &str, json: bool) -> Result<(), ClientError> {
     let path = format!("/v1/subscribers/{}", encode(id));
     let deleted: Deleted = Client::new(client)?
         .call(reqwest::Method::DELETE, &path, None)
         .await?;
-    print(&deleted);
+    if json {
+        print(&deleted);
+    } else {
+        println!(
+            "removed subscriber {}; {} unfinished deliveries went dead",
+            deleted.id, deleted.deliveries_dead
+        );
+    }
     Ok(())
 }
 
@@ -263,15 +315,19 @@ async fn subscriber_remove(client: &ClientArgs, id: &str) -> Result<(), ClientEr
 async fn subscriber_filter(
     id: &str,
     filter: serde_json::Value,
+    json: bool,
     client: &ClientArgs,
 ) -> Result<(), ClientError> {
     let path = format!("/v1/subscribers/{}", encode(id));
-    let body = serde_json::to_vec(&serde_json::json!({ "filter": filter }))
-        .map_err(|e| ClientError::Input(e.to_string()))?;
+    let patch = crate::api::views::SubscriberPatch {
+        filter: Some((!filter.is_null()).then_some(filter)),
+        ..Default::default()
+    };
+    let body = serde_json::to_vec(&patch).map_err(|e| ClientError::Input(e.to_string()))?;
     let changed: SubscriberView = Client::new(client)?
         .call(reqwest::Method::PATCH, &path, Some(body))
         .await?;
-    print(&changed);
+    show(&changed, json);
     Ok(())
 }
 
@@ -283,21 +339,105 @@ async fn subscriber_secret(id: &str, json: bool, client: &ClientArgs) -> Result<
         .await?;
     let secrets: crate::model::SecretsView = view(v)?;
     if json {
-        print(&serde_json::to_value(&secrets).unwrap_or_default());
+        print(&secrets);
     } else {
-        print!("{}", secrets_lines(&secrets));
+        // The public keys matter to a receiver only when the subscriber signs with them.
+        let sub: SubscriberView = Client::new(client)?
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/subscribers/{}", encode(id)),
+                None,
+            )
+            .await?;
+        print!("{}", secrets_lines(&secrets, sub.signature.ed25519()));
     }
     Ok(())
 }
 
-/// One line per secret, newest first: the secret, a tab, `current` or `until <unix ms>` (pure).
-pub fn secrets_lines(v: &crate::model::SecretsView) -> String {
+/// One line per secret, newest first: the secret, a tab, `current` or `until <RFC 3339>`, and
+/// for a subscriber that signs with Ed25519 (`with_keys`), a tab and the `whpk_` public key of
+/// the secret's generation (pure).
+pub fn secrets_lines(v: &crate::model::SecretsView, with_keys: bool) -> String {
     v.secrets
         .iter()
-        .map(|s| match s.expires_at_ms {
-            None => format!("{}\tcurrent\n", s.secret),
-            Some(ms) => format!("{}\tuntil {ms}\n", s.secret),
+        .map(|s| {
+            let when = match s.expires_at_ms {
+                None => "current".to_string(),
+                Some(ms) => format!("until {}", format_rfc3339(ms)),
+            };
+            match (&s.public_key, with_keys) {
+                (Some(key), true) => format!("{}\t{when}\t{key}\n", s.secret),
+                _ => format!("{}\t{when}\n", s.secret),
+            }
         })
+        .collect()
+}
+
+/// `fanout subscriber show` (and `update`, `filter`) for a person: one field a line, named
+/// as in the API's JSON, times in RFC 3339 UTC (pure).
+pub fn subscriber_detail(v: &SubscriberView) -> String {
+    let json_or_none = |f: &Option<serde_json::Value>| {
+        f.as_ref().map_or("none".to_string(), |f| {
+            serde_json::to_string(f).unwrap_or_default()
+        })
+    };
+    let state = match (&v.disabled_reason, v.disabled_at_ms) {
+        _ if !v.disabled => "enabled".to_string(),
+        (Some(reason), Some(at)) => format!("disabled since {}: {reason}", format_rfc3339(at)),
+        (Some(reason), None) => format!("disabled: {reason}"),
+        (None, _) => "disabled".to_string(),
+    };
+    let fields: Vec<(&str, String)> = vec![
+        ("id", v.id.clone()),
+        ("url", v.url.clone()),
+        ("event_types", v.event_types.join(",")),
+        (
+            "customer",
+            v.customer.clone().unwrap_or_else(|| "none".into()),
+        ),
+        ("lane", v.lane.as_str().into()),
+        ("rate_per_sec", human_number(v.rate_per_sec)),
+        ("burst", v.burst.to_string()),
+        ("max_in_flight", v.max_in_flight.to_string()),
+        ("timeout_ms", v.timeout_ms.to_string()),
+        ("state", state),
+        (
+            "failing_since",
+            v.failing_since_ms.map_or("-".into(), format_rfc3339),
+        ),
+        ("payload", v.payload.as_str().into()),
+        (
+            "ordering",
+            match &v.ordering_key {
+                Some(key) => format!("{} {key}", v.ordering.as_str()),
+                None => v.ordering.as_str().into(),
+            },
+        ),
+        (
+            "batch",
+            v.batch.map_or("none".into(), |b| {
+                format!(
+                    "up to {} events or {} bytes, waiting up to {} ms",
+                    b.max_events, b.max_bytes, b.max_wait_ms
+                )
+            }),
+        ),
+        ("filter", json_or_none(&v.filter)),
+        ("customer_filter", json_or_none(&v.customer_filter)),
+        ("signature", v.signature.as_str().into()),
+        (
+            "public_key",
+            v.public_key.clone().unwrap_or_else(|| "none".into()),
+        ),
+        ("active_secrets", v.active_secrets.to_string()),
+        ("legacy_signature", v.legacy_signature.to_string()),
+        ("propagate_trace", v.propagate_trace.to_string()),
+        ("created_at", format_rfc3339(v.created_at_ms)),
+        ("updated_at", format_rfc3339(v.updated_at_ms)),
+    ];
+    fields
+        .into_iter()
+        .map(|(k, v)| format!("{k:<18}{v}\n"))
         .collect()
 }
 
@@ -415,9 +555,21 @@ mod tests {
             ],
         };
         assert_eq!(
-            secrets_lines(&v),
-            "whsec_new\tcurrent\nwhsec_old\tuntil 1700000000000\n"
+            secrets_lines(&v, false),
+            "whsec_new\tcurrent\nwhsec_old\tuntil 2023-11-14T22:13:20.000Z\n"
         );
-        assert_eq!(secrets_lines(&SecretsView { secrets: vec![] }), "");
+        let asymmetric = SecretsView {
+            secrets: vec![SecretView {
+                secret: "whsec_new".into(),
+                expires_at_ms: None,
+                public_key: Some("whpk_new".into()),
+            }],
+        };
+        assert_eq!(
+            secrets_lines(&asymmetric, true),
+            "whsec_new\tcurrent\twhpk_new\n"
+        );
+        assert_eq!(secrets_lines(&asymmetric, false), "whsec_new\tcurrent\n");
+        assert_eq!(secrets_lines(&SecretsView { secrets: vec![] }, true), "");
     }
 }

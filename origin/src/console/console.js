@@ -292,6 +292,26 @@
 
   /** Each customer with its endpoints and its share of the dispatcher now: its deliveries in
    * flight against all in flight (the fair share, `dispatch/fair.rs`, follows the weights). */
+  /** The customers page's form: POST /v1/customers with the fields given. */
+  async function onAddCustomer(ev) {
+    ev.preventDefault();
+    const f = $('#cus-form').elements;
+    const body = { id: f.id.value.trim() };
+    for (const name of ['weight', 'max_in_flight']) {
+      const v = f[name].value.trim();
+      if (v !== '') body[name] = Number(v);
+    }
+    try {
+      await api('POST', '/v1/customers', body);
+      $('#cus-form').reset();
+      showError($('#cus-form-error'), '');
+      flash(`Added customer ${body.id}.`);
+      await loadCustomers();
+    } catch (e) {
+      showError($('#cus-form-error'), e.message);
+    }
+  }
+
   async function loadCustomers() {
     const [customers, subs] = await Promise.all([api('GET', '/v1/customers'), api('GET', '/v1/subscribers?stats=true')]);
     if ($('#customers-view').hidden) return;
@@ -403,10 +423,25 @@
     return `batches of up to ${b.max_events} events, ${bytes}${b.max_wait_ms ? `, wait ${b.max_wait_ms} ms` : ''}`;
   }
 
+  /**
+   * The customer picker: none and the subscriber's own at once (a save before the list arrives
+   * keeps it), then every customer, the choice made meanwhile kept.
+   */
+  async function fillCustomers(select, chosen) {
+    const option = (id) => h('option', { value: id }, id);
+    select.replaceChildren(h('option', { value: '' }, 'none'), ...(chosen ? [option(chosen)] : []));
+    select.value = chosen ?? '';
+    const list = (await api('GET', '/v1/customers')).customers ?? [];
+    const now = select.value;
+    select.replaceChildren(h('option', { value: '' }, 'none'), ...list.map((c) => option(c.id)));
+    select.value = now;
+  }
+
   function openForm(sub) {
     editing = sub;
     const form = $('#sub-form');
     form.reset();
+    fillCustomers(form.elements.customer, sub?.customer).catch((e) => showError($('#sub-form-error'), e.message));
     showError($('#sub-form-error'), '');
     $('#sub-form-title').textContent = sub ? `Edit ${sub.id}` : 'Add subscriber';
     form.elements.id.disabled = !!sub;
@@ -428,6 +463,8 @@
       form.elements.batch_max_events.value = sub.batch ? sub.batch.max_events : '';
       form.elements.batch_max_bytes.value = sub.batch ? sub.batch.max_bytes : '';
       form.elements.batch_max_wait_ms.value = sub.batch ? sub.batch.max_wait_ms : '';
+      form.elements.ordering.value = sub.ordering;
+      form.elements.ordering_key.value = sub.ordering_key ?? '';
     }
     form.hidden = false;
     (sub ? form.elements.url : form.elements.id).focus();
@@ -445,8 +482,12 @@
       payload: f.payload.value,
       propagate_trace: f.propagate_trace.checked,
       signature: f.signature.value,
+      ordering: f.ordering.value,
     };
     if (!editing) body.id = f.id.value.trim();
+    // The customer: none is `null` when editing (detached), left out when adding.
+    if (f.customer.value || editing) body.customer = f.customer.value || null;
+    if (f.ordering.value === 'key') body.ordering_key = f.ordering_key.value.trim();
     // Emptied while editing: `null` removes the filter.
     const filter = parseJsonBox(f.filter.value, 'The filter');
     if (filter != null || editing) body.filter = filter;
@@ -482,7 +523,7 @@
         flash(`Saved ${editing.id}.`);
       } else {
         const created = await api('POST', '/v1/subscribers', body);
-        showSecret(created.id, created.secret, '');
+        showSecret(created.id, created.secret, '', created.signature !== 'hmac' ? created.public_key : null);
       }
       form.hidden = true;
       editing = null;
@@ -494,9 +535,12 @@
     }
   }
 
-  function showSecret(id, secret, note) {
+  /** A secret shown once, with the public key beside it when the subscriber signs with Ed25519. */
+  function showSecret(id, secret, note, publicKey) {
     $('#secret-for').textContent = id;
     $('#secret-value').textContent = secret;
+    $('#secret-public-key').textContent = publicKey ?? '';
+    $('#secret-key').hidden = !publicKey;
     $('#secret-note').textContent = note;
     $('#secret-box').hidden = false;
   }
@@ -508,7 +552,8 @@
     if (!ok) return;
     try {
       const r = await api('POST', `/v1/subscribers/${encodeURIComponent(s.id)}/rotate-secret`);
-      showSecret(r.id, r.secret, `Previous secrets stop signing at ${fmtTime(r.previous_secrets_expire_at_ms)}.`);
+      showSecret(r.id, r.secret, `Previous secrets stop signing at ${fmtTime(r.previous_secrets_expire_at_ms)}.`,
+        s.signature !== 'hmac' ? r.public_key : null);
       await loadSubscribers();
     } catch (e) {
       if (e.status !== 401) flash(e.message, 'error');
@@ -749,6 +794,7 @@
     });
     $('#charts-refresh').addEventListener('click', () => charts?.load().catch((e) => flash(e.message, 'error')));
     $('#cus-refresh').addEventListener('click', () => loadCustomers().catch((e) => flash(e.message, 'error')));
+    $('#cus-form').addEventListener('submit', onAddCustomer);
     $('#portal-link-dismiss').addEventListener('click', () => {
       $('#portal-link-url').textContent = '';
       $('#portal-link-box').hidden = true;

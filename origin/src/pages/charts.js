@@ -3,7 +3,9 @@
 // the vendored uPlot (/vendor/uPlot.iife.min.js, MIT, see /vendor/uPlot.LICENSE.txt). It
 // defines one global, `FanoutCharts`, and draws what GET /v1/series answers: deliveries per
 // second by outcome, latency p50 and p99, backlog and the oldest pending age, in flight against
-// the cap, with pauses and breaker openings as bands behind every chart.
+// the configured cap (`in_flight_cap`), with pauses and breaker openings as bands behind every
+// chart. Every axis says its unit; each legend shows the latest value until the pointer picks
+// another bucket.
 'use strict';
 
 window.FanoutCharts = (() => {
@@ -14,28 +16,38 @@ window.FanoutCharts = (() => {
     ['breaker_open', 'rgba(200, 40, 40, 0.18)', 'breaker open'],
   ];
 
-  /** The charts: [key, title, series [field, label, colour, scale], value of a point]. */
+  /** The windows, as GET /v1/series names them; the first is the default. */
+  const WINDOWS = [['15m', 'last 15 minutes'], ['1h', 'last hour'], ['1d', 'last day']];
+
+  /**
+   * The charts: [key, title, series [field, label, colour, scale], value of a point, the left
+   * axis's label, the right axis's label (a series on the `age` scale)].
+   */
   const CHARTS = [
     ['rate', 'Deliveries per second, by outcome', [
       ['delivered', 'delivered', '#2e7d32'],
       ['failed', 'failed', '#c62828'],
       ['deferred', 'deferred', '#b8860b'],
       ['rejected', 'rejected', '#6a1b9a'],
-    ], (p, field, v) => p[field] / (v.bucket_ms / 1000)],
+    ], (p, field, v) => p[field] / (v.bucket_ms / 1000), 'deliveries / s'],
     // Latencies exist only where results came in: dots, so a lone bucket shows.
-    ['latency', 'Latency (ms), p50 and p99', [
-      ['p50_ms', 'p50', '#1565c0'],
-      ['p99_ms', 'p99', '#ad1457'],
-    ], (p, field) => p[field]],
-    ['backlog', 'Backlog, and the age of the oldest pending delivery (s)', [
+    ['latency', 'Latency, p50 and p99', [
+      ['p50_ms', 'p50 (ms)', '#1565c0'],
+      ['p99_ms', 'p99 (ms)', '#ad1457'],
+    ], (p, field) => p[field], 'milliseconds'],
+    ['backlog', 'Backlog, and the age of the oldest pending delivery', [
       ['backlog', 'backlog', '#37474f'],
       ['oldest_age_ms', 'oldest age (s)', '#ef6c00', 'age'],
-    ], (p, field) => (field === 'oldest_age_ms' ? p[field] / 1000 : p[field])],
-    ['inflight', 'In flight, against the cap', [
+    ], (p, field) => (field === 'oldest_age_ms' ? p[field] / 1000 : p[field]), 'deliveries', 'seconds'],
+    // The cap is the one configured now, the same in every bucket.
+    ['inflight', 'In flight, against the configured cap', [
       ['in_flight', 'in flight', '#00838f'],
       ['cap', 'cap', '#9e9e9e'],
-    ], (p, field) => p[field]],
+    ], (p, field, v) => (field === 'cap' ? v.in_flight_cap : p[field]), 'deliveries'],
   ];
+
+  const fmtValue = (v) => (v == null ? '–' : Number(v).toLocaleString('en-US', { maximumFractionDigits: 2 }));
+  const fmtClock = (secs) => new Date(secs * 1000).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
 
   /** Pauses and breaker openings as bands behind the series (a uPlot draw hook). */
   function bandsPlugin(view) {
@@ -59,29 +71,41 @@ window.FanoutCharts = (() => {
     };
   }
 
-  function chartOptions(key, title, series, width, view) {
+  /** The latest value of each series (the last bucket holding one), shown while no bucket is picked. */
+  function latestValues(data) {
+    return data.map((ys) => {
+      for (let i = ys.length - 1; i >= 0; i--) if (ys[i] != null) return ys[i];
+      return null;
+    });
+  }
+
+  function chartOptions([key, title, series, , yLabel, ageLabel], width, view, latest) {
     const dots = key === 'latency';
     const scales = { x: { time: true } };
-    const axes = [{}, { scale: 'y', size: 48 }];
-    if (series.some((s) => s[3] === 'age')) {
+    const axes = [{ label: 'local time', labelSize: 18 }, { scale: 'y', size: 52, label: yLabel, labelSize: 18 }];
+    if (ageLabel) {
       scales.age = {};
-      axes.push({ scale: 'age', side: 1, size: 48, grid: { show: false } });
+      axes.push({ scale: 'age', side: 1, size: 52, label: ageLabel, labelSize: 18, grid: { show: false } });
     }
     return {
       title,
       width,
-      height: 170,
+      height: 210,
       scales,
       axes,
       plugins: [bandsPlugin(view)],
-      series: [{}, ...series.map(([, label, colour, scale]) => ({
-        label,
-        stroke: colour,
-        width: 1.5,
-        scale: scale ?? 'y',
-        spanGaps: false,
-        points: dots ? { show: true, size: 5, fill: colour } : { show: false },
-      }))],
+      series: [
+        { label: 'time', value: (u, v, si, idx) => (idx == null ? 'latest' : fmtClock(v)) },
+        ...series.map(([, label, colour, scale], i) => ({
+          label,
+          stroke: colour,
+          width: 1.5,
+          scale: scale ?? 'y',
+          spanGaps: false,
+          points: dots ? { show: true, size: 5, fill: colour } : { show: false },
+          value: (u, v, si, idx) => fmtValue(idx == null ? latest[i + 1] : v),
+        })),
+      ],
     };
   }
 
@@ -92,7 +116,7 @@ window.FanoutCharts = (() => {
    */
   function mount(root, { call, subscribers, allLabel }) {
     const windowSel = h('select', { 'data-field': 'window', 'aria-label': 'Window' },
-      h('option', { value: '1h' }, 'last hour'), h('option', { value: '1d' }, 'last day'));
+      ...WINDOWS.map(([value, label]) => h('option', { value }, label)));
     const subSel = h('select', { 'data-field': 'subscriber', 'aria-label': 'Subscriber' },
       h('option', { value: '' }, allLabel));
     const summary = h('p', { class: 'muted small chart-summary', 'data-field': 'summary' });
@@ -110,7 +134,8 @@ window.FanoutCharts = (() => {
 
     function draw(view) {
       for (const p of plots) p.destroy();
-      plots = CHARTS.map(([key, title, series, value], i) => {
+      plots = CHARTS.map((chart, i) => {
+        const [, , series, value] = chart;
         const box = boxes[i];
         const width = Math.max(240, box.clientWidth || root.clientWidth || 300);
         const xs = view.points.map((p) => p.t_ms / 1000);
@@ -119,7 +144,7 @@ window.FanoutCharts = (() => {
           return v == null ? null : v;
         }))];
         box.replaceChildren();
-        return new window.uPlot(chartOptions(key, title, series, width, view), data, box);
+        return new window.uPlot(chartOptions(chart, width, view, latestValues(data)), data, box);
       });
     }
 
@@ -128,10 +153,10 @@ window.FanoutCharts = (() => {
       if (!pts.length) return '';
       const sum = (f) => pts.reduce((n, p) => n + (p[f] ?? 0), 0);
       const now = pts[pts.length - 1];
-      const span = view.window === '1d' ? 'last day' : 'last hour';
+      const span = (WINDOWS.find(([w]) => w === view.window) ?? WINDOWS[1])[1];
+      const cap = view.in_flight_cap > 0 ? `in flight ${now.in_flight} of at most ${view.in_flight_cap}` : 'no endpoint to send to';
       return `${span}: ${sum('delivered')} delivered, ${sum('failed')} failed, ${sum('deferred')} deferred; `
-        + `latest bucket: backlog ${now.backlog}, oldest pending ${Math.round(now.oldest_age_ms / 1000)} s, `
-        + `in flight ${now.in_flight} of ${now.cap}.`;
+        + `latest bucket: backlog ${now.backlog}, oldest pending ${Math.round(now.oldest_age_ms / 1000)} s, ${cap}.`;
     }
 
     async function load() {

@@ -9,7 +9,6 @@
 
 (() => {
   const TOKEN_KEY = 'fanout.portal.token';
-  const PAGE = 500;
 
   // The helpers this page shares with the console (/common.js).
   const { $, h, request, parseJsonBox, filterText } = window.FanoutPage;
@@ -292,9 +291,24 @@
   const RANK = { dead: 0, pending: 1, in_flight: 2, sent: 3 };
   const byConcern = (a, b) => (RANK[a.status] ?? 9) - (RANK[b.status] ?? 9) || b.created_at_ms - a.created_at_ms;
 
-  async function loadDeliveries() {
-    const q = new URLSearchParams({ ...filters(), limit: PAGE });
+  /** Where each page of the list starts (the API's `next` cursor of the page before it). */
+  let pages = [null];
+  let page = 0;
+
+  /** One page of deliveries: the filters, the event id searched for, the page size, the cursor. */
+  async function loadDeliveries(to = 0) {
+    if (to === 0) pages = [null];
+    const q = new URLSearchParams({ ...filters(), limit: $('#f-limit').value });
+    const event = $('#f-event').value.trim();
+    if (event) q.set('event', event);
+    if (pages[to]) q.set('after', pages[to]);
     const data = await call('GET', `/v1/deliveries?${q}`);
+    page = to;
+    pages[to + 1] = data.next ?? null;
+    pages.length = to + 2;
+    $('#page-prev').disabled = page === 0;
+    $('#page-next').disabled = !data.next;
+    $('#page-info').textContent = data.deliveries.length ? `page ${page + 1}` : '';
     const rows = data.deliveries.slice().sort(byConcern);
     $('#deliveries tbody').replaceChildren(
       ...rows.map((d) =>
@@ -366,7 +380,7 @@
     try {
       await call('POST', `/v1/deliveries/${encodeURIComponent(openId)}/replay`, {});
       flash(`${openId} queued again.`);
-      await Promise.all([openDelivery(openId), loadDeliveries()]);
+      await Promise.all([openDelivery(openId), loadDeliveries(page)]);
     } catch (e) {
       report(e);
     }
@@ -407,7 +421,7 @@
       $('#bulk-info').textContent = `${replayed} queued again.`;
       $('#bulk-confirm').hidden = true;
       counted = null;
-      await Promise.all([loadDeliveries(), loadEndpoints()]);
+      await Promise.all([loadDeliveries(page), loadEndpoints()]);
     } catch (e) {
       report(e);
     }
@@ -436,6 +450,9 @@
         counted = null;
       });
     }
+    $('#page-prev').addEventListener('click', () => loadDeliveries(Math.max(0, page - 1)).catch(report));
+    $('#page-next').addEventListener('click', () => loadDeliveries(page + 1).catch(report));
+    $('#f-limit').addEventListener('change', () => loadDeliveries().catch(report));
     $('#bulk-count').addEventListener('click', bulkCount);
     $('#bulk-confirm').addEventListener('click', bulkReplay);
     $('#replay-one').addEventListener('click', replayOne);

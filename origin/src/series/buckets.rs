@@ -13,7 +13,8 @@
 use fanout_core::wire::DeliveryResult;
 use serde::Serialize;
 
-/// The fine buckets (the last hour) and how often the daemon flushes its tallies.
+/// The fine buckets (the last 15 minutes and hour) and how often the daemon flushes its
+/// tallies.
 pub const FINE_MS: i64 = 10_000;
 /// The coarse buckets (the last day).
 pub const COARSE_MS: i64 = 300_000;
@@ -24,25 +25,28 @@ pub const HIST_LEN: usize = 66;
 pub const KEEP_FINE_MS: i64 = 2 * 3_600_000;
 pub const KEEP_COARSE_MS: i64 = 2 * 86_400_000;
 
-/// The two windows the charts show.
+/// The three windows the charts show.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Window {
+    Quarter,
     Hour,
     Day,
 }
 
 impl Window {
-    /// `1h` or `1d` (the default is the hour).
+    /// `15m`, `1h` or `1d` (the default is the hour).
     pub fn parse(s: Option<&str>) -> Result<Window, String> {
         match s {
+            Some("15m") => Ok(Window::Quarter),
             None | Some("") | Some("1h") => Ok(Window::Hour),
             Some("1d") => Ok(Window::Day),
-            Some(other) => Err(format!("window must be 1h or 1d, not {other:?}")),
+            Some(other) => Err(format!("window must be 15m, 1h or 1d, not {other:?}")),
         }
     }
 
     pub fn as_str(self) -> &'static str {
         match self {
+            Window::Quarter => "15m",
             Window::Hour => "1h",
             Window::Day => "1d",
         }
@@ -51,7 +55,7 @@ impl Window {
     /// The bucket size the window is drawn with.
     pub fn resolution_ms(self) -> i64 {
         match self {
-            Window::Hour => FINE_MS,
+            Window::Quarter | Window::Hour => FINE_MS,
             Window::Day => COARSE_MS,
         }
     }
@@ -62,6 +66,7 @@ impl Window {
         let res = self.resolution_ms();
         let to = bucket_start(now_ms, res);
         let span = match self {
+            Window::Quarter => 900_000,
             Window::Hour => 3_600_000,
             Window::Day => 86_400_000,
         };
@@ -393,6 +398,12 @@ mod tests {
         );
         assert_eq!(Window::Day.range(now), (9 * 86_400_000, 10 * 86_400_000));
         assert_eq!(Window::parse(Some("1d")), Ok(Window::Day));
+        assert_eq!(Window::parse(Some("15m")), Ok(Window::Quarter));
+        assert_eq!(
+            Window::Quarter.range(now),
+            (10 * 86_400_000 + 10_000 - 900_000, 10 * 86_400_000 + 10_000)
+        );
+        assert_eq!(Window::Quarter.resolution_ms(), FINE_MS);
         assert_eq!(Window::parse(None), Ok(Window::Hour));
         assert!(Window::parse(Some("1w")).is_err());
     }

@@ -81,7 +81,7 @@ pub struct ListenArgs {
     #[arg(long, value_delimiter = ',')]
     pub events: Vec<String>,
     /// Also send each webhook (its body and webhook-* headers) to this URL and answer the
-    /// daemon what it answers (502 when it cannot be reached)
+    /// daemon what it answers (502 when it cannot be reached) [default: none]
     #[arg(long, value_parser = parse_forward, conflicts_with = "status")]
     pub forward_to: Option<String>,
     /// Answer every verified webhook with this status (a webhook that fails verification is
@@ -92,10 +92,11 @@ pub struct ListenArgs {
     #[arg(long, default_value_t = 0.0, value_parser = parse_rate)]
     pub fail_rate: f64,
     /// Add `Retry-After: SECS` to every error answer; alone, answer every webhook 429 with it
+    /// [default: none]
     #[arg(long, value_name = "SECS")]
     pub retry_after: Option<u64>,
     /// Wait this long before answering each webhook (e.g. 2s; past the subscriber's timeout
-    /// the daemon sees a timeout)
+    /// the daemon sees a timeout) [default: none, answer at once]
     #[arg(long, value_parser = crate::duration::parse_flag)]
     pub delay: Option<Duration>,
     /// The temporary subscriber's lane: origin (the daemon sends, and reaches 127.0.0.1),

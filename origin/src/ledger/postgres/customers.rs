@@ -59,7 +59,7 @@ pub(super) async fn hold_customer(
     match found {
         Some(_) => Ok(()),
         None => Err(LedgerError::Invalid(format!(
-            "customer {id} does not exist: create it with POST /v1/customers first"
+            "customer {id} does not exist: create it first (`fanout customer add {id}`, or POST /v1/customers)"
         ))),
     }
 }

@@ -55,7 +55,7 @@ pub fn check_customer_exists(c: &Connection, customer: Option<&str>) -> Result<(
     match customer {
         Some(id) => get_customer(c, id).map(|_| ()).map_err(|e| match e {
             LedgerError::NotFound(_) => LedgerError::Invalid(format!(
-                "customer {id} does not exist: create it with POST /v1/customers first"
+                "customer {id} does not exist: create it first (`fanout customer add {id}`, or POST /v1/customers)"
             )),
             other => other,
         }),

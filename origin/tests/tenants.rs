@@ -172,7 +172,7 @@ async fn revoking_a_customers_links_ends_them_all_and_only_them() {
     assert_eq!(s, 404);
 
     // The same from the command line.
-    let (ok, out, err) = cli(api, &["customer", "revoke-links", "acme"]).await;
+    let (ok, out, err) = cli(api, &["customer", "revoke-links", "acme", "--json"]).await;
     assert!(ok, "{err}");
     assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["id"], "acme");
     assert_eq!(fresh.get("/v1/subscribers").await.0, 401);

@@ -201,7 +201,7 @@
 //!   its event's receive time). Ids follow creation within one daemon; across daemons (whose clocks
 //!   agree within their offsets' measuring error, a few milliseconds) a delivery created at nearly
 //!   the same instant may fall on the other side of a time bound (times are checked too, so a list never shows one outside its range).
-//!   `origin/tests/pg_ledger.rs` takes every statement the hot paths run from the server's
+//!   `origin/tests/pg_plans.rs` takes every statement the hot paths run from the server's
 //!   statement log and checks its generic plan: no full scan of deliveries, attempts or events,
 //!   no unbounded sort of deliveries.
 //! - `fanout backup` is SQLite's `VACUUM INTO`; on a PostgreSQL URL it refuses and names

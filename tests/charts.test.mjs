@@ -5,6 +5,8 @@
 //   show its customer's endpoints only (another customer's endpoint answers 404);
 // - the customers page shows each customer's weight, cap, endpoints and share, and issues a
 //   portal link with a button;
+// - every page prints times in one format, the reader's local time (`2026-12-08 05:45:34`,
+//   the pages run in Asia/Kolkata): tables, a delivery, the charts' legends, the portal;
 // - at 1280 px the row buttons of the subscribers and deliveries tables sit inside their table;
 //   at 390 and 1920 px no page of the console or the portal is wider than the screen.
 // Screenshots go to $FANOUT_SCREENSHOT_DIR (default /tmp) and are checked in the test (pixels).
@@ -29,8 +31,20 @@ async function launch() {
   });
 }
 
+// The pages run in a time zone that is not UTC and not this process's, so a page that prints
+// UTC, or the time without its date, or a locale's own format, is told apart.
+const ZONE = 'Asia/Kolkata';
+
+/** Unix ms in the pages' one time format, in ZONE: `2026-12-03 14:30:00`. */
+function localTime(ms) {
+  return new Intl.DateTimeFormat('sv-SE', {
+    timeZone: ZONE, year: 'numeric', month: '2-digit', day: '2-digit',
+    hour: '2-digit', minute: '2-digit', second: '2-digit', hourCycle: 'h23',
+  }).format(new Date(ms));
+}
+
 async function openPage(browser, viewport) {
-  const context = await browser.newContext({ viewport });
+  const context = await browser.newContext({ viewport, timezoneId: ZONE });
   const page = await context.newPage();
   const problems = [];
   page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
@@ -149,6 +163,16 @@ test('charts: the series survive a restart, are drawn in the console and scoped 
   await page.locator('#dl-table tbody tr').first().waitFor();
   await shot(page, 'deliveries-1280');
   await buttonsInside(page, '#dl-table');
+  await noOverflow(page, 'deliveries at 1280 px');
+  // One time format in every page: the reader's local time, `YYYY-MM-DD HH:MM:SS`.
+  const firstRow = page.locator('#dl-table tbody tr').first();
+  const shown = await must(origin, `/v1/deliveries/${await firstRow.getAttribute('data-delivery')}`, {}, 200);
+  assert.equal(await firstRow.locator('[data-field=updated]').textContent(), localTime(shown.updated_at_ms));
+  await firstRow.locator('a').first().click();
+  await page.locator(`#delivery-view:not([hidden]) #dv-fields [data-field=created]`).waitFor();
+  assert.equal(await page.locator('#dv-fields [data-field=created]').textContent(), localTime(shown.created_at_ms));
+  await noOverflow(page, 'a delivery at 1280 px');
+  await shot(page, 'delivery-1280');
 
   await page.click('#nav a[data-view=charts]');
   // 15 minutes by default: 90 buckets of 10 s.
@@ -164,6 +188,13 @@ test('charts: the series survive a restart, are drawn in the console and scoped 
   assert.match(await page.locator('#charts [data-field=summary]').textContent(), /^last 15 minutes: .* in flight \d+ of at most [1-9]\d*\.$/);
   await page.selectOption('#charts select[data-field=window]', '1h');
   await page.locator('#charts[data-loaded="360"]').waitFor();
+  await noOverflow(page, 'charts at 1280 px');
+  // The legend names the bucket under the pointer in the same format.
+  const over = await page.locator('#charts .chart[data-chart=rate] .u-over').boundingBox();
+  await page.mouse.move(over.x + over.width - 3, over.y + over.height / 2);
+  const hovered = await page.locator('#charts .chart[data-chart=rate] .u-legend .u-value').first().textContent();
+  const hourView = await must(origin, '/v1/series?window=1h', {}, 200);
+  assert.ok(hourView.points.slice(-3).some((p) => localTime(p.t_ms) === hovered), `the legend's time: ${hovered}`);
   // The delivered line (#2e7d32) in the first chart, p50/p99 (#1565c0) in the second.
   await shot(page, 'console-charts-1280');
   const green = await pixelsOf(page, '#charts', [0x2e, 0x7d, 0x32]);
@@ -224,6 +255,10 @@ test('charts: the series survive a restart, are drawn in the console and scoped 
   await widePortal.page.locator('#charts[data-loaded="90"]').waitFor();
   await widePortal.page.locator('#deliveries tbody tr').first().waitFor();
   await noOverflow(widePortal.page, 'the portal at 1920 px');
+  const portalRow = widePortal.page.locator('#deliveries tbody tr').first();
+  const portalShown = await must(origin, `/v1/deliveries/${await portalRow.getAttribute('data-delivery')}`, {}, 200);
+  assert.equal(await portalRow.locator('[data-field=created]').textContent(), localTime(portalShown.created_at_ms));
+  assert.match(await widePortal.page.locator('#who').textContent(), /^acme · link valid until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$/);
   await shot(widePortal.page, 'portal-1920');
 
   // The portal link, on a phone: the charts of acme's endpoint only.

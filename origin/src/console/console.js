@@ -10,9 +10,7 @@
   const PAGE = 200;
 
   // The helpers this page shares with the portal (/common.js).
-  const { $, h, request, parseJsonBox, filterText } = window.FanoutPage;
-
-  const fmtTime = (ms) => window.FanoutPage.fmtTime(ms);
+  const { $, h, request, parseJsonBox, filterText, fmtTime } = window.FanoutPage;
   const fmtNum = (n, digits = 0) => (n == null ? '' : Number(n).toLocaleString('en-US', { maximumFractionDigits: digits }));
   const badge = (status) => window.FanoutPage.badge(status, status.replace('_', ' '));
   const deliveryLink = (id) => h('a', { href: `#/deliveries/${encodeURIComponent(id)}` }, id);
@@ -641,7 +639,7 @@
       h('td', { 'data-field': 'status' }, badge(d.status)),
       h('td', { class: 'num' }, fmtNum(d.attempt_count)),
       h('td', { class: 'small error-text' }, d.last_error ?? ''),
-      h('td', { class: 'small' }, fmtTime(d.updated_at_ms)),
+      h('td', { class: 'small', 'data-field': 'updated' }, fmtTime(d.updated_at_ms)),
       h('td', { class: 'row-actions' }, replay),
     );
     replay.addEventListener('click', async () => {
@@ -723,8 +721,8 @@
       ...(d.ordering_key != null ? field('Ordering key', d.ordering_key, 'ordering_key') : []),
       ...(d.previous_sequence != null ? field('Previous sequence', fmtNum(d.previous_sequence), 'previous_sequence') : []),
       ...field('Last error', d.last_error ?? '—'),
-      ...field('Created', fmtTime(d.created_at_ms)),
-      ...field('Updated', fmtTime(d.updated_at_ms)),
+      ...field('Created', fmtTime(d.created_at_ms), 'created'),
+      ...field('Updated', fmtTime(d.updated_at_ms), 'updated'),
     );
     $('#dv-replay').disabled = d.status === 'in_flight';
     const attempts = d.attempts ?? [];

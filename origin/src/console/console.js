@@ -443,6 +443,9 @@
     showError($('#sub-form-error'), '');
     $('#sub-form-title').textContent = sub ? `Edit ${sub.id}` : 'Add subscriber';
     form.elements.id.disabled = !!sub;
+    // A subscriber is created enabled and its secret changes only by rotation: each of those
+    // fields shows only where the API takes it.
+    for (const el of form.querySelectorAll('[data-when]')) el.hidden = el.dataset.when !== (sub ? 'editing' : 'adding');
     if (sub) {
       form.elements.id.value = sub.id;
       form.elements.url.value = sub.url;
@@ -463,6 +466,7 @@
       form.elements.batch_max_wait_ms.value = sub.batch ? sub.batch.max_wait_ms : '';
       form.elements.ordering.value = sub.ordering;
       form.elements.ordering_key.value = sub.ordering_key ?? '';
+      form.elements.disabled.checked = !!sub.disabled;
     }
     form.hidden = false;
     (sub ? form.elements.url : form.elements.id).focus();
@@ -483,6 +487,9 @@
       ordering: f.ordering.value,
     };
     if (!editing) body.id = f.id.value.trim();
+    // A secret of one's own when adding (empty: generated); `disabled` only when it changes.
+    if (!editing && f.secret.value.trim()) body.secret = f.secret.value.trim();
+    if (editing && f.disabled.checked !== !!editing.disabled) body.disabled = f.disabled.checked;
     // The customer: none is `null` when editing (detached), left out when adding.
     if (f.customer.value || editing) body.customer = f.customer.value || null;
     if (f.ordering.value === 'key') body.ordering_key = f.ordering_key.value.trim();

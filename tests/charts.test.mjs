@@ -5,8 +5,11 @@
 //   show its customer's endpoints only (another customer's endpoint answers 404);
 // - the customers page shows each customer's weight, cap, endpoints and share, and issues a
 //   portal link with a button;
+// - every page prints times in one format, the reader's local time (`2026-12-08 05:45:34`,
+//   the pages run in Asia/Kolkata): tables, a delivery, the charts' legends, the portal;
 // - at 1280 px the row buttons of the subscribers and deliveries tables sit inside their table;
-//   at 390 and 1920 px no page of the console or the portal is wider than the screen.
+//   at 390, 1280 and 1920 px no page of the console or the portal (`everyPage`) is wider than
+//   the screen or raises a script error.
 // Screenshots go to $FANOUT_SCREENSHOT_DIR (default /tmp) and are checked in the test (pixels).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -29,8 +32,20 @@ async function launch() {
   });
 }
 
+// The pages run in a time zone that is not UTC and not this process's, so a page that prints
+// UTC, or the time without its date, or a locale's own format, is told apart.
+const ZONE = 'Asia/Kolkata';
+
+/** Unix ms in the pages' one time format, in ZONE: `2026-12-03 14:30:00`. */
+function localTime(ms) {
+  return new Intl.DateTimeFormat('sv-SE', {
+    timeZone: ZONE, year: 'numeric', month: '2-digit', day: '2-digit',
+    hour: '2-digit', minute: '2-digit', second: '2-digit', hourCycle: 'h23',
+  }).format(new Date(ms));
+}
+
 async function openPage(browser, viewport) {
-  const context = await browser.newContext({ viewport });
+  const context = await browser.newContext({ viewport, timezoneId: ZONE });
   const page = await context.newPage();
   const problems = [];
   page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
@@ -88,6 +103,62 @@ async function buttonsInside(page, table) {
       .map((r) => `${r.left}..${r.right} outside ${box.left}..${box.right}`);
   }, table);
   assert.deepEqual(out, [], `${table}: row buttons outside the table`);
+}
+
+/**
+ * Every page at `viewport`: the console's sign-in, subscribers (with the subscriber form open),
+ * dead letters, a delivery, charts and customers; the portal with its charts, deliveries and a
+ * delivery, and without a token. Each is no wider than the screen and gets a screenshot; the
+ * answer is the script errors seen.
+ */
+async function everyPage(browser, origin, portalUrl, viewport) {
+  const w = viewport.width;
+  const { page, problems } = await openPage(browser, viewport);
+  const check = async (what) => {
+    await noOverflow(page, `${what} at ${w} px`);
+    await shot(page, `console-${what.replace(/\W+/g, '-')}-${w}`);
+  };
+  await page.goto(`${origin.url}/`);
+  await page.locator('#signin-view:not([hidden])').waitFor();
+  await check('sign-in');
+  await page.fill('#signin-token', origin.token);
+  await page.click('#signin-submit');
+  await page.locator('#sub-table tr[data-subscriber="acme_orders"]').waitFor();
+  await check('subscribers');
+  await page.click('#sub-add');
+  await page.locator('#sub-form:not([hidden])').waitFor();
+  await check('the subscriber form');
+  await page.click('#sub-cancel');
+  for (const view of ['deliveries', 'customers', 'charts']) {
+    await page.click(`#nav a[data-view=${view}]`);
+    await page.locator(`#${view}-view:not([hidden])`).waitFor();
+    if (view === 'charts') await page.locator('#charts[data-loaded]').waitFor();
+    if (view === 'deliveries') await page.locator('#dl-table tbody tr').first().waitFor();
+    await check(view);
+  }
+  await page.click('#nav a[data-view=deliveries]');
+  await page.locator('#dl-table tbody tr a').first().click();
+  await page.locator('#delivery-view:not([hidden]) #dv-fields [data-field=created]').waitFor();
+  await check('a delivery');
+
+  const portal = await openPage(browser, viewport);
+  const portalCheck = async (what) => {
+    await noOverflow(portal.page, `the portal${what} at ${w} px`);
+    await shot(portal.page, `portal${what.replace(/\W+/g, '-')}-${w}`);
+  };
+  await portal.page.goto(portalUrl);
+  await portal.page.locator('#charts[data-loaded="90"]').waitFor();
+  await portal.page.locator('#deliveries tbody tr').first().waitFor();
+  await portalCheck('');
+  await portal.page.locator('#deliveries tbody tr').first().click();
+  await portal.page.locator('#detail:not([hidden]) [data-fact=Created]').waitFor();
+  await portalCheck(' with a delivery open');
+  const bare = await openPage(browser, viewport);
+  await bare.page.goto(`${origin.url}/portal`);
+  await bare.page.locator('#fatal:not([hidden])').waitFor();
+  await noOverflow(bare.page, `the portal without a token at ${w} px`);
+  await Promise.all([page, portal.page, bare.page].map((p) => p.context().close()));
+  return [...problems, ...portal.problems, ...bare.problems];
 }
 
 test('charts: the series survive a restart, are drawn in the console and scoped in the portal; customers; layouts at 390, 1280 and 1920 px', async (t) => {
@@ -149,6 +220,16 @@ test('charts: the series survive a restart, are drawn in the console and scoped 
   await page.locator('#dl-table tbody tr').first().waitFor();
   await shot(page, 'deliveries-1280');
   await buttonsInside(page, '#dl-table');
+  await noOverflow(page, 'deliveries at 1280 px');
+  // One time format in every page: the reader's local time, `YYYY-MM-DD HH:MM:SS`.
+  const firstRow = page.locator('#dl-table tbody tr').first();
+  const shown = await must(origin, `/v1/deliveries/${await firstRow.getAttribute('data-delivery')}`, {}, 200);
+  assert.equal(await firstRow.locator('[data-field=updated]').textContent(), localTime(shown.updated_at_ms));
+  await firstRow.locator('a').first().click();
+  await page.locator(`#delivery-view:not([hidden]) #dv-fields [data-field=created]`).waitFor();
+  assert.equal(await page.locator('#dv-fields [data-field=created]').textContent(), localTime(shown.created_at_ms));
+  await noOverflow(page, 'a delivery at 1280 px');
+  await shot(page, 'delivery-1280');
 
   await page.click('#nav a[data-view=charts]');
   // 15 minutes by default: 90 buckets of 10 s.
@@ -164,6 +245,13 @@ test('charts: the series survive a restart, are drawn in the console and scoped 
   assert.match(await page.locator('#charts [data-field=summary]').textContent(), /^last 15 minutes: .* in flight \d+ of at most [1-9]\d*\.$/);
   await page.selectOption('#charts select[data-field=window]', '1h');
   await page.locator('#charts[data-loaded="360"]').waitFor();
+  await noOverflow(page, 'charts at 1280 px');
+  // The legend names the bucket under the pointer in the same format.
+  const over = await page.locator('#charts .chart[data-chart=rate] .u-over').boundingBox();
+  await page.mouse.move(over.x + over.width - 3, over.y + over.height / 2);
+  const hovered = await page.locator('#charts .chart[data-chart=rate] .u-legend .u-value').first().textContent();
+  const hourView = await must(origin, '/v1/series?window=1h', {}, 200);
+  assert.ok(hourView.points.slice(-3).some((p) => localTime(p.t_ms) === hovered), `the legend's time: ${hovered}`);
   // The delivered line (#2e7d32) in the first chart, p50/p99 (#1565c0) in the second.
   await shot(page, 'console-charts-1280');
   const green = await pixelsOf(page, '#charts', [0x2e, 0x7d, 0x32]);
@@ -190,41 +278,20 @@ test('charts: the series survive a restart, are drawn in the console and scoped 
   assert.match(url, /\/portal#/);
   await shot(page, 'customers-1280');
 
-  // The same pages at 390 px: nothing wider than the screen.
-  const phone = await openPage(browser, { width: 390, height: 844 });
-  await phone.page.goto(`${origin.url}/`);
-  await phone.page.fill('#signin-token', origin.token);
-  await phone.page.click('#signin-submit');
-  await phone.page.locator('#sub-table tr[data-subscriber="acme_orders"]').waitFor();
-  await noOverflow(phone.page, 'subscribers at 390 px');
-  for (const view of ['deliveries', 'customers', 'charts']) {
-    await phone.page.click(`#nav a[data-view=${view}]`);
-    await phone.page.locator(`#${view}-view:not([hidden])`).waitFor();
-    if (view === 'charts') await phone.page.locator('#charts[data-loaded]').waitFor();
-    await noOverflow(phone.page, `${view} at 390 px`);
-    await shot(phone.page, `console-${view}-390`);
+  // Every page at 390, 1280 and 1920 px: nothing wider than the screen, no script error.
+  const walked = [];
+  for (const viewport of [{ width: 390, height: 844 }, { width: 1280, height: 900 }, { width: 1920, height: 1080 }]) {
+    walked.push(...await everyPage(browser, origin, url, viewport));
   }
 
-  // The same pages at 1920 px, the console's and the portal's: nothing wider than the screen.
-  const wide = await openPage(browser, { width: 1920, height: 1080 });
-  await wide.page.goto(`${origin.url}/`);
-  await wide.page.fill('#signin-token', origin.token);
-  await wide.page.click('#signin-submit');
-  await wide.page.locator('#sub-table tr[data-subscriber="acme_orders"]').waitFor();
-  await noOverflow(wide.page, 'subscribers at 1920 px');
-  for (const view of ['deliveries', 'customers', 'charts']) {
-    await wide.page.click(`#nav a[data-view=${view}]`);
-    await wide.page.locator(`#${view}-view:not([hidden])`).waitFor();
-    if (view === 'charts') await wide.page.locator('#charts[data-loaded]').waitFor();
-    await noOverflow(wide.page, `${view} at 1920 px`);
-  }
-  await shot(wide.page, 'console-charts-1920');
+  // The portal shows its times in the pages' one format too.
   const widePortal = await openPage(browser, { width: 1920, height: 1080 });
   await widePortal.page.goto(url);
-  await widePortal.page.locator('#charts[data-loaded="90"]').waitFor();
   await widePortal.page.locator('#deliveries tbody tr').first().waitFor();
-  await noOverflow(widePortal.page, 'the portal at 1920 px');
-  await shot(widePortal.page, 'portal-1920');
+  const portalRow = widePortal.page.locator('#deliveries tbody tr').first();
+  const portalShown = await must(origin, `/v1/deliveries/${await portalRow.getAttribute('data-delivery')}`, {}, 200);
+  assert.equal(await portalRow.locator('[data-field=created]').textContent(), localTime(portalShown.created_at_ms));
+  assert.match(await widePortal.page.locator('#who').textContent(), /^acme · link valid until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$/);
 
   // The portal link, on a phone: the charts of acme's endpoint only.
   const portal = await openPage(browser, { width: 390, height: 844 });
@@ -241,5 +308,5 @@ test('charts: the series survive a restart, are drawn in the console and scoped 
   assert.equal(scoped.status, 200);
   assert.equal(total(scoped.view, 'delivered') + total(scoped.view, 'failed'), 40, "acme's 40 results, not globex's");
   assert.equal(scoped.other, 404);
-  assert.deepEqual([...problems, ...phone.problems, ...wide.problems, ...widePortal.problems, ...portal.problems], []);
+  assert.deepEqual([...problems, ...walked, ...widePortal.problems, ...portal.problems], []);
 });

@@ -306,6 +306,70 @@ test('console: add, edit and rotate a subscriber; bulk replay a time range', asy
   view = await (await origin.api('/v1/subscribers/sub_chat')).json();
   assert.deepEqual([view.customer, view.ordering, view.ordering_key], [null, 'none', undefined]);
 
+  // Every field the API takes, through the form: a subscriber added with each one set (its own
+  // secret too), read back by the API and by the form; disabled from the form when editing.
+  // (`secret` is only for adding: it changes by rotation; `disabled` only for editing: a
+  // subscriber is created enabled.)
+  const ownSecret = `whsec_${Buffer.alloc(32, 7).toString('base64')}`;
+  await page.click('#sub-add');
+  assert.equal(await form.locator('[name=disabled]').isVisible(), false);
+  const every = {
+    id: 'sub_every', url: `${sub.url}/every`, event_types: 'order.*, refund.issued', rate_per_sec: '7.5',
+    burst: '9', max_in_flight: '3', timeout_ms: '2500', ordering_key: '/order_id',
+    batch_max_events: '10', batch_max_bytes: '4096', batch_max_wait_ms: '100',
+    filter: '{"amount": {"$gt": 1}}', customer_filter: '{"region": "eu"}', secret: ownSecret,
+  };
+  for (const [name, value] of Object.entries(every)) await form.locator(`[name=${name}]`).fill(value);
+  await form.locator('[name=customer] option[value="acme"]').waitFor({ state: 'attached' });
+  const chosen = { customer: 'acme', ordering: 'key', lane: 'origin', payload: 'thin', signature: 'both' };
+  for (const [name, value] of Object.entries(chosen)) await form.locator(`[name=${name}]`).selectOption(value);
+  await form.locator('[name=legacy_signature]').check();
+  await form.locator('[name=propagate_trace]').check();
+  await page.click('#sub-save');
+  await page.locator('#secret-box:not([hidden])').waitFor();
+  assert.equal((await page.locator('#secret-value').textContent()).trim(), ownSecret);
+  await page.click('#secret-dismiss');
+  view = await (await origin.api('/v1/subscribers/sub_every')).json();
+  assert.deepEqual(
+    [view.url, view.event_types, view.rate_per_sec, view.burst, view.max_in_flight, view.timeout_ms, view.customer,
+      view.ordering, view.ordering_key, view.lane, view.payload, view.signature, view.legacy_signature,
+      view.propagate_trace, view.batch, view.filter, view.customer_filter, view.disabled],
+    [every.url, ['order.*', 'refund.issued'], 7.5, 9, 3, 2500, 'acme', 'key', '/order_id', 'origin', 'thin', 'both', true,
+      true, { max_events: 10, max_bytes: 4096, max_wait_ms: 100 }, { amount: { $gt: 1 } }, { region: 'eu' }, false],
+  );
+  const secrets = await (await origin.api('/v1/subscribers/sub_every/secret')).json();
+  assert.deepEqual(secrets.secrets.map((x) => x.secret), [ownSecret]);
+  const everyRow = page.locator('#sub-table tr[data-subscriber="sub_every"]');
+  await everyRow.getByRole('button', { name: 'Edit' }).click();
+  await form.locator('[name=customer] option[value="acme"]').waitFor({ state: 'attached' });
+  assert.equal(await form.locator('[name=secret]').isVisible(), false);
+  const readBack = {};
+  for (const name of [...Object.keys(every), ...Object.keys(chosen)]) {
+    if (name !== 'secret') readBack[name] = await form.locator(`[name=${name}]`).inputValue();
+  }
+  const { secret: _own, ...typed } = every;
+  assert.deepEqual(readBack, {
+    ...typed, filter: '{\n  "amount": {\n    "$gt": 1\n  }\n}', customer_filter: '{\n  "region": "eu"\n}', ...chosen,
+  });
+  assert.deepEqual(
+    [await form.locator('[name=legacy_signature]').isChecked(), await form.locator('[name=propagate_trace]').isChecked(),
+      await form.locator('[name=disabled]').isChecked()],
+    [true, true, false],
+  );
+  await form.locator('[name=disabled]').check();
+  await page.click('#sub-save');
+  await form.waitFor({ state: 'hidden' });
+  view = await (await origin.api('/v1/subscribers/sub_every')).json();
+  assert.equal(view.disabled, true);
+  await everyRow.locator('[data-field=disabled]').waitFor();
+  await everyRow.getByRole('button', { name: 'Edit' }).click();
+  assert.equal(await form.locator('[name=disabled]').isChecked(), true);
+  await form.locator('[name=disabled]').uncheck();
+  await page.click('#sub-save');
+  await form.waitFor({ state: 'hidden' });
+  assert.equal((await (await origin.api('/v1/subscribers/sub_every')).json()).disabled, false);
+  assert.equal((await origin.api('/v1/subscribers/sub_every', { method: 'DELETE' })).status, 200);
+
   // Three events die; bulk replay from the filtered list sends them all.
   const res = await origin.api('/v1/events', {
     body: ['a', 'b', 'c'].map((x) => ({ id: `evt_chat_${x}`, type: 'chat.message' })),

@@ -401,3 +401,71 @@ async fn a_leftover_on_the_same_port_is_replaced_and_a_stranger_is_not() {
     );
     d.stop().await;
 }
+
+/// `fanout status --json`'s `stats` of subscriber `id`.
+async fn status_of(api: &Api, id: &str) -> Value {
+    let base = api.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(["status", "--json", "--server", &base])
+            .env("FANOUT_API_TOKEN", TOKEN)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let subs = all["subscribers"].as_array().unwrap();
+    let me = subs.iter().find(|s| s["id"] == json!(id)).unwrap();
+    me["stats"].clone()
+}
+
+/// A new session on a port starts with fresh counters: `fanout status` counts what was sent
+/// since its subscriber was created, not the kept deliveries of the session before it under
+/// the same id (they stay kept, and listed by `fanout deliveries`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_starts_with_fresh_counters() {
+    let d = Daemon::start().await;
+    let port = common::free_port().to_string();
+    let mut first = Listener::start(&d.api, &["--port", &port]).await;
+    let id = first.id.clone();
+    for event in ["evt_one", "evt_two"] {
+        d.api.events(json!({"id": event, "type": "x.y"})).await;
+        next_with(&mut first.stdout, event).await;
+    }
+    wait_for(
+        "the first session's 2 sent",
+        Duration::from_secs(10),
+        || async { status_of(&d.api, &id).await["sent"] == json!(2) },
+    )
+    .await;
+    first.interrupt().await;
+
+    let mut second = Listener::start(&d.api, &["--port", &port]).await;
+    assert_eq!(second.id, id);
+    let fresh = status_of(&d.api, &id).await;
+    assert_eq!(
+        (fresh["sent"].clone(), fresh["dead"].clone()),
+        (json!(0), json!(0)),
+        "{fresh}"
+    );
+    d.api
+        .events(json!({"id": "evt_three", "type": "x.y"}))
+        .await;
+    next_with(&mut second.stdout, "evt_three").await;
+    wait_for(
+        "the second session's 1 sent",
+        Duration::from_secs(10),
+        || async { status_of(&d.api, &id).await["sent"] == json!(1) },
+    )
+    .await;
+    // The earlier session's deliveries are still kept under the id.
+    let (_, kept) = d
+        .api
+        .get(&format!("/v1/deliveries?subscriber={id}&status=sent"))
+        .await;
+    assert_eq!(kept["deliveries"].as_array().unwrap().len(), 3, "{kept}");
+    second.interrupt().await;
+    d.stop().await;
+}

@@ -10,9 +10,7 @@
   const PAGE = 200;
 
   // The helpers this page shares with the portal (/common.js).
-  const { $, h, request, parseJsonBox, filterText } = window.FanoutPage;
-
-  const fmtTime = (ms) => window.FanoutPage.fmtTime(ms);
+  const { $, h, request, parseJsonBox, filterText, fmtTime } = window.FanoutPage;
   const fmtNum = (n, digits = 0) => (n == null ? '' : Number(n).toLocaleString('en-US', { maximumFractionDigits: digits }));
   const badge = (status) => window.FanoutPage.badge(status, status.replace('_', ' '));
   const deliveryLink = (id) => h('a', { href: `#/deliveries/${encodeURIComponent(id)}` }, id);
@@ -445,6 +443,9 @@
     showError($('#sub-form-error'), '');
     $('#sub-form-title').textContent = sub ? `Edit ${sub.id}` : 'Add subscriber';
     form.elements.id.disabled = !!sub;
+    // A subscriber is created enabled and its secret changes only by rotation: each of those
+    // fields shows only where the API takes it.
+    for (const el of form.querySelectorAll('[data-when]')) el.hidden = el.dataset.when !== (sub ? 'editing' : 'adding');
     if (sub) {
       form.elements.id.value = sub.id;
       form.elements.url.value = sub.url;
@@ -465,6 +466,7 @@
       form.elements.batch_max_wait_ms.value = sub.batch ? sub.batch.max_wait_ms : '';
       form.elements.ordering.value = sub.ordering;
       form.elements.ordering_key.value = sub.ordering_key ?? '';
+      form.elements.disabled.checked = !!sub.disabled;
     }
     form.hidden = false;
     (sub ? form.elements.url : form.elements.id).focus();
@@ -485,6 +487,9 @@
       ordering: f.ordering.value,
     };
     if (!editing) body.id = f.id.value.trim();
+    // A secret of one's own when adding (empty: generated); `disabled` only when it changes.
+    if (!editing && f.secret.value.trim()) body.secret = f.secret.value.trim();
+    if (editing && f.disabled.checked !== !!editing.disabled) body.disabled = f.disabled.checked;
     // The customer: none is `null` when editing (detached), left out when adding.
     if (f.customer.value || editing) body.customer = f.customer.value || null;
     if (f.ordering.value === 'key') body.ordering_key = f.ordering_key.value.trim();
@@ -641,7 +646,7 @@
       h('td', { 'data-field': 'status' }, badge(d.status)),
       h('td', { class: 'num' }, fmtNum(d.attempt_count)),
       h('td', { class: 'small error-text' }, d.last_error ?? ''),
-      h('td', { class: 'small' }, fmtTime(d.updated_at_ms)),
+      h('td', { class: 'small', 'data-field': 'updated' }, fmtTime(d.updated_at_ms)),
       h('td', { class: 'row-actions' }, replay),
     );
     replay.addEventListener('click', async () => {
@@ -723,8 +728,8 @@
       ...(d.ordering_key != null ? field('Ordering key', d.ordering_key, 'ordering_key') : []),
       ...(d.previous_sequence != null ? field('Previous sequence', fmtNum(d.previous_sequence), 'previous_sequence') : []),
       ...field('Last error', d.last_error ?? '—'),
-      ...field('Created', fmtTime(d.created_at_ms)),
-      ...field('Updated', fmtTime(d.updated_at_ms)),
+      ...field('Created', fmtTime(d.created_at_ms), 'created'),
+      ...field('Updated', fmtTime(d.updated_at_ms), 'updated'),
     );
     $('#dv-replay').disabled = d.status === 'in_flight';
     const attempts = d.attempts ?? [];

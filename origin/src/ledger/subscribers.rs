@@ -1,5 +1,5 @@
 //! The subscribers' contract: the [`Subscribers`] operations the API calls on either backend,
-//! and the figures it reads about them. No SQL and no connection here.
+//! and the figures it reads about them. No connection here; the SQL both backends run alike.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -8,7 +8,7 @@ use fanout_core::limiter::LimiterState;
 
 use super::error::LedgerError;
 use crate::keyring::NewSecret;
-use crate::model::Subscriber;
+use crate::model::{Status, Subscriber};
 
 /// What an id keeps of a removed endpoint besides its deliveries, forgotten when the id is
 /// created again once none of its deliveries are kept (retention removed them): the new
@@ -39,6 +39,38 @@ pub struct SubscriberCounts {
     /// Why the stored limiter state does not decode, if it does not (the dispatcher starts
     /// the subscriber from an empty bucket; `limiter` shows that bucket).
     pub limiter_error: Option<String>,
+}
+
+impl SubscriberCounts {
+    /// The figures of a subscriber created at `created_ms`, without what an earlier
+    /// subscriber under its id left: its kept `sent` and `dead` deliveries (counted by
+    /// [`earlier_sql`]) and its last error. A new `fanout listen` session starts at zero.
+    pub fn since_creation(&mut self, created_ms: i64, earlier_sent: i64, earlier_dead: i64) {
+        self.sent = (self.sent - earlier_sent).max(0);
+        self.dead = (self.dead - earlier_dead).max(0);
+        if self
+            .last_error
+            .as_ref()
+            .is_some_and(|(at, _)| *at < created_ms)
+        {
+            self.last_error = None;
+        }
+    }
+}
+
+/// How many of subscriber `sub`'s deliveries in `status` come before the
+/// first one created since `since` (its creation): an earlier subscriber's under the same id
+/// (delivery ids are in creation order). `sub` and `since` are SQL expressions (placeholders,
+/// or columns of an outer query). By the (subscriber, status, id) indexes this is a probe for
+/// an id never reused, and reads no more than the earlier subscriber's rows otherwise.
+pub fn earlier_sql(status: Status, sub: &str, since: &str) -> String {
+    let status = status.as_str();
+    format!(
+        "SELECT COUNT(*) FROM deliveries WHERE subscriber_id = {sub} AND status = '{status}' \
+         AND id < COALESCE((SELECT id FROM deliveries WHERE subscriber_id = {sub} \
+         AND status = '{status}' AND created_ms >= {since} ORDER BY id LIMIT 1), \
+         9223372036854775807)"
+    )
 }
 
 /// The API's operations on subscribers. Operations that take a `scope` (a portal token's
@@ -105,4 +137,31 @@ pub trait Subscribers {
         grace_ms: i64,
         scope: Option<String>,
     ) -> impl Future<Output = Result<(), LedgerError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_creation_table() {
+        // (kept sent, dead, last error at; earlier sent, dead) → (sent, dead, last error kept)
+        let cases = [
+            ((5, 2, Some(150)), (0, 0), (5, 2, true)),
+            ((5, 2, Some(50)), (3, 2), (2, 0, false)),
+            ((5, 2, Some(100)), (5, 2), (0, 0, true)),
+            // Never below zero, should the two reads disagree.
+            ((1, 0, None), (4, 1), (0, 0, false)),
+        ];
+        for ((sent, dead, at), (earlier_sent, earlier_dead), expected) in cases {
+            let mut n = SubscriberCounts {
+                sent,
+                dead,
+                last_error: at.map(|at| (at, "boom".to_string())),
+                ..Default::default()
+            };
+            n.since_creation(100, earlier_sent, earlier_dead);
+            assert_eq!((n.sent, n.dead, n.last_error.is_some()), expected);
+        }
+    }
 }

@@ -9,7 +9,7 @@
 'use strict';
 
 window.FanoutCharts = (() => {
-  const { h } = window.FanoutPage;
+  const { h, fmtTime } = window.FanoutPage;
 
   const BANDS = [
     ['paused', 'rgba(230, 160, 0, 0.22)', 'paused (Retry-After)'],
@@ -47,7 +47,6 @@ window.FanoutCharts = (() => {
   ];
 
   const fmtValue = (v) => (v == null ? '–' : Number(v).toLocaleString('en-US', { maximumFractionDigits: 2 }));
-  const fmtClock = (secs) => new Date(secs * 1000).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
 
   /** Pauses and breaker openings as bands behind the series (a uPlot draw hook). */
   function bandsPlugin(view) {
@@ -82,7 +81,9 @@ window.FanoutCharts = (() => {
   function chartOptions([key, title, series, , yLabel, ageLabel], width, view, latest) {
     const dots = key === 'latency';
     const scales = { x: { time: true } };
-    const axes = [{ label: 'local time', labelSize: 18 }, { scale: 'y', size: 52, label: yLabel, labelSize: 18 }];
+    // Ticks are the time of day in the pages' one format; the legend names the whole time.
+    const ticks = (u, splits) => splits.map((secs) => fmtTime(secs * 1000, { clock: true }));
+    const axes = [{ label: 'local time', labelSize: 18, values: ticks, space: 70 }, { scale: 'y', size: 52, label: yLabel, labelSize: 18 }];
     if (ageLabel) {
       scales.age = {};
       axes.push({ scale: 'age', side: 1, size: 52, label: ageLabel, labelSize: 18, grid: { show: false } });
@@ -95,7 +96,7 @@ window.FanoutCharts = (() => {
       axes,
       plugins: [bandsPlugin(view)],
       series: [
-        { label: 'time', value: (u, v, si, idx) => (idx == null ? 'latest' : fmtClock(v)) },
+        { label: 'time', value: (u, v, si, idx) => (idx == null ? 'latest' : fmtTime(v * 1000)) },
         ...series.map(([, label, colour, scale], i) => ({
           label,
           stroke: colour,

@@ -83,13 +83,17 @@ window.FanoutPage = (() => {
     };
   }
 
-  /** Unix ms as text: UTC `2026-12-03 09:00:00Z`, or the reader's local time when `local`;
-   * '' for none, the number itself when it is not a time. */
-  function fmtTime(ms, local = false) {
+  const pad2 = (n) => String(n).padStart(2, '0');
+
+  /** Unix ms as the pages' one time format: the reader's local time, 24-hour,
+   * `2026-12-03 10:00:00`; with `clock`, only its time of day `10:00:00` (chart axes). '' for
+   * none, the value itself when it is not a time. The CLI and the API speak RFC 3339 UTC. */
+  function fmtTime(ms, { clock = false } = {}) {
     if (ms == null) return '';
     const d = new Date(ms);
     if (Number.isNaN(d.getTime())) return String(ms);
-    return local ? d.toLocaleString() : d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
+    const time = `${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())}`;
+    return clock ? time : `${d.getFullYear()}-${pad2(d.getMonth() + 1)}-${pad2(d.getDate())} ${time}`;
   }
 
   /** A delivery status as a badge (styled by its status, read by tests through data-status). */

@@ -11,9 +11,7 @@
   const TOKEN_KEY = 'fanout.portal.token';
 
   // The helpers this page shares with the console (/common.js).
-  const { $, h, request, parseJsonBox, filterText } = window.FanoutPage;
-
-  const fmtTime = (ms) => window.FanoutPage.fmtTime(ms, true);
+  const { $, h, request, parseJsonBox, filterText, fmtTime } = window.FanoutPage;
   const STATUS_LABEL = { dead: 'failed', pending: 'retrying', sent: 'delivered', in_flight: 'sending' };
   const badge = (status) => window.FanoutPage.badge(status, STATUS_LABEL[status] ?? status);
 
@@ -319,7 +317,7 @@
           h('td', { 'data-label': 'Event' }, h('div', null, d.event_type), h('div', { class: 'muted small' }, d.event_id), h('div', { class: 'muted small', 'data-field': 'sequence' }, `#${d.sequence}`)),
           h('td', { 'data-label': 'Endpoint' }, d.subscriber_id),
           h('td', { 'data-label': 'Attempts' }, d.attempt_count),
-          h('td', { 'data-label': 'Created' }, fmtTime(d.created_at_ms)),
+          h('td', { 'data-label': 'Created', 'data-field': 'created' }, fmtTime(d.created_at_ms)),
           h('td', { 'data-label': 'Last error', class: 'small' }, d.last_error ?? ''),
         ),
       ),

@@ -8,9 +8,9 @@ use fanout_core::breaker::BreakerConfig;
 use fanout_core::limiter::LimiterState;
 
 use super::ledger::PgLedger;
-use crate::ledger::subscribers::SubscriberCounts;
+use crate::ledger::subscribers::{earlier_sql, SubscriberCounts};
 use crate::ledger::{LedgerError, SubscriberStats};
-use crate::model::Status;
+use crate::model::{Status, Subscriber};
 
 use super::rows::*;
 use crate::ledger::stats::{MetricsSnapshot, Observe};
@@ -50,6 +50,33 @@ impl PgLedger {
                 SubscriberStats::of(s, &by_status, oldest, &limiter, breaker, now_ms)
             })
             .collect())
+    }
+
+    /// Each of `subs`' figures from its creation on ([`SubscriberCounts::since_creation`]),
+    /// one statement for all of them: what an earlier subscriber under its id left is left out.
+    pub(super) async fn since_creation(
+        &self,
+        subs: &[Subscriber],
+        counts: &mut BTreeMap<String, SubscriberCounts>,
+    ) -> Result<(), LedgerError> {
+        let created: HashMap<&str, i64> =
+            subs.iter().map(|s| (s.id.as_str(), s.created_ms)).collect();
+        let ids: Vec<&str> = created.keys().copied().collect();
+        let since: Vec<i64> = ids.iter().map(|id| created[id]).collect();
+        let sql = format!(
+            "SELECT s.id, ({}), ({}) FROM unnest($1::text[], $2::bigint[]) AS s(id, created)",
+            earlier_sql(Status::Sent, "s.id", "s.created"),
+            earlier_sql(Status::Dead, "s.id", "s.created"),
+        );
+        let c = self.client().await?;
+        for r in c.query(&sql, &[&ids, &since]).await? {
+            let (id, sent, dead): (String, i64, i64) =
+                (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+            if let (Some(n), Some(at)) = (counts.get_mut(&id), created.get(id.as_str())) {
+                n.since_creation(*at, sent, dead);
+            }
+        }
+        Ok(())
     }
 
     pub(super) async fn limiters(

@@ -416,7 +416,9 @@ impl Subscribers for PgLedger {
         scope::retain(scope.as_deref(), &mut subs);
         let counts = if with_stats {
             let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
-            Some(self.subscriber_counts(&ids, crate::time::now_ms()).await?)
+            let mut counts = self.subscriber_counts(&ids, crate::time::now_ms()).await?;
+            self.since_creation(&subs, &mut counts).await?;
+            Some(counts)
         } else {
             None
         };

@@ -129,7 +129,8 @@ fn exercise(c: &Connection) {
     }
     status_counts(c).unwrap();
     subscriber_stats(c, BreakerConfig::default(), 600).unwrap();
-    status::subscriber_counts(c, &["a".into(), "b".into()], 600).unwrap();
+    let mut counts = status::subscriber_counts(c, &["a".into(), "b".into()], 600).unwrap();
+    status::since_creation(c, &list_subscribers(c).unwrap(), &mut counts).unwrap();
     dead_count_capped(c, "a", 100).unwrap();
     retention::report(c).unwrap();
     retention::purge_finished(c, Finished::Sent, 10_000, 100).unwrap();

@@ -10,7 +10,8 @@ use rusqlite::{Connection, OptionalExtension};
 
 use super::limiters::{read_limiter, StoredLimiter};
 use crate::ledger::error::LedgerError;
-use crate::ledger::subscribers::SubscriberCounts;
+use crate::ledger::subscribers::{earlier_sql, SubscriberCounts};
+use crate::model::{Status, Subscriber};
 
 /// Figures for each of `ids` (zeros for an id without deliveries), keyed by subscriber id.
 pub fn subscriber_counts(
@@ -57,6 +58,26 @@ pub fn subscriber_counts(
         out.insert(id.clone(), s);
     }
     Ok(out)
+}
+
+/// Each of `subs`' figures from its creation on ([`SubscriberCounts::since_creation`]): what
+/// an earlier subscriber under its id left is left out.
+pub fn since_creation(
+    c: &Connection,
+    subs: &[Subscriber],
+    counts: &mut BTreeMap<String, SubscriberCounts>,
+) -> Result<(), LedgerError> {
+    let mut sent = c.prepare_cached(&earlier_sql(Status::Sent, "?1", "?2"))?;
+    let mut dead = c.prepare_cached(&earlier_sql(Status::Dead, "?1", "?2"))?;
+    for s in subs {
+        if let Some(n) = counts.get_mut(&s.id) {
+            let args = rusqlite::params![s.id, s.created_ms];
+            let earlier_sent: i64 = sent.query_row(args, |r| r.get(0))?;
+            let earlier_dead: i64 = dead.query_row(args, |r| r.get(0))?;
+            n.since_creation(s.created_ms, earlier_sent, earlier_dead);
+        }
+    }
+    Ok(())
 }
 
 /// A failed attempt in a few words: its error, else its HTTP status.

@@ -11,7 +11,7 @@ use super::cells::{decode_all, decode_one};
 use super::customers::check_customer_exists;
 use super::health::set_disabled;
 use super::ledger::Ledger;
-use super::status::subscriber_counts;
+use super::status::{since_creation, subscriber_counts};
 use crate::keyring::NewSecret;
 use crate::ledger::error::{rotation_too_soon, LedgerError};
 use crate::ledger::rows::subscribers as rows;
@@ -242,7 +242,9 @@ impl Subscribers for Ledger {
             scope::retain(scope.as_deref(), &mut subs);
             let counts = if with_stats {
                 let ids: Vec<String> = subs.iter().map(|s| s.id.clone()).collect();
-                Some(subscriber_counts(&snapshot, &ids, crate::time::now_ms())?)
+                let mut counts = subscriber_counts(&snapshot, &ids, crate::time::now_ms())?;
+                since_creation(&snapshot, &subs, &mut counts)?;
+                Some(counts)
             } else {
                 None
             };

@@ -31,7 +31,7 @@ use crate::ledger::error::LedgerError;
 use crate::model::{Claim, HealthWrite, InFlight, Outcome, Share, Subscriber};
 
 /// How long a lease lasts without renewal: the longest a dead daemon's work waits.
-pub const LEASE_MS: i64 = 15_000;
+pub(super) const LEASE_MS: i64 = 15_000;
 /// A live daemon renews its leases this often (a third of their length: two renewals may
 /// fail before one lapses).
 pub const RENEW_EVERY_MS: i64 = 5_000;
@@ -240,7 +240,7 @@ impl PgLedger {
     /// Push this daemon's leases out to `now_ms + LEASE_MS` (it is alive, its sends are still
     /// out). Returns how many. Every lease it owns: one a turn wrote though its answer was lost
     /// is renewed too, until the dispatcher returns it (`release_strays`).
-    pub async fn renew_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
+    pub(super) async fn renew_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
         let until = now_ms.saturating_add(LEASE_MS);
         let c = self.client().await?;
         Ok(c.execute(

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use deadpool_postgres::Transaction;
 use fanout_core::breaker::BreakerConfig;
 use fanout_core::limiter::{LimiterState, Limits as CoreLimits, Reservation};
+#[cfg(test)]
 use fanout_core::retry::Attempt;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
@@ -43,18 +44,20 @@ pub struct PgClaim {
     pub runs: Vec<usize>,
 }
 
+#[cfg(test)]
 /// A result to record, with the lease it was sent under when the caller knows it (without it,
 /// only the owner is checked: a result of this daemon's is recorded while this daemon holds
 /// the delivery).
 #[derive(Debug, Clone, PartialEq)]
-pub struct LeasedOutcome {
+pub(super) struct LeasedOutcome {
     pub outcome: Outcome,
     pub lease_expires_ms: Option<i64>,
 }
 
+#[cfg(test)]
 /// An attempt's answer as the shared limiter takes it (breaker, Retry-After pause).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Feedback {
+pub(super) struct Feedback {
     pub subscriber_id: String,
     pub attempt: Attempt,
     pub at_ms: i64,
@@ -361,11 +364,12 @@ pub(super) fn core_limits(row: &Row, breaker: BreakerConfig) -> Result<CoreLimit
 }
 
 impl PgLedger {
+    #[cfg(test)]
     /// Lease due deliveries for each `(subscriber, most)` — at most `most`, and only what the
     /// subscriber's shared limiter grants across every daemon — to this daemon until
     /// `now + lease_ms`. Leases of any daemon that expired return to the queue first.
     /// Disabled and removed subscribers get nothing (and are left out of the answer).
-    pub async fn claim(
+    pub(super) async fn claim(
         &self,
         wants: &[(String, usize)],
         breaker: BreakerConfig,
@@ -376,9 +380,10 @@ impl PgLedger {
             .await
     }
 
+    #[cfg(test)]
     /// [`PgLedger::claim`] where the subscribers of `batch_per` batch: each group of that many
     /// deliveries is one request against their limiter and in-flight cap (`Turn::batch_per`).
-    pub async fn claim_batched(
+    pub(super) async fn claim_batched(
         &self,
         wants: &[(String, usize)],
         batch_per: &[(String, usize)],
@@ -591,11 +596,12 @@ impl PgLedger {
         Ok(rows)
     }
 
+    #[cfg(test)]
     /// Record results and fold their answers into the shared limiters, in one transaction.
     /// A result counts only while its delivery is still leased to this daemon (under the same
     /// lease, when given); otherwise it is stale (reported, not recorded). Feedback is folded in either
     /// way: the subscriber did answer so.
-    pub async fn apply(
+    pub(super) async fn apply(
         &self,
         outcomes: &[LeasedOutcome],
         feedback: &[Feedback],
@@ -609,6 +615,7 @@ impl PgLedger {
         Ok(out)
     }
 
+    #[cfg(test)]
     /// [`PgLedger::apply`] inside the caller's transaction, for `owner`'s leases.
     pub(super) async fn apply_in(
         tx: &Transaction<'_>,
@@ -751,14 +758,14 @@ impl PgLedger {
 
     /// Return this daemon's own leases to the queue, due now (a daemon restarting under the
     /// same name: whatever it held died with its previous run). Returns how many.
-    pub async fn release_own_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
+    pub(super) async fn release_own_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
         Ok(self.release_own_but(&[], now_ms).await?.len() as u64)
     }
 
     /// Return this daemon's leases other than `held` to the queue, due now (an ordered run's
     /// members other than its first held, as when a run's lease expires): the leases of a
     /// turn that was written though its answer was lost. Returns their subscribers.
-    pub async fn release_strays(
+    pub(super) async fn release_strays(
         &self,
         held: &[i64],
         now_ms: i64,
@@ -806,7 +813,7 @@ impl PgLedger {
 
     /// Every live subscriber with pending work and when its earliest delivery is due; expired
     /// leases count as due at their expiry.
-    pub async fn due_summary(&self) -> Result<Vec<(String, i64)>, LedgerError> {
+    pub(super) async fn due_summary(&self) -> Result<Vec<(String, i64)>, LedgerError> {
         let c = self.client().await?;
         let rows = c
             .query(

@@ -1,28 +1,24 @@
 //! The PostgreSQL ledger's own behaviour, each against a throwaway PostgreSQL server the test
 //! starts itself (tests/common/pg.rs): migrations by several daemons at once, announcements
 //! between daemons, claims by several daemons at once, leases and their owners, the shared
-//! limiter and a lost server. What both backends do alike is `ledger_parity.rs`; how
-//! PostgreSQL writes (group commit, locks, a full disk, kept counts, retention's lock,
-//! `fanout ledger copy`) is `pg_writes.rs`; its query plans and upkeep `pg_plans.rs`.
-
-// Test code: a failed unwrap is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
-mod pg_fixtures;
+//! limiter. What both backends do alike is `origin/tests/ledger_parity.rs`; how PostgreSQL
+//! writes (group commit, locks, a full disk, kept counts, retention's lock) is `writes.rs`; its
+//! query plans and upkeep `plans.rs`; a daemon that loses its server `pg_customers.rs`.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use common::pg::PgServer;
-use fanout_core::retry::Attempt;
-use fanout_origin::ledger::postgres::{Announcement, Feedback, LeasedOutcome, PgLedger};
-use fanout_origin::ledger::{
+use super::fixtures::{add, ev, evs, ledgers, sent, sub, BREAKER, LEASE};
+use super::pg::PgServer;
+use crate::ledger::dispatch::Announcement;
+use crate::ledger::postgres::leases::{Feedback, LeasedOutcome};
+use crate::ledger::postgres::PgLedger;
+use crate::ledger::{
     Deliveries, DeliveryFilter, DispatchLedger, LedgerError, NewEvent, Outcome, Subscribers,
     Transition, Turn,
 };
-use fanout_origin::model::Status;
-use pg_fixtures::{add, ev, evs, ledgers, sent, sub, BREAKER, LEASE};
+use crate::model::Status;
+use fanout_core::retry::Attempt;
 
 #[tokio::test]
 async fn migrations_run_once_even_when_daemons_start_together_and_a_newer_schema_is_refused() {
@@ -44,7 +40,7 @@ async fn migrations_run_once_even_when_daemons_start_together_and_a_newer_schema
         .await
         .unwrap()
         .get(0);
-    assert_eq!(v, fanout_origin::ledger::postgres::SCHEMA_VERSION);
+    assert_eq!(v, crate::ledger::postgres::schema::VERSION);
     // Opening again changes nothing.
     PgLedger::open(&url, "again").await.unwrap();
     // A database written by a newer fanout is refused, naming both versions.
@@ -58,7 +54,7 @@ async fn migrations_run_once_even_when_daemons_start_together_and_a_newer_schema
 }
 
 /// The next announcement `listener` hears (bounded: 5 s).
-async fn hear(listener: &mut fanout_origin::ledger::postgres::Listener) -> Announcement {
+async fn hear(listener: &mut crate::ledger::postgres::listen::Listener) -> Announcement {
     let next = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv());
     next.await.expect("no notification").unwrap()
 }
@@ -396,7 +392,7 @@ async fn a_full_in_flight_cap_is_no_wait() {
 /// A live daemon's leases are renewed; a dead one's lapse after `LEASE_MS` and are taken over.
 #[tokio::test]
 async fn renewed_leases_hold_and_lapsed_ones_are_taken_over() {
-    use fanout_origin::ledger::postgres::LEASE_MS;
+    use crate::ledger::postgres::dispatch::LEASE_MS;
     let server = PgServer::start();
     let l = ledgers(&server, "renew", 2).await;
     add(&l[0], sub("a", &["*"], 1e6, 1_000_000, 100)).await;
@@ -435,7 +431,7 @@ async fn renewed_leases_hold_and_lapsed_ones_are_taken_over() {
 /// daemon's.
 #[tokio::test]
 async fn leases_of_a_turn_whose_answer_was_lost_are_released_but_those_held() {
-    use fanout_origin::ledger::postgres::LEASE_MS;
+    use crate::ledger::postgres::dispatch::LEASE_MS;
     let server = PgServer::start();
     let l = ledgers(&server, "strays", 2).await;
     add(&l[0], sub("a", &["*"], 1e6, 1_000_000, 100)).await;
@@ -501,46 +497,6 @@ async fn leases_of_a_turn_whose_answer_was_lost_are_released_but_those_held() {
         .await
         .unwrap();
     assert_eq!(again[0].claimed.len(), 3);
-}
-
-/// A daemon on PostgreSQL serves customers (they were refused with 501 `not_supported` before
-/// migration 3); with PostgreSQL gone, ingest answers 503 `unavailable`. (The customers'
-/// operations themselves: `ledger_parity.rs`.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn customers_are_served_on_postgres_and_a_lost_server_is_unavailable() {
-    let mut server = PgServer::start();
-    let url = server.database("c").await;
-    let daemon = common::Daemon::start_with(|mut s| {
-        s.db = Some(url.clone().into());
-        s
-    })
-    .await;
-    let api = &daemon.api;
-    let acme = serde_json::json!({ "id": "acme", "weight": 3 });
-    let (s, body) = api.post("/v1/customers", acme).await;
-    assert_eq!((s, body["weight"].clone()), (201, 3.into()), "{body}");
-    let spec = serde_json::json!({ "id": "s1", "url": "http://127.0.0.1:9/h", "event_types": ["*"], "rate_per_sec": 0.001, "customer": "acme" });
-    let (s, body) = api.post("/v1/subscribers", spec).await;
-    assert_eq!(
-        (s, body["customer"].clone()),
-        (201, "acme".into()),
-        "{body}"
-    );
-    let (s, body) = api.get("/v1/customers/acme").await;
-    assert_eq!((s, body["subscribers"].clone()), (200, 1.into()), "{body}");
-
-    server.stop();
-    let (s, body) = api
-        .post(
-            "/v1/events",
-            serde_json::json!([{ "id": "e1", "type": "t", "data": {} }]),
-        )
-        .await;
-    assert_eq!(
-        (s, body["error"]["code"].clone()),
-        (503, "unavailable".into()),
-        "{body}"
-    );
 }
 
 /// A claim keeps only the tokens of what it leased: asking for more than is due takes nothing
@@ -638,7 +594,7 @@ async fn daemons_count_a_batch_in_flight_as_one_request() {
 /// takes over gets the same runs in the same order.
 #[tokio::test]
 async fn an_ordered_batching_claim_takes_runs_and_an_expired_run_keeps_one_head() {
-    use fanout_origin::ordering::Ordering;
+    use crate::ordering::Ordering;
     let server = PgServer::start();
     let l = ledgers(&server, "runs", 2).await;
     let mut s = sub("o", &["*"], 1000.0, 1000, 4);

@@ -1,15 +1,13 @@
-//! What the PostgreSQL-only tests (`pg_ledger.rs`, `pg_writes.rs`, `pg_plans.rs`) share: a
-//! subscriber, events, a result, and several daemons' handles on one fresh database.
+//! What the PostgreSQL-only tests (`claims.rs`, `writes.rs`, `plans.rs`) share: a subscriber,
+//! events, a result, and several daemons' handles on one fresh database.
 
-// Test support: a failed unwrap is a failed test; not every file uses every fixture.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
-
+use crate::ledger::postgres::leases::LeasedOutcome;
+use crate::ledger::postgres::PgLedger;
+use crate::ledger::{AttemptRecord, NewEvent, Outcome, Subscribers, Transition};
+use crate::model::{Lane, Limits, Subscriber};
 use fanout_core::breaker::BreakerConfig;
-use fanout_origin::ledger::postgres::{LeasedOutcome, PgLedger};
-use fanout_origin::ledger::{AttemptRecord, NewEvent, Outcome, Subscribers, Transition};
-use fanout_origin::model::{Lane, Limits, Subscriber};
 
-use crate::common::pg::PgServer;
+use super::pg::PgServer;
 
 pub const BREAKER: BreakerConfig = BreakerConfig {
     threshold: 20,

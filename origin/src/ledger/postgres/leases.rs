@@ -8,8 +8,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use deadpool_postgres::Transaction;
 use fanout_core::breaker::BreakerConfig;
 use fanout_core::limiter::{LimiterState, Limits as CoreLimits, Reservation};
-#[cfg(test)]
-use fanout_core::retry::Attempt;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
@@ -42,25 +40,6 @@ pub struct PgClaim {
     pub next_due_ms: Option<i64>,
     /// A claim in runs: each request's deliveries, in `claimed`'s order (`Claim::runs`).
     pub runs: Vec<usize>,
-}
-
-#[cfg(test)]
-/// A result to record, with the lease it was sent under when the caller knows it (without it,
-/// only the owner is checked: a result of this daemon's is recorded while this daemon holds
-/// the delivery).
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct LeasedOutcome {
-    pub outcome: Outcome,
-    pub lease_expires_ms: Option<i64>,
-}
-
-#[cfg(test)]
-/// An attempt's answer as the shared limiter takes it (breaker, Retry-After pause).
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct Feedback {
-    pub subscriber_id: String,
-    pub attempt: Attempt,
-    pub at_ms: i64,
 }
 
 /// What `apply` recorded.
@@ -364,45 +343,10 @@ pub(super) fn core_limits(row: &Row, breaker: BreakerConfig) -> Result<CoreLimit
 }
 
 impl PgLedger {
-    #[cfg(test)]
     /// Lease due deliveries for each `(subscriber, most)` — at most `most`, and only what the
-    /// subscriber's shared limiter grants across every daemon — to this daemon until
-    /// `now + lease_ms`. Leases of any daemon that expired return to the queue first.
-    /// Disabled and removed subscribers get nothing (and are left out of the answer).
-    pub(super) async fn claim(
-        &self,
-        wants: &[(String, usize)],
-        breaker: BreakerConfig,
-        now_ms: i64,
-        lease_ms: i64,
-    ) -> Result<Vec<PgClaim>, LedgerError> {
-        self.claim_batched(wants, &[], breaker, now_ms, lease_ms)
-            .await
-    }
-
-    #[cfg(test)]
-    /// [`PgLedger::claim`] where the subscribers of `batch_per` batch: each group of that many
-    /// deliveries is one request against their limiter and in-flight cap (`Turn::batch_per`).
-    pub(super) async fn claim_batched(
-        &self,
-        wants: &[(String, usize)],
-        batch_per: &[(String, usize)],
-        breaker: BreakerConfig,
-        now_ms: i64,
-        lease_ms: i64,
-    ) -> Result<Vec<PgClaim>, LedgerError> {
-        let lease_until = now_ms.saturating_add(lease_ms);
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        let per = per_of(batch_per, &[]);
-        let out =
-            Self::claim_in(&tx, &self.owner, wants, &per, breaker, now_ms, lease_until).await?;
-        tx.commit().await?;
-        Ok(out)
-    }
-
-    /// [`PgLedger::claim`] inside the caller's transaction, leasing to `owner` until
-    /// `lease_until`. Three round trips, whatever the number of subscribers and deliveries:
+    /// subscriber's shared limiter grants across every daemon — to `owner` until `lease_until`,
+    /// inside the caller's transaction. Leases of any daemon that expired return to the queue
+    /// first; disabled and removed subscribers get nothing (and are left out of the answer). Three round trips, whatever the number of subscribers and deliveries:
     /// the locks and counts, the lease, the limiters and what remains due.
     pub(super) async fn claim_in(
         tx: &Transaction<'_>,
@@ -594,70 +538,6 @@ impl PgLedger {
             rows.extend(tx.query(&runs, args).await?);
         }
         Ok(rows)
-    }
-
-    #[cfg(test)]
-    /// Record results and fold their answers into the shared limiters, in one transaction.
-    /// A result counts only while its delivery is still leased to this daemon (under the same
-    /// lease, when given); otherwise it is stale (reported, not recorded). Feedback is folded in either
-    /// way: the subscriber did answer so.
-    pub(super) async fn apply(
-        &self,
-        outcomes: &[LeasedOutcome],
-        feedback: &[Feedback],
-        breaker: BreakerConfig,
-        now_ms: i64,
-    ) -> Result<Applied, LedgerError> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        let out = Self::apply_in(&tx, &self.owner, outcomes, feedback, breaker, now_ms).await?;
-        tx.commit().await?;
-        Ok(out)
-    }
-
-    #[cfg(test)]
-    /// [`PgLedger::apply`] inside the caller's transaction, for `owner`'s leases.
-    pub(super) async fn apply_in(
-        tx: &Transaction<'_>,
-        owner: &str,
-        outcomes: &[LeasedOutcome],
-        feedback: &[Feedback],
-        breaker: BreakerConfig,
-        now_ms: i64,
-    ) -> Result<Applied, LedgerError> {
-        // Subscriber rows first, in id order (the claim's order): no deadlock with a claim.
-        if !feedback.is_empty() {
-            let mut ids: Vec<&str> = feedback.iter().map(|f| f.subscriber_id.as_str()).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            let rows = tx
-                .query(
-                    "SELECT id, rate_per_sec, burst, max_in_flight, limiter FROM subscribers
-                     WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-                    &[&ids],
-                )
-                .await?;
-            let mut store_ids: Vec<String> = Vec::new();
-            let mut store_states: Vec<String> = Vec::new();
-            for r in &rows {
-                let id: String = r.try_get(0)?;
-                let l = core_limits(r, breaker)?;
-                let raw: Option<String> = r.try_get("limiter")?;
-                let mut limiter = decode_limiter(&id, raw.as_deref(), now_ms);
-                for f in feedback.iter().filter(|f| f.subscriber_id == id) {
-                    limiter.record(l, &f.attempt, f.at_ms);
-                }
-                store_states.push(encode_limiter(&limiter));
-                store_ids.push(id);
-            }
-            let store = tx.prepare_cached(STORE_LIMITERS).await?;
-            tx.execute(&store, &[&store_ids, &store_states]).await?;
-        }
-        let outcomes: Vec<(&Outcome, Option<i64>)> = outcomes
-            .iter()
-            .map(|lo| (&lo.outcome, lo.lease_expires_ms))
-            .collect();
-        Self::record_outcomes(tx, owner, &outcomes, now_ms).await
     }
 
     /// Record results of deliveries leased to `owner` (under the given lease, when there is

@@ -2,9 +2,8 @@
 //! (tests/common/pg.rs): every hot statement reads by an index, a queue that outgrows its
 //! statistics is analyzed, churned tables are vacuumed.
 
-use super::fixtures::{add, ev, evs, ledgers, sent, sub, BREAKER, LEASE};
+use super::fixtures::{add, claim, ev, evs, ledgers, sent, sub, turn, BREAKER, LEASE};
 use super::pg::PgServer;
-use crate::ledger::postgres::leases::{Feedback, LeasedOutcome};
 use crate::ledger::postgres::PgLedger;
 use crate::ledger::Retention as _;
 use crate::ledger::{
@@ -41,12 +40,9 @@ async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
     }
     l[0].ingest(evs("e", 20), 0).await.unwrap();
     l[1].ingest(vec![ev("lonely", "other")], 0).await.unwrap();
-    let claim = l[0]
-        .claim(&[("a".into(), 8), ("b".into(), 4)], BREAKER, 1, LEASE)
-        .await
-        .unwrap();
-    let ids: Vec<i64> = claim[0].claimed.iter().map(|d| d.rowid).collect();
-    let lease_until = claim[0].lease_expires_ms;
+    let claimed = claim(&l[0], &[("a", 8), ("b", 4)], 1, LEASE).await;
+    let ids: Vec<i64> = claimed[0].claimed.iter().map(|d| d.rowid).collect();
+    let lease_until = 1 + LEASE;
     record_and_release(&l, &ids, lease_until).await;
     read_and_purge(&l, &ids).await;
 
@@ -71,50 +67,46 @@ async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
 /// Results of every kind with the shared limiter's feedback, lease renewal and release, the
 /// due summary and the dead-count alert, for the plan test's statement log.
 async fn record_and_release(l: &[PgLedger; 2], ids: &[i64], lease_until: i64) {
-    let lease = Some(lease_until);
-    let mut retry = sent(ids[1], lease, 2);
-    retry.outcome.transition = Transition::Retry {
+    let mut retry = sent(ids[1], 2);
+    retry.transition = Transition::Retry {
         at_ms: 5,
         error: "status 500".into(),
     };
-    if let Some(a) = retry.outcome.attempt.as_mut() {
+    if let Some(a) = retry.attempt.as_mut() {
         a.outcome = "failed";
     }
-    let mut dead = sent(ids[2], lease, 2);
-    dead.outcome.transition = Transition::Dead {
+    let mut dead = sent(ids[2], 2);
+    dead.transition = Transition::Dead {
         reason: "410".into(),
     };
-    let defer = LeasedOutcome {
-        outcome: Outcome {
-            rowid: ids[3],
-            transition: Transition::Defer { at_ms: 9 },
-            attempt: None,
-        },
-        lease_expires_ms: lease,
+    let defer = Outcome {
+        rowid: ids[3],
+        transition: Transition::Defer { at_ms: 9 },
+        attempt: None,
     };
-    l[0].apply(
-        &[sent(ids[0], lease, 2), retry, dead, defer],
-        &[Feedback {
-            subscriber_id: "a".into(),
-            attempt: Attempt::Status {
-                status: 200,
-                retry_after_ms: None,
-            },
-            at_ms: 2,
-        }],
-        BREAKER,
-        2,
-    )
-    .await
-    .unwrap();
+    // One turn as the dispatcher writes it: results of every kind, the daemon's limiter (its
+    // copy took the 200), the dead-count check, and a claim.
+    let (s, mut limiter) = l[0].dispatch_subscriber("a").await.unwrap().unwrap();
+    let ok = Attempt::Status {
+        status: 200,
+        retry_after_ms: None,
+    };
+    limiter.record(s.limits.core(BREAKER), &ok, 2);
+    let t = Turn {
+        now_ms: 2,
+        outcomes: vec![sent(ids[0], 2), retry, dead, defer],
+        limiters: vec![("a".into(), limiter)],
+        dead: vec!["a".into()],
+        dead_threshold: 1,
+        claims: vec![("a".into(), 1)],
+        lease_until_ms: 2 + LEASE,
+        ..Turn::default()
+    };
+    turn(&l[0], t).await;
     l[0].renew_leases(3).await.unwrap();
     l[1].release_expired_leases(lease_until + 1).await.unwrap();
     l[1].release_own_leases(4).await.unwrap();
     l[0].due_summary().await.unwrap();
-    l[0].dead_count_capped("a", 10).await.unwrap();
-    l[0].check_dead_counts(&["a".to_string()], 1, 5)
-        .await
-        .unwrap();
     l[0].rearm_dead_alerts(5).await.unwrap();
 }
 
@@ -304,7 +296,7 @@ async fn a_queue_that_outgrows_its_statistics_is_analyzed_and_turns_read_it_by_i
         .claims
         .iter()
         .flat_map(|c| c.claimed.iter())
-        .map(|x| sent(x.rowid, None, 11).outcome)
+        .map(|x| sent(x.rowid, 11))
         .collect();
     assert_eq!(outcomes.len(), 200);
     d.record_turn(Turn {

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::fixtures::{add, ev, evs, ledgers, sent, sub, BREAKER, LEASE};
+use super::fixtures::{add, claim, ev, evs, ledgers, record, sent, sub, BREAKER, LEASE};
 use super::pg::PgServer;
 use crate::ledger::postgres::PgLedger;
 use crate::ledger::{
@@ -332,37 +332,26 @@ async fn kept_counts_follow_every_change_and_fold_to_one_row_per_status() {
     l[0].ingest(evs("e", 10), 0).await.unwrap();
     l[1].ingest(evs("e", 12), 1).await.unwrap(); // 10 duplicates, 2 new
     check("ingest").await;
-    let ca = l[0]
-        .claim(&[("a".into(), 6)], BREAKER, 2, LEASE)
-        .await
-        .unwrap();
-    let cb = l[1]
-        .claim(&[("b".into(), 5)], BREAKER, 2, LEASE)
-        .await
-        .unwrap();
+    let ca = claim(&l[0], &[("a", 6)], 2, LEASE).await;
+    let cb = claim(&l[1], &[("b", 5)], 2, LEASE).await;
     check("claims").await;
     let ida: Vec<i64> = ca[0].claimed.iter().map(|d| d.rowid).collect();
     let idb: Vec<i64> = cb[0].claimed.iter().map(|d| d.rowid).collect();
-    let (la, lb) = (Some(ca[0].lease_expires_ms), Some(cb[0].lease_expires_ms));
-    let mut failed = sent(ida[1], la, 3);
-    failed.outcome.transition = Transition::Retry {
+    let mut failed = sent(ida[1], 3);
+    failed.transition = Transition::Retry {
         at_ms: 50,
         error: "status 500".into(),
     };
-    if let Some(a) = failed.outcome.attempt.as_mut() {
+    if let Some(a) = failed.attempt.as_mut() {
         a.outcome = "failed";
         a.status = Some(500);
     }
-    let mut dead = sent(ida[2], la, 3);
-    dead.outcome.transition = Transition::Dead {
+    let mut dead = sent(ida[2], 3);
+    dead.transition = Transition::Dead {
         reason: "410".into(),
     };
-    l[0].apply(&[sent(ida[0], la, 3), failed, dead], &[], BREAKER, 3)
-        .await
-        .unwrap();
-    l[1].apply(&[sent(idb[0], lb, 3), sent(idb[1], lb, 3)], &[], BREAKER, 3)
-        .await
-        .unwrap();
+    record(&l[0], vec![sent(ida[0], 3), failed, dead], &[], 3).await;
+    record(&l[1], vec![sent(idb[0], 3), sent(idb[1], 3)], &[], 3).await;
     check("results").await;
     // The last error comes from the error rows the attempts trigger appends.
     let ids = vec!["a".to_string(), "b".to_string()];
@@ -377,7 +366,7 @@ async fn kept_counts_follow_every_change_and_fold_to_one_row_per_status() {
     );
     check("replay").await;
     // Daemon 1's leases lapse; daemon 0 takes them over.
-    l[0].release_expired_leases(lb.unwrap() + 1).await.unwrap();
+    l[0].release_expired_leases(2 + LEASE + 1).await.unwrap();
     check("lease take-over").await;
     assert!(l[0].fold_counts().await.unwrap());
     check("fold").await;
@@ -480,17 +469,13 @@ async fn retention_purges_on_one_daemon_at_a_time() {
     let c = server.connect("ret").await;
     add(&l[0], sub("a", &["t"], 1e6, 1_000_000, 1_000)).await;
     l[0].ingest(evs("old", 6), 0).await.unwrap();
-    let claim = l[0]
-        .claim(&[("a".into(), 5)], BREAKER, 10, LEASE)
-        .await
-        .unwrap();
-    let lease = Some(claim[0].lease_expires_ms);
-    let done: Vec<_> = claim[0]
+    let claimed = claim(&l[0], &[("a", 5)], 10, LEASE).await;
+    let done: Vec<_> = claimed[0]
         .claimed
         .iter()
-        .map(|d| sent(d.rowid, lease, 20))
+        .map(|d| sent(d.rowid, 20))
         .collect();
-    l[0].apply(&done, &[], BREAKER, 20).await.unwrap();
+    record(&l[0], done, &[], 20).await;
     let retention = Retention {
         sent_ms: Some(1_000),
         dead_ms: Some(5_000),

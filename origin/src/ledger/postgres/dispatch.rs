@@ -28,7 +28,7 @@ use super::rows::{decode_limiter, encode_limiter};
 use super::shared::merge_limiter;
 use crate::ledger::dispatch::{DispatchLedger, Recorded, Turn, TurnError};
 use crate::ledger::error::LedgerError;
-use crate::model::{Claim, HealthWrite, InFlight, Outcome, Share, Subscriber};
+use crate::model::{Claim, HealthWrite, InFlight, Share, Subscriber};
 
 /// How long a lease lasts without renewal: the longest a dead daemon's work waits.
 pub(super) const LEASE_MS: i64 = 15_000;
@@ -91,8 +91,6 @@ impl PgLedger {
         } = locked;
         // Pipelined, in this order: the limiters, the results, then (for the claim) the
         // expired leases back to the queue and what is in flight.
-        let outcomes: Vec<(&Outcome, Option<i64>)> =
-            turn.outcomes.iter().map(|o| (o, None)).collect();
         let (store, _, expire, count) = tokio::try_join!(
             tx.prepare_cached(STORE_LIMITERS),
             tx.prepare_cached(RECORD_OUTCOMES), // cached, so the results go out second
@@ -110,7 +108,7 @@ impl PgLedger {
                 tx.execute(&store, store_args).await
             }
         };
-        let record = Self::record_outcomes(&tx, owner, &outcomes, now);
+        let record = Self::record_outcomes(&tx, owner, &turn.outcomes, now);
         let expired = async {
             if direct {
                 tx.execute(&expire, expire_args).await

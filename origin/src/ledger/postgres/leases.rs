@@ -169,25 +169,25 @@ pub(super) const CLAIM_NEXT_DUE: &str = "SELECT w.sub, n.due FROM unnest($1::tex
            AND next_attempt_ms < 9223372036854775807
          ORDER BY next_attempt_ms LIMIT 1) n";
 
-/// Results of deliveries still leased to `$9` (under lease `$2[k]` when not null), and the
-/// attempts (`$10..$18`, in order) of those recorded; returns the ids recorded.
+/// Results of deliveries still leased to `$8` (the owner decides: a result of a delivery
+/// another daemon took over is stale), and the attempts (`$9..$17`, in order) of those
+/// recorded; returns the ids recorded.
 pub(super) const RECORD_OUTCOMES: &str = "WITH done AS (
          UPDATE deliveries d SET status = u.status, attempts = d.attempts + u.spent,
              next_attempt_ms = COALESCE(u.next, d.next_attempt_ms),
              last_error = CASE WHEN u.keep THEN d.last_error ELSE u.err END,
-             lease_owner = NULL, lease_expires_ms = NULL, updated_ms = $8
-         FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::int[], $5::bigint[],
-                     $6::text[], $7::bool[]) AS u(id, lease, status, spent, next, err, keep)
-         WHERE d.id = u.id AND d.status = 'in_flight' AND d.lease_owner = $9
-           AND (u.lease IS NULL OR d.lease_expires_ms = u.lease)
+             lease_owner = NULL, lease_expires_ms = NULL, updated_ms = $7
+         FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bigint[],
+                     $5::text[], $6::bool[]) AS u(id, status, spent, next, err, keep)
+         WHERE d.id = u.id AND d.status = 'in_flight' AND d.lease_owner = $8
          RETURNING d.id, d.subscriber_id, d.status, d.ordering_key),
      tried AS (
          INSERT INTO attempts (delivery_id, attempt, at_ms, lane, outcome, status, latency_ms,
              response_body, error)
          SELECT x.delivery, x.number, x.at, x.lane, x.outcome, x.status, x.latency, x.body,
              x.error
-         FROM unnest($10::bigint[], $11::int[], $12::bigint[], $13::text[], $14::text[],
-                     $15::int[], $16::bigint[], $17::text[], $18::text[])
+         FROM unnest($9::bigint[], $10::int[], $11::bigint[], $12::text[], $13::text[],
+                     $14::int[], $15::bigint[], $16::text[], $17::text[])
              WITH ORDINALITY AS x(delivery, number, at, lane, outcome, status, latency, body,
                                   error, ord)
          WHERE x.delivery IN (SELECT id FROM done)
@@ -540,12 +540,11 @@ impl PgLedger {
         Ok(rows)
     }
 
-    /// Record results of deliveries leased to `owner` (under the given lease, when there is
-    /// one) and the attempts of those recorded, in order: one statement whatever their number.
+    /// Record results of deliveries leased to `owner` and the attempts of those recorded, in order: one statement whatever their number.
     pub(super) async fn record_outcomes(
         tx: &Transaction<'_>,
         owner: &str,
-        outcomes: &[(&Outcome, Option<i64>)],
+        outcomes: &[Outcome],
         now_ms: i64,
     ) -> Result<Applied, LedgerError> {
         if outcomes.is_empty() {
@@ -553,7 +552,6 @@ impl PgLedger {
         }
         let n = outcomes.len();
         let mut ids = Vec::with_capacity(n);
-        let mut leases = Vec::with_capacity(n);
         let mut statuses: Vec<&str> = Vec::with_capacity(n);
         let mut spent: Vec<i32> = Vec::with_capacity(n);
         let mut next: Vec<Option<i64>> = Vec::with_capacity(n);
@@ -569,9 +567,8 @@ impl PgLedger {
         let mut a_latency: Vec<Option<i64>> = Vec::with_capacity(n);
         let mut a_body: Vec<Option<&str>> = Vec::with_capacity(n);
         let mut a_error: Vec<Option<&str>> = Vec::with_capacity(n);
-        for (o, lease) in outcomes {
+        for o in outcomes {
             ids.push(o.rowid);
-            leases.push(*lease);
             let w = written(o);
             let (err, keep) = w.last_error.columns();
             statuses.push(w.status.as_str());
@@ -597,7 +594,6 @@ impl PgLedger {
                 &st,
                 &[
                     &ids,
-                    &leases,
                     &statuses,
                     &spent,
                     &next,

@@ -399,3 +399,43 @@ async fn weights_set_through_one_daemon_hold_across_daemons() {
         "big {big}, small {small}, ratio {ratio:.2}, expected about 4"
     );
 }
+
+/// A daemon on PostgreSQL serves customers (they were refused with 501 `not_supported` before
+/// migration 3); with PostgreSQL gone, ingest answers 503 `unavailable`. (The customers'
+/// operations themselves: `ledger_parity.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn customers_are_served_on_postgres_and_a_lost_server_is_unavailable() {
+    let mut server = PgServer::start();
+    let url = server.database("c").await;
+    let daemon = common::Daemon::start_with(|mut s| {
+        s.db = Some(url.clone().into());
+        s
+    })
+    .await;
+    let api = &daemon.api;
+    let acme = serde_json::json!({ "id": "acme", "weight": 3 });
+    let (s, body) = api.post("/v1/customers", acme).await;
+    assert_eq!((s, body["weight"].clone()), (201, 3.into()), "{body}");
+    let spec = serde_json::json!({ "id": "s1", "url": "http://127.0.0.1:9/h", "event_types": ["*"], "rate_per_sec": 0.001, "customer": "acme" });
+    let (s, body) = api.post("/v1/subscribers", spec).await;
+    assert_eq!(
+        (s, body["customer"].clone()),
+        (201, "acme".into()),
+        "{body}"
+    );
+    let (s, body) = api.get("/v1/customers/acme").await;
+    assert_eq!((s, body["subscribers"].clone()), (200, 1.into()), "{body}");
+
+    server.stop();
+    let (s, body) = api
+        .post(
+            "/v1/events",
+            serde_json::json!([{ "id": "e1", "type": "t", "data": {} }]),
+        )
+        .await;
+    assert_eq!(
+        (s, body["error"]["code"].clone()),
+        (503, "unavailable".into()),
+        "{body}"
+    );
+}

@@ -366,13 +366,7 @@ pub struct Binary {
     pub child: Child,
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use pg::free_port;
 
 impl Binary {
     pub async fn start(db: &std::path::Path, extra: &[&str]) -> Binary {

@@ -1,5 +1,6 @@
 //! A throwaway PostgreSQL server per test: a data directory in a temp dir (copied from a cluster
-//! initialised once per build, under `CARGO_TARGET_TMPDIR`), a free port on 127.0.0.1, its unix
+//! initialised once per build, under `CARGO_TARGET_TMPDIR`, or the temp dir for the crate's own
+//! tests that include this file), a free port on 127.0.0.1, its unix
 //! socket in the same temp dir; stopped and removed when the handle drops. No service is assumed
 //! to be running. PostgreSQL refuses to run as root: as root, the files belong to `postgres` and
 //! every server command runs through `runuser -u postgres --`.
@@ -79,7 +80,13 @@ fn give_to_postgres(path: &Path) {
 fn template() -> &'static Path {
     static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
     TEMPLATE.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        // Integration tests get a scratch directory of their own; the crate's unit tests
+        // (`ledger/postgres/tests/`, which include this file) keep theirs under the temp dir.
+        let root = option_env!("CARGO_TARGET_TMPDIR").map_or_else(
+            || std::env::temp_dir().join("fanout-pg-tests"),
+            PathBuf::from,
+        );
+        std::fs::create_dir_all(&root).unwrap();
         let version = bin_dir()
             .parent()
             .and_then(|p| p.file_name())
@@ -109,6 +116,15 @@ fn template() -> &'static Path {
         }
         done
     })
+}
+
+/// A free TCP port on 127.0.0.1 (free when asked; the caller binds it soon after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A running throwaway server. Dropping it stops the server and removes its files.
@@ -142,7 +158,7 @@ impl PgServer {
         give_to_postgres(dir.path());
         // A port that was free a moment ago: retry on the rare collision.
         for _ in 0..5 {
-            let port = super::free_port();
+            let port = free_port();
             let mut opts = format!(
                 "-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200",
                 dir.path().join("sock").display()

@@ -146,7 +146,7 @@ impl PgLedger {
     /// deliveries matching the filter after `f.after`, in id order (status defaults to dead;
     /// in-flight ones and removed subscribers' are skipped; pending ones are left as they
     /// are), put back in the queue, in one short transaction; the work is announced.
-    pub async fn replay_step(
+    pub(super) async fn replay_step(
         &self,
         f: &DeliveryFilter,
         now_ms: i64,

@@ -28,10 +28,10 @@ use super::rows::{decode_limiter, encode_limiter};
 use super::shared::merge_limiter;
 use crate::ledger::dispatch::{DispatchLedger, Recorded, Turn, TurnError};
 use crate::ledger::error::LedgerError;
-use crate::model::{Claim, HealthWrite, InFlight, Outcome, Share, Subscriber};
+use crate::model::{Claim, HealthWrite, InFlight, Share, Subscriber};
 
 /// How long a lease lasts without renewal: the longest a dead daemon's work waits.
-pub const LEASE_MS: i64 = 15_000;
+pub(super) const LEASE_MS: i64 = 15_000;
 /// A live daemon renews its leases this often (a third of their length: two renewals may
 /// fail before one lapses).
 pub const RENEW_EVERY_MS: i64 = 5_000;
@@ -91,8 +91,6 @@ impl PgLedger {
         } = locked;
         // Pipelined, in this order: the limiters, the results, then (for the claim) the
         // expired leases back to the queue and what is in flight.
-        let outcomes: Vec<(&Outcome, Option<i64>)> =
-            turn.outcomes.iter().map(|o| (o, None)).collect();
         let (store, _, expire, count) = tokio::try_join!(
             tx.prepare_cached(STORE_LIMITERS),
             tx.prepare_cached(RECORD_OUTCOMES), // cached, so the results go out second
@@ -110,7 +108,7 @@ impl PgLedger {
                 tx.execute(&store, store_args).await
             }
         };
-        let record = Self::record_outcomes(&tx, owner, &outcomes, now);
+        let record = Self::record_outcomes(&tx, owner, &turn.outcomes, now);
         let expired = async {
             if direct {
                 tx.execute(&expire, expire_args).await
@@ -240,7 +238,7 @@ impl PgLedger {
     /// Push this daemon's leases out to `now_ms + LEASE_MS` (it is alive, its sends are still
     /// out). Returns how many. Every lease it owns: one a turn wrote though its answer was lost
     /// is renewed too, until the dispatcher returns it (`release_strays`).
-    pub async fn renew_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
+    pub(super) async fn renew_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
         let until = now_ms.saturating_add(LEASE_MS);
         let c = self.client().await?;
         Ok(c.execute(

@@ -45,27 +45,8 @@ impl PgLedger {
         Ok(())
     }
 
-    /// A subscriber's dead deliveries, counted up to `cap`.
-    pub async fn dead_count_capped(&self, subscriber: &str, cap: u64) -> Result<u64, LedgerError> {
-        let c = self.client().await?;
-        dead_count_on(&c, subscriber, cap).await
-    }
-
     /// Alert once when a subscriber's dead count reaches `threshold` (the mark is shared by
-    /// every daemon: the row is locked while it is checked).
-    pub async fn check_dead_counts(
-        &self,
-        subs: &[String],
-        threshold: u64,
-        now_ms: i64,
-    ) -> Result<Vec<Notice>, LedgerError> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        let out = Self::check_dead_counts_in(&tx, subs, threshold, now_ms).await?;
-        tx.commit().await?;
-        Ok(out)
-    }
-
+    /// every daemon: the row is locked while it is checked), inside the turn's transaction.
     pub(super) async fn check_dead_counts_in(
         tx: &Transaction<'_>,
         subs: &[String],
@@ -103,7 +84,7 @@ impl PgLedger {
     }
 
     /// Re-arm the dead-count alert of subscribers back under the threshold.
-    pub async fn rearm_dead_alerts(&self, threshold: u64) -> Result<u64, LedgerError> {
+    pub(super) async fn rearm_dead_alerts(&self, threshold: u64) -> Result<u64, LedgerError> {
         let c = self.client().await?;
         let alerted: Vec<String> = c
             .query(

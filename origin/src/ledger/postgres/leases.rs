@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use deadpool_postgres::Transaction;
 use fanout_core::breaker::BreakerConfig;
 use fanout_core::limiter::{LimiterState, Limits as CoreLimits, Reservation};
-use fanout_core::retry::Attempt;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
@@ -41,23 +40,6 @@ pub struct PgClaim {
     pub next_due_ms: Option<i64>,
     /// A claim in runs: each request's deliveries, in `claimed`'s order (`Claim::runs`).
     pub runs: Vec<usize>,
-}
-
-/// A result to record, with the lease it was sent under when the caller knows it (without it,
-/// only the owner is checked: a result of this daemon's is recorded while this daemon holds
-/// the delivery).
-#[derive(Debug, Clone, PartialEq)]
-pub struct LeasedOutcome {
-    pub outcome: Outcome,
-    pub lease_expires_ms: Option<i64>,
-}
-
-/// An attempt's answer as the shared limiter takes it (breaker, Retry-After pause).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Feedback {
-    pub subscriber_id: String,
-    pub attempt: Attempt,
-    pub at_ms: i64,
 }
 
 /// What `apply` recorded.
@@ -187,25 +169,25 @@ pub(super) const CLAIM_NEXT_DUE: &str = "SELECT w.sub, n.due FROM unnest($1::tex
            AND next_attempt_ms < 9223372036854775807
          ORDER BY next_attempt_ms LIMIT 1) n";
 
-/// Results of deliveries still leased to `$9` (under lease `$2[k]` when not null), and the
-/// attempts (`$10..$18`, in order) of those recorded; returns the ids recorded.
+/// Results of deliveries still leased to `$8` (the owner decides: a result of a delivery
+/// another daemon took over is stale), and the attempts (`$9..$17`, in order) of those
+/// recorded; returns the ids recorded.
 pub(super) const RECORD_OUTCOMES: &str = "WITH done AS (
          UPDATE deliveries d SET status = u.status, attempts = d.attempts + u.spent,
              next_attempt_ms = COALESCE(u.next, d.next_attempt_ms),
              last_error = CASE WHEN u.keep THEN d.last_error ELSE u.err END,
-             lease_owner = NULL, lease_expires_ms = NULL, updated_ms = $8
-         FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::int[], $5::bigint[],
-                     $6::text[], $7::bool[]) AS u(id, lease, status, spent, next, err, keep)
-         WHERE d.id = u.id AND d.status = 'in_flight' AND d.lease_owner = $9
-           AND (u.lease IS NULL OR d.lease_expires_ms = u.lease)
+             lease_owner = NULL, lease_expires_ms = NULL, updated_ms = $7
+         FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bigint[],
+                     $5::text[], $6::bool[]) AS u(id, status, spent, next, err, keep)
+         WHERE d.id = u.id AND d.status = 'in_flight' AND d.lease_owner = $8
          RETURNING d.id, d.subscriber_id, d.status, d.ordering_key),
      tried AS (
          INSERT INTO attempts (delivery_id, attempt, at_ms, lane, outcome, status, latency_ms,
              response_body, error)
          SELECT x.delivery, x.number, x.at, x.lane, x.outcome, x.status, x.latency, x.body,
              x.error
-         FROM unnest($10::bigint[], $11::int[], $12::bigint[], $13::text[], $14::text[],
-                     $15::int[], $16::bigint[], $17::text[], $18::text[])
+         FROM unnest($9::bigint[], $10::int[], $11::bigint[], $12::text[], $13::text[],
+                     $14::int[], $15::bigint[], $16::text[], $17::text[])
              WITH ORDINALITY AS x(delivery, number, at, lane, outcome, status, latency, body,
                                   error, ord)
          WHERE x.delivery IN (SELECT id FROM done)
@@ -362,42 +344,9 @@ pub(super) fn core_limits(row: &Row, breaker: BreakerConfig) -> Result<CoreLimit
 
 impl PgLedger {
     /// Lease due deliveries for each `(subscriber, most)` — at most `most`, and only what the
-    /// subscriber's shared limiter grants across every daemon — to this daemon until
-    /// `now + lease_ms`. Leases of any daemon that expired return to the queue first.
-    /// Disabled and removed subscribers get nothing (and are left out of the answer).
-    pub async fn claim(
-        &self,
-        wants: &[(String, usize)],
-        breaker: BreakerConfig,
-        now_ms: i64,
-        lease_ms: i64,
-    ) -> Result<Vec<PgClaim>, LedgerError> {
-        self.claim_batched(wants, &[], breaker, now_ms, lease_ms)
-            .await
-    }
-
-    /// [`PgLedger::claim`] where the subscribers of `batch_per` batch: each group of that many
-    /// deliveries is one request against their limiter and in-flight cap (`Turn::batch_per`).
-    pub async fn claim_batched(
-        &self,
-        wants: &[(String, usize)],
-        batch_per: &[(String, usize)],
-        breaker: BreakerConfig,
-        now_ms: i64,
-        lease_ms: i64,
-    ) -> Result<Vec<PgClaim>, LedgerError> {
-        let lease_until = now_ms.saturating_add(lease_ms);
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        let per = per_of(batch_per, &[]);
-        let out =
-            Self::claim_in(&tx, &self.owner, wants, &per, breaker, now_ms, lease_until).await?;
-        tx.commit().await?;
-        Ok(out)
-    }
-
-    /// [`PgLedger::claim`] inside the caller's transaction, leasing to `owner` until
-    /// `lease_until`. Three round trips, whatever the number of subscribers and deliveries:
+    /// subscriber's shared limiter grants across every daemon — to `owner` until `lease_until`,
+    /// inside the caller's transaction. Leases of any daemon that expired return to the queue
+    /// first; disabled and removed subscribers get nothing (and are left out of the answer). Three round trips, whatever the number of subscribers and deliveries:
     /// the locks and counts, the lease, the limiters and what remains due.
     pub(super) async fn claim_in(
         tx: &Transaction<'_>,
@@ -591,74 +540,11 @@ impl PgLedger {
         Ok(rows)
     }
 
-    /// Record results and fold their answers into the shared limiters, in one transaction.
-    /// A result counts only while its delivery is still leased to this daemon (under the same
-    /// lease, when given); otherwise it is stale (reported, not recorded). Feedback is folded in either
-    /// way: the subscriber did answer so.
-    pub async fn apply(
-        &self,
-        outcomes: &[LeasedOutcome],
-        feedback: &[Feedback],
-        breaker: BreakerConfig,
-        now_ms: i64,
-    ) -> Result<Applied, LedgerError> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        let out = Self::apply_in(&tx, &self.owner, outcomes, feedback, breaker, now_ms).await?;
-        tx.commit().await?;
-        Ok(out)
-    }
-
-    /// [`PgLedger::apply`] inside the caller's transaction, for `owner`'s leases.
-    pub(super) async fn apply_in(
-        tx: &Transaction<'_>,
-        owner: &str,
-        outcomes: &[LeasedOutcome],
-        feedback: &[Feedback],
-        breaker: BreakerConfig,
-        now_ms: i64,
-    ) -> Result<Applied, LedgerError> {
-        // Subscriber rows first, in id order (the claim's order): no deadlock with a claim.
-        if !feedback.is_empty() {
-            let mut ids: Vec<&str> = feedback.iter().map(|f| f.subscriber_id.as_str()).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            let rows = tx
-                .query(
-                    "SELECT id, rate_per_sec, burst, max_in_flight, limiter FROM subscribers
-                     WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-                    &[&ids],
-                )
-                .await?;
-            let mut store_ids: Vec<String> = Vec::new();
-            let mut store_states: Vec<String> = Vec::new();
-            for r in &rows {
-                let id: String = r.try_get(0)?;
-                let l = core_limits(r, breaker)?;
-                let raw: Option<String> = r.try_get("limiter")?;
-                let mut limiter = decode_limiter(&id, raw.as_deref(), now_ms);
-                for f in feedback.iter().filter(|f| f.subscriber_id == id) {
-                    limiter.record(l, &f.attempt, f.at_ms);
-                }
-                store_states.push(encode_limiter(&limiter));
-                store_ids.push(id);
-            }
-            let store = tx.prepare_cached(STORE_LIMITERS).await?;
-            tx.execute(&store, &[&store_ids, &store_states]).await?;
-        }
-        let outcomes: Vec<(&Outcome, Option<i64>)> = outcomes
-            .iter()
-            .map(|lo| (&lo.outcome, lo.lease_expires_ms))
-            .collect();
-        Self::record_outcomes(tx, owner, &outcomes, now_ms).await
-    }
-
-    /// Record results of deliveries leased to `owner` (under the given lease, when there is
-    /// one) and the attempts of those recorded, in order: one statement whatever their number.
+    /// Record results of deliveries leased to `owner` and the attempts of those recorded, in order: one statement whatever their number.
     pub(super) async fn record_outcomes(
         tx: &Transaction<'_>,
         owner: &str,
-        outcomes: &[(&Outcome, Option<i64>)],
+        outcomes: &[Outcome],
         now_ms: i64,
     ) -> Result<Applied, LedgerError> {
         if outcomes.is_empty() {
@@ -666,7 +552,6 @@ impl PgLedger {
         }
         let n = outcomes.len();
         let mut ids = Vec::with_capacity(n);
-        let mut leases = Vec::with_capacity(n);
         let mut statuses: Vec<&str> = Vec::with_capacity(n);
         let mut spent: Vec<i32> = Vec::with_capacity(n);
         let mut next: Vec<Option<i64>> = Vec::with_capacity(n);
@@ -682,9 +567,8 @@ impl PgLedger {
         let mut a_latency: Vec<Option<i64>> = Vec::with_capacity(n);
         let mut a_body: Vec<Option<&str>> = Vec::with_capacity(n);
         let mut a_error: Vec<Option<&str>> = Vec::with_capacity(n);
-        for (o, lease) in outcomes {
+        for o in outcomes {
             ids.push(o.rowid);
-            leases.push(*lease);
             let w = written(o);
             let (err, keep) = w.last_error.columns();
             statuses.push(w.status.as_str());
@@ -710,7 +594,6 @@ impl PgLedger {
                 &st,
                 &[
                     &ids,
-                    &leases,
                     &statuses,
                     &spent,
                     &next,
@@ -751,14 +634,14 @@ impl PgLedger {
 
     /// Return this daemon's own leases to the queue, due now (a daemon restarting under the
     /// same name: whatever it held died with its previous run). Returns how many.
-    pub async fn release_own_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
+    pub(super) async fn release_own_leases(&self, now_ms: i64) -> Result<u64, LedgerError> {
         Ok(self.release_own_but(&[], now_ms).await?.len() as u64)
     }
 
     /// Return this daemon's leases other than `held` to the queue, due now (an ordered run's
     /// members other than its first held, as when a run's lease expires): the leases of a
     /// turn that was written though its answer was lost. Returns their subscribers.
-    pub async fn release_strays(
+    pub(super) async fn release_strays(
         &self,
         held: &[i64],
         now_ms: i64,
@@ -806,7 +689,7 @@ impl PgLedger {
 
     /// Every live subscriber with pending work and when its earliest delivery is due; expired
     /// leases count as due at their expiry.
-    pub async fn due_summary(&self) -> Result<Vec<(String, i64)>, LedgerError> {
+    pub(super) async fn due_summary(&self) -> Result<Vec<(String, i64)>, LedgerError> {
         let c = self.client().await?;
         let rows = c
             .query(

@@ -154,7 +154,7 @@ impl PgLedger {
 
     /// Whether the ledger can write, as this daemon's ingest and dispatcher turns last found
     /// it (atomics: `/healthz` reads it without asking the server).
-    pub fn write_state(&self) -> Arc<WriteState> {
+    pub(in crate::ledger) fn write_state(&self) -> Arc<WriteState> {
         self.writes.clone()
     }
 
@@ -162,7 +162,7 @@ impl PgLedger {
     /// into `events` in a transaction that is rolled back (the table ingest grows first).
     /// Fails with [`Unavailable::Full`](crate::ledger::Unavailable::Full) while the server cannot extend it; when it succeeds
     /// the ledger counts as writable again.
-    pub async fn probe_room(&self) -> Result<(), LedgerError> {
+    pub(super) async fn probe_room(&self) -> Result<(), LedgerError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let probed = tx

@@ -33,7 +33,7 @@ pub fn notify_payload(subs: &[String]) -> String {
 impl PgLedger {
     /// Listen for new work announced by any daemon (this one included). The listening
     /// connection is its own (not from the pool) and closes when the [`Listener`] drops.
-    pub async fn listen(&self) -> Result<Listener, LedgerError> {
+    pub(super) async fn listen(&self) -> Result<Listener, LedgerError> {
         let (client, mut conn) = self.config.connect(self.tls.clone()).await?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         // Polling the connection both drives the client's requests and yields notifications.
@@ -78,7 +78,7 @@ impl PgLedger {
 
 /// Announcements of new work, from [`PgLedger::listen`]. Dropping it closes its connection.
 #[derive(Debug)]
-pub struct Listener {
+pub(super) struct Listener {
     client: tokio_postgres::Client,
     connection: tokio::task::JoinHandle<()>,
     rx: tokio::sync::mpsc::UnboundedReceiver<Announcement>,

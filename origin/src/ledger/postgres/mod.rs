@@ -201,7 +201,7 @@
 //!   its event's receive time). Ids follow creation within one daemon; across daemons (whose clocks
 //!   agree within their offsets' measuring error, a few milliseconds) a delivery created at nearly
 //!   the same instant may fall on the other side of a time bound (times are checked too, so a list never shows one outside its range).
-//!   `origin/tests/pg_plans.rs` takes every statement the hot paths run from the server's
+//!   `tests/plans.rs` takes every statement the hot paths run from the server's
 //!   statement log and checks its generic plan: no full scan of deliveries, attempts or events,
 //!   no unbounded sort of deliveries.
 //! - `fanout backup` is SQLite's `VACUUM INTO`; on a PostgreSQL URL it refuses and names
@@ -230,21 +230,16 @@ mod stats;
 mod subscribers;
 mod vacuum;
 
-// The door: the handle (`PgLedger::open`); the contract's implementations come with it.
+// The door: the handle (`PgLedger::open`); the contract's implementations come with it. Nothing
+// else is public: the store and the copy reach the rest (`pub(in crate::ledger)`), and the
+// PostgreSQL-only tests live inside (`tests/`).
 pub use ledger::PgLedger;
 
 pub(super) use ledger::Rounds;
 
-// Only for the PostgreSQL-only tests (`origin/tests/pg_ledger.rs`, `pg_plans.rs`,
-// `pg_writes.rs`), which drive leases, listening, statement plans and retention's lock by
-// hand; what every backend does is tested through the store (`ledger_parity.rs`).
-pub use crate::ledger::dispatch::Announcement;
-pub use dispatch::LEASE_MS;
-pub use leases::{Feedback, LeasedOutcome};
-pub use listen::Listener;
-pub use retention::RETENTION_LOCK;
-pub use schema::VERSION as SCHEMA_VERSION;
-
 /// The shared limiter's arithmetic, for the dispatcher's simulation of several daemons.
 #[cfg(test)]
 pub(crate) use shared::{grant_shared, merge_limiter, shared_wait};
+
+#[cfg(test)]
+mod tests;

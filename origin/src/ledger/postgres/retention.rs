@@ -26,7 +26,7 @@ use crate::ledger::error::LedgerError;
 use crate::ledger::retention::{Finished, Removed, Retention, RetentionReport};
 
 /// The advisory lock one retention step holds, shared by every daemon ("fanout" + 1).
-pub const RETENTION_LOCK: i64 = 0x6661_6e6f_7574 + 1;
+pub(super) const RETENTION_LOCK: i64 = 0x6661_6e6f_7574 + 1;
 /// The advisory lock of a fold of the kept counts ("fanout" + 2).
 const FOLD_LOCK: i64 = 0x6661_6e6f_7574 + 2;
 /// How often a daemon folds the kept counts.
@@ -219,7 +219,7 @@ impl PgLedger {
     /// age order with a LIMIT, not as `MIN(updated_ms)`: where the planner guesses that a
     /// status has one row (a table not yet analyzed, whose guess falls as its rows widen), it
     /// plans a MIN as an aggregate over the whole of another index of that status.
-    pub async fn retention_report(&self) -> Result<RetentionReport, LedgerError> {
+    pub(super) async fn retention_report(&self) -> Result<RetentionReport, LedgerError> {
         let c = self.client().await?;
         let row = c
             .query_one(
@@ -255,7 +255,7 @@ impl PgLedger {
     /// status, none for a zero), and each subscriber's error rows with the latest. Readers see
     /// the same sums before and after (one transaction); a fold that finds another running
     /// does nothing. Returns whether it folded.
-    pub async fn fold_counts(&self) -> Result<bool, LedgerError> {
+    pub(super) async fn fold_counts(&self) -> Result<bool, LedgerError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         if !try_lock(&tx, FOLD_LOCK).await? {

@@ -359,7 +359,7 @@ const MIGRATIONS: &[&str] = &[
     "#,
 ];
 
-pub const VERSION: i32 = MIGRATIONS.len() as i32;
+pub(super) const VERSION: i32 = MIGRATIONS.len() as i32;
 
 /// Any constant shared by every daemon: the advisory lock that serialises migrations.
 const MIGRATION_LOCK: i64 = 0x6661_6e6f_7574; // "fanout"

@@ -26,7 +26,7 @@ impl PgLedger {
     /// within a second (at once for what this daemon ingested) and, once the table is large,
     /// rarely (only when it has turned over twice). It never waits for a lock: if autovacuum is working on
     /// the table, it leaves it for later.
-    pub async fn refresh_statistics(&self) -> Result<bool, LedgerError> {
+    pub(super) async fn refresh_statistics(&self) -> Result<bool, LedgerError> {
         use std::sync::atomic::Ordering::Relaxed;
         let mut c = self.client().await?;
         let tx = c.transaction().await?;

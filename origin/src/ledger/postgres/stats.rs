@@ -24,13 +24,13 @@ impl PgLedger {
 
     /// Deliveries per status, for `/metrics`: the sums of the counts the triggers keep
     /// (`delivery_counts`), not a count over the deliveries.
-    pub async fn status_counts(&self) -> Result<Vec<(String, i64)>, LedgerError> {
+    pub(super) async fn status_counts(&self) -> Result<Vec<(String, i64)>, LedgerError> {
         let c = self.client().await?;
         status_counts_on(&c).await
     }
 
     /// Per-subscriber figures for `/metrics`, as `ledger::subscriber_stats`.
-    pub async fn subscriber_stats(
+    pub(super) async fn subscriber_stats(
         &self,
         breaker: BreakerConfig,
         now_ms: i64,
@@ -94,7 +94,7 @@ impl PgLedger {
     }
 
     /// Figures for each of `ids`, as `ledger::status::subscriber_counts`.
-    pub async fn subscriber_counts(
+    pub(super) async fn subscriber_counts(
         &self,
         ids: &[String],
         now_ms: i64,

@@ -68,7 +68,7 @@ pub fn to_vacuum(tables: &[Dead]) -> Vec<&str> {
 impl PgLedger {
     /// Vacuum the tables of [`CHURNED`] that [`to_vacuum`] picks from the server's counts;
     /// returns those it asked for (a table another session is vacuuming is skipped).
-    pub async fn vacuum_churned(&self) -> Result<Vec<String>, LedgerError> {
+    pub(super) async fn vacuum_churned(&self) -> Result<Vec<String>, LedgerError> {
         let c = self.client().await?;
         let names: Vec<String> = CHURNED.iter().map(|t| t.to_string()).collect();
         let rows = c

@@ -1,28 +1,25 @@
 //! The PostgreSQL ledger's own behaviour, each against a throwaway PostgreSQL server the test
 //! starts itself (tests/common/pg.rs): migrations by several daemons at once, announcements
 //! between daemons, claims by several daemons at once, leases and their owners, the shared
-//! limiter and a lost server. What both backends do alike is `ledger_parity.rs`; how
-//! PostgreSQL writes (group commit, locks, a full disk, kept counts, retention's lock,
-//! `fanout ledger copy`) is `pg_writes.rs`; its query plans and upkeep `pg_plans.rs`.
-
-// Test code: a failed unwrap is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
-mod pg_fixtures;
+//! limiter. What both backends do alike is `origin/tests/ledger_parity.rs`; how PostgreSQL
+//! writes (group commit, locks, a full disk, kept counts, retention's lock) is `writes.rs`; its
+//! query plans and upkeep `plans.rs`; a daemon that loses its server `pg_customers.rs`.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use common::pg::PgServer;
-use fanout_core::retry::Attempt;
-use fanout_origin::ledger::postgres::{Announcement, Feedback, LeasedOutcome, PgLedger};
-use fanout_origin::ledger::{
+use super::fixtures::{
+    add, claim, ev, evs, in_flight, ledgers, record, sent, sub, turn, BREAKER, LEASE,
+};
+use super::pg::PgServer;
+use crate::ledger::dispatch::Announcement;
+use crate::ledger::postgres::PgLedger;
+use crate::ledger::{
     Deliveries, DeliveryFilter, DispatchLedger, LedgerError, NewEvent, Outcome, Subscribers,
     Transition, Turn,
 };
-use fanout_origin::model::Status;
-use pg_fixtures::{add, ev, evs, ledgers, sent, sub, BREAKER, LEASE};
+use crate::model::Status;
+use fanout_core::retry::Attempt;
 
 #[tokio::test]
 async fn migrations_run_once_even_when_daemons_start_together_and_a_newer_schema_is_refused() {
@@ -44,7 +41,7 @@ async fn migrations_run_once_even_when_daemons_start_together_and_a_newer_schema
         .await
         .unwrap()
         .get(0);
-    assert_eq!(v, fanout_origin::ledger::postgres::SCHEMA_VERSION);
+    assert_eq!(v, crate::ledger::postgres::schema::VERSION);
     // Opening again changes nothing.
     PgLedger::open(&url, "again").await.unwrap();
     // A database written by a newer fanout is refused, naming both versions.
@@ -58,7 +55,7 @@ async fn migrations_run_once_even_when_daemons_start_together_and_a_newer_schema
 }
 
 /// The next announcement `listener` hears (bounded: 5 s).
-async fn hear(listener: &mut fanout_origin::ledger::postgres::Listener) -> Announcement {
+async fn hear(listener: &mut crate::ledger::postgres::listen::Listener) -> Announcement {
     let next = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv());
     next.await.expect("no notification").unwrap()
 }
@@ -107,81 +104,44 @@ async fn leases_carry_their_owner_and_a_stale_result_is_ignored() {
     add(&l[0], sub("a", &["*"], 1000.0, 1000, 100)).await;
     l[0].ingest(evs("e", 3), 0).await.unwrap();
     // Daemon 0 leases all three until 10 + LEASE, and dies.
-    let c0 = l[0]
-        .claim(&[("a".into(), 10)], BREAKER, 10, LEASE)
-        .await
-        .unwrap();
+    let c0 = claim(&l[0], &[("a", 10)], 10, LEASE).await;
     assert_eq!(c0[0].claimed.len(), 3);
-    assert_eq!(c0[0].in_flight, 3);
-    let lease0 = c0[0].lease_expires_ms;
+    assert_eq!(in_flight(&server, "l", "a", 10).await, 3);
+    let lease0 = 10 + LEASE;
     // Before expiry daemon 1 gets nothing; after it, daemon 1 takes them over.
-    let early = l[1]
-        .claim(&[("a".into(), 10)], BREAKER, 20, LEASE)
-        .await
-        .unwrap();
+    let early = claim(&l[1], &[("a", 10)], 20, LEASE).await;
     assert!(early[0].claimed.is_empty());
-    assert_eq!(early[0].in_flight, 3);
-    let late = l[1]
-        .claim(&[("a".into(), 10)], BREAKER, lease0 + 1, LEASE)
-        .await
-        .unwrap();
+    assert_eq!(in_flight(&server, "l", "a", 20).await, 3);
+    let late = claim(&l[1], &[("a", 10)], lease0 + 1, LEASE).await;
     assert_eq!(late[0].claimed.len(), 3);
     let ids: Vec<i64> = late[0].claimed.iter().map(|d| d.rowid).collect();
-    // Daemon 0 comes back with results for what it no longer holds: ignored, nothing counted.
-    let stale = l[0]
-        .apply(
-            &ids.iter()
-                .map(|&id| sent(id, Some(lease0), 30))
-                .collect::<Vec<_>>(),
-            &[],
-            BREAKER,
-            lease0 + 2,
-        )
-        .await
-        .unwrap();
-    assert_eq!((stale.recorded, stale.stale.len()), (0, 3));
-    // Without the lease, the owner still decides.
-    let stale = l[0]
-        .apply(&[sent(ids[0], None, 30)], &[], BREAKER, lease0 + 2)
-        .await
-        .unwrap();
-    assert_eq!(stale.recorded, 0);
+    // Daemon 0 comes back with results for what it no longer holds: ignored, nothing counted
+    // (the owner decides: a turn's results carry no lease).
+    let stale: Vec<Outcome> = ids.iter().map(|&id| sent(id, 30)).collect();
+    record(&l[0], stale, &[], lease0 + 2).await;
+    for &id in &ids {
+        let d = Deliveries::get_delivery(&l[0], id, None).await.unwrap();
+        assert_eq!((d.status, d.attempt_count), (Status::InFlight, 0));
+    }
     // Daemon 1's own results count, once.
-    let lease1 = late[0].lease_expires_ms;
-    let done = l[1]
-        .apply(
-            &ids.iter()
-                .map(|&id| sent(id, Some(lease1), 40))
-                .collect::<Vec<_>>(),
-            &[],
-            BREAKER,
-            lease0 + 3,
-        )
-        .await
-        .unwrap();
-    assert_eq!(done.recorded, 3);
-    let twice = l[1]
-        .apply(&[sent(ids[0], Some(lease1), 40)], &[], BREAKER, lease0 + 4)
-        .await
-        .unwrap();
-    assert_eq!(twice.recorded, 0, "a result recorded twice counts once");
+    let done: Vec<Outcome> = ids.iter().map(|&id| sent(id, 40)).collect();
+    record(&l[1], done, &[], lease0 + 3).await;
+    for &id in &ids {
+        let d = Deliveries::get_delivery(&l[0], id, None).await.unwrap();
+        assert_eq!((d.status, d.attempt_count), (Status::Sent, 1));
+    }
+    record(&l[1], vec![sent(ids[0], 40)], &[], lease0 + 4).await;
     let d = Deliveries::get_delivery(&l[0], ids[0], None).await.unwrap();
     assert_eq!(d.status, Status::Sent);
     assert_eq!(d.attempt_count, 1);
     assert_eq!(d.attempts.map(|a| a.len()), Some(1));
     // A daemon restarting under its name gives back what it held.
     l[0].ingest(evs("f", 2), 0).await.unwrap();
-    let c = l[0]
-        .claim(&[("a".into(), 10)], BREAKER, lease0 + 5, LEASE)
-        .await
-        .unwrap();
+    let c = claim(&l[0], &[("a", 10)], lease0 + 5, LEASE).await;
     assert_eq!(c[0].claimed.len(), 2);
     assert_eq!(l[0].release_own_leases(lease0 + 6).await.unwrap(), 2);
     assert_eq!(l[1].release_own_leases(lease0 + 6).await.unwrap(), 0);
-    let c = l[1]
-        .claim(&[("a".into(), 10)], BREAKER, lease0 + 7, LEASE)
-        .await
-        .unwrap();
+    let c = claim(&l[1], &[("a", 10)], lease0 + 7, LEASE).await;
     assert_eq!(c[0].claimed.len(), 2);
 }
 
@@ -203,24 +163,18 @@ async fn concurrent_claimers_never_get_the_same_delivery() {
         tasks.push(tokio::spawn(async move {
             let mut now = 1;
             loop {
-                let claims = ledger
-                    .claim(&[("a".into(), 37), ("b".into(), 53)], BREAKER, now, LEASE)
-                    .await
-                    .unwrap();
+                let claims = claim(&ledger, &[("a", 37), ("b", 53)], now, LEASE).await;
                 let mut outcomes = Vec::new();
                 for c in &claims {
                     for d in &c.claimed {
-                        outcomes.push(sent(d.rowid, Some(c.lease_expires_ms), now));
+                        outcomes.push(sent(d.rowid, now));
                     }
                 }
                 if outcomes.is_empty() {
                     return;
                 }
-                got.lock()
-                    .unwrap()
-                    .extend(outcomes.iter().map(|o| o.outcome.rowid));
-                let applied = ledger.apply(&outcomes, &[], BREAKER, now).await.unwrap();
-                assert_eq!(applied.recorded, outcomes.len());
+                got.lock().unwrap().extend(outcomes.iter().map(|o| o.rowid));
+                record(&ledger, outcomes, &[], now).await;
                 now += 1;
             }
         }));
@@ -255,10 +209,7 @@ async fn the_shared_limiter_never_grants_more_than_the_bucket_across_claimers() 
                 tasks.push(tokio::spawn(async move {
                     let mut total = 0;
                     for _ in 0..5 {
-                        let c = ledger
-                            .claim(&[(who.to_string(), 100)], BREAKER, now, LEASE)
-                            .await
-                            .unwrap();
+                        let c = claim(&ledger, &[(who, 100)], now, LEASE).await;
                         total += c[0].claimed.len();
                     }
                     total
@@ -283,7 +234,7 @@ async fn the_shared_limiter_never_grants_more_than_the_bucket_across_claimers() 
     // many ask.
     let pg = server.connect("r").await;
     for (k, ledger) in l.iter().enumerate() {
-        let mine: Vec<LeasedOutcome> = pg
+        let mine: Vec<Outcome> = pg
             .query(
                 "SELECT id FROM deliveries WHERE subscriber_id = 'slow' AND lease_owner = $1",
                 &[&format!("daemon-{k}")],
@@ -291,19 +242,17 @@ async fn the_shared_limiter_never_grants_more_than_the_bucket_across_claimers() 
             .await
             .unwrap()
             .iter()
-            .map(|r| sent(r.get(0), None, t0))
+            .map(|r| sent(r.get(0), t0))
             .collect();
-        ledger.apply(&mine, &[], BREAKER, t0).await.unwrap();
+        record(ledger, mine, &[], t0).await;
     }
     assert_eq!(grab(t0 + 1_000, "slow").await, 10);
     assert_eq!(grab(t0 + 1_000, "slow").await, 0);
     // The in-flight cap is counted from every daemon's live leases.
     assert_eq!(grab(t0, "capped").await, 5);
-    let c = l[2]
-        .claim(&[("capped".into(), 100)], BREAKER, t0 + 1, LEASE)
-        .await
-        .unwrap();
-    assert_eq!((c[0].claimed.len(), c[0].in_flight), (0, 5));
+    let c = claim(&l[2], &[("capped", 100)], t0 + 1, LEASE).await;
+    assert_eq!(c[0].claimed.len(), 0);
+    assert_eq!(in_flight(&server, "r", "capped", t0 + 1).await, 5);
 }
 
 /// A 429 with Retry-After seen by one daemon pauses the subscriber for every daemon.
@@ -314,59 +263,29 @@ async fn a_retry_after_pause_is_shared_by_every_daemon() {
     add(&l[0], sub("a", &["*"], 1000.0, 1000, 100)).await;
     l[0].ingest(evs("e", 10), 0).await.unwrap();
     let t0 = 5_000;
-    let c = l[0]
-        .claim(&[("a".into(), 1)], BREAKER, t0, LEASE)
-        .await
-        .unwrap();
+    let c = claim(&l[0], &[("a", 1)], t0, LEASE).await;
     let d = &c[0].claimed[0];
-    let retry = LeasedOutcome {
-        outcome: Outcome {
-            rowid: d.rowid,
-            transition: Transition::Retry {
-                at_ms: t0 + 2_000,
-                error: "status 429".into(),
-            },
-            attempt: None,
+    let retry = Outcome {
+        rowid: d.rowid,
+        transition: Transition::Retry {
+            at_ms: t0 + 2_000,
+            error: "status 429".into(),
         },
-        lease_expires_ms: Some(c[0].lease_expires_ms),
+        attempt: None,
     };
-    let feedback = Feedback {
-        subscriber_id: "a".into(),
-        attempt: Attempt::Status {
-            status: 429,
-            retry_after_ms: Some(2_000),
-        },
-        at_ms: t0 + 10,
+    let answer = Attempt::Status {
+        status: 429,
+        retry_after_ms: Some(2_000),
     };
-    l[0].apply(&[retry], &[feedback], BREAKER, t0 + 10)
-        .await
-        .unwrap();
-    let paused = l[1]
-        .claim(&[("a".into(), 5)], BREAKER, t0 + 1_000, LEASE)
-        .await
-        .unwrap();
+    record(&l[0], vec![retry], &[("a", answer, t0 + 10)], t0 + 10).await;
+    // Daemon 1's turn is told to wait until the pause is over (its own copy of the limiter
+    // knows nothing of the 429 another daemon got).
+    let paused = claim(&l[1], &[("a", 5)], t0 + 1_000, LEASE).await;
     assert!(paused[0].claimed.is_empty());
-    assert_eq!(paused[0].wait_ms, Some(1_010));
+    assert_eq!(paused[0].not_before_ms, Some(t0 + 2_010));
     let stats = l[1].subscriber_stats(BREAKER, t0 + 1_000).await.unwrap();
     assert_eq!(stats[0].paused_until_ms, Some(t0 + 2_010));
-    // A dispatcher's turn is told the same: its daemon asks again only once the pause is over
-    // (its own copy of the limiter knows nothing of the 429 another daemon got).
-    let turn = l[1]
-        .record_turn(Turn {
-            now_ms: t0 + 1_000,
-            claims: vec![("a".into(), 5)],
-            lease_until_ms: t0 + 1_000 + LEASE,
-            ..Turn::default()
-        })
-        .await
-        .map_err(|e| e.error)
-        .unwrap();
-    assert!(turn.claims[0].claimed.is_empty());
-    assert_eq!(turn.claims[0].not_before_ms, Some(t0 + 2_010));
-    let after = l[1]
-        .claim(&[("a".into(), 5)], BREAKER, t0 + 2_011, LEASE)
-        .await
-        .unwrap();
+    let after = claim(&l[1], &[("a", 5)], t0 + 2_011, LEASE).await;
     assert_eq!(after[0].claimed.len(), 5);
 }
 
@@ -379,41 +298,26 @@ async fn a_full_in_flight_cap_is_no_wait() {
     let l = ledgers(&server, "cap", 1).await;
     add(&l[0], sub("a", &["*"], 1000.0, 1000, 2)).await;
     l[0].ingest(evs("e", 5), 0).await.unwrap();
-    let turn = l[0]
-        .record_turn(Turn {
-            now_ms: 5_000,
-            claims: vec![("a".into(), 5)],
-            lease_until_ms: 5_000 + LEASE,
-            ..Turn::default()
-        })
-        .await
-        .map_err(|e| e.error)
-        .unwrap();
-    assert_eq!(turn.claims[0].claimed.len(), 2);
-    assert_eq!(turn.claims[0].not_before_ms, None);
+    let c = claim(&l[0], &[("a", 5)], 5_000, LEASE).await;
+    assert_eq!(c[0].claimed.len(), 2);
+    assert_eq!(c[0].not_before_ms, None);
 }
 
 /// A live daemon's leases are renewed; a dead one's lapse after `LEASE_MS` and are taken over.
 #[tokio::test]
 async fn renewed_leases_hold_and_lapsed_ones_are_taken_over() {
-    use fanout_origin::ledger::postgres::LEASE_MS;
+    use crate::ledger::postgres::dispatch::LEASE_MS;
     let server = PgServer::start();
     let l = ledgers(&server, "renew", 2).await;
     add(&l[0], sub("a", &["*"], 1e6, 1_000_000, 100)).await;
     l[0].ingest(evs("e", 4), 0).await.unwrap();
     let t0 = 1_000;
-    let c = l[0]
-        .claim(&[("a".into(), 4)], BREAKER, t0, LEASE_MS)
-        .await
-        .unwrap();
+    let c = claim(&l[0], &[("a", 4)], t0, LEASE_MS).await;
     assert_eq!(c[0].claimed.len(), 4);
     // Alive: renewed just before expiry, so the other daemon gets nothing after it.
     assert_eq!(l[0].renew_leases(t0 + LEASE_MS - 1).await.unwrap(), 4);
     assert_eq!(l[1].renew_leases(t0 + LEASE_MS - 1).await.unwrap(), 0);
-    let held = l[1]
-        .claim(&[("a".into(), 4)], BREAKER, t0 + LEASE_MS + 1, LEASE_MS)
-        .await
-        .unwrap();
+    let held = claim(&l[1], &[("a", 4)], t0 + LEASE_MS + 1, LEASE_MS).await;
     assert!(held[0].claimed.is_empty());
     // Dead (no more renewals): lapsed, swept, and taken over.
     let lapsed = t0 + 2 * LEASE_MS;
@@ -421,10 +325,7 @@ async fn renewed_leases_hold_and_lapsed_ones_are_taken_over() {
         l[1].release_expired_leases(lapsed).await.unwrap(),
         vec!["a".to_string()]
     );
-    let taken = l[1]
-        .claim(&[("a".into(), 4)], BREAKER, lapsed, LEASE_MS)
-        .await
-        .unwrap();
+    let taken = claim(&l[1], &[("a", 4)], lapsed, LEASE_MS).await;
     assert_eq!(taken[0].claimed.len(), 4);
 }
 
@@ -435,24 +336,20 @@ async fn renewed_leases_hold_and_lapsed_ones_are_taken_over() {
 /// daemon's.
 #[tokio::test]
 async fn leases_of_a_turn_whose_answer_was_lost_are_released_but_those_held() {
-    use fanout_origin::ledger::postgres::LEASE_MS;
+    use crate::ledger::postgres::dispatch::LEASE_MS;
     let server = PgServer::start();
     let l = ledgers(&server, "strays", 2).await;
     add(&l[0], sub("a", &["*"], 1e6, 1_000_000, 100)).await;
     l[0].ingest(evs("e", 5), 0).await.unwrap();
     let t0 = 1_000;
     // Daemon 0 holds one send; a lost answer leased it three more; daemon 1 holds one.
-    let mine = l[0]
-        .claim(&[("a".into(), 4)], BREAKER, t0, LEASE_MS)
+    let mine = claim(&l[0], &[("a", 4)], t0, LEASE_MS)
         .await
-        .unwrap()
         .remove(0)
         .claimed;
     assert_eq!(mine.len(), 4);
-    let other = l[1]
-        .claim(&[("a".into(), 1)], BREAKER, t0, LEASE_MS)
+    let other = claim(&l[1], &[("a", 1)], t0, LEASE_MS)
         .await
-        .unwrap()
         .remove(0)
         .claimed;
     assert_eq!(other.len(), 1);
@@ -496,51 +393,8 @@ async fn leases_of_a_turn_whose_answer_was_lost_are_released_but_those_held() {
         }
     }
     // Due at once: the next claim of either daemon takes them.
-    let again = l[1]
-        .claim(&[("a".into(), 10)], BREAKER, at, LEASE_MS)
-        .await
-        .unwrap();
+    let again = claim(&l[1], &[("a", 10)], at, LEASE_MS).await;
     assert_eq!(again[0].claimed.len(), 3);
-}
-
-/// A daemon on PostgreSQL serves customers (they were refused with 501 `not_supported` before
-/// migration 3); with PostgreSQL gone, ingest answers 503 `unavailable`. (The customers'
-/// operations themselves: `ledger_parity.rs`.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn customers_are_served_on_postgres_and_a_lost_server_is_unavailable() {
-    let mut server = PgServer::start();
-    let url = server.database("c").await;
-    let daemon = common::Daemon::start_with(|mut s| {
-        s.db = Some(url.clone().into());
-        s
-    })
-    .await;
-    let api = &daemon.api;
-    let acme = serde_json::json!({ "id": "acme", "weight": 3 });
-    let (s, body) = api.post("/v1/customers", acme).await;
-    assert_eq!((s, body["weight"].clone()), (201, 3.into()), "{body}");
-    let spec = serde_json::json!({ "id": "s1", "url": "http://127.0.0.1:9/h", "event_types": ["*"], "rate_per_sec": 0.001, "customer": "acme" });
-    let (s, body) = api.post("/v1/subscribers", spec).await;
-    assert_eq!(
-        (s, body["customer"].clone()),
-        (201, "acme".into()),
-        "{body}"
-    );
-    let (s, body) = api.get("/v1/customers/acme").await;
-    assert_eq!((s, body["subscribers"].clone()), (200, 1.into()), "{body}");
-
-    server.stop();
-    let (s, body) = api
-        .post(
-            "/v1/events",
-            serde_json::json!([{ "id": "e1", "type": "t", "data": {} }]),
-        )
-        .await;
-    assert_eq!(
-        (s, body["error"]["code"].clone()),
-        (503, "unavailable".into()),
-        "{body}"
-    );
 }
 
 /// A claim keeps only the tokens of what it leased: asking for more than is due takes nothing
@@ -553,22 +407,16 @@ async fn a_claim_takes_tokens_only_for_what_it_leased() {
     add(&l, sub("a", &["*"], 0.001, 10, 100)).await;
     l.ingest(evs("x", 3), 0).await.unwrap();
     let t0 = 1_000;
-    let first = l
-        .claim(&[("a".into(), 10)], BREAKER, t0, LEASE)
-        .await
-        .unwrap();
+    let first = claim(&l, &[("a", 10)], t0, LEASE).await;
     assert_eq!(first[0].claimed.len(), 3);
     l.ingest(evs("y", 9), t0).await.unwrap();
-    let second = l
-        .claim(&[("a".into(), 10)], BREAKER, t0, LEASE)
-        .await
-        .unwrap();
+    let second = claim(&l, &[("a", 10)], t0, LEASE).await;
     // 10 - 3 tokens left (and room for 10 - 3 while three are open).
     assert_eq!(second[0].claimed.len(), 7);
-    assert_eq!(second[0].in_flight, 10);
+    assert_eq!(in_flight(&server, "tokens", "a", t0).await, 10);
 }
 
-/// A batching subscriber's claim (`claim_batched`, `Turn::batch_per`) is in requests: every
+/// A batching subscriber's claim (`Turn::batch_per`) is in requests: every
 /// daemon counts a batch in flight once (by its lead, `batch_lead`) against the in-flight cap,
 /// and the shared bucket pays one token per batch.
 #[tokio::test]
@@ -584,18 +432,23 @@ async fn daemons_count_a_batch_in_flight_as_one_request() {
         let l = l[k].clone();
         let per = per.clone();
         async move {
-            l.claim_batched(&[("b".into(), asked)], &per, BREAKER, t0, LEASE)
-                .await
-                .unwrap()
-                .remove(0)
+            let t = Turn {
+                now_ms: t0,
+                claims: vec![("b".into(), asked)],
+                batch_per: per.to_vec(),
+                lease_until_ms: t0 + LEASE,
+                ..Turn::default()
+            };
+            turn(&l, t).await.claims.remove(0)
         }
     };
+    let requests = || in_flight(&server, "batch", "b", t0);
     // Daemon 0 asks one request's worth: five deliveries, one request out.
     let first = claim(0, 5).await;
-    assert_eq!((first.claimed.len(), first.in_flight), (5, 1));
+    assert_eq!((first.claimed.len(), requests().await), (5, 1));
     // Daemon 1 asks three requests' worth: the cap leaves one more request, five deliveries.
     let second = claim(1, 15).await;
-    assert_eq!((second.claimed.len(), second.in_flight), (5, 2));
+    assert_eq!((second.claimed.len(), requests().await), (5, 2));
     // Both requests out: nothing more, whoever asks.
     assert_eq!(claim(0, 5).await.claimed.len(), 0);
     assert_eq!(claim(1, 5).await.claimed.len(), 0);
@@ -620,12 +473,12 @@ async fn daemons_count_a_batch_in_flight_as_one_request() {
     }
     // One request ends (its five recorded sent): one token is left of the burst of 3 (two
     // batches took one each), so one more batch goes.
-    let done: Vec<LeasedOutcome> = first
+    let done: Vec<Outcome> = first
         .claimed
         .iter()
-        .map(|d| sent(d.rowid, Some(first.lease_expires_ms), t0 + 1))
+        .map(|d| sent(d.rowid, t0 + 1))
         .collect();
-    l[0].apply(&done, &[], BREAKER, t0 + 1).await.unwrap();
+    record(&l[0], done, &[], t0 + 1).await;
     let third = claim(0, 15).await;
     assert_eq!(third.claimed.len(), 5, "one token left: one batch");
     assert_eq!(claim(1, 15).await.claimed.len(), 0, "the bucket is empty");
@@ -638,7 +491,7 @@ async fn daemons_count_a_batch_in_flight_as_one_request() {
 /// takes over gets the same runs in the same order.
 #[tokio::test]
 async fn an_ordered_batching_claim_takes_runs_and_an_expired_run_keeps_one_head() {
-    use fanout_origin::ordering::Ordering;
+    use crate::ordering::Ordering;
     let server = PgServer::start();
     let l = ledgers(&server, "runs", 2).await;
     let mut s = sub("o", &["*"], 1000.0, 1000, 4);

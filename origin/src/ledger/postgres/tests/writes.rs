@@ -1,25 +1,18 @@
 //! How the PostgreSQL ledger writes, against a throwaway server (tests/common/pg.rs): ingests
 //! that wait share one transaction, a turn takes its locks in id order, a full disk is
 //! unavailable, the trigger-kept counts follow every change, retention runs on one daemon at a
-//! time, a race with a removal is buried, and `fanout ledger copy` moves a SQLite ledger in.
-
-// Test code: a failed unwrap is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
-mod pg_fixtures;
+//! time, a race with a removal is buried. (`fanout ledger copy`: `origin/tests/pg_copy.rs`.)
 
 use std::collections::{BTreeSet, HashMap};
 
-use common::pg::PgServer;
-use fanout_core::limiter::LimiterState;
-use fanout_origin::ledger::postgres::PgLedger;
-use fanout_origin::ledger::{
-    Deliveries, DeliveryFilter, DispatchLedger, Ingested, LedgerError, NewEvent, Subscribers,
-    Transition, Turn, Unavailable,
+use super::fixtures::{add, claim, ev, evs, ledgers, record, sent, sub, BREAKER, LEASE};
+use super::pg::PgServer;
+use crate::ledger::postgres::PgLedger;
+use crate::ledger::{
+    Deliveries, DispatchLedger, Ingested, LedgerError, NewEvent, Subscribers, Transition, Turn,
+    Unavailable,
 };
-use fanout_origin::model::Status;
-use pg_fixtures::{add, ev, evs, ledgers, sent, sub, BREAKER, LEASE};
+use fanout_core::limiter::LimiterState;
 
 /// A PostgreSQL whose disk is full answers as a full SQLite ledger does: ingest fails as
 /// `Unavailable::Full` (the API's 503 `unavailable`, not 500), nothing of the refused batch is
@@ -28,10 +21,10 @@ use pg_fixtures::{add, ev, evs, ledgers, sent, sub, BREAKER, LEASE};
 #[tokio::test]
 async fn a_full_disk_is_unavailable_and_ingest_resumes_once_it_has_room() {
     assert!(
-        common::pg::is_root(),
+        super::pg::is_root(),
         "this test mounts a 2 MiB tmpfs, which needs root: run the tests as root (scripts/test.sh and CI do)"
     );
-    let disk = common::pg::SmallDisk::mount(2);
+    let disk = super::pg::SmallDisk::mount(2);
     let server = PgServer::start();
     let c = server.connect("postgres").await;
     for sql in [
@@ -339,37 +332,26 @@ async fn kept_counts_follow_every_change_and_fold_to_one_row_per_status() {
     l[0].ingest(evs("e", 10), 0).await.unwrap();
     l[1].ingest(evs("e", 12), 1).await.unwrap(); // 10 duplicates, 2 new
     check("ingest").await;
-    let ca = l[0]
-        .claim(&[("a".into(), 6)], BREAKER, 2, LEASE)
-        .await
-        .unwrap();
-    let cb = l[1]
-        .claim(&[("b".into(), 5)], BREAKER, 2, LEASE)
-        .await
-        .unwrap();
+    let ca = claim(&l[0], &[("a", 6)], 2, LEASE).await;
+    let cb = claim(&l[1], &[("b", 5)], 2, LEASE).await;
     check("claims").await;
     let ida: Vec<i64> = ca[0].claimed.iter().map(|d| d.rowid).collect();
     let idb: Vec<i64> = cb[0].claimed.iter().map(|d| d.rowid).collect();
-    let (la, lb) = (Some(ca[0].lease_expires_ms), Some(cb[0].lease_expires_ms));
-    let mut failed = sent(ida[1], la, 3);
-    failed.outcome.transition = Transition::Retry {
+    let mut failed = sent(ida[1], 3);
+    failed.transition = Transition::Retry {
         at_ms: 50,
         error: "status 500".into(),
     };
-    if let Some(a) = failed.outcome.attempt.as_mut() {
+    if let Some(a) = failed.attempt.as_mut() {
         a.outcome = "failed";
         a.status = Some(500);
     }
-    let mut dead = sent(ida[2], la, 3);
-    dead.outcome.transition = Transition::Dead {
+    let mut dead = sent(ida[2], 3);
+    dead.transition = Transition::Dead {
         reason: "410".into(),
     };
-    l[0].apply(&[sent(ida[0], la, 3), failed, dead], &[], BREAKER, 3)
-        .await
-        .unwrap();
-    l[1].apply(&[sent(idb[0], lb, 3), sent(idb[1], lb, 3)], &[], BREAKER, 3)
-        .await
-        .unwrap();
+    record(&l[0], vec![sent(ida[0], 3), failed, dead], &[], 3).await;
+    record(&l[1], vec![sent(idb[0], 3), sent(idb[1], 3)], &[], 3).await;
     check("results").await;
     // The last error comes from the error rows the attempts trigger appends.
     let ids = vec!["a".to_string(), "b".to_string()];
@@ -384,7 +366,7 @@ async fn kept_counts_follow_every_change_and_fold_to_one_row_per_status() {
     );
     check("replay").await;
     // Daemon 1's leases lapse; daemon 0 takes them over.
-    l[0].release_expired_leases(lb.unwrap() + 1).await.unwrap();
+    l[0].release_expired_leases(2 + LEASE + 1).await.unwrap();
     check("lease take-over").await;
     assert!(l[0].fold_counts().await.unwrap());
     check("fold").await;
@@ -406,10 +388,10 @@ async fn kept_counts_follow_every_change_and_fold_to_one_row_per_status() {
     );
     check("removed subscriber").await;
     // Retention: b's dead deliveries (dead at 6) go with a dead window of 10 at 100.
-    let store = fanout_origin::ledger::store::Store::Postgres(l[1].clone());
-    let removed = fanout_origin::retention::pass(
+    let store = crate::ledger::store::Store::Postgres(l[1].clone());
+    let removed = crate::retention::pass(
         &store,
-        &fanout_origin::retention::Retention {
+        &crate::retention::Retention {
             sent_ms: Some(10),
             dead_ms: Some(10),
         },
@@ -480,24 +462,20 @@ async fn kept(l: &PgLedger, subs: &[&str]) -> BTreeSet<(String, String, i64)> {
 /// report: `ledger_parity.rs`.)
 #[tokio::test]
 async fn retention_purges_on_one_daemon_at_a_time() {
-    use fanout_origin::ledger::store::Store;
-    use fanout_origin::retention::{pass, Retention, RetentionStats};
+    use crate::ledger::store::Store;
+    use crate::retention::{pass, Retention, RetentionStats};
     let server = PgServer::start();
     let l = ledgers(&server, "ret", 2).await;
     let c = server.connect("ret").await;
     add(&l[0], sub("a", &["t"], 1e6, 1_000_000, 1_000)).await;
     l[0].ingest(evs("old", 6), 0).await.unwrap();
-    let claim = l[0]
-        .claim(&[("a".into(), 5)], BREAKER, 10, LEASE)
-        .await
-        .unwrap();
-    let lease = Some(claim[0].lease_expires_ms);
-    let done: Vec<_> = claim[0]
+    let claimed = claim(&l[0], &[("a", 5)], 10, LEASE).await;
+    let done: Vec<_> = claimed[0]
         .claimed
         .iter()
-        .map(|d| sent(d.rowid, lease, 20))
+        .map(|d| sent(d.rowid, 20))
         .collect();
-    l[0].apply(&done, &[], BREAKER, 20).await.unwrap();
+    record(&l[0], done, &[], 20).await;
     let retention = Retention {
         sent_ms: Some(1_000),
         dead_ms: Some(5_000),
@@ -506,7 +484,7 @@ async fn retention_purges_on_one_daemon_at_a_time() {
 
     // Another daemon holds the purge: a pass removes nothing and records no run.
     let holder = server.connect("ret").await;
-    let lock = &fanout_origin::ledger::postgres::RETENTION_LOCK;
+    let lock = &crate::ledger::postgres::retention::RETENTION_LOCK;
     holder
         .execute("SELECT pg_advisory_lock($1)", &[lock])
         .await
@@ -517,7 +495,7 @@ async fn retention_purges_on_one_daemon_at_a_time() {
         .unwrap();
     assert_eq!(none, Default::default());
     assert_eq!(
-        fanout_origin::ledger::Retention::retention_report(&l[0])
+        crate::ledger::Retention::retention_report(&l[0])
             .await
             .unwrap()
             .last_run_at_ms,
@@ -536,7 +514,7 @@ async fn retention_purges_on_one_daemon_at_a_time() {
     assert_eq!(x.deliveries + y.deliveries, 5, "{x:?} {y:?}");
     // The first step removes one: more than one step.
     assert!(stats.steps.load(std::sync::atomic::Ordering::Relaxed) >= 2);
-    let r = fanout_origin::ledger::Retention::retention_report(&l[1])
+    let r = crate::ledger::Retention::retention_report(&l[1])
         .await
         .unwrap();
     assert_eq!((r.removed_sent, r.removed_dead), (5, 0));
@@ -561,7 +539,7 @@ async fn a_delivery_an_ingest_left_for_a_removed_subscriber_goes_dead_at_the_nex
     add(&l[0], sub("gone", &["*"], 10.0, 20, 8)).await;
     add(&l[0], sub("kept", &["*"], 10.0, 20, 8)).await;
     l[0].ingest(vec![ev("before", "t")], 1).await.unwrap();
-    let now = fanout_origin::time::now_ms();
+    let now = crate::time::now_ms();
     assert_eq!(
         Subscribers::delete_subscriber(&l[0], "gone".into(), now)
             .await
@@ -611,167 +589,4 @@ async fn a_delivery_an_ingest_left_for_a_removed_subscriber_goes_dead_at_the_nex
         .map(|r| (r.get(0), r.get(1)))
         .unwrap();
     assert_eq!(error.as_deref(), Some("subscriber removed"));
-}
-
-/// `fanout ledger copy` moves a SQLite ledger with its history: statuses, attempts, limiter
-/// state and ids survive, in-flight work comes over pending, and a second copy into the now
-/// non-empty database is refused.
-#[tokio::test]
-async fn ledger_copy_moves_a_sqlite_ledger_into_an_empty_postgres_one() {
-    use fanout_origin::ledger::sqlite::Ledger;
-    use fanout_origin::ledger::store::Store;
-    use fanout_origin::ledger::{Deliveries as _, Observe as _, Subscribers as _};
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("fanout.db");
-    let n = 12_000; // more than one copy chunk
-    {
-        let ledger = Store::from(Ledger::open(&path).unwrap());
-        let (mut a, b) = (
-            sub("a", &["*"], 1e6, 1_000_000, 100_000),
-            sub("gone", &["*"], 5.0, 9, 3),
-        );
-        a.payload = fanout_origin::model::Payload::Thin;
-        a.signature = fanout_origin::model::Scheme::Both;
-        let keys = fanout_origin::keyring::NewSecret {
-            secret: "whsec_a".into(),
-            signing_key: Some(fanout_origin::keyring::new_signing_key(&[5; 32])),
-        };
-        ledger.create_subscriber(a, keys).await.unwrap();
-        ledger.create_subscriber(b, "whsec_b".into()).await.unwrap();
-        ledger.ingest(evs("e", n), 1).await.unwrap();
-        // Dead and sent deliveries with attempts, one still in flight, and a limiter.
-        let turn = |t: Turn| {
-            let ledger = ledger.clone();
-            async move { ledger.record_turn(t).await.map_err(|e| e.error).unwrap() }
-        };
-        let leased = turn(Turn {
-            now_ms: 2,
-            claims: vec![("a".into(), 3)],
-            lease_until_ms: 100_000,
-            ..Turn::default()
-        })
-        .await;
-        let ids: Vec<i64> = leased.claims[0].claimed.iter().map(|d| d.rowid).collect();
-        let mut gone = sent(ids[1], None, 3).outcome;
-        gone.transition = Transition::Dead {
-            reason: "410".into(),
-        };
-        let limiter = fanout_core::limiter::LimiterState {
-            paused_until_ms: Some(123_456),
-            ..Default::default()
-        };
-        turn(Turn {
-            now_ms: 4,
-            outcomes: vec![sent(ids[0], None, 3).outcome, gone],
-            limiters: vec![("a".into(), limiter)],
-            ..Turn::default()
-        })
-        .await;
-        ledger.delete_subscriber("gone".into(), 5).await.unwrap();
-        // Both filters come over (set after ingest: the events match neither): the operator's
-        // and the customer's own.
-        ledger
-            .update_subscriber("a".into(), None, |mut x| {
-                x.filter = Some(serde_json::json!({ "customer": "acme" }));
-                x.customer_filter = Some(serde_json::json!({ "amount": { "$gt": 5 } }));
-                Ok::<_, String>((x, false))
-            })
-            .await
-            .unwrap()
-            .unwrap();
-        ledger.close().await.unwrap();
-    }
-    let server = PgServer::start();
-    let url = server.database("copy").await;
-    let copy = |url: String| {
-        let path = path.clone();
-        std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
-            .args(["ledger", "copy", "--from"])
-            .arg(&path)
-            .args(["--to", &url])
-            .output()
-            .unwrap()
-    };
-    let out = copy(url.clone());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains(&format!("events: {n}/{n}")), "{stderr}");
-    assert!(
-        stderr.contains("deliveries: 10000/"),
-        "progress by chunks: {stderr}"
-    );
-    assert!(stderr.contains("1 were in flight"), "{stderr}");
-
-    let pg = Store::from(PgLedger::open(&url, "after-copy").await.unwrap());
-    let (by_status, _, _) = pg.metrics_snapshot(9, BREAKER).await.unwrap();
-    let counts: HashMap<String, i64> = by_status.into_iter().filter(|(_, n)| *n != 0).collect();
-    assert_eq!(counts.get("sent"), Some(&1));
-    assert_eq!(counts.get("in_flight"), None);
-    // The removed subscriber's deliveries went dead with it (n) plus the 410 one.
-    assert_eq!(counts.get("dead"), Some(&(n as i64 + 1)));
-    assert_eq!(counts.get("pending"), Some(&(n as i64 - 2)));
-    let subs = pg.subscribers(None, false, None).await.unwrap().0;
-    assert_eq!(subs.len(), 1, "removed subscribers stay removed");
-    assert_eq!(subs[0].secrets[0].secret, "whsec_a");
-    assert_eq!(subs[0].payload, fanout_origin::model::Payload::Thin);
-    assert_eq!(
-        (subs[0].filter.clone(), subs[0].customer_filter.clone()),
-        (
-            Some(serde_json::json!({ "customer": "acme" })),
-            Some(serde_json::json!({ "amount": { "$gt": 5 } }))
-        )
-    );
-    // The scheme and the Ed25519 signing key come over with the secret.
-    assert_eq!(subs[0].signature, fanout_origin::model::Scheme::Both);
-    assert_eq!(
-        subs[0].secrets[0].signing_key,
-        Some(fanout_origin::keyring::new_signing_key(&[5; 32]))
-    );
-    let (_, limiter) = pg.dispatch_subscriber("a").await.unwrap().unwrap();
-    assert_eq!(limiter.paused_until_ms, Some(123_456));
-    let dead = pg
-        .list_deliveries(DeliveryFilter {
-            status: Some(Status::Dead),
-            subscriber: Some("a".into()),
-            limit: 10,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(dead.len(), 1);
-    let detail = pg
-        .get_delivery(dead[0].id.trim_start_matches("dlv_").parse().unwrap(), None)
-        .await
-        .unwrap();
-    assert_eq!(detail.attempts.map(|a| a.len()), Some(1));
-    assert_eq!(detail.last_error.as_deref(), Some("410"));
-    // New rows continue after the copied ids (an event both filters let through; one the
-    // customer's refuses makes no delivery).
-    let mut new = ev("new", "t");
-    new.body = r#"{"id":"new","customer":"acme","amount":10}"#.into();
-    let mut small = ev("small", "t");
-    small.body = r#"{"id":"small","customer":"acme","amount":1}"#.into();
-    let (made, _) = pg.ingest(vec![new, small], 9).await.unwrap();
-    assert_eq!(
-        made.iter().map(|m| m.deliveries).collect::<Vec<_>>(),
-        [1, 0]
-    );
-    let newest = pg
-        .list_deliveries(DeliveryFilter {
-            event: Some("new".into()),
-            limit: 10,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(newest[0].id, format!("dlv_{}", 2 * n + 1));
-    // Sequence numbers came over, and the counter goes on from them.
-    assert_eq!(newest[0].sequence, n as u64 + 1);
-    assert_eq!(dead[0].sequence, 2, "the 410 was a's second delivery");
-
-    // Not into a ledger that holds anything.
-    let again = copy(url);
-    assert!(!again.status.success());
-    let stderr = String::from_utf8_lossy(&again.stderr);
-    assert!(stderr.contains("not empty"), "{stderr}");
 }

@@ -2,21 +2,15 @@
 //! (tests/common/pg.rs): every hot statement reads by an index, a queue that outgrows its
 //! statistics is analyzed, churned tables are vacuumed.
 
-// Test code: a failed unwrap is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
-mod pg_fixtures;
-
-use common::pg::PgServer;
-use fanout_core::retry::Attempt;
-use fanout_origin::ledger::postgres::{Feedback, LeasedOutcome, PgLedger};
-use fanout_origin::ledger::Retention as _;
-use fanout_origin::ledger::{
+use super::fixtures::{add, claim, ev, evs, ledgers, sent, sub, turn, BREAKER, LEASE};
+use super::pg::PgServer;
+use crate::ledger::postgres::PgLedger;
+use crate::ledger::Retention as _;
+use crate::ledger::{
     Deliveries, DeliveryFilter, DispatchLedger, Outcome, Subscribers, Transition, Turn,
 };
-use fanout_origin::model::Status;
-use pg_fixtures::{add, ev, evs, ledgers, sent, sub, BREAKER, LEASE};
+use crate::model::Status;
+use fanout_core::retry::Attempt;
 
 /// The query-plan test on PostgreSQL (SQLite's is `ledger/plans.rs`): every statement the hot
 /// paths run (ingest, claims, results, leases, due lookups, lists by status, subscriber,
@@ -27,7 +21,6 @@ use pg_fixtures::{add, ev, evs, ledgers, sent, sub, BREAKER, LEASE};
 /// (a list's order comes from its indexes, so its cost does not grow with the ledger).
 #[tokio::test]
 async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
-    use fanout_origin::ledger::store::Store;
     let server = PgServer::start();
     let url = server.database("plans").await;
     // Migrations are not a hot path: they run before the log is turned on.
@@ -47,57 +40,80 @@ async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
     }
     l[0].ingest(evs("e", 20), 0).await.unwrap();
     l[1].ingest(vec![ev("lonely", "other")], 0).await.unwrap();
-    let claim = l[0]
-        .claim(&[("a".into(), 8), ("b".into(), 4)], BREAKER, 1, LEASE)
-        .await
-        .unwrap();
-    let ids: Vec<i64> = claim[0].claimed.iter().map(|d| d.rowid).collect();
-    let lease_until = claim[0].lease_expires_ms;
-    let lease = Some(lease_until);
-    let mut retry = sent(ids[1], lease, 2);
-    retry.outcome.transition = Transition::Retry {
+    let claimed = claim(&l[0], &[("a", 8), ("b", 4)], 1, LEASE).await;
+    let ids: Vec<i64> = claimed[0].claimed.iter().map(|d| d.rowid).collect();
+    let lease_until = 1 + LEASE;
+    record_and_release(&l, &ids, lease_until).await;
+    read_and_purge(&l, &ids).await;
+
+    let statements: Vec<String> = logged_statements(&server.log())
+        .into_iter()
+        .filter(|s| {
+            ["deliveries", "attempts", "events"]
+                .iter()
+                .any(|t| names(s, t))
+        })
+        .collect();
+    assert!(
+        statements.len() >= 20,
+        "the log holds the hot statements: {statements:#?}"
+    );
+    let c = server.connect("plans").await;
+    let bad = bad_plans(&c, &statements, true, plan_problems).await;
+    assert!(bad.is_empty(), "{}", bad.join("\n\n"));
+    the_checker_refuses_and_passes();
+}
+
+/// Results of every kind with the shared limiter's feedback, lease renewal and release, the
+/// due summary and the dead-count alert, for the plan test's statement log.
+async fn record_and_release(l: &[PgLedger; 2], ids: &[i64], lease_until: i64) {
+    let mut retry = sent(ids[1], 2);
+    retry.transition = Transition::Retry {
         at_ms: 5,
         error: "status 500".into(),
     };
-    if let Some(a) = retry.outcome.attempt.as_mut() {
+    if let Some(a) = retry.attempt.as_mut() {
         a.outcome = "failed";
     }
-    let mut dead = sent(ids[2], lease, 2);
-    dead.outcome.transition = Transition::Dead {
+    let mut dead = sent(ids[2], 2);
+    dead.transition = Transition::Dead {
         reason: "410".into(),
     };
-    let defer = LeasedOutcome {
-        outcome: Outcome {
-            rowid: ids[3],
-            transition: Transition::Defer { at_ms: 9 },
-            attempt: None,
-        },
-        lease_expires_ms: lease,
+    let defer = Outcome {
+        rowid: ids[3],
+        transition: Transition::Defer { at_ms: 9 },
+        attempt: None,
     };
-    l[0].apply(
-        &[sent(ids[0], lease, 2), retry, dead, defer],
-        &[Feedback {
-            subscriber_id: "a".into(),
-            attempt: Attempt::Status {
-                status: 200,
-                retry_after_ms: None,
-            },
-            at_ms: 2,
-        }],
-        BREAKER,
-        2,
-    )
-    .await
-    .unwrap();
+    // One turn as the dispatcher writes it: results of every kind, the daemon's limiter (its
+    // copy took the 200), the dead-count check, and a claim.
+    let (s, mut limiter) = l[0].dispatch_subscriber("a").await.unwrap().unwrap();
+    let ok = Attempt::Status {
+        status: 200,
+        retry_after_ms: None,
+    };
+    limiter.record(s.limits.core(BREAKER), &ok, 2);
+    let t = Turn {
+        now_ms: 2,
+        outcomes: vec![sent(ids[0], 2), retry, dead, defer],
+        limiters: vec![("a".into(), limiter)],
+        dead: vec!["a".into()],
+        dead_threshold: 1,
+        claims: vec![("a".into(), 1)],
+        lease_until_ms: 2 + LEASE,
+        ..Turn::default()
+    };
+    turn(&l[0], t).await;
     l[0].renew_leases(3).await.unwrap();
     l[1].release_expired_leases(lease_until + 1).await.unwrap();
     l[1].release_own_leases(4).await.unwrap();
     l[0].due_summary().await.unwrap();
-    l[0].dead_count_capped("a", 10).await.unwrap();
-    l[0].check_dead_counts(&["a".to_string()], 1, 5)
-        .await
-        .unwrap();
     l[0].rearm_dead_alerts(5).await.unwrap();
+}
+
+/// Every list filter, a replay of one and of many, counts, stats, a retention pass and its
+/// report, the fold and a removal, for the plan test's statement log.
+async fn read_and_purge(l: &[PgLedger; 2], ids: &[i64]) {
+    use crate::ledger::store::Store;
     let filters = [
         DeliveryFilter::default(),
         DeliveryFilter {
@@ -170,9 +186,9 @@ async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
         .await
         .unwrap();
     let store = Store::Postgres(l[1].clone());
-    fanout_origin::retention::pass(
+    crate::retention::pass(
         &store,
-        &fanout_origin::retention::Retention {
+        &crate::retention::Retention {
             sent_ms: Some(1),
             dead_ms: Some(1),
         },
@@ -187,23 +203,10 @@ async fn every_statement_of_the_hot_paths_uses_an_index_on_postgres() {
     Subscribers::delete_subscriber(&l[0], "b".into(), 9)
         .await
         .unwrap();
+}
 
-    let statements: Vec<String> = logged_statements(&server.log())
-        .into_iter()
-        .filter(|s| {
-            ["deliveries", "attempts", "events"]
-                .iter()
-                .any(|t| names(s, t))
-        })
-        .collect();
-    assert!(
-        statements.len() >= 20,
-        "the log holds the hot statements: {statements:#?}"
-    );
-    let c = server.connect("plans").await;
-    let bad = bad_plans(&c, &statements, true, plan_problems).await;
-    assert!(bad.is_empty(), "{}", bad.join("\n\n"));
-    // The checker itself, on plans it must refuse and one it must pass.
+/// The plan checker itself, on plans it must refuse and one it must pass.
+fn the_checker_refuses_and_passes() {
     let refused = [
         "Seq Scan on deliveries d  (cost=0.00..1.00 rows=1 width=8)",
         "Aggregate  (cost=1.00..1.00 rows=1 width=8)\n  ->  Index Only Scan using deliveries_pkey on deliveries  (cost=0.00..1.00 rows=1 width=8)",
@@ -293,7 +296,7 @@ async fn a_queue_that_outgrows_its_statistics_is_analyzed_and_turns_read_it_by_i
         .claims
         .iter()
         .flat_map(|c| c.claimed.iter())
-        .map(|x| sent(x.rowid, None, 11).outcome)
+        .map(|x| sent(x.rowid, 11))
         .collect();
     assert_eq!(outcomes.len(), 200);
     d.record_turn(Turn {

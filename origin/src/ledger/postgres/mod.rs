@@ -13,8 +13,8 @@
 //!   trips, whatever its size: statements are prepared once per connection and sent
 //!   several at a time where the next does not need the previous answer.
 //! - Leases carry their owner (the daemon's id) and expiry. A lease that expired is claimable by
-//!   anyone; a result is recorded only while its lease is still the one it was sent under (same
-//!   owner, same expiry), so a daemon that comes back after its work was taken over records
+//!   anyone; a result is recorded only while its delivery is still in flight and leased to the
+//!   daemon recording it, so a daemon that comes back after its work was taken over records
 //!   nothing for it.
 //! - The live daemons split the subscribers (`model::Share`, from the `daemons` table each
 //!   dispatcher writes every second): each claims for its own, so their turns do not queue on

@@ -12,32 +12,11 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 
-/// `fanout ARGS… --server BASE` with the daemon's token: (succeeded, stdout, stderr).
-async fn fanout(api: &Api, args: &[&str]) -> (bool, String, String) {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let base = api.base.clone();
-    tokio::task::spawn_blocking(move || {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
-            .args(&args)
-            .args(["--server", &base])
-            .env("FANOUT_API_TOKEN", TOKEN)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    })
-    .await
-    .unwrap()
-}
-
 /// `fanout ARGS… --json`, which must succeed and print one JSON value.
 async fn fanout_json(api: &Api, args: &[&str]) -> Value {
     let mut with = args.to_vec();
     with.push("--json");
-    let (ok, out, err) = fanout(api, &with).await;
+    let (ok, out, err) = api.fanout(&with).await;
     assert!(ok, "fanout {args:?}: {err}");
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("fanout {with:?}: {e}: {out}"))
 }
@@ -70,7 +49,7 @@ async fn subscriber_show_and_update_cover_every_field() {
     )
     .await;
 
-    let (ok, shown, err) = fanout(api, &["subscriber", "show", "s1"]).await;
+    let (ok, shown, err) = api.fanout(&["subscriber", "show", "s1"]).await;
     assert!(ok, "{err}");
     assert_eq!(field(&shown, "rate_per_sec"), "100");
     assert_eq!(field(&shown, "customer"), "none");
@@ -131,11 +110,9 @@ async fn subscriber_show_and_update_cover_every_field() {
     assert_eq!(stored["batch"]["max_events"], 5, "{stored}");
 
     // Only what is given changes; the human form shows it.
-    let (ok, shown, err) = fanout(
-        api,
-        &["subscriber", "update", "s1", "--no-batch", "--no-customer"],
-    )
-    .await;
+    let (ok, shown, err) = api
+        .fanout(&["subscriber", "update", "s1", "--no-batch", "--no-customer"])
+        .await;
     assert!(ok, "{err}");
     assert_eq!(field(&shown, "batch"), "none");
     assert_eq!(field(&shown, "customer"), "none");
@@ -144,13 +121,13 @@ async fn subscriber_show_and_update_cover_every_field() {
     assert!(public_key.starts_with("whpk_"), "{shown}");
 
     // An Ed25519 subscriber's secret comes with the public key a receiver verifies with.
-    let (ok, lines, err) = fanout(api, &["subscriber", "secret", "s1"]).await;
+    let (ok, lines, err) = api.fanout(&["subscriber", "secret", "s1"]).await;
     assert!(ok, "{err}");
     let first: Vec<&str> = lines.lines().next().unwrap().split('\t').collect();
     assert!(first[0].starts_with("whsec_"), "{lines}");
     assert_eq!(first[1..], ["current", public_key.as_str()], "{lines}");
 
-    let (ok, _, err) = fanout(api, &["subscriber", "update", "s1"]).await;
+    let (ok, _, err) = api.fanout(&["subscriber", "update", "s1"]).await;
     assert!(!ok && err.contains("nothing to change"), "{err}");
     d.stop().await;
 }
@@ -166,7 +143,7 @@ async fn every_printing_command_takes_json_and_prints_people_a_line() {
     std::fs::write(&file, r#"[{"id":"e1","type":"t"},{"id":"e2","type":"t"}]"#).unwrap();
     let file = file.to_str().unwrap();
 
-    let (ok, line, err) = fanout(api, &["send", file]).await;
+    let (ok, line, err) = api.fanout(&["send", file]).await;
     assert!(ok, "{err}");
     assert_eq!(
         line,
@@ -186,18 +163,18 @@ async fn every_printing_command_takes_json_and_prints_people_a_line() {
     let next = page["next"].as_str().unwrap().to_string();
     let second = fanout_json(api, &["deliveries", "--limit", "1", "--after", &next]).await;
     assert_ne!(second["deliveries"][0]["id"], first.as_str(), "{second}");
-    let (ok, table, _) = fanout(api, &["deliveries", "--limit", "1"]).await;
+    let (ok, table, _) = api.fanout(&["deliveries", "--limit", "1"]).await;
     assert!(ok && table.contains(&format!("--after {next}")), "{table}");
 
     // One delivery's times are RFC 3339, never epoch milliseconds.
-    let (ok, detail, err) = fanout(api, &["deliveries", "--id", &first]).await;
+    let (ok, detail, err) = api.fanout(&["deliveries", "--id", &first]).await;
     assert!(ok, "{err}");
     assert!(is_rfc3339(field(&detail, "created_at")), "{detail}");
     let attempt = detail.lines().last().unwrap();
     let at = attempt.split_whitespace().nth(1).unwrap();
     assert!(is_rfc3339(at), "{detail}");
 
-    let (ok, line, err) = fanout(api, &["replay", &first]).await;
+    let (ok, line, err) = api.fanout(&["replay", &first]).await;
     assert!(ok, "{err}");
     assert_eq!(line, format!("delivery {first} is pending again\n"));
     let other = second["deliveries"][0]["id"].as_str().unwrap();
@@ -212,12 +189,14 @@ async fn every_printing_command_takes_json_and_prints_people_a_line() {
     fanout_json(api, &["customer", "add", "acme"]).await;
     let shown = fanout_json(api, &["customer", "show", "acme"]).await;
     assert_eq!(shown["weight"], 1);
-    let (ok, shown, _) = fanout(api, &["customer", "update", "acme", "--weight", "3"]).await;
+    let (ok, shown, _) = api
+        .fanout(&["customer", "update", "acme", "--weight", "3"])
+        .await;
     assert!(ok && field(&shown, "weight") == "3", "{shown}");
     assert!(is_rfc3339(field(&shown, "updated_at")), "{shown}");
     let revoked = fanout_json(api, &["customer", "revoke-links", "acme"]).await;
     assert!(revoked["links_revoked_at_ms"].is_i64(), "{revoked}");
-    let (ok, line, _) = fanout(api, &["customer", "remove", "acme"]).await;
+    let (ok, line, _) = api.fanout(&["customer", "remove", "acme"]).await;
     assert!(ok, "{line}");
     assert_eq!(
         line,
@@ -237,23 +216,21 @@ async fn every_printing_command_takes_json_and_prints_people_a_line() {
 async fn errors_name_the_command_run_and_the_one_to_run() {
     let d = Daemon::start().await;
     let api = &d.api;
-    let (ok, _, err) = fanout(
-        api,
-        &[
+    let (ok, _, err) = api
+        .fanout(&[
             "subscriber",
             "add",
             "s1",
             "http://127.0.0.1:9/",
             "--customer",
             "nobody",
-        ],
-    )
-    .await;
+        ])
+        .await;
     assert!(!ok);
     assert!(err.starts_with("fanout subscriber add: "), "{err}");
     assert!(err.contains("`fanout customer add nobody`"), "{err}");
 
-    let (ok, _, err) = fanout(api, &["subscriber", "show", "ghost"]).await;
+    let (ok, _, err) = api.fanout(&["subscriber", "show", "ghost"]).await;
     assert!(!ok);
     assert!(err.starts_with("fanout subscriber show: "), "{err}");
     assert!(
@@ -261,7 +238,7 @@ async fn errors_name_the_command_run_and_the_one_to_run() {
         "{err}"
     );
 
-    let (ok, _, err) = fanout(api, &["customer", "show", "ghost"]).await;
+    let (ok, _, err) = api.fanout(&["customer", "show", "ghost"]).await;
     assert!(!ok && err.contains("`fanout customer list`"), "{err}");
 
     let out = tokio::task::spawn_blocking({

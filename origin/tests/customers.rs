@@ -665,57 +665,41 @@ async fn portal_links_take_their_host_from_public_url_not_the_request() {
 #[tokio::test]
 async fn customer_commands() {
     let d = Daemon::start().await;
-    let run = |args: Vec<String>| {
-        let base = d.api.base.clone();
-        async move {
-            tokio::task::spawn_blocking(move || {
-                let out = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
-                    .args(&args)
-                    .args(["--server", &base])
-                    .env("FANOUT_API_TOKEN", TOKEN)
-                    .output()
-                    .unwrap();
-                (
-                    out.status.success(),
-                    String::from_utf8_lossy(&out.stdout).into_owned(),
-                    String::from_utf8_lossy(&out.stderr).into_owned(),
-                )
-            })
-            .await
-            .unwrap()
-        }
-    };
-    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let (ok, out, err) = run(args(&[
-        "customer",
-        "add",
-        "acme",
-        "--weight",
-        "4",
-        "--max-in-flight",
-        "20",
-        "--json",
-    ]))
-    .await;
+    let (ok, out, err) = d
+        .api
+        .fanout(&[
+            "customer",
+            "add",
+            "acme",
+            "--weight",
+            "4",
+            "--max-in-flight",
+            "20",
+            "--json",
+        ])
+        .await;
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         (v["id"].clone(), v["weight"].clone()),
         (json!("acme"), json!(4))
     );
-    let (ok, _, err) = run(args(&["customer", "add", "acme"])).await;
+    let (ok, _, err) = d.api.fanout(&["customer", "add", "acme"]).await;
     assert!(!ok && err.contains("409"), "{err}");
-    let (ok, out, _) = run(args(&["customer", "list"])).await;
+    let (ok, out, _) = d.api.fanout(&["customer", "list"]).await;
     assert!(ok);
     let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(row, ["acme", "4", "20", "0"]);
-    let (ok, out, _) = run(args(&["customer", "show", "acme", "--json"])).await;
+    let (ok, out, _) = d.api.fanout(&["customer", "show", "acme", "--json"]).await;
     assert!(ok);
     assert_eq!(
         serde_json::from_str::<Value>(&out).unwrap()["max_in_flight"],
         20
     );
-    let (ok, out, err) = run(args(&["customer", "portal", "acme", "--ttl-secs", "60"])).await;
+    let (ok, out, err) = d
+        .api
+        .fanout(&["customer", "portal", "acme", "--ttl-secs", "60"])
+        .await;
     assert!(ok, "{err}");
     let url = out.trim();
     let token = url.split("#token=").nth(1).unwrap();
@@ -724,10 +708,10 @@ async fn customer_commands() {
         "{url}"
     );
     assert_eq!(as_token(&d.api, token).get("/v1/subscribers").await.0, 200);
-    let (ok, _, err) = run(args(&["customer", "remove", "acme"])).await;
+    let (ok, _, err) = d.api.fanout(&["customer", "remove", "acme"]).await;
     assert!(ok, "{err}");
     assert_eq!(as_token(&d.api, token).get("/v1/subscribers").await.0, 401);
-    let (ok, _, err) = run(args(&["customer", "show", "acme"])).await;
+    let (ok, _, err) = d.api.fanout(&["customer", "show", "acme"]).await;
     assert!(!ok && err.contains("404"), "{err}");
     d.stop().await;
 }

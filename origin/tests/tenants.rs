@@ -100,27 +100,6 @@ async fn the_portal_has_designs_routes_and_cannot_undo_an_operators_disable() {
     d.stop().await;
 }
 
-/// `fanout` (the real binary) against the daemon, as a client: (success, stdout, stderr).
-async fn cli(api: &Api, args: &[&str]) -> (bool, String, String) {
-    let base = api.base.clone();
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    tokio::task::spawn_blocking(move || {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
-            .args(&args)
-            .args(["--server", &base])
-            .env("FANOUT_API_TOKEN", TOKEN)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    })
-    .await
-    .unwrap()
-}
-
 /// A leaked link is ended without removing the customer: `POST
 /// /v1/customers/{id}/portal/revoke` (and `fanout customer revoke-links`) makes every link
 /// issued so far answer 401; links issued afterwards work; another customer's links are not
@@ -172,12 +151,14 @@ async fn revoking_a_customers_links_ends_them_all_and_only_them() {
     assert_eq!(s, 404);
 
     // The same from the command line.
-    let (ok, out, err) = cli(api, &["customer", "revoke-links", "acme", "--json"]).await;
+    let (ok, out, err) = api
+        .fanout(&["customer", "revoke-links", "acme", "--json"])
+        .await;
     assert!(ok, "{err}");
     assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["id"], "acme");
     assert_eq!(fresh.get("/v1/subscribers").await.0, 401);
     assert_eq!(other.get("/v1/subscribers").await.0, 200);
-    let (ok, _, err) = cli(api, &["customer", "revoke-links", "nobody"]).await;
+    let (ok, _, err) = api.fanout(&["customer", "revoke-links", "nobody"]).await;
     assert!(!ok && err.contains("404"), "{err}");
     d.stop().await;
 }

@@ -203,6 +203,28 @@ pub struct Api {
 }
 
 impl Api {
+    /// `fanout ARGS… --server BASE` (the real binary, as a client) with the daemon's token:
+    /// (succeeded, stdout, stderr).
+    pub async fn fanout(&self, args: &[&str]) -> (bool, String, String) {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let base = self.base.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new(env!("CARGO_BIN_EXE_fanout"))
+                .args(&args)
+                .args(["--server", &base])
+                .env("FANOUT_API_TOKEN", TOKEN)
+                .output()
+                .unwrap();
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+        .await
+        .unwrap()
+    }
+
     pub fn new(base: String) -> Api {
         Api {
             base,
